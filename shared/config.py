@@ -1,0 +1,291 @@
+"""Deployment configuration: TOML in configs/ decoded into frozen, validated dataclasses.
+
+Every process reads the same file. Bounds are declared once, in [bounds], and flow to the compiler,
+the worker and the gateway. Facts found at run time (a worker's latency profile) never come back
+into config: they travel in messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message names the field."""
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+ACTIVATIONS = ("relu", "gelu", "silu", "tanh", "sigmoid", "identity")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which checkpoint to serve and in what numeric format."""
+
+    path: str = "models/demo"
+    """Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files)."""
+    dtype: str = "auto"
+    """float32 | bfloat16 | float16 | auto (the checkpoint's own torch_dtype)."""
+    device: str = "cpu"
+    """cpu | cuda: the device the packages are compiled for."""
+
+    def validate(self) -> None:
+        _check_choice("model.dtype", self.dtype, DTYPES)
+        _check_choice("model.device", self.device, DEVICES)
+
+
+@dataclass(frozen=True)
+class BoundsConfig:
+    """The deployment's limits, compiled into the packages and enforced by worker and gateway."""
+
+    max_samples_per_batch: int = 16
+    """Scoring: samples (sequences) in one packed batch."""
+    max_tokens_per_sample: int = 512
+    """Scoring: tokens in one sample."""
+    max_tokens_per_batch: int = 4096
+    """Scoring: tokens in one packed batch, all samples together."""
+    max_labels: int = 32
+    """Scoring: label token ids per batch."""
+    max_top_k: int = 20
+    """Scoring: largest top_k a request may ask for."""
+    max_prompt_tokens: int = 512
+    """Beam search: tokens in one prompt."""
+    max_beam_width: int = 400
+    """Beam search: beams per request (W)."""
+    max_new_tokens: int = 4
+    """Beam search: decode steps per request (S), at most 5."""
+    max_beam_requests_per_batch: int = 4
+    """Beam search: requests (prompts) in one batch."""
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_range(f"bounds.{f.name}", getattr(self, f.name), 1, None)
+        _check_range("bounds.max_samples_per_batch", self.max_samples_per_batch, 2, None)
+        _check_range("bounds.max_new_tokens", self.max_new_tokens, 1, 5)
+        _check_range("bounds.max_beam_width", self.max_beam_width, 1, 400)
+        if self.max_tokens_per_sample > self.max_tokens_per_batch:
+            raise ConfigError(
+                "bounds.max_tokens_per_sample must not exceed bounds.max_tokens_per_batch "
+                f"({self.max_tokens_per_sample} > {self.max_tokens_per_batch})"
+            )
+
+
+@dataclass(frozen=True)
+class MlpHeadConfig:
+    """An optional classification head on the last-token hidden state, weights supplied by the user."""
+
+    weights: str
+    """safetensors file with tensors layers.{i}.weight [out, in] and layers.{i}.bias [out]."""
+    layer_sizes: tuple[int, ...]
+    """Widths from the model's hidden size to the number of outputs, e.g. [896, 256, 2]."""
+    activation: str = "relu"
+    """Between layers (not after the last): relu | gelu | silu | tanh | sigmoid | identity."""
+
+    def validate(self) -> None:
+        _check_choice("score.mlp_head.activation", self.activation, ACTIVATIONS)
+        if len(self.layer_sizes) < 2 or any(n < 1 for n in self.layer_sizes):
+            raise ConfigError(
+                "score.mlp_head.layer_sizes needs at least two positive widths "
+                f"(input = hidden size, ..., outputs); got {list(self.layer_sizes)}"
+            )
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """The prefill-only scoring workload."""
+
+    enabled: bool = True
+    mlp_head: MlpHeadConfig | None = None
+    prompt_template: str | None = None
+    """Optional format string applied by the gateway to each sample, e.g. "Query: {query}\\nDoc: {text}"."""
+
+    def validate(self) -> None:
+        if self.mlp_head is not None:
+            self.mlp_head.validate()
+
+
+@dataclass(frozen=True)
+class BeamConfig:
+    """The bounded beam-search workload."""
+
+    enabled: bool = True
+    constraints: str | None = None
+    """Optional file of valid output sequences (constrained decoding for generative retrieval)."""
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Worker processes: one per device, reachable over ZeroMQ."""
+
+    endpoints: tuple[str, ...] = ("ipc:///tmp/boundserve-worker-0",)
+    """One ZeroMQ endpoint per worker (tcp://host:port or ipc://path)."""
+    devices: tuple[str, ...] = ("cpu",)
+    """Device of each worker, same order as endpoints: cpu or cuda:N."""
+    cpu_threads: int = 2
+    """Intra-op threads of a CPU worker."""
+    num_streams: int = 2
+    """CUDA streams per worker, one per in-flight batch."""
+    max_queued_batches: int = 8
+    """Batches a worker holds before answering `overloaded`."""
+    heartbeat_interval_ms: int = 100
+
+    def validate(self) -> None:
+        if len(self.endpoints) != len(self.devices):
+            raise ConfigError(
+                f"worker.endpoints ({len(self.endpoints)}) and worker.devices ({len(self.devices)}) "
+                "must have one entry per worker"
+            )
+        for endpoint in self.endpoints:
+            if not endpoint.startswith(("tcp://", "ipc://")):
+                raise ConfigError(f"worker.endpoints: {endpoint!r} must start with tcp:// or ipc://")
+        for device in self.devices:
+            if device != "cpu" and not (device.startswith("cuda:") and device[5:].isdigit()):
+                raise ConfigError(f"worker.devices: {device!r} must be cpu or cuda:N")
+        _check_range("worker.cpu_threads", self.cpu_threads, 1, None)
+        _check_range("worker.num_streams", self.num_streams, 1, 64)
+        _check_range("worker.max_queued_batches", self.max_queued_batches, 1, None)
+        _check_range("worker.heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 10_000)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The HTTP face: listening address, deadlines, batching and admission."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    score_deadline_ms: int = 100
+    """Route default when a request carries no deadline."""
+    generate_deadline_ms: int = 200
+    max_batch_wait_ms: float = 2.0
+    """Longest a queued request waits for companions before its batch is sent."""
+    admission_margin_ms: float = 1.0
+    """Safety margin added to every predicted finish time."""
+    max_queue_tokens: int = 65536
+    """Token budget of the queue per worker pool; beyond it requests get 429."""
+    worker_timeout_ms: int = 1000
+    """A worker silent for this long is declared lost."""
+    max_body_bytes: int = 4 << 20
+    auth_token_env: str | None = None
+    """Name of an environment variable holding a bearer token; unset means no auth."""
+
+    def validate(self) -> None:
+        _check_range("gateway.port", self.port, 0, 65535)
+        _check_range("gateway.score_deadline_ms", self.score_deadline_ms, 1, None)
+        _check_range("gateway.generate_deadline_ms", self.generate_deadline_ms, 1, None)
+        _check_range("gateway.worker_timeout_ms", self.worker_timeout_ms, 10, None)
+        _check_range("gateway.max_body_bytes", self.max_body_bytes, 1024, None)
+        _check_range("gateway.max_queue_tokens", self.max_queue_tokens, 1, None)
+        if self.max_batch_wait_ms < 0 or self.admission_margin_ms < 0:
+            raise ConfigError("gateway.max_batch_wait_ms and gateway.admission_margin_ms must be >= 0")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """One deployment: the model, its bounds, the workloads and the processes that serve them."""
+
+    name: str = "demo"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+    beam: BeamConfig = field(default_factory=BeamConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if hasattr(value, "validate"):
+                value.validate()
+        if not (self.score.enabled or self.beam.enabled):
+            raise ConfigError("at least one of score.enabled and beam.enabled must be true")
+
+    def replace(self, **sections: typing.Any) -> DeploymentConfig:
+        """A copy with whole sections or fields replaced, validated again."""
+        config = dataclasses.replace(self, **sections)
+        config.validate()
+        return config
+
+
+def load_config(path: str | Path) -> DeploymentConfig:
+    """Read and validate a TOML deployment config."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(raw, source=str(path))
+
+
+def parse_config(raw: dict[str, typing.Any], source: str = "<config>") -> DeploymentConfig:
+    """Decode a TOML-shaped dict into a validated DeploymentConfig."""
+    try:
+        config = _decode(DeploymentConfig, raw, prefix="")
+        config.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return config
+
+
+def _decode(cls: type, raw: typing.Any, prefix: str) -> typing.Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a table, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        where = prefix.rstrip(".") or "top level"
+        raise ConfigError(
+            f"unknown key(s) {', '.join(prefix + k for k in unknown)} in {where}; "
+            f"known keys: {', '.join(sorted(fields))}"
+        )
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(hints[name], value, prefix + name)
+    missing = [
+        n for n, f in fields.items()
+        if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing required key(s): {', '.join(prefix + n for n in missing)}")
+    return cls(**values)
+
+
+def _coerce(hint: typing.Any, value: typing.Any, name: str) -> typing.Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, name)
+    if dataclasses.is_dataclass(hint):
+        return _decode(hint, value, name + ".")
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{name} must be a list, got {value!r}")
+        return tuple(_coerce(args[0], v, f"{name}[{i}]") for i, v in enumerate(value))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
+        raise ConfigError(f"{name} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} = {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_range(name: str, value: float, low: float | None, high: float | None) -> None:
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"{name} = {value} must be {bounds}")
