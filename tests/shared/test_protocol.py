@@ -1,0 +1,160 @@
+"""Wire protocol: every message type round-trips; malformed frames give a ProtocolError, never a crash."""
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared import protocol as p
+from shared.latency_model import LatencyModel
+
+
+def score_batch(token_dtype="int32"):
+    ids = p.pack_ids([1, 2, 3, 4, 5, 6], token_dtype)
+    return p.ScoreBatch(
+        batch_id=7,
+        token_dtype=token_dtype,
+        requests=(
+            p.ScoreRequest("r1", 12.5, ids, (2, 4), (10, 11), 3, True),
+            p.ScoreRequest("r2", -1.0, ids[: 2 * np.dtype(token_dtype).itemsize], (2,), (), 0),
+        ),
+    )
+
+
+def f32(*shape):
+    return np.arange(int(np.prod(shape)), dtype="<f4").reshape(shape).tobytes()
+
+
+EXAMPLES = [
+    p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id="gw-1"),
+    p.Ready(
+        protocol_version=p.PROTOCOL_VERSION, worker_id="w0", device="cpu", pid=123,
+        workloads=("score", "beam"), bounds={"max_samples_per_batch": 16},
+        model={"hidden_size": 64, "dtype": "float32", "has_head": False, "scale": 0.5},
+        latency={"score": LatencyModel(0.1, 5.7, 0.01, 43.67)}, latency_rmse_ms={"score": 0.2},
+        max_queued_batches=8, num_streams=2, heartbeat_interval_ms=100,
+    ),
+    score_batch("int32"),
+    score_batch("int64"),
+    p.ScoreResults(
+        batch_id=7,
+        results=(
+            p.ScoreResult("r1", p.Status.OK, num_samples=2, label_logits=f32(2, 2),
+                          label_logprobs=f32(2, 2), label_probs=f32(2, 2),
+                          topk_ids=np.zeros((2, 3), "<i4").tobytes(), topk_logprobs=f32(2, 3),
+                          hidden=f32(2, 8)),
+            p.ScoreResult("r2", p.Status.EXPIRED),
+            p.ScoreResult("r3", p.Status.ERROR, error="sample 0 has 900 tokens > 512"),
+        ),
+        queue_ms=0.1, compute_ms=3.0,
+    ),
+    p.BeamBatch(
+        batch_id=9, token_dtype="int64", num_beams=4, max_new_tokens=3, num_return_sequences=2,
+        requests=(p.BeamRequest("b1", 50.0, p.pack_ids([5, 6, 7], "int64")),),
+    ),
+    p.BeamResults(
+        batch_id=9,
+        results=(p.BeamResult("b1", p.Status.OK, sequences=np.zeros((2, 3), "<i4").tobytes(),
+                              scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes()),),
+        queue_ms=0.0, compute_ms=1.5,
+    ),
+    p.Heartbeat(worker_id="w0", seq=3, queue_depth=1, in_flight=2, draining=False,
+                counters=p.WorkerCounters(batches_computed=4, requests_expired=2)),
+    p.Error(code=p.ErrorCode.OVERLOADED, message="queue full (8 batches)", batch_id=7),
+    p.Error(code=p.ErrorCode.MALFORMED, message="bad frame"),
+    p.Shutdown(reason="test"),
+    p.Goodbye(sender_id="w0", reason="draining"),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(message):
+    frames = p.encode(message)
+    assert len(frames) == 2 and frames[0] == bytes([message.TYPE])
+    assert p.decode(frames) == message
+
+
+def test_every_message_type_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(p.MESSAGE_TYPES.values())
+
+
+def test_arrays_helpers():
+    results = EXAMPLES[4].results
+    arrays = results[0].arrays()
+    assert arrays["label_logits"].shape == (2, 2) and arrays["hidden"].shape == (2, 8)
+    assert arrays["topk_ids"].dtype == np.int32 and "head" not in arrays
+    assert results[1].arrays() == {}
+    beam = EXAMPLES[6].results[0].arrays(num_return_sequences=2)
+    assert beam["sequences"].shape == (2, 3) and list(beam["lengths"]) == [3, 3]
+    ids = p.unpack_ids(p.pack_ids([1, 2**31 - 1], "int32"), "int32")
+    assert ids.tolist() == [1, 2**31 - 1]
+
+
+def test_numpy_scalars_encode_as_plain_numbers():
+    msg = p.Error(code="internal", message="x", batch_id=np.int64(5))
+    assert p.decode(p.encode(msg)).batch_id == 5
+
+
+def body(*fields):
+    return msgpack.packb(list(fields))
+
+
+BAD = [
+    ([b"\x03"], "expected 2 frames"),
+    ([b"\x63", b"\x90"], "unknown message type"),
+    ([b"\x01", b"\xc1"], "invalid Hello"),
+    ([b"\x01", body(1)], "2 fields"),
+    ([b"\x01", body("1", "gw")], "protocol_version: expected an integer"),
+    ([b"\x01", body(True, "gw")], "expected an integer"),
+    ([b"\x01", body(1, "gw") + b"\x00"], "ExtraData"),
+    ([b"\x08", body("x", "y", 1.5)], "batch_id"),
+    ([b"\x03", body(1, "int16", [["r", 1.0, b"\x00\x00", [1], [], 0, False]])], "token_dtype"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00\x00\x00", [1], [], 0, False]])], "whole number"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False]])], "sum 1 != 2"),
+    ([b"\x03", body(1, "int32", [])], "at least one request"),
+    ([b"\x03", body(1, "int32", [["r", float("nan"), b"\x00" * 4, [1], [], 0, False]])], "finite"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0, False]] * 2)], "duplicate"),
+    ([b"\x05", body(1, "int32", 2, 3, 5, [["r", 1.0, b"\x00" * 4]])], "num_return_sequences"),
+    ([b"\x02", body(1, "w", "cpu", 1, [], {}, {}, {"score": [1.0, 2.0]}, {}, 1, 1, 1)], "4 fields"),
+    ([b"\x01", msgpack.packb(msgpack.ExtType(1, b"x"))], "ext"),
+    ([b"\x01", b"\x91" * 5000], "invalid Hello"),
+]
+
+
+@pytest.mark.parametrize("frames,match", BAD)
+def test_malformed_frames_raise_protocol_error(frames, match):
+    with pytest.raises(p.ProtocolError, match=match):
+        p.decode(frames)
+
+
+def test_size_limits():
+    limits = p.DecodeLimits(max_frame_bytes=64, max_bin_len=16)
+    big = p.encode(p.Goodbye(sender_id="x" * 100))
+    with pytest.raises(p.ProtocolError, match="exceeds 64"):
+        p.decode(big, limits)
+    frames = p.encode(p.BeamBatch(1, "int32", 1, 1, 1, (p.BeamRequest("r", 1.0, b"\x00" * 20),)))
+    with pytest.raises(p.ProtocolError):
+        p.decode(frames, p.DecodeLimits(max_bin_len=16))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 255), st.binary(max_size=512))
+def test_fuzz_random_frames_never_crash(type_byte, data):
+    try:
+        p.decode([bytes([type_byte]), data])
+    except p.ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(EXAMPLES), st.data())
+def test_fuzz_mutated_valid_frames_never_crash(message, data):
+    raw = bytearray(p.encode(message)[1])
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(raw)))
+    try:
+        p.decode([bytes([message.TYPE]), bytes(raw[:cut])])
+    except p.ProtocolError:
+        pass
