@@ -176,9 +176,26 @@ class GatewayConfig:
     max_body_bytes: int = 4 << 20
     auth_token_env: str | None = None
     """Name of an environment variable holding a bearer token; unset means no auth."""
+    max_samples_per_request: int = 64
+    """Scoring: samples one request may carry; a request larger than a batch is split across batches."""
+    max_deadline_ms: int = 60_000
+    """Largest deadline a request may ask for (body or header)."""
+    max_inflight_batches_per_worker: int = 2
+    """Batches the gateway keeps in flight on one worker; the rest wait in the deadline-ordered queue."""
+    tokenize_offload_chars: int = 16_384
+    """Requests with more characters than this are tokenized on a thread, off the event loop."""
+    drain_timeout_ms: int = 10_000
+    """On SIGTERM, how long to wait for queued and in-flight requests before stopping."""
+    access_log: bool = True
+    """One JSON line per request (id, route, status, milliseconds) on stderr."""
 
     def validate(self) -> None:
         _check_range("gateway.port", self.port, 0, 65535)
+        _check_range("gateway.max_samples_per_request", self.max_samples_per_request, 1, 4096)
+        _check_range("gateway.max_deadline_ms", self.max_deadline_ms, 1, None)
+        _check_range("gateway.max_inflight_batches_per_worker", self.max_inflight_batches_per_worker, 1, 64)
+        _check_range("gateway.tokenize_offload_chars", self.tokenize_offload_chars, 0, None)
+        _check_range("gateway.drain_timeout_ms", self.drain_timeout_ms, 0, None)
         _check_range("gateway.score_deadline_ms", self.score_deadline_ms, 1, None)
         _check_range("gateway.generate_deadline_ms", self.generate_deadline_ms, 1, None)
         _check_range("gateway.worker_timeout_ms", self.worker_timeout_ms, 10, None)

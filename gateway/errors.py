@@ -1,0 +1,57 @@
+"""The one table from rejection reason to HTTP status, and the error raised to answer with it.
+
+Every non-success answer of the gateway is `{"error": {"code", "message", "request_id"}}` with the
+status this table gives for the code. Handlers raise `ApiError`; a middleware turns it into JSON.
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+from aiohttp import web
+
+# code -> (HTTP status, one-line meaning for /openapi.json and the README)
+ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "a field is missing, of the wrong type or out of range"),
+    "unauthorized": (401, "missing or wrong bearer token"),
+    "not_found": (404, "no such route"),
+    "method_not_allowed": (405, "the route exists but not for this method"),
+    "too_large": (413, "the body is over the size limit, or the input over the compiled bounds"),
+    "unsupported_media_type": (415, "the body must be JSON (Content-Type: application/json)"),
+    "queue_full": (429, "the queue's token budget is spent; retry after Retry-After seconds"),
+    "internal": (500, "a bug in the gateway; the message says where"),
+    "deadline_unmeetable": (503, "the predicted finish time is past the deadline; refused before any work"),
+    "no_workers": (503, "no worker is ready to serve this workload"),
+    "worker_lost": (503, "the worker computing this request stopped answering"),
+    "worker_error": (503, "the worker refused or failed the batch holding this request"),
+    "draining": (503, "the gateway is shutting down and takes no new work"),
+    "deadline_exceeded": (504, "the deadline passed before the answer was ready; the work was dropped"),
+}
+
+
+class ApiError(Exception):
+    """A request answered with an error from the table; `retry_after_s` sets Retry-After."""
+
+    def __init__(self, code: str, message: str, retry_after_s: float | None = None) -> None:
+        if code not in ERRORS:
+            raise KeyError(f"unknown error code {code!r}; add it to gateway.errors.ERRORS")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    @property
+    def status(self) -> int:
+        return ERRORS[self.code][0]
+
+
+def error_response(error: ApiError, request_id: str) -> web.Response:
+    """The JSON answer for `error`, with Retry-After when the error carries one."""
+    body = {"error": {"code": error.code, "message": error.message, "request_id": request_id}}
+    headers = {"X-Request-Id": request_id}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return web.Response(
+        status=error.status, body=orjson.dumps(body), content_type="application/json", headers=headers
+    )
