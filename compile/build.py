@@ -1,0 +1,204 @@
+"""The offline build chain: checkpoint -> exported nodes -> AOTInductor packages + manifest.
+
+Each enabled workload has a node builder that returns an exported program; every node holds the
+same Transformer under the attribute `model`, so their constants share names and the worker loads
+one weights file for all of them. Nothing here runs on the request path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import save_file
+
+from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint
+from compile.heads import MlpHead
+from compile.machine import machine_facts
+from compile.model import Transformer, build_model
+from compile.score_node import OUTPUT_NAMES, ScoreModule, export_score_node
+from shared.config import DeploymentConfig, MlpHeadConfig
+
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every node builder gets: the deployment, the loaded checkpoint and the model."""
+
+    config: DeploymentConfig
+    checkpoint: Checkpoint
+    model: Transformer
+    dtype: torch.dtype
+    device: str
+
+
+# workload name -> builder returning (module whose state dict holds the node's weights, its export,
+# extra manifest facts about the node)
+NodeBuilder = Callable[[BuildContext], tuple[torch.nn.Module, torch.export.ExportedProgram, dict]]
+
+
+def build_score(ctx: BuildContext):
+    head = load_mlp_head(ctx.config.score.mlp_head, ctx.checkpoint.spec.hidden_size)
+    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head).to(ctx.device)
+    outputs = OUTPUT_NAMES + (("head",) if head is not None else ())
+    return module, export_score_node(module, ctx.config.bounds, ctx.device), {"outputs": list(outputs)}
+
+
+NODE_BUILDERS: dict[str, NodeBuilder] = {"score": build_score}
+
+
+def enabled_workloads(config: DeploymentConfig) -> list[str]:
+    return [name for name, on in (("score", config.score.enabled), ("beam", config.beam.enabled)) if on]
+
+
+class Progress:
+    """Prints which stage runs and the elapsed time, to stderr."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def stage(self, message: str) -> None:
+        print(f"[compile {time.monotonic() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) -> dict:
+    """Build every enabled node into out_dir; skip the work when the artifacts are up to date."""
+    out = Path(out_dir)
+    progress = Progress()
+    model_dir = Path(config.model.path)
+    checkpoint_sha = checkpoint_hash(model_dir)
+    key = build_key(config, checkpoint_sha)
+    if not force and is_up_to_date(out, key):
+        progress.stage(f"artifacts in {out} are up to date (build key {key[:12]}); nothing to do")
+        return json.loads((out / MANIFEST).read_text())
+    missing = [w for w in enabled_workloads(config) if w not in NODE_BUILDERS]
+    if missing:
+        raise ValueError(f"workload(s) {', '.join(missing)} enabled in the config but no node builder exists")
+    progress.stage(f"loading checkpoint {model_dir}")
+    checkpoint = load_checkpoint(model_dir, config.model.dtype, sha256=checkpoint_sha)
+    dtype = DTYPES[checkpoint.spec.dtype if config.model.dtype == "auto" else config.model.dtype]
+    device = config.model.device
+    model = build_model(checkpoint.spec, checkpoint.state_dict, dtype).to(device)
+    ctx = BuildContext(config, checkpoint, model, dtype, device)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # a half-built folder must never look up to date
+    nodes, weights = {}, {}
+    for workload in enabled_workloads(config):
+        progress.stage(f"exporting the {workload} node")
+        module, program, facts = NODE_BUILDERS[workload](ctx)
+        weights.update(module.state_dict())
+        progress.stage(f"compiling the {workload} node with AOTInductor (minutes on a small CPU)")
+        package = out / f"{workload}.pt2"
+        aoti_compile(program, package)
+        nodes[workload] = {"package": package.name, "sha256": file_hash(package), **facts}
+    progress.stage("writing weights and tokenizer files")
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, out / WEIGHTS)
+    tokenizer_files = copy_tokenizer_files(model_dir, out)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "name": config.name,
+        "build_key": key,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dtype": str(dtype).removeprefix("torch."),
+        "machine": machine_facts(device),
+        "bounds": asdict(config.bounds),
+        "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
+        "nodes": nodes,
+        "weights": {"file": WEIGHTS, "sha256": file_hash(out / WEIGHTS)},
+        "tokenizer_files": tokenizer_files,
+        "config": asdict(config),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    progress.stage(f"done: {', '.join(nodes)} in {out}")
+    return manifest
+
+
+def aoti_compile(program: torch.export.ExportedProgram, package: Path) -> None:
+    package.unlink(missing_ok=True)
+    torch._inductor.aoti_compile_and_package(
+        program,
+        package_path=str(package),
+        # Weights stay outside the .so: all nodes share one copy, loaded by the runtime.
+        inductor_configs={"aot_inductor.package_constants_in_so": False},
+    )
+
+
+def load_mlp_head(head: MlpHeadConfig | None, hidden_size: int) -> MlpHead | None:
+    """The user's classification head, checked against its declared layer sizes."""
+    if head is None:
+        return None
+    from safetensors.torch import load_file
+
+    if head.layer_sizes[0] != hidden_size:
+        raise ValueError(
+            f"score.mlp_head.layer_sizes[0] = {head.layer_sizes[0]} must equal the model's hidden size {hidden_size}"
+        )
+    module = MlpHead(head.layer_sizes, head.activation)
+    tensors = load_file(head.weights)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if expected != got:
+        raise ValueError(
+            f"score.mlp_head.weights {head.weights}: tensors {got} do not match layer_sizes "
+            f"{list(head.layer_sizes)}, which need {expected}"
+        )
+    module.load_state_dict({k: v.float() for k, v in tensors.items()})
+    return module.eval().requires_grad_(False)
+
+
+def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, out / name)
+            copied.append(name)
+    if "tokenizer.json" not in copied:
+        raise ValueError(f"{model_dir}: no tokenizer.json (a fast tokenizer is required by the gateway)")
+    return copied
+
+
+def build_key(config: DeploymentConfig, checkpoint_sha: str) -> str:
+    """Everything the artifacts depend on: checkpoint, config, torch, machine and this code."""
+    digest = hashlib.sha256()
+    relevant = {k: asdict(config)[k] for k in ("model", "bounds", "score", "beam")}
+    relevant["model"] = {**relevant["model"], "path": None}  # the content counts, not the path
+    digest.update(json.dumps(relevant, sort_keys=True).encode())
+    if relevant["score"]["mlp_head"]:
+        digest.update(file_hash(Path(config.score.mlp_head.weights)).encode())
+    if config.beam.constraints:
+        digest.update(file_hash(Path(config.beam.constraints)).encode())
+    digest.update(checkpoint_sha.encode())
+    digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def is_up_to_date(out: Path, key: str) -> bool:
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    files = [(n["package"], n["sha256"]) for n in manifest["nodes"].values()]
+    files.append((manifest["weights"]["file"], manifest["weights"]["sha256"]))
+    return manifest.get("build_key") == key and all(
+        (out / name).is_file() and file_hash(out / name) == sha for name, sha in files
+    )
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

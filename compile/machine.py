@@ -1,0 +1,45 @@
+"""Facts about the machine a package is built for or runs on, and the check that they agree."""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+
+class ArtifactMismatch(RuntimeError):
+    """Compiled artifacts were built for another machine, device or torch version."""
+
+
+def machine_facts(device: str) -> dict:
+    """What a compiled package depends on: torch version, device type, CPU ISA or GPU architecture."""
+    kind = device.split(":")[0]
+    facts = {"torch": torch.__version__, "device": kind, "machine": platform.machine()}
+    if kind == "cpu":
+        facts["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
+    else:
+        index = int(device.split(":")[1]) if ":" in device else 0
+        major, minor = torch.cuda.get_device_capability(index)
+        facts["gpu_arch"] = f"sm_{major}{minor}"
+    return facts
+
+
+def check_compatible(built: dict, device: str) -> None:
+    """Raise ArtifactMismatch naming every fact of `built` that differs on this machine."""
+    kind = device.split(":")[0]
+    if built.get("device") != kind:
+        raise ArtifactMismatch(
+            f"artifacts were compiled for device {built.get('device')!r} but this worker runs on {kind!r}; "
+            "recompile with model.device set to match"
+        )
+    here = machine_facts(device)
+    problems = [
+        f"{key}: built for {built.get(key)!r}, this machine has {here[key]!r}"
+        for key in here
+        if built.get(key) != here[key]
+    ]
+    if problems:
+        raise ArtifactMismatch(
+            "artifacts were compiled for another machine (" + "; ".join(problems) + "); "
+            "rebuild them on this machine class with `python -m compile`"
+        )

@@ -1,0 +1,155 @@
+"""The project's own packed decoder (Qwen2 / Qwen3 / Llama), written for torch.export.
+
+All samples of a batch are concatenated into one token axis T; linear and MLP layers run on those T
+valid tokens only, and attention runs per sample through `boundserve::varlen_attention`. Positions
+are given per token, so every sample starts at position 0. Shapes: T tokens, H hidden, Hq/Hkv heads,
+D head dim, B samples.
+
+The building blocks (`Attention.project`, `Attention.output`, `Mlp`, `rope`) are public so that the
+beam node can run the same layers against its shared prompt K/V.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compile import ops  # noqa: F401  (registers boundserve::varlen_attention)
+from compile.checkpoint import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation in float32, scaled in the model dtype (as the HF families do)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, D] for integer positions [T], computed in float32 and cast to the model dtype."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by cos/sin [T, D] (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with fused q/k/v projection, optional q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.split = (q_dim, kv_dim, kv_dim)
+        self.qkv = nn.Linear(spec.hidden_size, q_dim + 2 * kv_dim, bias=spec.qkv_bias)
+        self.o = nn.Linear(q_dim, spec.hidden_size, bias=spec.o_bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [T, H] -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], with norms and RoPE applied."""
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rope(q, cos, sin).contiguous(), rope(k, cos, sin).contiguous(), v.contiguous()
+
+    def output(self, attn: torch.Tensor) -> torch.Tensor:
+        """attn [T, Hq, D] -> [T, H]."""
+        return self.o(attn.reshape(attn.shape[0], -1))
+
+    def forward(self, x, cos, sin, cu_seqlens):
+        q, k, v = self.project(x, cos, sin)
+        return self.output(torch.ops.boundserve.varlen_attention(q, k, v, cu_seqlens))
+
+
+class Mlp(nn.Module):
+    """SwiGLU MLP with gate and up projections fused into one matrix."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.intermediate = spec.intermediate_size
+        self.gate_up = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.down = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Layer(nn.Module):
+    """One pre-norm decoder layer."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.input_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.attn = Attention(spec)
+        self.post_attn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = Mlp(spec)
+
+    def forward(self, x, cos, sin, cu_seqlens):
+        x = x + self.attn(self.input_norm(x), cos, sin, cu_seqlens)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Packed decoder: token ids [T] -> hidden states [T, H] before the final norm."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        if not spec.tie_word_embeddings:
+            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.register_buffer("inv_freq", spec.rope.inv_freq(spec.head_dim), persistent=True)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, H]: the output projection (the embedding when tied)."""
+        return self.embed.weight if self.spec.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)  # [T, H]
+        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, cu_seqlens)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""
+        return F.linear(self.norm(hidden), self.lm_head_weight).float()
+
+
+def build_model(spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> Transformer:
+    """A Transformer in eval mode holding the given weights (our layout, see checkpoint.convert_weights)."""
+    with torch.device("meta"):
+        model = Transformer(spec)
+    state = dict(state_dict)
+    state["inv_freq"] = spec.rope.inv_freq(spec.head_dim)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.inv_freq = model.inv_freq.float()
+    for name, param in model.named_parameters():
+        if param.dtype != dtype:
+            raise ValueError(f"weight {name} is {param.dtype}, expected {dtype}")
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,68 @@
+"""The prefill-only scoring node: one packed prefill, every head read at each sample's last token.
+
+Exported inputs (T packed tokens, B samples, N = bounds.max_labels label slots):
+    input_ids  [T] int64    all samples concatenated
+    positions  [T] int64    position of each token inside its own sample
+    cu_seqlens [B+1] int32  sample boundaries (0, L0, L0+L1, ...)
+    label_ids  [N] int64    label token ids, padded
+    label_mask [N] bool     which label slots are real
+Outputs, all float32 but the ids: label_logits, label_logprobs, label_probs [B, N], topk_ids [B, K]
+int64, topk_logprobs [B, K], hidden [B, H] (after the final norm) and, with an MLP head, head [B, C].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from compile.heads import MlpHead, label_heads, last_token_index, topk_head
+from compile.model import Transformer
+from shared.config import BoundsConfig
+
+OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "topk_logprobs", "hidden")
+
+
+class ScoreModule(nn.Module):
+    """Transformer + scoring heads; the `model` attribute name is shared with the beam node."""
+
+    def __init__(self, model: Transformer, max_top_k: int, mlp_head: MlpHead | None = None):
+        super().__init__()
+        self.model = model
+        self.max_top_k = max_top_k
+        self.mlp_head = mlp_head
+
+    def forward(self, input_ids, positions, cu_seqlens, label_ids, label_mask):
+        hidden = self.model(input_ids, positions, cu_seqlens)  # [T, H]
+        last = hidden.index_select(0, last_token_index(cu_seqlens))  # [B, H]
+        normed = self.model.norm(last)
+        logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
+        outputs = (*label_heads(logits, label_ids, label_mask), *topk_head(logits, self.max_top_k), normed.float())
+        if self.mlp_head is not None:
+            outputs = (*outputs, self.mlp_head(normed))
+        return outputs
+
+
+def example_inputs(bounds: BoundsConfig, vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """A small valid batch (two samples) used to trace the node."""
+    lens = [3, 5]
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    ids = torch.arange(sum(lens), dtype=torch.int64) % vocab_size
+    positions = torch.cat([torch.arange(n) for n in lens])
+    label_ids = torch.zeros(bounds.max_labels, dtype=torch.int64)
+    label_mask = torch.zeros(bounds.max_labels, dtype=torch.bool)
+    label_mask[:2] = True
+    return tuple(t.to(device) for t in (ids, positions, cu, label_ids, label_mask))
+
+
+def dynamic_shapes(bounds: BoundsConfig) -> tuple:
+    """Token count and sample count are dynamic; one extra token allows a 1-sample batch's filler."""
+    tokens = Dim("tokens", min=2, max=bounds.max_tokens_per_batch + 1)
+    samples = Dim("samples", min=2, max=bounds.max_samples_per_batch)
+    return ({0: tokens}, {0: tokens}, {0: samples + 1}, None, None)
+
+
+def export_score_node(module: ScoreModule, bounds: BoundsConfig, device: str = "cpu") -> torch.export.ExportedProgram:
+    args = example_inputs(bounds, module.model.spec.vocab_size, device)
+    with torch.no_grad():
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(bounds), strict=False)
