@@ -1,0 +1,108 @@
+"""The bounded beam-search node: one packed prefill of R prompts, then S decode steps at width W.
+
+Exported inputs (T packed prompt tokens, R requests, L = longest prompt, W beams):
+    prompt_ids   [T] int64    all prompts concatenated
+    positions    [T] int64    position of each token inside its own prompt
+    cu_seqlens   [R+1] int32  prompt boundaries (0, L0, L0+L1, ...)
+    prompt_index [R, L] int64 packed row of each prompt's token l (padding rows point at row 0)
+    prompt_valid [R, L] bool  which of those are real tokens
+    beam_slots   [W] int64    only its length matters: the beam width W of this call (1..max)
+    num_steps    [] int64     the request's max_new_tokens (1..S); later compiled steps change nothing
+    early_all    [] bool      early_stopping is True (forced for W = 1, where generate() is greedy)
+    + the constraint tables when the node is compiled with constrained decoding.
+Outputs: tokens [R, W, S] int64, scores [R, W] float32, lengths [R, W] int64: every request's
+finished hypotheses, best first (transformers' sequences / sequences_scores order).
+
+W and the prompt sizes are dynamic dimensions of one package; S is compiled (the loop is unrolled
+S times). A request with fewer steps runs all S compiled steps and keeps the state of its last one
+(so a node compiled for S = 4 costs the same for max_new_tokens = 2: build with the S you serve).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+from compile.beam_decode import decode, prefill, prompt_kv, reorder_suffix
+from compile.beam_search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
+from compile.model import Transformer
+
+INPUT_NAMES = (
+    "prompt_ids", "positions", "cu_seqlens", "prompt_index", "prompt_valid", "beam_slots", "num_steps", "early_all",
+)
+
+
+class BeamModule(nn.Module):
+    """Transformer + beam loop; the `model` attribute name is shared with the scoring node."""
+
+    def __init__(self, model: Transformer, rule: BeamRule, max_steps: int, constraint: nn.Module | None = None):
+        super().__init__()
+        self.model = model
+        self.rule = rule
+        self.max_steps = max_steps
+        self.constraint = constraint
+
+    def forward(self, prompt_ids, positions, cu_seqlens, prompt_index, prompt_valid, beam_slots, num_steps,
+                early_all, *tables):
+        model, rule = self.model, self.rule
+        r, w = prompt_index.shape[0], beam_slots.shape[0]
+        hidden, keys, values = prefill(model, prompt_ids, positions, cu_seqlens)  # [T, H]
+        last = (cu_seqlens[1:] - 1).long()  # [R]
+        log_probs = F.log_softmax(model.logits(hidden.index_select(0, last)), dim=-1)[:, None, :]  # [R, 1, V]
+        prompt = (prompt_kv(keys, prompt_index), prompt_kv(values, prompt_index), prompt_valid)
+        prompt_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # [R]
+        state = initial_state(r, w, self.max_steps, rule.pad_id, prompt_ids.device)
+        nodes = None if self.constraint is None else self.constraint.start(r, prompt_ids.device)
+        suffix = None
+        for step in range(1, self.max_steps + 1):
+            if step > 1:
+                tokens = state.running_tokens[:, :, step - 2]  # [R, W] the token chosen last step
+                pos = (prompt_lens + (step - 2))[:, None].expand(r, w)  # [R, W]
+                logits, suffix = decode(model, tokens, pos, prompt, suffix)
+                log_probs = F.log_softmax(logits, dim=-1)  # [R, W, V]
+            if nodes is not None:
+                log_probs = self.constraint.mask(log_probs, nodes, step, num_steps, tables)
+            divisor = heuristic_divisor(rule, step, num_steps)
+            new, parent = beam_step(state, log_probs, step, w, rule, num_steps == step, early_all, divisor)
+            if nodes is not None:
+                nodes = self.constraint.advance(nodes, parent, new.running_tokens[:, :, step - 1], tables)
+            state = select_state(num_steps >= step, new, state)
+            if suffix is not None and step < self.max_steps:
+                suffix = reorder_suffix(suffix, parent)
+        return state.finished_tokens, state.finished_scores, state.finished_lens
+
+
+def example_inputs(vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Two prompts (3 and 5 tokens), four beams, used to trace the node."""
+    lens = [3, 5]
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    ids = (torch.arange(8, dtype=torch.int64) * 7 + 3) % vocab_size
+    positions = torch.cat([torch.arange(n) for n in lens])
+    index = torch.tensor([[0, 1, 2, 0, 0], [3, 4, 5, 6, 7]], dtype=torch.int64)
+    valid = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    slots = torch.zeros(4, dtype=torch.int64)
+    num_steps = torch.tensor(2, dtype=torch.int64)
+    early = torch.tensor(False)
+    return tuple(t.to(device) for t in (ids, positions, cu, index, valid, slots, num_steps, early))
+
+
+def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, num_tables: int = 0) -> tuple:
+    """Tokens, requests, prompt length and beam width are dynamic; the tables are sized at build."""
+    tokens = Dim("tokens", min=1, max=max_prompt_tokens * max_requests)
+    requests = Dim("requests", min=1, max=max_requests)
+    length = Dim("prompt_len", min=1, max=max_prompt_tokens)
+    beams = Dim("beams", min=1, max=max_beams)
+    shapes = ({0: tokens}, {0: tokens}, {0: requests + 1}, {0: requests, 1: length}, {0: requests, 1: length},
+              {0: beams}, None, None)
+    return shapes + (None,) * num_tables
+
+
+def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: int, max_beams: int,
+                     tables: tuple[torch.Tensor, ...] = (), device: str = "cpu") -> torch.export.ExportedProgram:
+    """torch.export the node with the dynamic dimensions above."""
+    args = example_inputs(module.model.spec.vocab_size, device) + tuple(t.to(device) for t in tables)
+    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams, len(tables))
+    with torch.no_grad():
+        return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)

@@ -1,0 +1,107 @@
+"""BeamNode: the worker-side face of the beam-search node (compiled package or eager module).
+
+Checks a request against the compiled bounds, lays out the node's inputs (positions, prompt
+boundaries, the per-request prompt index) and cuts the outputs down to what was asked:
+k = num_return_sequences candidates of max_new_tokens tokens, pad after each candidate's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+
+
+class BoundsError(ValueError):
+    """A beam request exceeds the node's compiled bounds; the message names the bound."""
+
+
+class BeamOutput(NamedTuple):
+    """Per request the best k candidates, best first."""
+
+    sequences: torch.Tensor  # [R, k, S] int64 new tokens only, pad id after a candidate's end
+    scores: torch.Tensor  # [R, k] float32 cumulative log-prob / length ** length_penalty
+    lengths: torch.Tensor  # [R, k] int64 new tokens per candidate (EOS included)
+
+
+@dataclass(frozen=True)
+class BeamBounds:
+    """What the node was compiled for (manifest["bounds"] names)."""
+
+    max_beam_width: int
+    max_new_tokens: int
+    max_prompt_tokens: int
+    max_beam_requests_per_batch: int
+    vocab_size: int
+
+    @classmethod
+    def from_manifest(cls, bounds: dict, vocab_size: int) -> "BeamBounds":
+        names = ("max_beam_width", "max_new_tokens", "max_prompt_tokens", "max_beam_requests_per_batch")
+        return cls(**{n: int(bounds[n]) for n in names}, vocab_size=vocab_size)
+
+
+def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, num_steps: int,
+                early_stopping_all: bool) -> tuple[torch.Tensor, ...]:
+    """The exported node's eight inputs (see compile/beam.py) for one batch of prompts."""
+    lens = prompt_lens.to(torch.int64)
+    cu = torch.zeros(lens.numel() + 1, dtype=torch.int64)
+    cu[1:] = torch.cumsum(lens, 0)
+    starts = cu[:-1]
+    positions = torch.arange(prompt_ids.numel()) - torch.repeat_interleave(starts, lens)  # [T]
+    longest = int(lens.max())
+    offsets = torch.arange(longest)[None, :]  # [1, L]
+    valid = offsets < lens[:, None]  # [R, L]
+    index = torch.where(valid, starts[:, None] + offsets, torch.zeros_like(offsets))  # [R, L]
+    return (
+        prompt_ids.to(torch.int64).contiguous(), positions, cu.to(torch.int32), index, valid,
+        torch.zeros(num_beams, dtype=torch.int64), torch.tensor(num_steps, dtype=torch.int64),
+        torch.tensor(bool(early_stopping_all)),
+    )
+
+
+class BeamNode:
+    """Run beam search for a batch of prompts: __call__(prompt_ids, prompt_lens, W, S, k) -> BeamOutput."""
+
+    def __init__(self, run: Callable, bounds: BeamBounds, early_stopping: bool | str, pad_id: int,
+                 tables: tuple[torch.Tensor, ...] = ()):
+        self._run = run  # the loaded AOTI package (or the eager BeamModule)
+        self.bounds = bounds
+        self.early_stopping = early_stopping
+        self.pad_id = pad_id
+        self._tables = tables
+
+    def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
+                 num_return_sequences: int) -> BeamOutput:
+        self.check(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences)
+        early_all = self.early_stopping is True or num_beams == 1
+        args = node_inputs(prompt_ids, prompt_lens, num_beams, max_new_tokens, early_all)
+        with torch.no_grad():
+            tokens, scores, lens = self._run(*args, *self._tables)
+        k, s = num_return_sequences, max_new_tokens
+        tokens, scores, lens = tokens[:, :k, :s], scores[:, :k].float(), lens[:, :k]
+        after_end = torch.arange(s)[None, None, :] >= lens[:, :, None]
+        return BeamOutput(tokens.masked_fill(after_end, self.pad_id), scores, lens)
+
+    def check(self, prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences) -> None:
+        """Raise BoundsError naming the first bound the request breaks."""
+        b = self.bounds
+        _within("num_beams", num_beams, 1, b.max_beam_width, "max_beam_width")
+        _within("max_new_tokens", max_new_tokens, 1, b.max_new_tokens, "max_new_tokens")
+        _within("num_return_sequences", num_return_sequences, 1, num_beams, "num_beams")
+        _within("requests in the batch", prompt_lens.numel(), 1, b.max_beam_requests_per_batch,
+                "max_beam_requests_per_batch")
+        if prompt_ids.dim() != 1 or prompt_lens.dim() != 1:
+            raise BoundsError("prompt_ids and prompt_lens must be 1-D tensors")
+        if int(prompt_lens.min()) < 1:
+            raise BoundsError("every prompt needs at least one token")
+        _within("prompt length", int(prompt_lens.max()), 1, b.max_prompt_tokens, "max_prompt_tokens")
+        if int(prompt_lens.sum()) != prompt_ids.numel():
+            raise BoundsError(f"prompt_lens sum to {int(prompt_lens.sum())} but prompt_ids has {prompt_ids.numel()}")
+        if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= b.vocab_size):
+            raise BoundsError(f"token ids must lie in [0, {b.vocab_size})")
+
+
+def _within(what: str, value: int, low: int, high: int, bound: str) -> None:
+    if not low <= value <= high:
+        raise BoundsError(f"{what} = {value} is outside [{low}, {high}] ({bound})")
