@@ -137,6 +137,15 @@ class WorkerConfig:
     max_queued_batches: int = 8
     """Batches a worker holds before answering `overloaded`."""
     heartbeat_interval_ms: int = 100
+    """Heartbeats to every gateway that said Hello, this often."""
+    warmup_runs: int = 2
+    """Calls of each node at its smallest and largest shapes before profiling."""
+    profile_budget_s: float = 3.0
+    """Wall time for measuring the latency profile at start (the grid is cut short when spent)."""
+    profile_repeats: int = 3
+    """Timed calls per grid point; the median is fitted."""
+    max_message_bytes: int = 64 << 20
+    """Largest message a worker accepts; ZeroMQ drops a peer that sends more."""
 
     def validate(self) -> None:
         if len(self.endpoints) != len(self.devices):
@@ -154,6 +163,10 @@ class WorkerConfig:
         _check_range("worker.num_streams", self.num_streams, 1, 64)
         _check_range("worker.max_queued_batches", self.max_queued_batches, 1, None)
         _check_range("worker.heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 10_000)
+        _check_range("worker.warmup_runs", self.warmup_runs, 0, 100)
+        _check_range("worker.profile_budget_s", self.profile_budget_s, 0.01, 600)
+        _check_range("worker.profile_repeats", self.profile_repeats, 1, 100)
+        _check_range("worker.max_message_bytes", self.max_message_bytes, 1 << 16, 1 << 31)
 
 
 @dataclass(frozen=True)
