@@ -9,7 +9,8 @@ Exported inputs (T packed prompt tokens, R requests, L = longest prompt, W beams
     beam_slots   [W] int64    only its length matters: the beam width W of this call (1..max)
     num_steps    [] int64     the request's max_new_tokens (1..S); later compiled steps change nothing
     early_all    [] bool      early_stopping is True (forced for W = 1, where generate() is greedy)
-    + the constraint tables when the node is compiled with constrained decoding.
+With constrained decoding the prefix tables are buffers of `constraint` (constants of the package,
+stored in the shared weights file), not inputs.
 Outputs: tokens [R, W, S] int64, scores [R, W] float32, lengths [R, W] int64: every request's
 finished hypotheses, best first (transformers' sequences / sequences_scores order).
 
@@ -45,7 +46,7 @@ class BeamModule(nn.Module):
         self.constraint = constraint
 
     def forward(self, prompt_ids, positions, cu_seqlens, prompt_index, prompt_valid, beam_slots, num_steps,
-                early_all, *tables):
+                early_all):
         model, rule = self.model, self.rule
         r, w = prompt_index.shape[0], beam_slots.shape[0]
         hidden, keys, values = prefill(model, prompt_ids, positions, cu_seqlens)  # [T, H]
@@ -63,11 +64,11 @@ class BeamModule(nn.Module):
                 logits, suffix = decode(model, tokens, pos, prompt, suffix)
                 log_probs = F.log_softmax(logits, dim=-1)  # [R, W, V]
             if nodes is not None:
-                log_probs = self.constraint.mask(log_probs, nodes, step, num_steps, tables)
+                log_probs = self.constraint.mask(log_probs, nodes, step, num_steps)
             divisor = heuristic_divisor(rule, step, num_steps)
             new, parent = beam_step(state, log_probs, step, w, rule, num_steps == step, early_all, divisor)
             if nodes is not None:
-                nodes = self.constraint.advance(nodes, parent, new.running_tokens[:, :, step - 1], tables)
+                nodes = self.constraint.advance(nodes, parent, new.running_tokens[:, :, step - 1])
             state = select_state(num_steps >= step, new, state)
             if suffix is not None and step < self.max_steps:
                 suffix = reorder_suffix(suffix, parent)
@@ -88,21 +89,21 @@ def example_inputs(vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, 
     return tuple(t.to(device) for t in (ids, positions, cu, index, valid, slots, num_steps, early))
 
 
-def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, num_tables: int = 0) -> tuple:
-    """Tokens, requests, prompt length and beam width are dynamic; the tables are sized at build."""
+def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int) -> tuple:
+    """Tokens, requests, prompt length and beam width are dynamic."""
     tokens = Dim("tokens", min=1, max=max_prompt_tokens * max_requests)
     requests = Dim("requests", min=1, max=max_requests)
     length = Dim("prompt_len", min=1, max=max_prompt_tokens)
     beams = Dim("beams", min=1, max=max_beams)
     shapes = ({0: tokens}, {0: tokens}, {0: requests + 1}, {0: requests, 1: length}, {0: requests, 1: length},
               {0: beams}, None, None)
-    return shapes + (None,) * num_tables
+    return shapes
 
 
 def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: int, max_beams: int,
-                     tables: tuple[torch.Tensor, ...] = (), device: str = "cpu") -> torch.export.ExportedProgram:
+                     device: str = "cpu") -> torch.export.ExportedProgram:
     """torch.export the node with the dynamic dimensions above."""
-    args = example_inputs(module.model.spec.vocab_size, device) + tuple(t.to(device) for t in tables)
-    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams, len(tables))
+    args = example_inputs(module.model.spec.vocab_size, device)
+    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams)
     with torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)

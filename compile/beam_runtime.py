@@ -63,13 +63,11 @@ def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: 
 class BeamNode:
     """Run beam search for a batch of prompts: __call__(prompt_ids, prompt_lens, W, S, k) -> BeamOutput."""
 
-    def __init__(self, run: Callable, bounds: BeamBounds, early_stopping: bool | str, pad_id: int,
-                 tables: tuple[torch.Tensor, ...] = ()):
+    def __init__(self, run: Callable, bounds: BeamBounds, early_stopping: bool | str, pad_id: int):
         self._run = run  # the loaded AOTI package (or the eager BeamModule)
         self.bounds = bounds
         self.early_stopping = early_stopping
         self.pad_id = pad_id
-        self._tables = tables
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
                  num_return_sequences: int) -> BeamOutput:
@@ -77,7 +75,7 @@ class BeamNode:
         early_all = self.early_stopping is True or num_beams == 1
         args = node_inputs(prompt_ids, prompt_lens, num_beams, max_new_tokens, early_all)
         with torch.no_grad():
-            tokens, scores, lens = self._run(*args, *self._tables)
+            tokens, scores, lens = self._run(*args)
         k, s = num_return_sequences, max_new_tokens
         tokens, scores, lens = tokens[:, :k, :s], scores[:, :k].float(), lens[:, :k]
         after_end = torch.arange(s)[None, None, :] >= lens[:, :, None]
