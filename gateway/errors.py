@@ -18,7 +18,6 @@ ERRORS: dict[str, tuple[int, str]] = {
     "not_found": (404, "no such route"),
     "method_not_allowed": (405, "the route exists but not for this method"),
     "too_large": (413, "the body is over the size limit, or the input over the compiled bounds"),
-    "unsupported_media_type": (415, "the body must be JSON (Content-Type: application/json)"),
     "queue_full": (429, "the queue's token budget is spent; retry after Retry-After seconds"),
     "internal": (500, "a bug in the gateway; the message says where"),
     "deadline_unmeetable": (503, "the predicted finish time is past the deadline; refused before any work"),

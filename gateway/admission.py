@@ -1,0 +1,70 @@
+"""Admission control: admit a request only if its predicted finish time meets its deadline.
+
+predicted finish = now + predicted wait (work in flight on the soonest-free worker, plus the queued
+work with earlier deadlines, shared by the ready workers) + predicted service of the request itself,
+from the workers' fitted latency models corrected online. The queue has a token budget per
+workload: beyond it the answer is 429 with Retry-After. A refusal costs no compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.batcher import Batcher
+from gateway.errors import ApiError
+from gateway.job import Job
+from gateway.worker_pool import WorkerPool
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Why a request was admitted: the predicted milliseconds of each part."""
+
+    wait_ms: float
+    service_ms: float
+    budget_ms: float
+
+
+class Admission:
+    """Decides admit or refuse (a value: Prediction, or ApiError raised) for a request's jobs."""
+
+    def __init__(self, pool: WorkerPool, max_queue_tokens: int, margin_ms: float, enabled: bool = True) -> None:
+        self._pool = pool
+        self._max_queue_tokens = max_queue_tokens
+        self._margin_ms = margin_ms
+        self.enabled = enabled
+
+    def check_workers(self, workload: str) -> None:
+        if self._pool.ready_count(workload) == 0:
+            known = len(self._pool.links)
+            raise ApiError("no_workers", f"none of the {known} configured worker(s) is ready to serve {workload}; "
+                                         "retry shortly")
+
+    def admit(self, batcher: Batcher, jobs: list[Job], now: float) -> Prediction:
+        """Refuse with 429 queue_full or 503 deadline_unmeetable, else return the prediction."""
+        self.check_workers(batcher.workload)
+        model = self._pool.model(batcher.workload)
+        assert model is not None
+        deadline = min(j.deadline for j in jobs)
+        budget_ms = (deadline - now) * 1000.0
+        tokens = sum(j.latency_tokens for j in jobs)
+        items = sum(j.batch_items for j in jobs)
+        ahead_items, ahead_tokens = batcher.backlog(deadline)
+        workers = max(1, self._pool.ready_count(batcher.workload))
+        wait_ms = self._pool.soonest_free_ms(batcher.workload) + model.backlog_ms(ahead_items, ahead_tokens) / workers
+        service_ms = model.backlog_ms(items, tokens)
+        if not self.enabled:
+            return Prediction(wait_ms, service_ms, budget_ms)
+        real_tokens = sum(j.tokens for j in jobs)
+        if batcher.queued_tokens + real_tokens > self._max_queue_tokens and batcher.queued_jobs > 0:
+            drain_s = (self._pool.soonest_free_ms(batcher.workload)
+                       + model.backlog_ms(*batcher.backlog()) / workers) / 1000.0
+            raise ApiError("queue_full", f"the {batcher.workload} queue holds {batcher.queued_tokens} tokens; with "
+                                         f"this request's {real_tokens} it would pass its budget of "
+                                         f"{self._max_queue_tokens}", retry_after_s=drain_s)
+        if wait_ms + service_ms + self._margin_ms > budget_ms:
+            raise ApiError("deadline_unmeetable",
+                           f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait {wait_ms:.1f} ms + service "
+                           f"{service_ms:.1f} ms + margin {self._margin_ms:g} ms) is past the deadline of "
+                           f"{budget_ms:.1f} ms; refused before any work")
+        return Prediction(wait_ms, service_ms, budget_ms)

@@ -1,0 +1,206 @@
+"""The aiohttp application factory, used alike by `python -m gateway`, the tests and the benchmarks.
+
+Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json.
+One middleware gives every request its id, checks the bearer token, turns every error into the
+JSON of gateway/errors.py and writes one JSON log line per request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.deadline import resolve_deadline_ms
+from gateway.errors import ApiError, error_response
+from gateway.generate_request import parse_generate
+from gateway.openapi import openapi_document
+from gateway.score_request import parse_score
+from gateway.state import Gateway, Settings
+
+log = logging.getLogger("gateway.access")
+GATEWAY = web.AppKey("gateway", Gateway)
+SETTINGS = web.AppKey("settings", Settings)
+REQUEST_ID = web.RequestKey("request_id", str)
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(settings: Settings) -> web.Application:
+    """The gateway app; its parts start with the app (cleanup_ctx) and stop with it."""
+    _check_template(settings)
+    app = web.Application(middlewares=[frame], client_max_size=settings.config.gateway.max_body_bytes)
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_post("/v1/score", score)
+    app.router.add_post("/v1/generate", generate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    return app
+
+
+def _check_template(settings: Settings) -> None:
+    template = settings.config.score.prompt_template
+    if template is not None:
+        try:
+            template.format_map({"text": "", "query": ""})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"score.prompt_template {template!r} may only use {{text}} and {{query}}: {exc}") from None
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    gateway = Gateway.build(app[SETTINGS])
+    app[GATEWAY] = gateway
+    await gateway.start()
+    yield
+    await gateway.stop()
+
+
+@web.middleware
+async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.monotonic()
+    given = request.headers.get("X-Request-Id", "")
+    request_id = given if REQUEST_ID_PATTERN.fullmatch(given) else uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    try:
+        _authorize(request)
+        response = await handler(request)
+        code = "ok"
+    except ApiError as error:
+        response, code = error_response(error, request_id), error.code
+    except web.HTTPException as exc:
+        error = _http_error(exc)
+        response, code = error_response(error, request_id), error.code
+    except Exception:
+        logging.getLogger("gateway").exception("request %s failed", request_id)
+        error = ApiError("internal", f"the gateway failed on request {request_id}; see its log")
+        response, code = error_response(error, request_id), error.code
+    response.headers["X-Request-Id"] = request_id
+    gateway = request.app.get(GATEWAY)
+    if gateway is not None:
+        _account(request, gateway, response.status, code, started)
+    return response
+
+
+def _account(request: web.Request, gateway: Gateway, status: int, code: str, started: float) -> None:
+    elapsed_ms = (time.monotonic() - started) * 1000.0
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
+    gateway.metrics.count_request(route, code)
+    if request.path.startswith("/v1/"):
+        gateway.metrics.observe_stage("total", elapsed_ms)
+        if code != "ok":
+            gateway.metrics.count_drop(code)
+    if gateway.settings.config.gateway.access_log:
+        log.info(orjson.dumps({"ts": round(time.time(), 6), "event": "request", "request_id": request[REQUEST_ID],
+                               "method": request.method, "path": request.path, "status": status,
+                               "code": code, "ms": round(elapsed_ms, 3)}).decode())
+
+
+def _authorize(request: web.Request) -> None:
+    token = request.app[SETTINGS].auth_token
+    if token is None or request.path in OPEN_PATHS:
+        return
+    given = request.headers.get("Authorization", "")
+    if not given.startswith("Bearer "):
+        raise ApiError("unauthorized", "missing bearer token: send the header Authorization: Bearer <token>")
+    if not hmac.compare_digest(given[7:].strip().encode(), token.encode()):
+        raise ApiError("unauthorized", "the bearer token is not valid for this gateway")
+
+
+def _http_error(exc: web.HTTPException) -> ApiError:
+    if exc.status == 404:
+        return ApiError("not_found", "no such route; see GET /openapi.json")
+    if exc.status == 405:
+        return ApiError("method_not_allowed", "this route does not take that method; see GET /openapi.json")
+    if exc.status == 413:
+        return ApiError("too_large", f"the request body is over the limit: {exc.text}")
+    return ApiError("invalid_request", f"HTTP {exc.status}: {exc.reason}")
+
+
+async def _read_json(request: web.Request) -> object:
+    limit = request.app[SETTINGS].config.gateway.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError("too_large", f"the body is {request.content_length} bytes; the limit is {limit} bytes")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError("too_large", f"the body is over the limit of {limit} bytes") from None
+    if not raw:
+        raise ApiError("invalid_request", "the body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError("invalid_request", f"the body is not valid JSON: {exc}") from None
+
+
+def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrived: float) -> float:
+    """Absolute deadline (loop clock): the budget counts from the request's arrival."""
+    gateway = request.app[GATEWAY]
+    budget_ms = resolve_deadline_ms(body_ms, request.headers, default_ms, gateway.limits.max_deadline_ms)
+    return arrived + budget_ms / 1000.0
+
+
+def _accepting(gateway: Gateway) -> float:
+    """The arrival time, once it is clear the gateway takes new work."""
+    if gateway.draining:
+        raise ApiError("draining", "the gateway is shutting down and takes no new requests; retry on another")
+    return gateway.pool.clock()
+
+
+def _json(body: object, request: web.Request) -> web.Response:
+    return web.Response(body=orjson.dumps(body, option=JSON_OPTIONS), content_type="application/json")
+
+
+async def score(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    arrived = _accepting(gateway)
+    spec = parse_score(await _read_json(request), gateway.limits)
+    deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.score_deadline_ms, arrived)
+    answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
+    if spec.dialect != "sglang":
+        answer["id"] = request[REQUEST_ID]
+    return _json(answer, request)
+
+
+async def generate(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    arrived = _accepting(gateway)
+    spec = parse_generate(await _read_json(request), gateway.limits)
+    deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.generate_deadline_ms, arrived)
+    answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
+    answer["id"] = request[REQUEST_ID]
+    return _json(answer, request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"}, request)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    workers = [{"endpoint": link.endpoint, "state": link.state, "workloads": sorted(link.models),
+                "in_flight_batches": len(link.in_flight)} for link in gateway.pool.links]
+    if gateway.draining:
+        raise ApiError("draining", "the gateway is draining")
+    if gateway.pool.ready_count() == 0:
+        raise ApiError("no_workers", f"no worker is ready yet: {orjson.dumps(workers).decode()}")
+    return _json({"status": "ready", "workers": workers}, request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[GATEWAY].metrics.render()
+    return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return _json(openapi_document(request.app[GATEWAY].limits), request)

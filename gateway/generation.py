@@ -1,0 +1,55 @@
+"""The /v1/generate pipeline: tokenize the prompt -> admit -> beam queue -> candidates with text."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.admission import Admission
+from gateway.batcher import Batcher
+from gateway.errors import ApiError
+from gateway.generate_request import GenerateSpec
+from gateway.job import Job, wait_all
+from gateway.limits import Limits
+from gateway.metrics import Metrics
+from gateway.tokenizer import RequestTokenizer
+
+
+class GenerateService:
+    """Runs validated GenerateSpecs through tokenization, admission and the beam batcher."""
+
+    def __init__(self, tokenizer: RequestTokenizer, limits: Limits, batcher: Batcher, admission: Admission,
+                 metrics: Metrics) -> None:
+        self._tokenizer = tokenizer
+        self._limits = limits
+        self._batcher = batcher
+        self._admission = admission
+        self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
+
+    async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> dict[str, Any]:
+        self._admission.check_workers("beam")
+        started = self._loop.time()
+        prompt = self._tokenizer.encode([spec.prompt])[0]
+        now = self._loop.time()
+        self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
+        if len(prompt) > self._limits.max_prompt_tokens:
+            raise ApiError("too_large", f"the prompt is {len(prompt)} tokens long; the compiled bound is "
+                                        f"{self._limits.max_prompt_tokens} prompt tokens (nothing was truncated)")
+        if not prompt:
+            raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
+        key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
+        job = Job(request_id, "beam", deadline, [prompt], beam_key=key)
+        self._admission.admit(self._batcher, [job], now)
+        self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
+        self._batcher.submit(job)
+        (result,) = await wait_all([job], self._batcher.cancel)
+        return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
+
+    def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> dict[str, Any]:
+        sequences = [row[: int(n)].tolist() for row, n in zip(arrays["sequences"], arrays["lengths"])]
+        texts = self._tokenizer.decode_batch(sequences)
+        candidates = [{"text": text, "token_ids": ids, "score": float(score)}
+                      for text, ids, score in zip(texts, sequences, arrays["scores"])]
+        return {"id": request_id, "object": "generation", "candidates": candidates,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sum(len(s) for s in sequences)}}

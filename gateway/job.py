@@ -1,0 +1,96 @@
+"""A Job: one unit of queued work (a whole request, or one chunk of a large scoring request).
+
+Jobs carry their deadline on the loop's monotonic clock and a future the request handler awaits.
+Whoever finishes a job first (result, expiry timer, lost worker) wins; later attempts are no-ops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ApiError
+
+QUEUED, SENT, DONE = "queued", "sent", "done"
+
+
+@dataclass(eq=False)
+class Job:
+    """Work for one request (or chunk) on its way through queue, batch and worker."""
+
+    request_id: str
+    """Unique on the wire: the HTTP request id, plus `#k` for chunk k of a split request."""
+    workload: str
+    """score | beam"""
+    deadline: float
+    """Absolute, in loop.time() seconds."""
+    token_ids: list[list[int]]
+    """score: one list per sample; beam: one list (the prompt)."""
+    label_ids: tuple[int, ...] = ()
+    top_k: int = 0
+    return_hidden: bool = False
+    beam_key: tuple[int, int, int] | None = None
+    """beam: (num_beams, max_new_tokens, num_return_sequences); batches share one key."""
+    future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    state: str = QUEUED
+    enqueued_at: float = 0.0
+    sent_at: float = 0.0
+    expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def samples(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.token_ids)
+
+    @property
+    def batch_items(self) -> int:
+        """B of the latency model: samples for scoring, beams for beam search."""
+        return self.beam_key[0] if self.beam_key else self.samples
+
+    @property
+    def latency_tokens(self) -> int:
+        """Tokens summed over the latency model's items, so that L = latency_tokens / batch_items."""
+        return self.beam_key[0] * self.tokens if self.beam_key else self.tokens
+
+    def finish(self, result: Any) -> bool:
+        """Complete with a result; False when the job was already finished."""
+        if self.state == DONE:
+            return False
+        self._close()
+        self.future.set_result(result)
+        return True
+
+    def fail(self, error: ApiError) -> bool:
+        """Complete with an error answer; False when the job was already finished."""
+        if self.state == DONE:
+            return False
+        self._close()
+        self.future.set_exception(error)
+        self.future.exception()  # an error answer is an expected outcome: never log it as "unretrieved"
+        return True
+
+    def _close(self) -> None:
+        self.state = DONE
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+
+
+async def wait_all(jobs: list[Job], on_error: Callable[[Job, ApiError], None]) -> list[Any]:
+    """Results of all jobs in order; at the first error, `on_error` each other job, then raise it."""
+    if len(jobs) == 1:
+        return [await jobs[0].future]
+    pending = {job.future for job in jobs}
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        error = next((f.exception() for f in done if f.exception() is not None), None)
+        if error is not None:
+            for job in jobs:
+                on_error(job, error)  # type: ignore[arg-type]
+            raise error
+    return [job.future.result() for job in jobs]

@@ -1,0 +1,43 @@
+"""A worker's fitted latency model, corrected online from the compute times it reports.
+
+The worker fits T = (alpha*B + beta)*L + gamma*B + delta at start-up (shared/latency_model.py);
+machines drift (other load, thermal state), so every answered batch updates a smoothed ratio of
+observed to predicted compute time, and predictions are scaled by it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shared.latency_model import LatencyModel
+
+SMOOTHING = 0.2
+MIN_RATIO, MAX_RATIO = 0.25, 8.0
+
+
+class CorrectedModel:
+    """predict_ms = fitted prediction x online correction ratio."""
+
+    def __init__(self, model: LatencyModel, max_batch_items: int, max_batch_tokens: int) -> None:
+        self.model = model
+        self.ratio = 1.0
+        self.max_batch_items = max(1, max_batch_items)
+        self.max_batch_tokens = max(1, max_batch_tokens)
+
+    def predict_ms(self, batch_items: float, tokens_per_item: float) -> float:
+        return max(0.0, self.model.predict_ms(batch_items, tokens_per_item)) * self.ratio
+
+    def observe(self, batch_items: float, tokens_per_item: float, compute_ms: float) -> None:
+        """Fold one measured batch into the correction ratio."""
+        predicted = self.model.predict_ms(batch_items, tokens_per_item)
+        if predicted <= 0.01 or compute_ms <= 0 or not math.isfinite(compute_ms):
+            return
+        ratio = min(MAX_RATIO, max(MIN_RATIO, compute_ms / predicted))
+        self.ratio += SMOOTHING * (ratio - self.ratio)
+
+    def backlog_ms(self, items: int, tokens: int) -> float:
+        """Predicted time to serve `items` items of `tokens` tokens in total, in full batches."""
+        if items <= 0:
+            return 0.0
+        batches = max(math.ceil(items / self.max_batch_items), math.ceil(tokens / self.max_batch_tokens), 1)
+        return batches * self.predict_ms(items / batches, tokens / items)

@@ -1,0 +1,114 @@
+"""The /v1/score pipeline: labels -> tokenize -> split into batch-sized jobs -> admit -> queue -> answer.
+
+A request with more samples or tokens than one compiled batch holds is split into chunks that each
+fit; the answer joins them back in order, so nothing the caller sent is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from gateway.admission import Admission
+from gateway.batcher import Batcher
+from gateway.errors import ApiError
+from gateway.job import Job, wait_all
+from gateway.limits import Limits
+from gateway.metrics import Metrics
+from gateway.score_request import ScoreSpec
+from gateway.tokenizer import RequestTokenizer
+
+
+class ScoreService:
+    """Runs validated ScoreSpecs through tokenization, admission and the score batcher."""
+
+    def __init__(self, tokenizer: RequestTokenizer, limits: Limits, batcher: Batcher, admission: Admission,
+                 metrics: Metrics, executor: Executor | None, offload_chars: int) -> None:
+        self._tokenizer = tokenizer
+        self._limits = limits
+        self._batcher = batcher
+        self._admission = admission
+        self._metrics = metrics
+        self._executor = executor
+        self._offload_chars = offload_chars
+        self._loop = asyncio.get_running_loop()
+
+    async def score(self, spec: ScoreSpec, request_id: str, deadline: float) -> dict[str, Any]:
+        self._admission.check_workers("score")
+        label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
+        started = self._loop.time()
+        token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars)
+        now = self._loop.time()
+        self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
+        self._check_lengths(token_ids)
+        jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
+        self._admission.admit(self._batcher, jobs, now)
+        self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
+        for job in jobs:
+            self._batcher.submit(job)
+        results = await wait_all(jobs, self._batcher.cancel)
+        arrays = _join([r.arrays() for r in results])
+        return _answer(spec, label_ids, arrays, sum(len(ids) for ids in token_ids), request_id, self._tokenizer)
+
+    def _check_lengths(self, token_ids: list[list[int]]) -> None:
+        bound = self._limits.max_tokens_per_sample
+        for i, ids in enumerate(token_ids):
+            if len(ids) > bound:
+                raise ApiError("too_large", f"sample {i} is {len(ids)} tokens long; the compiled bound is {bound} "
+                                            "tokens per sample (nothing was truncated)")
+            if not ids:
+                raise ApiError("invalid_request", f"sample {i} tokenizes to no tokens; every sample needs one")
+
+    def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
+              deadline: float) -> list[Job]:
+        chunks = _chunks(token_ids, self._limits.max_samples_per_batch, self._limits.max_tokens_per_batch)
+        return [
+            Job(request_id if len(chunks) == 1 else f"{request_id}#{k}", "score", deadline, chunk,
+                label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding")
+            for k, chunk in enumerate(chunks)
+        ]
+
+
+def _chunks(token_ids: list[list[int]], max_samples: int, max_tokens: int) -> list[list[list[int]]]:
+    chunks: list[list[list[int]]] = [[]]
+    tokens = 0
+    for ids in token_ids:
+        if chunks[-1] and (len(chunks[-1]) == max_samples or tokens + len(ids) > max_tokens):
+            chunks.append([])
+            tokens = 0
+        chunks[-1].append(ids)
+        tokens += len(ids)
+    return chunks
+
+
+def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def _answer(spec: ScoreSpec, label_ids: tuple[int, ...], arrays: dict[str, np.ndarray], tokens: int,
+            request_id: str, tokenizer: RequestTokenizer) -> dict[str, Any]:
+    if spec.dialect == "sglang":
+        scores = arrays["label_probs"] if spec.output == "probs" else np.exp(arrays["label_logprobs"])
+        usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
+        return {"scores": scores, "model": spec.model, "usage": usage, "object": "scoring"}
+    answer: dict[str, Any] = {"id": request_id, "object": "score", "output": spec.output,
+                              "usage": {"samples": len(spec.samples), "prompt_tokens": tokens}}
+    if spec.output in ("probs", "logprobs", "logits"):
+        answer["label_token_ids"] = list(label_ids)
+        answer["scores"] = arrays[{"probs": "label_probs", "logprobs": "label_logprobs",
+                                   "logits": "label_logits"}[spec.output]]
+    elif spec.output == "topk":
+        ids = np.ascontiguousarray(arrays["topk_ids"][:, : spec.top_k])
+        logprobs = np.ascontiguousarray(arrays["topk_logprobs"][:, : spec.top_k])
+        answer["topk"] = {"token_ids": ids, "logprobs": logprobs,
+                          "tokens": [tokenizer.token_texts(row) for row in ids]}
+    else:
+        answer["embeddings"] = arrays["hidden"]
+        if "head" in arrays:
+            answer["head"] = arrays["head"]
+    return answer

@@ -1,0 +1,104 @@
+"""The gateway's running parts, wired together once the event loop runs (see app.make_app)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.admission import Admission
+from gateway.batcher import BatchBounds, Batcher
+from gateway.generation import GenerateService
+from gateway.limits import Limits
+from gateway.metrics import Metrics
+from gateway.scoring import ScoreService
+from gateway.tokenizer import RequestTokenizer
+from gateway.worker_pool import WorkerPool
+from shared.config import DeploymentConfig
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What make_app was given: config, artifacts' manifest and tokenizer, and process-level choices."""
+
+    config: DeploymentConfig
+    manifest: dict[str, Any]
+    tokenizer: RequestTokenizer
+    auth_token: str | None = None
+    admission_enabled: bool = True
+    """False only for the overload benchmark's first-come-first-served baseline."""
+
+
+@dataclass
+class Gateway:
+    """Pool, batchers, admission and the two services; owns their tasks and closes them."""
+
+    settings: Settings
+    limits: Limits
+    metrics: Metrics
+    pool: WorkerPool
+    batchers: dict[str, Batcher]
+    admission: Admission
+    score: ScoreService
+    generate: GenerateService
+    executor: ThreadPoolExecutor
+    draining: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _wire_ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    @classmethod
+    def build(cls, settings: Settings) -> Gateway:
+        """Wire the parts (no I/O yet; `start` connects and starts the loops)."""
+        config, gw = settings.config, settings.config.gateway
+        vocab = int(settings.manifest.get("model", {}).get("vocab_size", settings.tokenizer.vocab_size))
+        limits = Limits.from_manifest(config, settings.manifest, vocab)
+        metrics = Metrics()
+        pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker)
+        bounds = {
+            "score": BatchBounds(limits.max_samples_per_batch, limits.max_tokens_per_batch, limits.max_labels),
+            "beam": BatchBounds(limits.max_beam_requests_per_batch, 1 << 40, 0),
+        }
+        margin = gw.admission_margin_ms
+        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, margin, gw.worker_timeout_ms, metrics)
+                    for w, b in bounds.items()}
+        admission = Admission(pool, gw.max_queue_tokens, margin, settings.admission_enabled)
+        executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
+                             gw.tokenize_offload_chars)
+        generate = GenerateService(settings.tokenizer, limits, batchers["beam"], admission, metrics)
+        gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor)
+        gateway._register_gauges()
+        return gateway
+
+    def _register_gauges(self) -> None:
+        m = self.metrics
+        for workload, batcher in self.batchers.items():
+            m.gauge(f"boundserve_queue_jobs_{workload}", f"Jobs waiting in the {workload} queue.",
+                    lambda b=batcher: b.queued_jobs)
+            m.gauge(f"boundserve_queue_tokens_{workload}", f"Tokens waiting in the {workload} queue.",
+                    lambda b=batcher: b.queued_tokens)
+        m.gauge("boundserve_workers_ready", "Workers ready to take batches.", lambda: self.pool.ready_count())
+        m.gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.", self.pool.in_flight_batches)
+
+    async def start(self) -> None:
+        for batcher in self.batchers.values():
+            self.pool.on_change(batcher.wake)
+        await self.pool.start()
+        self.tasks += [asyncio.create_task(b.run(), name=f"batcher {w}") for w, b in self.batchers.items()]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.pool.stop()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def wire_id(self, request_id: str) -> str:
+        """A protocol-unique id that still shows the caller's id (callers may reuse theirs)."""
+        return f"{request_id}~{next(self._wire_ids)}"
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing in flight (drain is complete)."""
+        return all(b.queued_jobs == 0 for b in self.batchers.values()) and self.pool.in_flight_batches() == 0

@@ -1,0 +1,248 @@
+"""The gateway's connection to one worker: handshake, batches out, results and heartbeats in.
+
+A DEALER socket connects to the worker's ROUTER (shared/protocol.py). The link is `connecting`
+until the worker answers Hello with Ready, `ready` while it hears from the worker, `draining` after
+a Goodbye or a draining heartbeat, and `lost` when the worker has been silent for the timeout:
+then every batch in flight on it fails at once with 503 worker_lost, and Hello is repeated until
+a (restarted) worker answers again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from gateway.errors import ApiError
+from gateway.job import SENT, Job
+from gateway.latency import CorrectedModel
+from shared import protocol as p
+
+log = logging.getLogger("gateway.worker")
+CONNECTING, READY, DRAINING, LOST = "connecting", "ready", "draining", "lost"
+HELLO_REQUIRED = getattr(p.ErrorCode, "HELLO_REQUIRED", "hello_required")
+
+
+@dataclass
+class InFlight:
+    """A batch sent to the worker and not yet answered."""
+
+    workload: str
+    jobs: dict[str, Job]
+    sent_at: float
+    predicted_ms: float
+    items: int
+    tokens_per_item: float
+
+
+class WorkerLink:
+    """One worker as the gateway sees it: state, latency models, batches in flight."""
+
+    def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
+                 on_change: Callable[[], None]) -> None:
+        self.endpoint = endpoint
+        self.gateway_id = gateway_id
+        self.state = CONNECTING
+        self.worker_id = ""
+        self.models: dict[str, CorrectedModel] = {}
+        self.in_flight: dict[int, InFlight] = {}
+        self.last_seen = 0.0
+        self.queue_depth = 0
+        self._clock = clock
+        self._on_change = on_change
+        self._socket: zmq.asyncio.Socket | None = None
+
+    def open(self, context: zmq.asyncio.Context) -> None:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a batch for a worker that is not connected
+        sock.connect(self.endpoint)
+        self._socket = sock
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+    def serves(self, workload: str) -> bool:
+        return self.state == READY and workload in self.models
+
+    def hello(self) -> None:
+        self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
+
+    def shutdown(self, reason: str) -> None:
+        self._send(p.Shutdown(reason=reason))
+
+    def busy_ms(self, now: float) -> float:
+        """Predicted milliseconds until everything in flight here is done."""
+        if not self.in_flight:
+            return 0.0
+        first = min(b.sent_at for b in self.in_flight.values())
+        total = sum(b.predicted_ms for b in self.in_flight.values())
+        return max(0.0, total - (now - first) * 1000.0)
+
+    async def receive_forever(self) -> None:
+        """Read and dispatch messages until the socket closes; bad frames are logged, never fatal."""
+        assert self._socket is not None
+        while self._socket is not None:
+            try:
+                frames = await self._socket.recv_multipart(copy=True)
+            except zmq.ZMQError:
+                return  # socket closed
+            try:
+                self._dispatch(p.decode(frames))
+            except p.ProtocolError as exc:
+                log.warning("worker %s sent a bad message: %s", self.endpoint, exc)
+
+    # ---- sending -------------------------------------------------------------------------------
+
+    def send_batch(self, batch_id: int, workload: str, jobs: list[Job], predicted_ms: float) -> bool:
+        """Send jobs as one batch; False (nothing sent) when the socket would block."""
+        now = self._clock()
+        if workload == "score":
+            message = p.ScoreBatch(batch_id, "int32", tuple(_score_request(j, now) for j in jobs))
+        else:
+            beams, steps, k = jobs[0].beam_key  # type: ignore[misc]
+            requests = tuple(p.BeamRequest(j.request_id, _remaining_ms(j, now), p.pack_ids(j.token_ids[0]))
+                             for j in jobs)
+            message = p.BeamBatch(batch_id, "int32", beams, steps, k, requests)
+        if not self._send(message):
+            return False
+        items = sum(j.batch_items for j in jobs)
+        tokens = sum(j.latency_tokens for j in jobs)
+        self.in_flight[batch_id] = InFlight(workload, {j.request_id: j for j in jobs}, now, predicted_ms,
+                                            items, tokens / max(1, items))
+        for job in jobs:
+            job.state, job.sent_at = SENT, now
+        return True
+
+    def _send(self, message: p.Message) -> bool:
+        if self._socket is None:
+            return False
+        try:
+            sent = self._socket.send_multipart(p.encode(message), flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            return False
+        if not sent.done():  # zmq.asyncio answers with a future; with NOBLOCK it is normally done
+            sent.add_done_callback(_consume)
+            return True
+        return sent.exception() is None  # zmq.Again: no connected worker, or its queue is full
+
+    # ---- receiving -----------------------------------------------------------------------------
+
+    def _dispatch(self, message: p.Message) -> None:
+        self.last_seen = self._clock()
+        handler = _HANDLERS.get(type(message))
+        if handler is not None:
+            handler(self, message)
+
+    def _on_ready(self, ready: p.Ready) -> None:
+        if ready.protocol_version != p.PROTOCOL_VERSION:
+            log.error("worker %s speaks protocol %s, gateway %s", self.endpoint, ready.protocol_version,
+                      p.PROTOCOL_VERSION)
+            return
+        bounds = ready.bounds
+        items = {"score": bounds.get("max_samples_per_batch", 1),
+                 "beam": bounds.get("max_beam_requests_per_batch", 1) * bounds.get("max_beam_width", 1)}
+        tokens = {"score": bounds.get("max_tokens_per_batch", 1), "beam": 1 << 40}
+        old = self.models
+        self.models = {w: CorrectedModel(m, items.get(w, 1), tokens.get(w, 1)) for w, m in ready.latency.items()
+                       if w in ready.workloads}
+        for workload, model in self.models.items():  # keep what was learnt across a reconnect
+            if workload in old:
+                model.ratio = old[workload].ratio
+        self.worker_id, self.state = ready.worker_id, READY
+        log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
+                 ",".join(ready.workloads))
+        self._on_change()
+
+    def _on_results(self, message: p.ScoreResults | p.BeamResults) -> None:
+        batch = self.in_flight.pop(message.batch_id, None)
+        if batch is None:
+            return  # answered after the batch was given up (worker declared lost)
+        model = self.models.get(batch.workload)
+        if model is not None and message.compute_ms > 0:
+            model.observe(batch.items, batch.tokens_per_item, message.compute_ms)
+        for result in message.results:
+            job = batch.jobs.pop(result.request_id, None)
+            if job is None:
+                continue
+            if result.status == p.Status.OK:
+                job.finish(result)
+            elif result.status == p.Status.EXPIRED:
+                job.fail(ApiError("deadline_exceeded", "the deadline passed before the worker could start "
+                                                       "this request; it was dropped uncomputed"))
+            else:
+                job.fail(ApiError("worker_error", f"the worker refused this request: {result.error}"))
+        for job in batch.jobs.values():
+            job.fail(ApiError("worker_error", "the worker answered the batch without this request"))
+        self._on_change()
+
+    def _on_heartbeat(self, beat: p.Heartbeat) -> None:
+        self.queue_depth = beat.queue_depth
+        if beat.draining and self.state == READY:
+            self.state = DRAINING
+            self._on_change()
+        elif self.state == LOST:
+            self.hello()  # a worker that came back: ask for Ready again
+
+    def _on_error(self, error: p.Error) -> None:
+        if error.code == HELLO_REQUIRED:  # a restarted worker that does not know this gateway yet
+            self.state = CONNECTING
+            self.hello()
+            self._on_change()
+        batch = self.in_flight.pop(error.batch_id, None) if error.batch_id is not None else None
+        if batch is None:
+            log.warning("worker %s: %s: %s", self.endpoint, error.code, error.message)
+            return
+        for job in batch.jobs.values():
+            job.fail(ApiError("worker_error", f"the worker refused the batch ({error.code}): {error.message}"))
+        self._on_change()
+
+    def _on_goodbye(self, goodbye: p.Goodbye) -> None:
+        if self.state == READY:
+            self.state = DRAINING
+            self._on_change()
+
+    def declare_lost(self, why: str) -> None:
+        """Fail everything in flight here at once (503 worker_lost) and stop sending to the worker."""
+        if self.state == LOST:
+            return
+        self.state = LOST
+        batches, self.in_flight = self.in_flight, {}
+        for batch in batches.values():
+            for job in batch.jobs.values():
+                job.fail(ApiError("worker_lost", f"worker {self.endpoint} stopped answering ({why}) while "
+                                                 "computing this request"))
+        log.warning("worker %s lost: %s (%d batches failed)", self.endpoint, why, len(batches))
+        self._on_change()
+
+
+def _consume(future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _remaining_ms(job: Job, now: float) -> float:
+    return (job.deadline - now) * 1000.0
+
+
+def _score_request(job: Job, now: float) -> p.ScoreRequest:
+    flat = np.fromiter(itertools.chain.from_iterable(job.token_ids), dtype="<i4", count=job.tokens)
+    return p.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(),
+                          tuple(len(ids) for ids in job.token_ids), job.label_ids, job.top_k, job.return_hidden)
+
+
+_HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
+    p.Ready: WorkerLink._on_ready,
+    p.ScoreResults: WorkerLink._on_results,
+    p.BeamResults: WorkerLink._on_results,
+    p.Heartbeat: WorkerLink._on_heartbeat,
+    p.Error: WorkerLink._on_error,
+    p.Goodbye: WorkerLink._on_goodbye,
+}

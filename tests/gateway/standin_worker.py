@@ -1,0 +1,174 @@
+"""A stand-in worker speaking the real protocol over real ZeroMQ, with made-up but checkable answers.
+
+The only fake the gateway tests use (and bench/gateway_overhead.py, where it answers instantly).
+Answers are pure functions of the inputs (see `expected_*`), so tests can check that every sample
+reached the worker and came back in its place. Runs on a thread, or as a process:
+`python tests/gateway/standin_worker.py --endpoint ipc:///tmp/x [--delay-ms 5]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from shared import protocol as p
+from shared.latency_model import LatencyModel
+
+HIDDEN = 8
+BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 512, "max_tokens_per_batch": 4096,
+          "max_labels": 32, "max_top_k": 20, "max_prompt_tokens": 512, "max_beam_width": 128,
+          "max_new_tokens": 4, "max_beam_requests_per_batch": 4}
+
+
+def expected_label_logits(ids: list[int], labels: list[int]) -> np.ndarray:
+    return np.array([((sum(ids) + 7 * label) % 1000) / 100.0 for label in labels], dtype=np.float32)
+
+
+def expected_logprobs(logits: np.ndarray) -> np.ndarray:
+    return (logits - 20.0).astype(np.float32)
+
+
+def expected_topk(ids: list[int], k: int, vocab: int) -> list[int]:
+    return [(sum(ids) + j) % vocab for j in range(k)]
+
+
+def expected_beam(prompt: list[int], k: int, steps: int, vocab: int) -> list[list[int]]:
+    return [[(sum(prompt) + 3 * i + j) % vocab for j in range(steps)] for i in range(k)]
+
+
+@dataclass
+class StandInWorker:
+    """Binds a ROUTER, answers Hello with Ready, batches with results after `delay_ms`, heartbeats."""
+
+    endpoint: str
+    vocab_size: int = 1000
+    delay_ms: float = 0.0
+    latency: LatencyModel = field(default_factory=lambda: LatencyModel(0.0, 0.0, 0.01, 0.2))
+    heartbeat_ms: int = 50
+    seen_request_ids: list[str] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    silent: bool = False
+    """When set, stops answering and heartbeating (a hung worker)."""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> StandInWorker:
+        self._thread = threading.Thread(target=self.serve, name="standin-worker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def serve(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.endpoint)
+        peers: set[bytes] = set()
+        next_beat, seq = time.monotonic(), 0
+        try:
+            while not self._stop.is_set():
+                if sock.poll(10):
+                    peer, *frames = sock.recv_multipart()
+                    if not self.silent:
+                        self._handle(sock, peer, frames, peers)
+                if time.monotonic() >= next_beat and not self.silent:
+                    seq += 1
+                    beat = p.Heartbeat("standin", seq, 0, 0, False, p.WorkerCounters())
+                    for peer in peers:
+                        sock.send_multipart([peer, *p.encode(beat)])
+                    next_beat = time.monotonic() + self.heartbeat_ms / 1000
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    def _handle(self, sock: zmq.Socket, peer: bytes, frames: list[bytes], peers: set[bytes]) -> None:
+        message = p.decode(frames)
+        if isinstance(message, p.Hello):
+            peers.add(peer)
+            reply: p.Message = self._ready()
+        elif isinstance(message, p.ScoreBatch):
+            reply = self._score(message)
+        elif isinstance(message, p.BeamBatch):
+            reply = self._beam(message)
+        else:
+            return
+        sock.send_multipart([peer, *p.encode(reply)])
+
+    def _ready(self) -> p.Ready:
+        return p.Ready(p.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"), BOUNDS,
+                       {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
+                       {"score": self.latency, "beam": self.latency}, {"score": 0.0, "beam": 0.0}, 8, 1,
+                       self.heartbeat_ms)
+
+    def _compute(self, count: int) -> float:
+        self.batch_sizes.append(count)
+        if self.delay_ms:
+            time.sleep(self.delay_ms / 1000)
+        return max(self.delay_ms, 0.01)
+
+    def _score(self, batch: p.ScoreBatch) -> p.ScoreResults:
+        results = []
+        for req in batch.requests:
+            self.seen_request_ids.append(req.request_id)
+            results.append(self._score_one(req, batch.token_dtype))
+        compute_ms = self._compute(sum(len(r.sample_lens) for r in batch.requests))
+        return p.ScoreResults(batch.batch_id, tuple(results), 0.0, compute_ms)
+
+    def _score_one(self, req: p.ScoreRequest, dtype: str) -> p.ScoreResult:
+        if req.deadline_ms <= 0:
+            return p.ScoreResult(req.request_id, p.Status.EXPIRED)
+        flat = p.unpack_ids(req.input_ids, dtype).tolist()
+        samples, start = [], 0
+        for n in req.sample_lens:
+            samples.append(flat[start:start + n])
+            start += n
+        labels = list(req.label_ids)
+        logits = np.stack([expected_label_logits(s, labels) for s in samples]) if labels else np.zeros((0,))
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True)) if labels else logits
+        probs = probs / probs.sum(axis=1, keepdims=True) if labels else probs
+        topk = np.array([expected_topk(s, req.top_k, self.vocab_size) for s in samples], dtype="<i4")
+        topk_lp = np.tile(-np.arange(1, req.top_k + 1, dtype="<f4"), (len(samples), 1))
+        hidden = np.array([[len(s)] * HIDDEN for s in samples], dtype="<f4") if req.return_hidden else None
+        f32 = lambda a: np.ascontiguousarray(a, dtype="<f4").tobytes()  # noqa: E731
+        return p.ScoreResult(req.request_id, p.Status.OK, "", len(samples), f32(logits) if labels else b"",
+                             f32(expected_logprobs(logits)) if labels else b"", f32(probs) if labels else b"",
+                             topk.tobytes() if req.top_k else b"", f32(topk_lp) if req.top_k else b"",
+                             f32(hidden) if hidden is not None else b"")
+
+    def _beam(self, batch: p.BeamBatch) -> p.BeamResults:
+        results = []
+        for req in batch.requests:
+            self.seen_request_ids.append(req.request_id)
+            if req.deadline_ms <= 0:
+                results.append(p.BeamResult(req.request_id, p.Status.EXPIRED))
+                continue
+            prompt = p.unpack_ids(req.prompt_ids, batch.token_dtype).tolist()
+            k, steps = batch.num_return_sequences, batch.max_new_tokens
+            seqs = np.array(expected_beam(prompt, k, steps, self.vocab_size), dtype="<i4")
+            results.append(p.BeamResult(req.request_id, p.Status.OK, "", seqs.tobytes(),
+                                        (-np.arange(k, dtype="<f4")).tobytes(), np.full(k, steps, "<i4").tobytes()))
+        compute_ms = self._compute(len(batch.requests))
+        return p.BeamResults(batch.batch_id, tuple(results), 0.0, compute_ms)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--vocab-size", type=int, default=1000)
+    args = parser.parse_args()
+    StandInWorker(args.endpoint, args.vocab_size, args.delay_ms).serve()
+
+
+if __name__ == "__main__":
+    main()
