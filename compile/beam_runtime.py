@@ -13,12 +13,16 @@ from typing import Callable, NamedTuple
 import torch
 
 
+NO_CANDIDATE = -1.0e8  # scores at or below this are transformers' "impossible" (-1e9 or -inf)
+
+
 class BoundsError(ValueError):
     """A beam request exceeds the node's compiled bounds; the message names the bound."""
 
 
 class BeamOutput(NamedTuple):
-    """Per request the best k candidates, best first."""
+    """Per request the best k candidates, best first; a slot with length 0 and score -inf is empty
+    (constrained decoding found fewer than k valid sequences)."""
 
     sequences: torch.Tensor  # [R, k, S] int64 new tokens only, pad id after a candidate's end
     scores: torch.Tensor  # [R, k] float32 cumulative log-prob / length ** length_penalty
@@ -78,6 +82,9 @@ class BeamNode:
             tokens, scores, lens = self._run(*args)
         k, s = num_return_sequences, max_new_tokens
         tokens, scores, lens = tokens[:, :k, :s], scores[:, :k].float(), lens[:, :k]
+        # Fewer than k candidates exist (constrained decoding with a small valid set): empty slots.
+        missing = scores <= NO_CANDIDATE
+        scores, lens = scores.masked_fill(missing, float("-inf")), lens.masked_fill(missing, 0)
         after_end = torch.arange(s)[None, None, :] >= lens[:, :, None]
         return BeamOutput(tokens.masked_fill(after_end, self.pad_id), scores, lens)
 
