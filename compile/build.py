@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
-from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint
+from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
 from compile.heads import MlpHead
 from compile.machine import machine_facts
 from compile.model import Transformer, build_model
@@ -76,6 +76,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
+    read_spec(model_dir)  # refuse an unsupported checkpoint before any work
     checkpoint_sha = checkpoint_hash(model_dir)
     key = build_key(config, checkpoint_sha)
     if not force and is_up_to_date(out, key):

@@ -1,0 +1,83 @@
+"""The build chain: manifest contents, up-to-date skipping, refusal of foreign artifacts, CLI errors."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from compile.build import build_key, checkpoint_hash
+from compile.machine import ArtifactMismatch
+from compile.runtime import load_nodes
+from shared.config import load_config
+from tests.conftest import ROOT, build_artifacts
+
+
+def test_manifest_describes_the_build(demo_artifacts):
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
+    assert manifest["bounds"]["max_tokens_per_batch"] == 256
+    assert manifest["dtype"] == "float32"
+    assert manifest["machine"] == {"torch": torch.__version__, "device": "cpu", "machine": manifest["machine"]["machine"],
+                                   "cpu_isa": torch.backends.cpu.get_cpu_capability()}
+    assert manifest["nodes"]["score"]["package"] == "score.pt2"
+    assert len(manifest["nodes"]["score"]["sha256"]) == 64 and len(manifest["model"]["sha256"]) == 64
+    for name in manifest["tokenizer_files"]:
+        assert (demo_artifacts / name).is_file()
+    assert "tokenizer.json" in manifest["tokenizer_files"]
+
+
+def test_up_to_date_artifacts_are_not_rebuilt(demo_checkpoint, demo_artifacts, capfd):
+    before = (demo_artifacts / "score.pt2").stat().st_mtime_ns
+    build_artifacts(demo_checkpoint, "demo")
+    assert "up to date" in capfd.readouterr().err
+    assert (demo_artifacts / "score.pt2").stat().st_mtime_ns == before
+
+
+def test_build_key_follows_bounds_and_checkpoint(demo_checkpoint, checkpoint_factory):
+    config = load_config(ROOT / "configs/test.toml")
+    sha = checkpoint_hash(demo_checkpoint)
+    wider = config.replace(bounds=config.bounds.__class__(**{**config.bounds.__dict__, "max_top_k": 6}))
+    assert build_key(config, sha) == build_key(config, sha)
+    assert build_key(config, sha) != build_key(wider, sha)
+    assert build_key(config, sha) != build_key(config, checkpoint_hash(checkpoint_factory("llama")))
+
+
+@pytest.mark.parametrize("fact,value,message", [
+    ("cpu_isa", "AVX2", "cpu_isa: built for 'AVX2'"),
+    ("torch", "2.0.0", "torch: built for '2.0.0'"),
+    ("device", "cuda", "compiled for device 'cuda'"),
+])
+def test_artifacts_for_another_machine_are_refused(demo_artifacts, tmp_path, fact, value, message):
+    copy = shutil.copytree(demo_artifacts, tmp_path / "copy")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["machine"][fact] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactMismatch, match=message):
+        load_nodes(copy)
+
+
+def test_tampered_package_is_refused(demo_artifacts, tmp_path):
+    copy = shutil.copytree(demo_artifacts, tmp_path / "copy")
+    with open(copy / "score.pt2", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ArtifactMismatch, match="does not match the manifest's hash"):
+        load_nodes(copy)
+
+
+def test_cli_reports_bad_input_clearly(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[bounds]\nmax_new_tokens = 9\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "compile", "--config", str(bad), "--model", str(tmp_path), "--out", str(tmp_path / "o")],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert "bounds.max_new_tokens = 9 must be between 1 and 5" in result.stderr
+    good = ROOT / "configs/test.toml"
+    result = subprocess.run(
+        [sys.executable, "-m", "compile", "--config", str(good), "--model", str(tmp_path), "--out", str(tmp_path / "o")],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2 and "no config.json" in result.stderr

@@ -1,0 +1,132 @@
+"""The compiled scoring package equals transformers at every sample's last token, for every head."""
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from compile.runtime import BoundsError, load_nodes
+from shared.config import MlpHeadConfig, ScoreConfig
+from tests.compile.reference import hf_last_token, load_hf, random_batch
+from tests.conftest import build_artifacts
+
+LABELS = torch.tensor([0, 5, 17, 300, 1023])
+# lengths 1 to the maximum (64), sample counts 1 to the maximum (8), up to 256 tokens per batch
+LENGTH_MIXES = [[1], [64], [1, 64], [3, 1, 64, 30, 2, 50, 8, 40], [32] * 8, [17, 5, 64, 64]]
+
+
+def head_weights(path, sizes, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        tensors[f"layers.{i}.weight"] = torch.randn(b, a, generator=generator) * 0.2
+        tensors[f"layers.{i}.bias"] = torch.randn(b, generator=generator) * 0.2
+    save_file(tensors, path)
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def qwen2_with_head(checkpoint_factory, tmp_path_factory):
+    """Qwen2 (q/k/v bias, MHA, tied embeddings) with a 64 -> 16 -> 3 MLP head (gelu)."""
+    path = checkpoint_factory("qwen2", tie_word_embeddings=True, num_key_value_heads=4)
+    weights_file = tmp_path_factory.mktemp("head") / "head.safetensors"
+    tensors = head_weights(weights_file, [64, 16, 3])
+    score = ScoreConfig(mlp_head=MlpHeadConfig(weights=str(weights_file), layer_sizes=(64, 16, 3), activation="gelu"))
+    return path, build_artifacts(path, "qwen2-head", score=score), tensors
+
+
+@pytest.fixture(scope="module")
+def llama_artifacts(checkpoint_factory):
+    """Llama, GQA 4:1, untied embeddings."""
+    path = checkpoint_factory("llama", tie_word_embeddings=False, num_key_value_heads=1)
+    return path, build_artifacts(path, "llama")
+
+
+def check_against_transformers(artifacts, checkpoint, dtype=torch.float32, tolerance=1e-4):
+    node = load_nodes(artifacts).score
+    hf = load_hf(checkpoint, dtype)
+    vocab = node.vocab_size
+    for seed, lengths in enumerate(LENGTH_MIXES):
+        samples = random_batch(vocab, lengths, seed)
+        logits, hidden = hf_last_token(hf, samples)
+        out = node(torch.cat(samples), torch.tensor(lengths), LABELS, top_k=5)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        assert (out.label_logits - logits[:, LABELS]).abs().max() <= tolerance
+        assert (out.label_logprobs - logprobs[:, LABELS]).abs().max() <= tolerance
+        assert torch.allclose(out.label_probs, torch.softmax(logits[:, LABELS], -1), atol=tolerance)
+        assert (out.hidden - hidden).abs().max() <= tolerance
+        expected_top = torch.topk(logprobs, 5, dim=-1)
+        assert torch.equal(out.topk_ids, expected_top.indices), f"lengths {lengths}"
+        assert (out.topk_logprobs - expected_top.values).abs().max() <= tolerance
+    return node
+
+
+def test_compiled_qwen3_matches_transformers(demo_artifacts, demo_checkpoint):
+    check_against_transformers(demo_artifacts, demo_checkpoint)
+
+
+def test_compiled_llama_matches_transformers(llama_artifacts):
+    path, artifacts = llama_artifacts
+    check_against_transformers(artifacts, path)
+
+
+def test_compiled_qwen2_with_mlp_head_matches_transformers(qwen2_with_head):
+    path, artifacts, tensors = qwen2_with_head
+    node = check_against_transformers(artifacts, path)
+    samples = random_batch(node.vocab_size, [5, 9], 7)
+    _, hidden = hf_last_token(load_hf(path), samples)
+    x = torch.nn.functional.gelu(hidden @ tensors["layers.0.weight"].T + tensors["layers.0.bias"])
+    expected = x @ tensors["layers.1.weight"].T + tensors["layers.1.bias"]
+    out = node(torch.cat(samples), torch.tensor([5, 9]), LABELS, top_k=1)
+    assert out.head.shape == (2, 3)
+    assert (out.head - expected).abs().max() <= 1e-4
+
+
+def test_label_logprobs_are_normalised_over_the_full_vocabulary(demo_artifacts):
+    node = load_nodes(demo_artifacts).score
+    every_token = torch.arange(node.vocab_size)
+    samples = random_batch(node.vocab_size, [4, 11], 1)
+    # Ask for the whole vocabulary in slices of the compiled label slots: the probabilities sum to 1.
+    total = torch.zeros(2)
+    for chunk in every_token.split(8):
+        total += node(torch.cat(samples), torch.tensor([4, 11]), chunk, top_k=0).label_logprobs.exp().sum(-1)
+    assert torch.allclose(total, torch.ones(2), atol=1e-4)
+
+
+def test_bf16_package_error_is_no_worse_than_transformers_bf16(demo_checkpoint):
+    """Justified bf16 bound as in test_model_parity: within 1.5x transformers' own bf16 error + 0.02."""
+    artifacts = build_artifacts(demo_checkpoint, "demo-bf16", model={"dtype": "bfloat16"})
+    node = load_nodes(artifacts).score
+    samples = random_batch(node.vocab_size, [64, 7, 33, 1, 20], 5)
+    reference, _ = hf_last_token(load_hf(demo_checkpoint), samples)
+    hf_bf16, _ = hf_last_token(load_hf(demo_checkpoint, torch.bfloat16), samples)
+    out = node(torch.cat(samples), torch.tensor([64, 7, 33, 1, 20]), LABELS, top_k=5)
+    hf_error = (hf_bf16[:, LABELS] - reference[:, LABELS]).abs().max().item()
+    our_error = (out.label_logits - reference[:, LABELS]).abs().max().item()
+    assert our_error <= 1.5 * hf_error + 0.02, (our_error, hf_error)
+
+
+@pytest.mark.parametrize("lengths,labels,top_k,message", [
+    ([4] * 9, 2, 1, "9 samples in a batch; compiled for 1 to 8"),
+    ([65], 2, 1, "a sample of 65 tokens; compiled for at most 64"),
+    ([64, 64, 64, 64, 1], 2, 1, "257 tokens in a batch; compiled for at most 256"),
+    ([4], 9, 1, "9 labels; compiled for at most 8"),
+    ([4], 2, 6, "top_k = 6; compiled for 0 to 5"),
+    ([0, 4], 2, 1, "every sample needs at least one token"),
+])
+def test_out_of_bounds_batches_are_refused(demo_artifacts, lengths, labels, top_k, message):
+    node = load_nodes(demo_artifacts).score
+    ids = torch.zeros(sum(lengths), dtype=torch.int64)
+    with pytest.raises(BoundsError, match=message):
+        node(ids, torch.tensor(lengths), torch.arange(labels), top_k)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(demo_artifacts):
+    node = load_nodes(demo_artifacts).score
+    with pytest.raises(BoundsError, match="token id outside the vocabulary"):
+        node(torch.tensor([1, node.vocab_size]), torch.tensor([2]), torch.tensor([1]), 1)
+    with pytest.raises(BoundsError, match="label token id outside the vocabulary"):
+        node(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([-1]), 1)
+    with pytest.raises(BoundsError, match="add up to 3 but 2 token ids"):
+        node(torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1]), 1)

@@ -1,0 +1,69 @@
+"""Session fixtures: tiny checkpoints written by transformers, and compiled artifacts built once.
+
+Compiled artifacts live under .pytest_cache/boundserve/ and are rebuilt only when their build key
+(checkpoint content, config, torch, machine, compile/ sources) changes, so reruns skip the compile.
+A file lock keeps concurrent test runs from building the same folder twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".pytest_cache" / "boundserve"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from compile.demo import train_tokenizer
+
+    return train_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tokenizer, tmp_path_factory):
+    """make(family, name=None, **config_overrides) -> folder of a transformers-written checkpoint."""
+    from compile.demo import write_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def make(family: str = "qwen3", name: str | None = None, **overrides) -> Path:
+        name = name or f"{family}-" + "-".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+        if name not in made:
+            folder = tmp_path_factory.mktemp("ckpt") / name
+            made[name] = write_checkpoint(folder, family, tokenizer, **overrides)
+        return made[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(checkpoint_factory) -> Path:
+    """A tiny Qwen3 checkpoint (GQA 4:2, head_dim 24 != 64/4, untied embeddings)."""
+    return checkpoint_factory("qwen3", name="demo")
+
+
+def build_artifacts(checkpoint: Path, name: str, config_path: str = "configs/test.toml", **sections) -> Path:
+    """Compile `checkpoint` with a config from configs/ (sections replaced), cached across runs."""
+    from compile.build import build
+    from shared.config import load_config
+
+    config = load_config(ROOT / config_path)
+    model = dataclasses.replace(config.model, path=str(checkpoint), **sections.pop("model", {}))
+    config = config.replace(model=model, **sections)
+    out = CACHE / "artifacts" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build(config, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_artifacts(demo_checkpoint) -> Path:
+    """demo_checkpoint compiled for the CPU with configs/test.toml (float32)."""
+    return build_artifacts(demo_checkpoint, "demo")
