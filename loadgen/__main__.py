@@ -1,0 +1,30 @@
+"""`python -m loadgen replay|sweep|tune|import|synth ...`: the only place that reads argv."""
+
+from __future__ import annotations
+
+import sys
+
+from loadgen import commands
+from loadgen.cli import build_parser
+from loadgen.trace import TraceError
+
+HANDLERS = {
+    "synth": commands.cmd_synth,
+    "import": commands.cmd_import,
+    "replay": commands.cmd_replay,
+    "sweep": commands.cmd_sweep,
+    "tune": commands.cmd_tune,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return HANDLERS[args.command](args)
+    except (TraceError, ValueError, TimeoutError, RuntimeError) as exc:
+        print(f"loadgen {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Live tuning: start a gateway per candidate setting, replay a trace window, stop it.
+
+The contract with the user's command template (`--gateway-cmd`):
+  - `{config}` in the template is replaced by the path of a TOML file: the base config (`--config`)
+    with the candidate's [gateway] settings written over it, and [gateway].host/port set from --url.
+    `{port}` is replaced by the port. Example:
+      --gateway-cmd "python -m gateway --config {config} --artifacts artifacts/demo --spawn-workers"
+  - The command must start a server answering HTTP on --url; it is ready when GET {url}/metrics
+    (or any path) answers at all, within --startup-timeout-s.
+  - It is stopped with SIGTERM to its process group (then SIGKILL after --stop-timeout-s), so every
+    child it spawned (workers) goes with it.
+Only [gateway] settings can be tuned live; bounds and worker counts need new artifacts or hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import aiohttp
+
+from loadgen.bodies import BodyFactory
+from loadgen.replayer import ReplayOptions, replay
+from loadgen.result import RequestResult
+from loadgen.trace import Trace
+from loadgen.tuner import GATEWAY_KEYS, config_value
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """How to start, reach and stop the gateway for each candidate."""
+
+    command_template: str
+    base_config: str | None = None
+    url: str = "http://127.0.0.1:8000"
+    startup_timeout_s: float = 60.0
+    stop_timeout_s: float = 10.0
+    log_dir: str | None = None
+
+
+class LiveEvaluator:
+    """Callable for loadgen.tuner.tune: candidate knobs -> results of a live replay."""
+
+    def __init__(self, trace: Trace, bodies: BodyFactory, options: LiveOptions, replay_options: ReplayOptions) -> None:
+        self.trace = trace
+        self.bodies = bodies
+        self.options = options
+        self.replay_options = replay_options
+        self.runs = 0
+
+    def __call__(self, knobs: dict[str, Any]) -> list[RequestResult]:
+        unknown = sorted(set(knobs) - set(GATEWAY_KEYS))
+        if unknown:
+            raise ValueError(f"live tuning can only change [gateway] settings {GATEWAY_KEYS}; got {unknown}")
+        self.runs += 1
+        workdir = Path(tempfile.mkdtemp(prefix="loadgen-live-"))
+        config_path = workdir / "gateway.toml"
+        config_path.write_text(candidate_config(self.options.base_config, self.options.url, knobs))
+        log_path = Path(self.options.log_dir or workdir) / f"gateway-{self.runs}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            process = self._start(config_path, log)
+            try:
+                asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, process))
+                run = asyncio.run(replay(self.trace, self.bodies, self.replay_options))
+            finally:
+                stop(process, self.options.stop_timeout_s)
+        return run.results
+
+    def _start(self, config_path: Path, log) -> subprocess.Popen:
+        port = urlparse(self.options.url).port or 80
+        command = self.options.command_template.format(config=config_path, port=port)
+        return subprocess.Popen(shlex.split(command), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def candidate_config(base_config: str | None, url: str, knobs: dict[str, Any]) -> str:
+    """TOML text: the base config with [gateway] host/port from the URL and the knobs written over."""
+    raw: dict[str, Any] = tomllib.loads(Path(base_config).read_text()) if base_config else {}
+    parsed = urlparse(url)
+    gateway = dict(raw.get("gateway", {}))
+    gateway.update(host=parsed.hostname or "127.0.0.1", port=parsed.port or 80)
+    gateway.update({k: config_value(k, v) for k, v in knobs.items()})
+    raw["gateway"] = gateway
+    return to_toml(raw)
+
+
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A small TOML writer for config-shaped dicts (scalars, lists of scalars, nested tables)."""
+    scalars = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    tables = [(k, v) for k, v in data.items() if isinstance(v, dict)]
+    parts = ["\n".join(scalars)] if scalars else []
+    for key, table in tables:
+        name = f"{prefix}{key}"
+        parts.append(f"[{name}]\n" + to_toml(table, name + ".") if any(
+            not isinstance(v, dict) for v in table.values()) else to_toml(table, name + "."))
+    return "\n\n".join(p.rstrip("\n") for p in parts if p) + "\n"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+async def wait_ready(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+    """Poll GET {url}/metrics until anything answers; fail early if the process died."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"gateway command exited with status {process.returncode} before it was ready")
+            try:
+                async with session.get(url.rstrip("/") + "/metrics") as response:
+                    await response.read()
+                    return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                await asyncio.sleep(0.05)
+    raise TimeoutError(f"gateway at {url} not answering after {timeout_s:.0f} s")
+
+
+def stop(process: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM the process group, then SIGKILL it if it lingers."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass

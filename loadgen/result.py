@@ -1,0 +1,43 @@
+"""One request's fate (live or simulated) and the record of a whole run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestResult:
+    """One request's fate; times are milliseconds from the replay's t=0."""
+
+    index: int
+    route: str
+    scheduled_ms: float
+    sent_ms: float = float("nan")
+    done_ms: float = float("nan")
+    status: int = 0
+    outcome: str = "not_sent"
+    server_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def latency_ms(self) -> float:
+        return self.done_ms - self.scheduled_ms
+
+    @property
+    def lag_ms(self) -> float:
+        return self.sent_ms - self.scheduled_ms
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in ("index", "route", "scheduled_ms", "sent_ms", "done_ms",
+                                               "status", "outcome", "server_ms")}
+
+
+@dataclass
+class ReplayRun:
+    """What a replay produced: per-request results and the server's metrics before and after."""
+
+    results: list[RequestResult]
+    window_s: float
+    started_unix: float
+    metrics_before: str | None = None
+    metrics_after: str | None = None
+    max_in_flight: int = 0

@@ -1,0 +1,292 @@
+"""Offline discrete-event simulator of the gateway's admission and batching over N workers.
+
+It mirrors the gateway's policy as DESIGN.md states it, driven by a service-time function
+(loadgen/service.py) and a trace's arrivals:
+  admission  queue_full (429) if the queued tokens
+             plus this request's would pass max_queue_tokens; deadline_unmeetable (503) if
+             now + wait for a worker + queued backlog / workers + T(alone) + margin > deadline.
+  queue      one earliest-deadline-first queue per route; a request that can no longer finish in time
+             even alone (now + T(alone) + margin > deadline) is answered deadline_exceeded (504) at once.
+  batching   an idle worker takes a route's queue when it is full (samples or tokens cap), when its
+             oldest request has waited max_batch_wait_ms, or when waiting longer would make its most
+             urgent request miss its deadline. The batch is filled in deadline order up to the caps and
+             then shrunk until every member finishes by its deadline (margin included).
+  workers    each runs one batch at a time; T comes from the service-time function. A score
+             request larger than a batch's caps runs alone, as k equal consecutive batches.
+Backlog ignores other routes' queues (each route's estimate is its own); this matches a gateway
+that predicts per workload. Results have the same shape as live ones (loadgen/result.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from loadgen.result import RequestResult
+from loadgen.service import ServiceFn
+from loadgen.trace import Trace, TraceRecord
+
+EXPIRY_EPS_MS = 1e-6
+"""A queued job expires strictly after its latest start time; its event fires this much later."""
+FILL_SCAN_LIMIT = 64
+"""Queued jobs looked at (in deadline order) when filling one batch."""
+KNOBS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
+         "generate_deadline_ms", "max_batch_tokens", "max_batch_samples", "max_beam_requests", "workers", "max_batch_requests")
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The gateway settings the simulator honours ([gateway] names; caps from [bounds])."""
+
+    max_batch_wait_ms: float = 2.0
+    max_queue_tokens: int = 65536
+    admission_margin_ms: float = 1.0
+    score_deadline_ms: float = 100.0
+    generate_deadline_ms: float = 200.0
+    max_batch_tokens: int = 4096
+    """[bounds].max_tokens_per_batch: tokens in one score batch."""
+    max_batch_samples: int = 16
+    """[bounds].max_samples_per_batch."""
+    max_beam_requests: int = 4
+    """[bounds].max_beam_requests_per_batch."""
+    workers: int = 1
+    max_batch_requests: int = 0
+    """Requests in one batch, 0 = no limit besides the caps (1 disables batching: Kingman's G/G/1)."""
+    default_beam_width: int = 16
+
+    def with_knobs(self, knobs: dict[str, Any]) -> SimSettings:
+        unknown = sorted(set(knobs) - set(KNOBS))
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}; the simulator knows {', '.join(KNOBS)}")
+        return dataclasses.replace(self, **knobs)
+
+    def deadline_ms(self, route: str) -> float:
+        return self.score_deadline_ms if route == "score" else self.generate_deadline_ms
+
+
+@dataclass
+class _Job:
+    index: int
+    route: str
+    arrival: float
+    deadline: float
+    size: int
+    """score: samples; generate: beams."""
+    tokens: int
+    """score: all tokens; generate: prompt tokens."""
+    alone_ms: float
+
+
+class _RouteQueue:
+    """Queued jobs of one route: a deadline-sorted list, and lazy-deleted arrival/expiry heaps."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, _Job] = {}
+        self.by_deadline: list[tuple[float, int]] = []
+        self.by_arrival: list[tuple[float, int]] = []
+        self.by_expiry: list[tuple[float, int]] = []
+        self.size = 0
+        self.tokens = 0
+
+    def push(self, job: _Job, margin: float) -> None:
+        self.jobs[job.index] = job
+        bisect.insort(self.by_deadline, (job.deadline, job.index))
+        heapq.heappush(self.by_arrival, (job.arrival, job.index))
+        heapq.heappush(self.by_expiry, (job.deadline - margin - job.alone_ms, job.index))
+        self.size += job.size
+        self.tokens += job.tokens
+
+    def remove(self, job: _Job) -> None:
+        del self.jobs[job.index]
+        del self.by_deadline[bisect.bisect_left(self.by_deadline, (job.deadline, job.index))]
+        self.size -= job.size
+        self.tokens -= job.tokens
+
+    def head(self, heap: list[tuple[float, int]]) -> tuple[float, int] | None:
+        if heap is self.by_deadline:
+            return heap[0] if heap else None
+        while heap and heap[0][1] not in self.jobs:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def in_deadline_order(self, limit: int) -> list[_Job]:
+        return [self.jobs[i] for _, i in self.by_deadline[:limit]]
+
+
+class Simulator:
+    """Runs a trace through the policy above; `run` returns one RequestResult per record."""
+
+    def __init__(self, settings: SimSettings, service: ServiceFn) -> None:
+        self.settings = settings
+        self.service = service
+
+    def run(self, trace: Trace) -> list[RequestResult]:
+        self.now = 0.0
+        self.queues = {"score": _RouteQueue(), "generate": _RouteQueue()}
+        self.free_at = [0.0] * self.settings.workers
+        self.running: list[tuple[float, int, list[_Job]]] = []
+        self.results = [RequestResult(i, r.route, r.t_ms, sent_ms=r.t_ms) for i, r in enumerate(trace.records)]
+        records = trace.records
+        nxt = 0
+        while nxt < len(records) or self.running or any(q.jobs for q in self.queues.values()):
+            arrival = records[nxt].t_ms if nxt < len(records) else math.inf
+            self.now = min(arrival, self._next_internal_event())
+            if math.isinf(self.now):
+                break
+            self._complete()
+            while nxt < len(records) and records[nxt].t_ms <= self.now:
+                self._admit(nxt, records[nxt])
+                nxt += 1
+            self._expire()
+            self._dispatch()
+        return self.results
+
+    # -- events -------------------------------------------------------------------------------
+    def _next_internal_event(self) -> float:
+        times = [self.running[0][0]] if self.running else []
+        idle = any(t <= self.now for t in self.free_at)
+        for route, queue in self.queues.items():
+            if not queue.jobs:
+                continue
+            times.append(queue.head(queue.by_expiry)[0] + EXPIRY_EPS_MS)
+            if idle:
+                times.append(max(self.now, self._ready_at(route, queue)))
+        if not idle and any(q.jobs for q in self.queues.values()):
+            times.append(min(self.free_at))
+        return min(times, default=math.inf)
+
+    def _ready_at(self, route: str, queue: _RouteQueue) -> float:
+        if self._is_full(route, queue):
+            return self.now
+        oldest = queue.head(queue.by_arrival)[0]
+        urgent = queue.head(queue.by_deadline)[1]
+        batch = self._fill(route, queue)
+        latest_start = queue.jobs[urgent].deadline - self.settings.admission_margin_ms - self._time(route, batch)
+        return min(oldest + self.settings.max_batch_wait_ms, latest_start)
+
+    def _complete(self) -> None:
+        while self.running and self.running[0][0] <= self.now:
+            finish, _, jobs = heapq.heappop(self.running)
+            for job in jobs:
+                self._answer(job.index, finish, 200, "ok")
+
+    def _expire(self) -> None:
+        for queue in self.queues.values():
+            while (head := queue.head(queue.by_expiry)) is not None and head[0] < self.now:
+                job = queue.jobs[head[1]]
+                queue.remove(job)
+                self._answer(job.index, self.now, 504, "deadline_exceeded")
+
+    def _dispatch(self) -> None:
+        while True:
+            idle = [w for w, t in enumerate(self.free_at) if t <= self.now]
+            ready = [(q.head(q.by_deadline)[0], route) for route, q in self.queues.items()
+                     if q.jobs and self._ready_at(route, q) <= self.now + 1e-9]
+            if not idle or not ready:
+                return
+            route = min(ready)[1]
+            batch = self._take_batch(route, self.queues[route])
+            if not batch:
+                continue
+            finish = self.now + self._time(route, batch)
+            self.free_at[idle[0]] = finish
+            heapq.heappush(self.running, (finish, idle[0], batch))
+
+    # -- policy -------------------------------------------------------------------------------
+    def _admit(self, index: int, record: TraceRecord) -> None:
+        job = self._job(index, record)
+        settings = self.settings
+        queue = self.queues[record.route]
+        if sum(q.tokens for q in self.queues.values()) + job.tokens > settings.max_queue_tokens:
+            return self._answer(index, self.now, 429, "queue_full")
+        wait = max(0.0, min(self.free_at) - self.now)
+        backlog = self._backlog_ms(record.route, queue) / settings.workers
+        if self.now + wait + backlog + job.alone_ms + settings.admission_margin_ms > job.deadline:
+            return self._answer(index, self.now, 503, "deadline_unmeetable")
+        queue.push(job, settings.admission_margin_ms)
+
+    def _backlog_ms(self, route: str, queue: _RouteQueue) -> float:
+        if not queue.jobs:
+            return 0.0
+        cap = self.settings.max_batch_samples if route == "score" else self.settings.max_beam_requests
+        count = queue.size if route == "score" else len(queue.jobs)
+        batches = max(math.ceil(count / cap), math.ceil(queue.tokens / self.settings.max_batch_tokens)
+                      if route == "score" else 1)
+        if route == "score":
+            return batches * self.service(route, queue.size / batches, queue.tokens / max(queue.size, 1))
+        return batches * self.service(route, queue.size / batches, queue.tokens / len(queue.jobs))
+
+    def _take_batch(self, route: str, queue: _RouteQueue) -> list[_Job]:
+        """Fill in deadline order, then drop the latest-deadline member until all finish in time;
+        a member late even alone is answered deadline_exceeded."""
+        batch = self._fill(route, queue)
+        margin = self.settings.admission_margin_ms
+        while batch:
+            finish = self.now + self._time(route, batch) + margin
+            if all(finish <= job.deadline for job in batch):
+                break
+            if len(batch) == 1:
+                queue.remove(batch[0])
+                self._answer(batch[0].index, self.now, 504, "deadline_exceeded")
+                return []
+            batch.pop()
+        for job in batch:
+            queue.remove(job)
+        return batch
+
+    def _fill(self, route: str, queue: _RouteQueue) -> list[_Job]:
+        batch: list[_Job] = []
+        for job in queue.in_deadline_order(FILL_SCAN_LIMIT):
+            if self._fits_batch(route, batch + [job]):
+                batch.append(job)
+            elif route == "generate" or sum(j.size for j in batch) >= self.settings.max_batch_samples:
+                break
+        return batch
+
+    def _fits_batch(self, route: str, jobs: list[_Job]) -> bool:
+        if len(jobs) == 1:
+            return True  # a request larger than a batch runs alone, split (see _time)
+        if 0 < self.settings.max_batch_requests < len(jobs):
+            return False
+        if route == "score":
+            return (sum(j.size for j in jobs) <= self.settings.max_batch_samples
+                    and sum(j.tokens for j in jobs) <= self.settings.max_batch_tokens)
+        return len(jobs) <= self.settings.max_beam_requests
+
+    def _is_full(self, route: str, queue: _RouteQueue) -> bool:
+        if 0 < self.settings.max_batch_requests <= len(queue.jobs):
+            return True
+        if route == "score":
+            return queue.size >= self.settings.max_batch_samples or queue.tokens >= self.settings.max_batch_tokens
+        return len(queue.jobs) >= self.settings.max_beam_requests
+
+    def _time(self, route: str, jobs: list[_Job]) -> float:
+        if not jobs:
+            return 0.0
+        size = sum(j.size for j in jobs)
+        if route == "score":
+            tokens = sum(j.tokens for j in jobs)
+            splits = max(1, math.ceil(size / self.settings.max_batch_samples),
+                         math.ceil(tokens / self.settings.max_batch_tokens))
+            return splits * self.service(route, size / splits, tokens / size)
+        return self.service(route, size, sum(j.tokens for j in jobs) / len(jobs))
+
+    def _job(self, index: int, record: TraceRecord) -> _Job:
+        size, mean_tokens = record.shape(self.settings.default_beam_width)
+        tokens = record.total_tokens() if record.route == "score" else int(mean_tokens)
+        deadline_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
+        alone = self.service(record.route, size, mean_tokens)
+        return _Job(index, record.route, record.t_ms, record.t_ms + deadline_ms, size, tokens, alone)
+
+    def _answer(self, index: int, done_ms: float, status: int, outcome: str) -> None:
+        result = self.results[index]
+        result.done_ms, result.status, result.outcome = done_ms, status, outcome
+
+
+def simulate(trace: Trace, settings: SimSettings, service: ServiceFn) -> list[RequestResult]:
+    """Convenience: one simulator run."""
+    return Simulator(settings, service).run(trace)

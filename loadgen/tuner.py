@@ -1,0 +1,140 @@
+"""Deadline and batching tuning: grid search for the highest goodput whose latency meets the SLO.
+
+A candidate is a dict of setting -> value. An evaluator turns a candidate into per-request results:
+the offline one simulates (loadgen/simulator.py), the live one restarts a gateway with the candidate
+and replays a window of the trace (loadgen/live.py). Ranking: candidates whose pct-th latency
+percentile over successful answers is within the SLO, by goodput, then by lower percentile, then by
+grid order (earlier first). When none meets the SLO there is no recommendation, only the table.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loadgen.result import RequestResult
+from loadgen.stats import percentile, summarize
+
+Evaluator = Callable[[dict[str, Any]], list[RequestResult]]
+GATEWAY_KEYS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
+                "generate_deadline_ms")
+INT_KEYS = ("max_queue_tokens", "score_deadline_ms", "generate_deadline_ms", "max_batch_tokens",
+            "max_batch_samples", "max_beam_requests", "workers")
+"""Settings shared/config.py declares as integers (TOML must carry them as integers)."""
+BOUNDS_KEYS = {"max_batch_tokens": "max_tokens_per_batch", "max_batch_samples": "max_samples_per_batch",
+               "max_beam_requests": "max_beam_requests_per_batch"}
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One candidate's numbers (all routes together)."""
+
+    knobs: dict[str, Any]
+    goodput_rps: float
+    throughput_rps: float
+    latency_pct_ms: float | None
+    attainment: float
+    outcomes: dict[str, int]
+    meets_slo: bool
+
+    def row(self) -> dict[str, Any]:
+        return {**self.knobs, "goodput_rps": self.goodput_rps, "throughput_rps": self.throughput_rps,
+                "latency_pct_ms": self.latency_pct_ms, "attainment": self.attainment,
+                "meets_slo": self.meets_slo, "outcomes": self.outcomes}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """All candidates in grid order, and the index of the best (None if none meets the SLO)."""
+
+    candidates: list[CandidateResult]
+    best: int | None
+    slo_ms: float
+    pct: float
+
+    def best_candidate(self) -> CandidateResult | None:
+        return None if self.best is None else self.candidates[self.best]
+
+
+def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The cartesian product of the axes, in order (the last axis varies fastest)."""
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def score_candidate(knobs: dict[str, Any], results: list[RequestResult], slo_ms: float,
+                    pct: float, window_s: float | None = None) -> CandidateResult:
+    summary = summarize(results, slo_ms, window_s)["routes"]["all"]
+    ok = [r.done_ms - r.scheduled_ms for r in results if r.outcome == "ok"]
+    value = percentile(ok, pct)
+    return CandidateResult(
+        knobs=dict(knobs), goodput_rps=summary["goodput_rps"] or 0.0,
+        throughput_rps=summary["throughput_rps"] or 0.0, latency_pct_ms=value,
+        attainment=summary["slo_attainment"] or 0.0, outcomes=summary["outcomes"],
+        meets_slo=value is not None and value <= slo_ms,
+    )
+
+
+def tune(candidates: Sequence[dict[str, Any]], evaluate: Evaluator, slo_ms: float, pct: float = 99.0,
+         window_s: float | None = None, on_result: Callable[[CandidateResult], None] | None = None) -> TuneResult:
+    """Evaluate every candidate and pick the best (see module docstring)."""
+    scored = []
+    for knobs in candidates:
+        result = score_candidate(knobs, evaluate(dict(knobs)), slo_ms, pct, window_s)
+        scored.append(result)
+        if on_result is not None:
+            on_result(result)
+    return TuneResult(scored, pick_best(scored), slo_ms, pct)
+
+
+def pick_best(scored: Sequence[CandidateResult]) -> int | None:
+    eligible = [i for i, c in enumerate(scored) if c.meets_slo]
+    if not eligible:
+        return None
+    return min(eligible, key=lambda i: (-round(scored[i].goodput_rps, 9), scored[i].latency_pct_ms, i))
+
+
+def config_snippet(knobs: Mapping[str, Any]) -> str:
+    """TOML for the recommended settings: [gateway] keys, and [bounds] caps as a reminder."""
+    lines = ["[gateway]"] + [f"{k} = {_toml_value(config_value(k, v))}" for k, v in knobs.items()
+                                 if k in GATEWAY_KEYS]
+    bounds = [(BOUNDS_KEYS[k], v) for k, v in knobs.items() if k in BOUNDS_KEYS]
+    if bounds:
+        lines += ["", "[bounds]  # compiled into the packages: rebuild artifacts after changing"]
+        lines += [f"{k} = {_toml_value(int(v))}" for k, v in bounds]
+    if "workers" in knobs:
+        lines += ["", f"# workers: {knobs['workers']} ([worker] endpoints and devices, one entry each)"]
+    return "\n".join(lines)
+
+
+def table(result: TuneResult) -> str:
+    """A plain-text table of all candidates, the best marked with '*'."""
+    if not result.candidates:
+        return "(no candidates)"
+    names = list(result.candidates[0].knobs)
+    pname = f"p{result.pct:g}_ms"
+    header = ["", *names, "goodput/s", "thru/s", pname, "attain", "slo"]
+    rows = [header]
+    for i, c in enumerate(result.candidates):
+        rows.append(["*" if i == result.best else "", *(f"{c.knobs[n]:g}" if isinstance(c.knobs[n], float)
+                                                       else str(c.knobs[n]) for n in names),
+                     f"{c.goodput_rps:.1f}", f"{c.throughput_rps:.1f}",
+                     "-" if c.latency_pct_ms is None else f"{c.latency_pct_ms:.1f}",
+                     f"{c.attainment:.3f}", "yes" if c.meets_slo else "no"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows)
+
+
+def config_value(key: str, value: Any) -> Any:
+    """The value as shared/config.py types the key (integers stay integers)."""
+    return int(round(value)) if key in INT_KEYS else float(value)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:.1f}"
+    return repr(value) if not isinstance(value, str) else f'"{value}"'
