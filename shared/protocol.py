@@ -67,6 +67,7 @@ class ErrorCode:
     DRAINING = "draining"  # the worker is shutting down and takes no new work
     UNSUPPORTED = "unsupported"  # a workload this worker does not serve, or an unexpected message
     VERSION_MISMATCH = "version_mismatch"  # Hello carried another protocol version
+    HELLO_REQUIRED = "hello_required"  # a batch from a peer that has not (re)sent Hello to this worker
     INTERNAL = "internal"  # the worker failed while computing; the batch was not served
 
 

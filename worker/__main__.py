@@ -1,0 +1,62 @@
+"""`python -m worker --config configs/x.toml --artifacts artifacts/x [--endpoint E] [--device D]`.
+
+Endpoint and device default to entry --index of [worker] endpoints/devices. SIGTERM or SIGINT
+drains (finish and answer accepted batches) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from shared.config import ConfigError, load_config
+from worker.logs import JsonLog
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="deployment TOML")
+    parser.add_argument("--artifacts", required=True, help="folder written by `python -m compile`")
+    parser.add_argument("--endpoint", help="tcp://host:port or ipc://path to bind (default: from config)")
+    parser.add_argument("--device", help="cpu or cuda:N (default: from config)")
+    parser.add_argument("--index", type=int, default=0, help="which [worker] entry supplies the defaults")
+    parser.add_argument("--worker-id", help="name in logs and heartbeats (default: worker-<pid>)")
+    parser.add_argument("--debug", action="store_true", help="debug-level logs")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    worker_id = args.worker_id or f"worker-{os.getpid()}"
+    log = JsonLog(worker_id, debug=args.debug)
+    stop = {"requested": False, "server": None}
+
+    def on_signal(signum, frame):
+        stop["requested"] = True
+        if stop["server"] is not None:
+            stop["server"].request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        config = load_config(args.config)
+        entry = args.index if 0 <= args.index < len(config.worker.endpoints) else 0
+        endpoint = args.endpoint or config.worker.endpoints[entry]
+        device = args.device or config.worker.devices[entry]
+        from worker.startup import build_server  # imports torch: after argument errors are reported
+
+        server = build_server(config, args.artifacts, device, endpoint, worker_id, log)
+    except (ConfigError, RuntimeError, ValueError, OSError) as exc:
+        log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
+        return 2
+    if stop["requested"]:
+        log.info("stopped_before_serving")
+        return 0
+    stop["server"] = server
+    return server.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Warm-up and latency profile: time the real compute path over a grid, fit one model per workload.
+
+Each grid point is a synthetic batch run through the same runner and lane as served batches, so
+the profile includes packing and result splitting. Corner points come first, so a short budget
+still spans the grid. B and L follow shared/latency_model.py:
+  score: B = samples, L = tokens per sample;  beam: B = requests * num_beams, L = prompt tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.config import WorkerConfig
+from shared.latency_model import LatencyModel
+from shared.protocol import BeamBatch, BeamRequest, ScoreBatch, ScoreRequest, pack_ids
+
+FAR_DEADLINE_MS = 3.6e6
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A fitted workload: the model, its error and the (B, L, ms) points it was fitted on."""
+
+    model: LatencyModel
+    rmse_ms: float
+    samples: tuple[tuple[float, float, float], ...]
+
+
+def _levels(maximum: int, smallest: int = 1) -> list[int]:
+    return sorted({max(smallest, min(maximum, v)) for v in (smallest, maximum // 4, maximum // 2, maximum)})
+
+
+def _corners_first(points: list[tuple]) -> list[tuple]:
+    """Extremes of every axis first, then the rest, each once."""
+    lows = [min(axis) for axis in zip(*points)]
+    highs = [max(axis) for axis in zip(*points)]
+    corners = [p for p in points if all(v in (lo, hi) for v, lo, hi in zip(p, lows, highs))]
+    return corners + [p for p in points if p not in corners]
+
+
+def score_grid(bounds: Mapping[str, int]) -> list[tuple[int, int]]:
+    """(samples, tokens per sample) points within bounds."""
+    points = []
+    for b, length in itertools.product(_levels(bounds["max_samples_per_batch"]), _levels(bounds["max_tokens_per_sample"], 4)):
+        length = min(length, bounds["max_tokens_per_batch"] // b)
+        if length >= 1 and (b, length) not in points:
+            points.append((b, length))
+    return _corners_first(points)
+
+
+def beam_grid(bounds: Mapping[str, int]) -> list[tuple[int, int, int]]:
+    """(requests, num_beams, prompt tokens) points within bounds."""
+    requests = sorted({1, bounds["max_beam_requests_per_batch"]})
+    beams = sorted({min(2, bounds["max_beam_width"]), bounds["max_beam_width"]})
+    lengths = sorted({min(8, bounds["max_prompt_tokens"]), bounds["max_prompt_tokens"]})
+    return _corners_first(list(itertools.product(requests, beams, lengths)))
+
+
+def score_batch(samples: int, length: int, bounds: Mapping[str, int], vocab_size: int, rng) -> ScoreBatch:
+    ids = rng.integers(0, vocab_size, size=samples * length)
+    labels = tuple(range(min(2, bounds["max_labels"], vocab_size)))
+    request = ScoreRequest("profile", FAR_DEADLINE_MS, pack_ids(ids, "int32"), (length,) * samples, labels,
+                           min(5, bounds["max_top_k"]))
+    return ScoreBatch(batch_id=0, token_dtype="int32", requests=(request,))
+
+
+def beam_batch(requests: int, beams: int, length: int, bounds: Mapping[str, int], vocab_size: int, rng) -> BeamBatch:
+    reqs = tuple(BeamRequest(f"profile-{i}", FAR_DEADLINE_MS, pack_ids(rng.integers(0, vocab_size, size=length)))
+                 for i in range(requests))
+    return BeamBatch(batch_id=0, token_dtype="int32", num_beams=beams, max_new_tokens=bounds["max_new_tokens"],
+                     num_return_sequences=1, requests=reqs)
+
+
+def profile_workload(run: Callable, batches: list[tuple[float, float, object]], config: WorkerConfig,
+                     deadline: float) -> Profile:
+    """Warm up on the first and last batch, then time each (B, L, batch) until `deadline` (monotonic s)."""
+    for _ in range(config.warmup_runs):
+        run(batches[0][2])
+        run(batches[-1][2])
+    samples = []
+    for b, length, batch in batches:
+        times = []
+        for _ in range(config.profile_repeats):
+            started = time.perf_counter()
+            run(batch)
+            times.append((time.perf_counter() - started) * 1000.0)
+        samples.append((b, length, statistics.median(times)))
+        if time.monotonic() > deadline:
+            break
+    model = LatencyModel.fit(samples)
+    return Profile(model=model, rmse_ms=model.rmse_ms(samples), samples=tuple(samples))
+
+
+def profile_all(runners: Mapping[type, object], lane, bounds: Mapping[str, int], vocab_size: int,
+                config: WorkerConfig, seed: int = 0) -> dict[str, Profile]:
+    """Profiles of every workload this worker serves, sharing config.profile_budget_s."""
+    rng = np.random.default_rng(seed)
+    plans = {}
+    if ScoreBatch in runners:
+        plans["score"] = (runners[ScoreBatch], [(b, l, score_batch(b, l, bounds, vocab_size, rng))
+                                                for b, l in score_grid(bounds)])
+    if BeamBatch in runners:
+        plans["beam"] = (runners[BeamBatch], [(r * w, l, beam_batch(r, w, l, bounds, vocab_size, rng))
+                                              for r, w, l in beam_grid(bounds)])
+    profiles, start = {}, time.monotonic()
+    for i, (workload, (runner, batches)) in enumerate(plans.items()):
+        share = config.profile_budget_s / len(plans)
+        deadline = start + share * (i + 1)
+
+        def run(batch, runner=runner):
+            return runner.run(batch, list(range(len(batch.requests))), lane)
+        profiles[workload] = profile_workload(run, batches, config, deadline)
+    return profiles

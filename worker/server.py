@@ -1,0 +1,210 @@
+"""The worker's receive loop: ROUTER socket, handshake, admission to the queue, heartbeats, drain.
+
+Main loop: poll → receive (decode, check, queue or refuse at once) → forward replies from the
+compute threads → heartbeat every known gateway → when asked to stop, drain and return 0.
+Only this thread touches the ROUTER socket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import zmq
+
+from shared.config import WorkerConfig
+from shared.protocol import (PROTOCOL_VERSION, BeamBatch, DecodeLimits, Error, ErrorCode, Goodbye, Heartbeat,
+                             Hello, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode)
+from worker.batch_queue import BatchQueue, PendingBatch
+from worker.bounds_check import BatchRefused
+from worker.compute import ComputePool
+from worker.logs import JsonLog
+from worker.stats import WorkerStats
+
+MAX_PEERS = 1024
+MAX_RECV_PER_TURN = 256  # frames read before forwarding replies again, so neither side starves
+
+
+class WorkerServer:
+    """Serves one device. Constructed with everything it needs; sockets open in run()."""
+
+    def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, checks: dict, pool_factory,
+                 log: JsonLog) -> None:
+        self.endpoint, self.config, self.ready, self.log = endpoint, config, ready, log
+        self.checks = checks  # batch type -> check(batch) -> per-request refusals (raises BatchRefused)
+        self.pool_factory = pool_factory  # (queue, stats, context, outbox) -> ComputePool
+        self.limits = DecodeLimits(max_frame_bytes=config.max_message_bytes, max_bin_len=config.max_message_bytes)
+        self.stats = WorkerStats()
+        self.queue = BatchQueue(config.max_queued_batches)
+        self.peers: dict[bytes, str] = {}  # ROUTER identity -> gateway id
+        self.stop_requested = False
+        self.draining = False
+        self.heartbeat_seq = 0
+        self.handlers = {Hello: self.on_hello, ScoreBatch: self.on_batch, BeamBatch: self.on_batch,
+                         Shutdown: self.on_shutdown, Goodbye: self.on_goodbye}
+
+    def request_stop(self) -> None:
+        """Ask the loop to drain and return (safe from a signal handler)."""
+        self.stop_requested = True
+
+    def run(self) -> int:
+        context = zmq.Context()
+        router = context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sends to a vanished peer fail instead of vanishing
+        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        router.setsockopt(zmq.LINGER, 2000)
+        outbox = f"inproc://worker-outbox-{os.getpid()}-{id(self)}"
+        pull = context.socket(zmq.PULL)
+        pull.bind(outbox)
+        pool = self.pool_factory(self.queue, self.stats, context, outbox)
+        try:
+            router.bind(self.endpoint)
+            pool.start()
+            self.log.info("serving", endpoint=self.endpoint, pid=os.getpid(), workloads=list(self.ready.workloads))
+            self._loop(router, pull)
+            pool.stop()
+            self._forward_replies(router, pull, block_ms=0)
+            self.log.info("stopped", counters=dataclasses.asdict(self.stats.counters()))
+            return 0
+        finally:
+            router.close()
+            pull.close(linger=0)
+            context.term()
+
+    def _loop(self, router: zmq.Socket, pull: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(pull, zmq.POLLIN)
+        interval_s = self.config.heartbeat_interval_ms / 1000.0
+        next_beat = time.monotonic()
+        while True:
+            if self.stop_requested and not self.draining:
+                self._begin_drain(router)
+            if self.draining and self.queue.depth == 0 and self.stats.in_flight == 0:
+                return
+            timeout_ms = max(0.0, (next_beat - time.monotonic()) * 1000.0)
+            events = dict(poller.poll(timeout_ms))
+            if pull in events:
+                self._forward_replies(router, pull, block_ms=0)
+            if router in events:
+                self._receive(router)
+            if time.monotonic() >= next_beat:
+                self._heartbeat(router)
+                next_beat = time.monotonic() + interval_s
+
+    # ---- receive side ---------------------------------------------------------------------------
+
+    def _receive(self, router: zmq.Socket) -> None:
+        for _ in range(MAX_RECV_PER_TURN):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            now = time.monotonic()
+            if len(frames) < 2:
+                continue  # not even an identity and one frame: nothing to answer
+            peer = frames[0]
+            try:
+                message = decode(frames[1:], self.limits)
+            except ProtocolError as exc:
+                self.stats.add(errors=1)
+                self.log.warning("malformed_frame", peer=peer.hex(), error=str(exc))
+                self._send(router, peer, Error(code=ErrorCode.MALFORMED, message=str(exc)))
+                continue
+            handler = self.handlers.get(type(message))
+            if handler is None:
+                self._send(router, peer, Error(code=ErrorCode.UNSUPPORTED,
+                                               message=f"a worker does not accept {type(message).__name__}"))
+                continue
+            handler(router, peer, message, now)
+
+    def on_hello(self, router: zmq.Socket, peer: bytes, hello: Hello, now: float) -> None:
+        if hello.protocol_version != PROTOCOL_VERSION:
+            self._send(router, peer, Error(code=ErrorCode.VERSION_MISMATCH,
+                                           message=f"worker speaks protocol {PROTOCOL_VERSION}, "
+                                                   f"gateway sent {hello.protocol_version}"))
+        elif self.draining:
+            self._send(router, peer, Error(code=ErrorCode.DRAINING, message="worker is shutting down"))
+        elif peer not in self.peers and len(self.peers) >= MAX_PEERS:
+            self._send(router, peer, Error(code=ErrorCode.OVERLOADED, message=f"more than {MAX_PEERS} gateways"))
+        else:
+            self.peers[peer] = hello.gateway_id
+            self.log.info("hello", gateway=hello.gateway_id, peer=peer.hex())
+            self._send(router, peer, self.ready)
+
+    def on_batch(self, router: zmq.Socket, peer: bytes, batch: ScoreBatch | BeamBatch, now: float) -> None:
+        refusal = self._admit(peer, batch, now)
+        if refusal is not None:
+            code, message = refusal
+            self.log.warning("batch_refused", batch_id=batch.batch_id, code=code, error=message,
+                             request_ids=[r.request_id for r in batch.requests])
+            self._send(router, peer, Error(code=code, message=message, batch_id=batch.batch_id))
+
+    def _admit(self, peer: bytes, batch: ScoreBatch | BeamBatch, now: float) -> tuple[str, str] | None:
+        """Queue the batch, or (code, message) saying why it is refused."""
+        if peer not in self.peers:
+            self.stats.add(errors=1)
+            return ErrorCode.HELLO_REQUIRED, "send Hello before batches (this worker does not know you)"
+        if self.draining:
+            self.stats.add(overloaded=1)
+            return ErrorCode.DRAINING, "worker is shutting down and takes no new batches"
+        check = self.checks.get(type(batch))
+        if check is None:
+            self.stats.add(errors=1)
+            return ErrorCode.UNSUPPORTED, f"this worker serves {', '.join(self.ready.workloads)} batches only"
+        try:
+            pending = PendingBatch.received(peer, batch, now)
+            pending.rejected = check(batch)
+        except BatchRefused as exc:
+            self.stats.add(errors=1)
+            return exc.code, exc.message
+        if not self.queue.offer(pending):
+            self.stats.add(overloaded=1)
+            return ErrorCode.OVERLOADED, f"queue full ({self.queue.capacity} batches waiting)"
+        return None
+
+    def on_shutdown(self, router: zmq.Socket, peer: bytes, message: Shutdown, now: float) -> None:
+        self.log.info("shutdown_requested", peer=peer.hex(), reason=message.reason)
+        self.request_stop()
+
+    def on_goodbye(self, router: zmq.Socket, peer: bytes, message: Goodbye, now: float) -> None:
+        self.peers.pop(peer, None)
+        self.log.info("goodbye", peer=peer.hex(), gateway=message.sender_id, reason=message.reason)
+
+    # ---- send side ------------------------------------------------------------------------------
+
+    def _forward_replies(self, router: zmq.Socket, pull: zmq.Socket, block_ms: int) -> None:
+        while pull.poll(block_ms):
+            frames = pull.recv_multipart(copy=False)
+            self._send_frames(router, frames[0].bytes, frames[1:])
+
+    def _heartbeat(self, router: zmq.Socket) -> None:
+        self.heartbeat_seq += 1
+        beat = Heartbeat(worker_id=self.ready.worker_id, seq=self.heartbeat_seq, queue_depth=self.queue.depth,
+                         in_flight=self.stats.in_flight, draining=self.draining, counters=self.stats.counters())
+        frames = encode(beat)
+        for peer in list(self.peers):
+            self._send_frames(router, peer, frames)
+
+    def _begin_drain(self, router: zmq.Socket) -> None:
+        self.draining = True
+        self.log.info("draining", queued=self.queue.depth, in_flight=self.stats.in_flight)
+        frames = encode(Goodbye(sender_id=self.ready.worker_id, reason="draining"))
+        for peer in list(self.peers):
+            self._send_frames(router, peer, frames)
+
+    def _send(self, router: zmq.Socket, peer: bytes, message) -> None:
+        self._send_frames(router, peer, encode(message))
+
+    def _send_frames(self, router: zmq.Socket, peer: bytes, frames) -> None:
+        try:
+            router.send_multipart([peer, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.log.warning("peer_not_reading", peer=peer.hex())
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                if self.peers.pop(peer, None) is not None:
+                    self.log.info("peer_gone", peer=peer.hex())
+            else:
+                self.log.error("send_failed", peer=peer.hex(), error=str(exc))
