@@ -60,14 +60,15 @@ class Stack:
 
 
 async def start_stack(request_tokenizer: RequestTokenizer, workers: list[StandInWorker], auth_token=None,
-                      admission=True, **gateway) -> Stack:
+                      admission=True, wait=True, **gateway) -> Stack:
     config = deployment([w.endpoint for w in workers], **gateway)
     manifest = {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
     app = make_app(Settings(config, manifest, request_tokenizer, auth_token, admission))
     client = TestClient(TestServer(app))
     await client.start_server()
     stack = Stack(client, workers)
-    await wait_ready(stack)
+    if wait:
+        await wait_ready(stack)
     return stack
 
 
