@@ -1,20 +1,23 @@
 """Offline discrete-event simulator of the gateway's admission and batching over N workers.
 
-It mirrors the gateway's policy as DESIGN.md states it, driven by a service-time function
-(loadgen/service.py) and a trace's arrivals:
-  admission  queue_full (429) if the queued tokens
-             plus this request's would pass max_queue_tokens; deadline_unmeetable (503) if
-             now + wait for a worker + queued backlog / workers + T(alone) + margin > deadline.
-  queue      one earliest-deadline-first queue per route; a request that can no longer finish in time
-             even alone (now + T(alone) + margin > deadline) is answered deadline_exceeded (504) at once.
-  batching   an idle worker takes a route's queue when it is full (samples or tokens cap), when its
-             oldest request has waited max_batch_wait_ms, or when waiting longer would make its most
-             urgent request miss its deadline. The batch is filled in deadline order up to the caps and
-             then shrunk until every member finishes by its deadline (margin included).
-  workers    each runs one batch at a time; T comes from the service-time function. A score
-             request larger than a batch's caps runs alone, as k equal consecutive batches.
-Backlog ignores other routes' queues (each route's estimate is its own); this matches a gateway
-that predicts per workload. Results have the same shape as live ones (loadgen/result.py).
+It mirrors the gateway's policy (gateway/admission.py, gateway/batcher.py), driven by a
+service-time function T(route, B, L) (loadgen/service.py) and a trace's arrivals:
+  admission  queue_full (429) when the route's queue is not empty and its tokens plus this request's
+             would pass max_queue_tokens; deadline_unmeetable (503) when
+             soonest worker free + backlog(queued work)/workers + backlog(this request) + margin
+             is past the deadline. backlog(work) = T of that work cut into full batches.
+  queue      one earliest-deadline-first queue per route; a request still queued at its deadline is
+             answered deadline_exceeded (504) then.
+  batching   when a worker has a free slot (max_inflight_batches per worker), a batch is filled in
+             deadline order up to the caps and sent if it is full, if its oldest request has waited
+             max_batch_wait_ms, or if waiting longer would make its earliest deadline unmeetable
+             (deadline - T(batch) - margin). Members predicted to finish past their deadline with this
+             batch are answered deadline_exceeded instead of being sent.
+  workers    run their batches one after another (FIFO); a score request larger than a batch's caps
+             runs alone, as k equal consecutive batches. An answer that arrives after its deadline is
+             still a success, just a late one (it counts against the SLO).
+Routes share workers; each route's backlog estimate counts only its own queue, like the gateway's
+per-workload batchers. Results have the same shape as live ones (loadgen/result.py).
 """
 
 from __future__ import annotations
@@ -30,12 +33,11 @@ from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
 from loadgen.trace import Trace, TraceRecord
 
-EXPIRY_EPS_MS = 1e-6
-"""A queued job expires strictly after its latest start time; its event fires this much later."""
 FILL_SCAN_LIMIT = 64
-"""Queued jobs looked at (in deadline order) when filling one batch."""
+"""Queued jobs looked at (in deadline order) when filling one batch, as the gateway's SCAN_LIMIT."""
 KNOBS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
-         "generate_deadline_ms", "max_batch_tokens", "max_batch_samples", "max_beam_requests", "workers", "max_batch_requests")
+         "generate_deadline_ms", "max_batch_tokens", "max_batch_samples", "max_beam_requests", "workers",
+         "max_inflight_batches", "max_batch_requests")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class SimSettings:
     max_beam_requests: int = 4
     """[bounds].max_beam_requests_per_batch."""
     workers: int = 1
+    max_inflight_batches: int = 2
+    """Batches sent to one worker before its answer ([gateway].max_inflight_batches_per_worker)."""
     max_batch_requests: int = 0
     """Requests in one batch, 0 = no limit besides the caps (1 disables batching: Kingman's G/G/1)."""
     default_beam_width: int = 16
@@ -82,7 +86,7 @@ class _Job:
 
 
 class _RouteQueue:
-    """Queued jobs of one route: a deadline-sorted list, and lazy-deleted arrival/expiry heaps."""
+    """Queued jobs of one route: a deadline-sorted list, and lazy-deleted arrival and deadline heaps."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, _Job] = {}
@@ -92,11 +96,11 @@ class _RouteQueue:
         self.size = 0
         self.tokens = 0
 
-    def push(self, job: _Job, margin: float) -> None:
+    def push(self, job: _Job) -> None:
         self.jobs[job.index] = job
         bisect.insort(self.by_deadline, (job.deadline, job.index))
         heapq.heappush(self.by_arrival, (job.arrival, job.index))
-        heapq.heappush(self.by_expiry, (job.deadline - margin - job.alone_ms, job.index))
+        heapq.heappush(self.by_expiry, (job.deadline, job.index))
         self.size += job.size
         self.tokens += job.tokens
 
@@ -125,13 +129,14 @@ class Simulator:
         self.service = service
 
     def run(self, trace: Trace) -> list[RequestResult]:
+        workers = self.settings.workers
         self.now = 0.0
         self.queues = {"score": _RouteQueue(), "generate": _RouteQueue()}
-        self.free_at = [0.0] * self.settings.workers
-        self.running: list[tuple[float, int, list[_Job]]] = []
+        self.free_at = [0.0] * workers
+        self.inflight = [0] * workers
+        self.running: list[tuple[float, int, int, list[_Job]]] = []
         self.results = [RequestResult(i, r.route, r.t_ms, sent_ms=r.t_ms) for i, r in enumerate(trace.records)]
-        records = trace.records
-        nxt = 0
+        records, nxt, batch_ids = trace.records, 0, 0
         while nxt < len(records) or self.running or any(q.jobs for q in self.queues.values()):
             arrival = records[nxt].t_ms if nxt < len(records) else math.inf
             self.now = min(arrival, self._next_internal_event())
@@ -142,101 +147,100 @@ class Simulator:
                 self._admit(nxt, records[nxt])
                 nxt += 1
             self._expire()
-            self._dispatch()
+            batch_ids = self._dispatch(batch_ids)
         return self.results
 
     # -- events -------------------------------------------------------------------------------
     def _next_internal_event(self) -> float:
         times = [self.running[0][0]] if self.running else []
-        idle = any(t <= self.now for t in self.free_at)
+        slot = self._free_worker() is not None
         for route, queue in self.queues.items():
-            if not queue.jobs:
-                continue
-            times.append(queue.head(queue.by_expiry)[0] + EXPIRY_EPS_MS)
-            if idle:
-                times.append(max(self.now, self._ready_at(route, queue)))
-        if not idle and any(q.jobs for q in self.queues.values()):
-            times.append(min(self.free_at))
+            if queue.jobs:
+                times.append(queue.head(queue.by_expiry)[0])
+                if slot:
+                    times.append(max(self.now, self._send_at(route, queue)))
         return min(times, default=math.inf)
 
-    def _ready_at(self, route: str, queue: _RouteQueue) -> float:
-        if self._is_full(route, queue):
-            return self.now
-        oldest = queue.head(queue.by_arrival)[0]
-        urgent = queue.head(queue.by_deadline)[1]
+    def _send_at(self, route: str, queue: _RouteQueue) -> float:
         batch = self._fill(route, queue)
-        latest_start = queue.jobs[urgent].deadline - self.settings.admission_margin_ms - self._time(route, batch)
-        return min(oldest + self.settings.max_batch_wait_ms, latest_start)
+        if self._is_full(route, queue, batch):
+            return self.now
+        oldest = min(j.arrival for j in batch)
+        urgent = min(j.deadline for j in batch)
+        return min(oldest + self.settings.max_batch_wait_ms,
+                   urgent - self._time(route, batch) - self.settings.admission_margin_ms)
 
     def _complete(self) -> None:
         while self.running and self.running[0][0] <= self.now:
-            finish, _, jobs = heapq.heappop(self.running)
+            finish, _, worker, jobs = heapq.heappop(self.running)
+            self.inflight[worker] -= 1
             for job in jobs:
                 self._answer(job.index, finish, 200, "ok")
 
     def _expire(self) -> None:
         for queue in self.queues.values():
-            while (head := queue.head(queue.by_expiry)) is not None and head[0] < self.now:
+            while (head := queue.head(queue.by_expiry)) is not None and head[0] <= self.now:
                 job = queue.jobs[head[1]]
                 queue.remove(job)
                 self._answer(job.index, self.now, 504, "deadline_exceeded")
 
-    def _dispatch(self) -> None:
-        while True:
-            idle = [w for w, t in enumerate(self.free_at) if t <= self.now]
+    def _dispatch(self, batch_id: int) -> int:
+        while (worker := self._free_worker()) is not None:
             ready = [(q.head(q.by_deadline)[0], route) for route, q in self.queues.items()
-                     if q.jobs and self._ready_at(route, q) <= self.now + 1e-9]
-            if not idle or not ready:
-                return
+                     if q.jobs and self._send_at(route, q) <= self.now + 1e-9]
+            if not ready:
+                break
             route = min(ready)[1]
             batch = self._take_batch(route, self.queues[route])
             if not batch:
                 continue
-            finish = self.now + self._time(route, batch)
-            self.free_at[idle[0]] = finish
-            heapq.heappush(self.running, (finish, idle[0], batch))
+            finish = max(self.now, self.free_at[worker]) + self._time(route, batch)
+            self.free_at[worker] = finish
+            self.inflight[worker] += 1
+            batch_id += 1
+            heapq.heappush(self.running, (finish, batch_id, worker, batch))
+        return batch_id
+
+    def _free_worker(self) -> int | None:
+        slots = [w for w in range(self.settings.workers) if self.inflight[w] < self.settings.max_inflight_batches]
+        return min(slots, key=lambda w: self.free_at[w]) if slots else None
 
     # -- policy -------------------------------------------------------------------------------
     def _admit(self, index: int, record: TraceRecord) -> None:
         job = self._job(index, record)
         settings = self.settings
         queue = self.queues[record.route]
-        if sum(q.tokens for q in self.queues.values()) + job.tokens > settings.max_queue_tokens:
+        if queue.jobs and queue.tokens + job.tokens > settings.max_queue_tokens:
             return self._answer(index, self.now, 429, "queue_full")
-        wait = max(0.0, min(self.free_at) - self.now)
-        backlog = self._backlog_ms(record.route, queue) / settings.workers
-        if self.now + wait + backlog + job.alone_ms + settings.admission_margin_ms > job.deadline:
+        soonest = min(max(0.0, t - self.now) for t in self.free_at)
+        wait = soonest + self._backlog_ms(record.route, queue.size, queue.tokens, len(queue.jobs)) / settings.workers
+        if self.now + wait + job.alone_ms + settings.admission_margin_ms > job.deadline:
             return self._answer(index, self.now, 503, "deadline_unmeetable")
-        queue.push(job, settings.admission_margin_ms)
+        queue.push(job)
 
-    def _backlog_ms(self, route: str, queue: _RouteQueue) -> float:
-        if not queue.jobs:
+    def _backlog_ms(self, route: str, size: int, tokens: int, requests: int) -> float:
+        """T of this much queued work cut into full batches (the gateway's backlog_ms)."""
+        if requests == 0:
             return 0.0
-        cap = self.settings.max_batch_samples if route == "score" else self.settings.max_beam_requests
-        count = queue.size if route == "score" else len(queue.jobs)
-        batches = max(math.ceil(count / cap), math.ceil(queue.tokens / self.settings.max_batch_tokens)
-                      if route == "score" else 1)
         if route == "score":
-            return batches * self.service(route, queue.size / batches, queue.tokens / max(queue.size, 1))
-        return batches * self.service(route, queue.size / batches, queue.tokens / len(queue.jobs))
+            batches = max(1, math.ceil(size / self.settings.max_batch_samples),
+                          math.ceil(tokens / self.settings.max_batch_tokens))
+            return batches * self.service(route, size / batches, tokens / max(size, 1))
+        batches = max(1, math.ceil(requests / self.settings.max_beam_requests))
+        return batches * self.service(route, size / batches, tokens / requests)
 
     def _take_batch(self, route: str, queue: _RouteQueue) -> list[_Job]:
-        """Fill in deadline order, then drop the latest-deadline member until all finish in time;
-        a member late even alone is answered deadline_exceeded."""
+        """Take the batch out of the queue; members predicted late are answered 504 instead."""
         batch = self._fill(route, queue)
-        margin = self.settings.admission_margin_ms
-        while batch:
-            finish = self.now + self._time(route, batch) + margin
-            if all(finish <= job.deadline for job in batch):
-                break
-            if len(batch) == 1:
-                queue.remove(batch[0])
-                self._answer(batch[0].index, self.now, 504, "deadline_exceeded")
-                return []
-            batch.pop()
+        finish = self.now + self._time(route, batch)
+        live = []
         for job in batch:
             queue.remove(job)
-        return batch
+            if finish > job.deadline:
+                self._answer(job.index, self.now, 504, "deadline_exceeded")
+            else:
+                live.append(job)
+        return live
 
     def _fill(self, route: str, queue: _RouteQueue) -> list[_Job]:
         batch: list[_Job] = []
@@ -257,12 +261,16 @@ class Simulator:
                     and sum(j.tokens for j in jobs) <= self.settings.max_batch_tokens)
         return len(jobs) <= self.settings.max_beam_requests
 
-    def _is_full(self, route: str, queue: _RouteQueue) -> bool:
-        if 0 < self.settings.max_batch_requests <= len(queue.jobs):
+    def _is_full(self, route: str, queue: _RouteQueue, batch: list[_Job]) -> bool:
+        """Full when a queued job did not fit, or the batch reached a cap."""
+        if len(batch) < len(queue.jobs):
+            return True
+        if 0 < self.settings.max_batch_requests <= len(batch):
             return True
         if route == "score":
-            return queue.size >= self.settings.max_batch_samples or queue.tokens >= self.settings.max_batch_tokens
-        return len(queue.jobs) >= self.settings.max_beam_requests
+            return (sum(j.size for j in batch) >= self.settings.max_batch_samples
+                    or sum(j.tokens for j in batch) >= self.settings.max_batch_tokens)
+        return len(batch) >= self.settings.max_beam_requests
 
     def _time(self, route: str, jobs: list[_Job]) -> float:
         if not jobs:
@@ -279,7 +287,7 @@ class Simulator:
         size, mean_tokens = record.shape(self.settings.default_beam_width)
         tokens = record.total_tokens() if record.route == "score" else int(mean_tokens)
         deadline_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
-        alone = self.service(record.route, size, mean_tokens)
+        alone = self._backlog_ms(record.route, size, tokens, 1)
         return _Job(index, record.route, record.t_ms, record.t_ms + deadline_ms, size, tokens, alone)
 
     def _answer(self, index: int, done_ms: float, status: int, outcome: str) -> None:
