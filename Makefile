@@ -30,7 +30,7 @@ compile: venv $(if $(MODEL),,$(DEMO_MODEL)/config.json)
 	$(PY) -m compile --model $(SERVE_MODEL) --config $(CONFIG) --out $(ARTIFACTS)
 
 serve: compile
-	$(PY) -m compile.smoke --artifacts $(ARTIFACTS)
+	$(PY) -m gateway --config $(CONFIG) --artifacts $(ARTIFACTS) --spawn-workers --port $(PORT)
 
 test: venv
 	$(PY) -m pytest

@@ -58,7 +58,8 @@ class WorkerPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         for link in self.links:
-            link.declare_lost("the gateway is stopping")
+            if link.in_flight:
+                link.declare_lost("the gateway is stopping")
             link.close()
         if self._context is not None:
             self._context.term()

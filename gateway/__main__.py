@@ -1,0 +1,129 @@
+"""`python -m gateway --config configs/x.toml --artifacts artifacts/x [--spawn-workers]`.
+
+Serves the HTTP API on uvloop; with --spawn-workers it also starts the configured workers and
+restarts any that crash. Prints the URL and an example request once listening. SIGTERM or Ctrl-C
+drains: new requests get 503 draining, queued and in-flight ones are answered, then everything stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+
+from gateway.app import GATEWAY, make_app
+from gateway.logs import setup_logging
+from gateway.state import Settings
+from gateway.supervisor import Supervisor, WorkerSpec
+from gateway.tokenizer import RequestTokenizer
+from shared.config import ConfigError, DeploymentConfig, load_config
+
+log = logging.getLogger("gateway")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="deployment TOML")
+    parser.add_argument("--artifacts", required=True, help="folder written by `python -m compile`")
+    parser.add_argument("--spawn-workers", action="store_true", help="start and supervise the configured workers")
+    parser.add_argument("--host", help="listen address (default: gateway.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default: gateway.port)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging()
+    try:
+        config = load_config(args.config)
+        gw = dataclasses.replace(config.gateway, host=args.host or config.gateway.host,
+                                 port=config.gateway.port if args.port is None else args.port)
+        config = config.replace(gateway=gw)
+        settings = _settings(config, Path(args.artifacts))
+    except (ConfigError, OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    return uvloop.run(_serve(settings, args))
+
+
+def _settings(config: DeploymentConfig, artifacts: Path) -> Settings:
+    manifest_path = artifacts / "manifest.json"
+    if not manifest_path.is_file():
+        raise OSError(f"{manifest_path} not found: build the artifacts first with "
+                      f"`python -m compile --config ... --out {artifacts}`")
+    manifest = json.loads(manifest_path.read_text())
+    token = None
+    if config.gateway.auth_token_env:
+        token = os.environ.get(config.gateway.auth_token_env)
+        if not token:
+            raise ConfigError(f"gateway.auth_token_env names {config.gateway.auth_token_env}, which is not set")
+    return Settings(config, manifest, RequestTokenizer.from_artifacts(artifacts), token)
+
+
+async def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    app = make_app(settings)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    gw = settings.config.gateway
+    site = web.TCPSite(runner, gw.host, gw.port)
+    await site.start()
+    gateway = app[GATEWAY]
+    supervisor = None
+    if args.spawn_workers:
+        supervisor = Supervisor(_worker_specs(settings.config, args), gateway.pool.declare_lost)
+        supervisor.start()
+    port = site._server.sockets[0].getsockname()[1] if site._server else gw.port  # type: ignore[union-attr]
+    _announce(settings, gw.host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("draining: no new requests; answering what is queued and in flight")
+    gateway.draining = True
+    await _drain(gateway, gw.drain_timeout_ms / 1000.0)
+    if supervisor is not None:
+        gateway.pool.shutdown_workers("the gateway is stopping")
+        await supervisor.stop()
+    await runner.cleanup()
+    log.info("stopped")
+    return 0
+
+
+async def _drain(gateway, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not gateway.idle() and loop.time() < end:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)  # let the last answers reach their clients
+
+
+def _worker_specs(config: DeploymentConfig, args: argparse.Namespace) -> list[WorkerSpec]:
+    return [WorkerSpec(args.config, args.artifacts, endpoint, device, i)
+            for i, (endpoint, device) in enumerate(zip(config.worker.endpoints, config.worker.devices))]
+
+
+def _announce(settings: Settings, host: str, port: int) -> None:
+    url = f"http://{host}:{port}"
+    auth = ' -H "Authorization: Bearer $TOKEN"' if settings.auth_token else ""
+    body = {"samples": ["red running shoe", "blue phone case"], "labels": ["yes", "no"]}
+    print(f"boundserve gateway listening on {url}  (readiness: {url}/readyz, API: {url}/openapi.json)", flush=True)
+    print(f"try:  curl -s {url}/v1/score -H 'Content-Type: application/json'{auth} -d '{json.dumps(body)}'",
+          flush=True)
+    if settings.config.beam.enabled:
+        beam = {"prompt": "red running", "beam_width": 4, "max_new_tokens": 3, "num_return_sequences": 2}
+        print(f"      curl -s {url}/v1/generate -H 'Content-Type: application/json'{auth} -d '{json.dumps(beam)}'",
+              flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Starts the deployment's worker processes and keeps them running (restart with back-off).
+
+A worker that exits is reported to the pool at once (its in-flight requests fail with 503
+worker_lost without waiting for the heartbeat timeout) and restarted after a back-off that doubles
+on each quick crash and resets once a worker has stayed up for a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("gateway.supervisor")
+FIRST_BACKOFF_S, MAX_BACKOFF_S, STABLE_S = 0.5, 15.0, 30.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How to start one worker process."""
+
+    config_path: str
+    artifacts: str
+    endpoint: str
+    device: str
+    index: int
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "worker", "--config", self.config_path, "--artifacts", self.artifacts,
+                "--endpoint", self.endpoint, "--device", self.device, "--index", str(self.index)]
+
+
+class Supervisor:
+    """Owns the worker processes: start, watch, restart, and stop them (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, specs: list[WorkerSpec], on_exit: Callable[[str, str], None]) -> None:
+        self.specs = specs
+        self.restarts = {spec.endpoint: 0 for spec in specs}
+        self._on_exit = on_exit
+        self._processes: dict[str, asyncio.subprocess.Process] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._keep(spec), name=f"supervise {spec.endpoint}") for spec in self.specs]
+
+    def pid(self, endpoint: str) -> int | None:
+        process = self._processes.get(endpoint)
+        return process.pid if process is not None and process.returncode is None else None
+
+    async def _keep(self, spec: WorkerSpec) -> None:
+        backoff = FIRST_BACKOFF_S
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            started = loop.time()
+            process = await asyncio.create_subprocess_exec(*spec.argv())
+            self._processes[spec.endpoint] = process
+            log.info("started worker %s (pid %d)", spec.endpoint, process.pid)
+            code = await process.wait()
+            if self._stopping:
+                return
+            why = f"worker process {process.pid} exited with {_describe(code)}"
+            log.warning("%s; restarting in %.1f s", why, backoff)
+            self._on_exit(spec.endpoint, why)
+            backoff = FIRST_BACKOFF_S if loop.time() - started > STABLE_S else backoff
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            self.restarts[spec.endpoint] += 1
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every worker (they drain and exit 0), SIGKILL what is left after `timeout_s`."""
+        self._stopping = True
+        for process in self._processes.values():
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        waits = [p.wait() for p in self._processes.values() if p.returncode is None]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        except TimeoutError:
+            for process in self._processes.values():
+                if process.returncode is None:
+                    log.warning("worker pid %d did not stop in %.0f s; killing it", process.pid, timeout_s)
+                    process.kill()
+            await asyncio.gather(*(p.wait() for p in self._processes.values()), return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
