@@ -98,6 +98,8 @@ def _generate(limits: Limits) -> dict[str, Any]:
             "constraints": {"type": "string"},
             "deadline_ms": _deadline(limits),
         },
+        "oneOf": [{"required": ["prompt"], "not": {"required": ["input_ids"]}},
+                  {"required": ["input_ids"], "not": {"required": ["prompt"]}}],
         "description": "Give exactly one of prompt or input_ids; num_return_sequences <= beam_width.",
     }
 
