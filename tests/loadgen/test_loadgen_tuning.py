@@ -1,0 +1,119 @@
+"""Offline simulator, tuner, sweep and capacity estimate on servers whose answers are known."""
+
+import statistics
+
+import pytest
+
+from loadgen.capacity import capacity_report, kingman_latency_ms, kingman_wait_ms, workload_facts
+from loadgen.service import load_service_model
+from loadgen.simulator import SimSettings, simulate
+from loadgen.sweep import sweep
+from loadgen.synth import SynthSpec, synthesize
+from loadgen.trace import TraceRecord, make_trace
+from loadgen.tuner import config_snippet, grid, tune
+
+SIMPLE = dict(max_batch_wait_ms=0.0, admission_margin_ms=0.0, max_inflight_batches=1)
+
+
+def _batch_cost(route, batch_size, tokens):
+    """6 ms per call plus 1 ms per sample: batching pays."""
+    return 6.0 + 1.0 * batch_size
+
+
+def test_simulator_matches_pollaczek_khinchine_for_md1():
+    # Poisson arrivals, deterministic 5 ms service, one request per batch: M/D/1, whose mean wait
+    # is exactly rho/(1-rho) * tau/2 (Kingman with c_a = 1, c_s = 0 is exact here).
+    trace = synthesize(SynthSpec(arrivals="poisson", rate_rps=160, duration_s=200, samples=1, seed=3))
+    settings = SimSettings(**SIMPLE, max_batch_samples=1, score_deadline_ms=1e12, max_queue_tokens=2**62)
+    results = simulate(trace, settings, lambda route, b, l: 5.0 * b)
+    waits = [r.latency_ms - 5.0 for r in results]
+    assert all(r.outcome == "ok" for r in results)
+    assert statistics.fmean(waits) == pytest.approx(kingman_wait_ms(0.8, 1.0, 0.0, 5.0), rel=0.1)
+
+
+def test_simulator_policy_invariants():
+    trace = synthesize(SynthSpec(arrivals="bursts", rate_rps=1500, burst_size=10, duration_s=2,
+                                 samples=3, tokens_per_sample=20, seed=1))
+    settings = SimSettings(max_batch_samples=16, max_batch_tokens=4096, score_deadline_ms=30.0,
+                           admission_margin_ms=0.0, max_inflight_batches=1)
+    results = simulate(trace, settings, _batch_cost)
+    outcomes = {r.outcome for r in results}
+    assert outcomes <= {"ok", "deadline_unmeetable", "deadline_exceeded", "queue_full"}
+    assert {"ok", "deadline_unmeetable"} <= outcomes
+    assert all(r.latency_ms <= 30.0 + 1e-6 for r in results)    # one batch in flight: exact predictions
+    tight = simulate(trace, settings.with_knobs({"max_queue_tokens": 200}), _batch_cost)
+    assert any(r.outcome == "queue_full" for r in tight)
+
+
+def test_tuner_finds_the_known_best_default_deadline():
+    # Periodic arrivals at 800/s of one-sample requests; a batch of B costs 6 + B ms, so a worker
+    # serves at most 16/22 ms = 727/s and only with full batches. The SLO is p99 <= 40 ms.
+    #   deadline 5:   even one request alone (7 ms) cannot finish -> no goodput
+    #   deadline 20:  queues stay short, batches small -> lower throughput
+    #   deadline 35:  full batches, every answer within 35 ms <= SLO -> the best
+    #   deadline 80+: answers up to 80 ms -> p99 over the SLO
+    trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=800, duration_s=3, samples=1, tokens_per_sample=10))
+    base = SimSettings(**SIMPLE)
+    candidates = grid({"score_deadline_ms": [5, 20, 35, 80, 300], "admission_margin_ms": [0.0, 4.0]})
+    result = tune(candidates, lambda knobs: simulate(trace, base.with_knobs(knobs), _batch_cost), slo_ms=40.0)
+    best = result.best_candidate()
+    assert best.knobs == {"score_deadline_ms": 35, "admission_margin_ms": 0.0}
+    by_knobs = {tuple(c.knobs.values()): c for c in result.candidates}
+    assert by_knobs[(5, 0.0)].goodput_rps == 0.0
+    assert not by_knobs[(80, 0.0)].meets_slo and not by_knobs[(300, 0.0)].meets_slo
+    assert by_knobs[(20, 0.0)].goodput_rps < best.goodput_rps
+    assert best.goodput_rps > 600.0
+    snippet = config_snippet(best.knobs)
+    assert "[gateway]\nscore_deadline_ms = 35\nadmission_margin_ms = 0.0" in snippet
+
+
+def test_tuner_reports_no_recommendation_when_nothing_meets_the_slo():
+    trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=100, duration_s=1, samples=1))
+    result = tune([{"score_deadline_ms": 100}], lambda k: simulate(trace, SimSettings(**k), _batch_cost), slo_ms=1.0)
+    assert result.best is None and result.best_candidate() is None
+
+
+def test_offline_sweep_finds_the_capacity_of_a_known_server():
+    # One request per batch at 10 ms each: the server sustains 100/s; with deterministic arrivals
+    # every rate below 100/s is served within 10 ms, every rate above it piles up or is shed.
+    trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=10, duration_s=5, samples=1))
+    settings = SimSettings(**SIMPLE, max_batch_requests=1, score_deadline_ms=1000.0)
+    evaluate = lambda t: simulate(t, settings, lambda route, b, l: 10.0)  # noqa: E731
+    result = sweep(trace, [50, 90, 150, 200], evaluate, slo_ms=15.0, pct=99.0, refine_steps=4)
+    assert result.best_rps is not None and 90.0 <= result.best_rps < 110.0
+    assert [r["meets_slo"] for r in result.rows][:2] == [True, True]
+    assert not result.rows[-1]["meets_slo"]
+
+
+def test_kingman_numbers_and_capacity_cross_check():
+    assert kingman_wait_ms(0.5, 1.0, 1.0, 10.0) == pytest.approx(10.0)   # M/M/1: rho/(1-rho) * tau
+    assert kingman_wait_ms(1.0, 1.0, 0.0, 10.0) == float("inf")
+    trace = synthesize(SynthSpec(arrivals="poisson", rate_rps=300, duration_s=30, samples=1, seed=4))
+    service = load_service_model("0,0,0,5")                                  # 5 ms per request
+    facts = workload_facts(trace, service)
+    assert facts.tau_ms == 5.0 and facts.cs == 0.0 and facts.ca == pytest.approx(1.0, abs=0.05)
+    assert kingman_latency_ms(facts, 1)["rho"] == pytest.approx(1.5, rel=0.05)
+    report = capacity_report(trace, service, SimSettings(max_inflight_batches=1, score_deadline_ms=50.0),
+                             slo_ms=30.0, max_workers=8)
+    # 300/s at 5 ms needs 1.5 workers of pure work: 2 at least, Kingman within one of the simulator
+    assert report["kingman_workers"] >= 2 and report["simulated_unbatched_workers"] >= 2
+    assert abs(report["kingman_workers"] - report["simulated_unbatched_workers"]) <= 1
+    assert report["simulated_batched_workers"] <= report["simulated_unbatched_workers"]
+
+
+def test_large_requests_run_alone_split_into_batches():
+    record = TraceRecord(t_ms=0.0, route="score", sample_tokens=(10,) * 40)
+    results = simulate(make_trace([record]), SimSettings(**SIMPLE, max_batch_samples=16), _batch_cost)
+    # 40 samples -> 3 batches of 40/3 samples: 3 * (6 + 13.33) ms
+    assert results[0].outcome == "ok" and results[0].latency_ms == pytest.approx(58.0)
+
+
+def test_service_model_loads_worker_style_json(tmp_path):
+    path = tmp_path / "lm.json"
+    path.write_text('{"latency_models": {"score": {"alpha": 0, "beta": 0.1, "gamma": 1, "delta": 2},'
+                    ' "beam": {"alpha": 0.001, "beta": 0, "gamma": 0, "delta": 5}}}')
+    model = load_service_model(str(path))
+    assert model("score", 4, 10) == pytest.approx(0.1 * 10 + 4 + 2)
+    assert model("generate", 100, 50) == pytest.approx(0.001 * 100 * 50 + 5)
+    with pytest.raises(ValueError, match="4 numbers"):
+        load_service_model("1,2,3")
