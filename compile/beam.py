@@ -107,3 +107,33 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
     shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams)
     with torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+
+
+def build_beam(ctx) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
+    """Node builder for compile/build.py: the beam node of ctx's checkpoint under ctx.config's bounds."""
+    from compile.beam_settings import beam_rule, read_generation_config
+    from compile.constraints import PrefixConstraint, build_tables, read_sequences
+
+    bounds, path = ctx.config.bounds, ctx.config.model.path
+    rule = beam_rule(read_generation_config(path), source=f"{path}/generation_config.json")
+    vocab = ctx.model.spec.vocab_size
+    if rule.beams_to_keep(bounds.max_beam_width) > vocab:
+        raise ValueError(
+            f"bounds.max_beam_width = {bounds.max_beam_width} keeps {rule.beams_to_keep(bounds.max_beam_width)} "
+            f"candidates per step, more than the vocabulary ({vocab}); lower max_beam_width"
+        )
+    constraint, facts = None, {}
+    if ctx.config.beam.constraints:
+        sequences = read_sequences(ctx.config.beam.constraints)
+        constraint = PrefixConstraint(build_tables(sequences, vocab, bounds.max_new_tokens), rule.eos_ids)
+        facts = {"valid_sequences": len(sequences), "fan_out": constraint.fan_out,
+                 "prefix_nodes": int(constraint.terminal.numel())}
+    module = BeamModule(ctx.model, rule, bounds.max_new_tokens, constraint).to(ctx.device)
+    program = export_beam_node(module, bounds.max_prompt_tokens, bounds.max_beam_requests_per_batch,
+                               bounds.max_beam_width, ctx.device)
+    facts = {
+        "inputs": list(INPUT_NAMES), "outputs": ["tokens", "scores", "lengths"], "max_steps": bounds.max_new_tokens,
+        "eos_ids": list(rule.eos_ids), "pad_id": rule.pad_id, "length_penalty": rule.length_penalty,
+        "early_stopping": rule.early_stopping, "constrained": constraint is not None, **facts,
+    }
+    return module, program, facts

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from compile.beam_attention import shared_prompt_attention
+from compile.beam_search import take
 from compile.model import Transformer, rope_tables
 
 
@@ -67,5 +68,4 @@ def decode(model: Transformer, tokens, positions, prompt, suffix):
 
 def reorder_suffix(suffix, parent: torch.Tensor):
     """Follow each new beam's parent: per layer [R, Win, J, Hkv, D] -> [R, W, J, Hkv, D]; parent [R, W]."""
-    index = parent[:, :, None, None, None]
-    return tuple([torch.take_along_dim(kv, index, dim=1) for kv in side] for side in suffix)
+    return tuple([take(kv, parent) for kv in side] for side in suffix)

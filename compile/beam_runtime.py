@@ -12,12 +12,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from compile.runtime import RUNNERS, BoundsError
+
 
 NO_CANDIDATE = -1.0e8  # scores at or below this are transformers' "impossible" (-1e9 or -inf)
-
-
-class BoundsError(ValueError):
-    """A beam request exceeds the node's compiled bounds; the message names the bound."""
 
 
 class BeamOutput(NamedTuple):
@@ -67,19 +65,29 @@ def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: 
 class BeamNode:
     """Run beam search for a batch of prompts: __call__(prompt_ids, prompt_lens, W, S, k) -> BeamOutput."""
 
-    def __init__(self, run: Callable, bounds: BeamBounds, early_stopping: bool | str, pad_id: int):
+    def __init__(self, run: Callable, bounds: BeamBounds, early_stopping: bool | str, pad_id: int,
+                 device: str = "cpu"):
         self._run = run  # the loaded AOTI package (or the eager BeamModule)
         self.bounds = bounds
         self.early_stopping = early_stopping
         self.pad_id = pad_id
+        self.device = torch.device(device)
+
+    @classmethod
+    def from_package(cls, package: Callable, manifest: dict, device: str) -> "BeamNode":
+        """The runner compile/runtime.py builds for a loaded beam package."""
+        facts = manifest["nodes"]["beam"]
+        bounds = BeamBounds.from_manifest(manifest["bounds"], manifest["model"]["vocab_size"])
+        return cls(package, bounds, facts["early_stopping"], facts["pad_id"], device)
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
                  num_return_sequences: int) -> BeamOutput:
         self.check(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences)
         early_all = self.early_stopping is True or num_beams == 1
         args = node_inputs(prompt_ids, prompt_lens, num_beams, max_new_tokens, early_all)
-        with torch.no_grad():
-            tokens, scores, lens = self._run(*args)
+        with torch.inference_mode():
+            outputs = self._run(*(a.to(self.device) for a in args))
+        tokens, scores, lens = (t.cpu() for t in outputs)
         k, s = num_return_sequences, max_new_tokens
         tokens, scores, lens = tokens[:, :k, :s], scores[:, :k].float(), lens[:, :k]
         # Fewer than k candidates exist (constrained decoding with a small valid set): empty slots.
@@ -110,3 +118,6 @@ class BeamNode:
 def _within(what: str, value: int, low: int, high: int, bound: str) -> None:
     if not low <= value <= high:
         raise BoundsError(f"{what} = {value} is outside [{low}, {high}] ({bound})")
+
+
+RUNNERS["beam"] = BeamNode.from_package  # compile/runtime.py imports this module to register it

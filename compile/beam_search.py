@@ -64,11 +64,14 @@ def initial_state(num_requests: int, num_beams: int, max_steps: int, pad_id: int
     )
 
 
-def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Gather rows along dim 1: x [R, N, ...], index [R, M] -> [R, M, ...]."""
-    while index.dim() < x.dim():
-        index = index.unsqueeze(-1)
-    return torch.take_along_dim(x, index, dim=1)
+def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Gather rows along dim 1: x [R, N, ...], index [R, M] -> [R, M, ...].
+
+    (torch.gather with an expanded index: take_along_dim's broadcasting pins dynamic sizes in export.)
+    """
+    trailing = x.shape[2:]
+    index = index.reshape(*index.shape, *([1] * len(trailing))).expand(*index.shape, *trailing)
+    return torch.gather(x, 1, index)
 
 
 def beam_step(
@@ -88,18 +91,18 @@ def beam_step(
     top_scores, top_index = torch.topk(acc, keep)  # [R, K], sorted best first
     parent, token = top_index // vocab, top_index % vocab
     column = torch.arange(state.running_tokens.shape[-1], device=token.device) == step - 1  # [S]
-    tokens = torch.where(column, token[:, :, None], _take(state.running_tokens, parent))  # [R, K, S]
+    tokens = torch.where(column, token[:, :, None], take(state.running_tokens, parent))  # [R, K, S]
     hits = _stops(token, rule.eos_ids) | stop_all  # [R, K]
 
     running = top_scores + hits.to(torch.float32) * NEG
     next_index = torch.topk(running, num_beams)[1]  # [R, W]
     state = state._replace(
-        running_scores=_take(running, next_index),
-        running_tokens=_take(tokens, next_index),
+        running_scores=take(running, next_index),
+        running_tokens=take(tokens, next_index),
     )
     state = _update_finished(state, top_scores, tokens, hits, step, num_beams, rule, early_all)
     state = state._replace(can_improve=_still_improvable(state, best_divisor))
-    return state, _take(parent, next_index)
+    return state, take(parent, next_index)
 
 
 def _stops(token: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:
@@ -124,10 +127,10 @@ def _update_finished(state, top_scores, tokens, hits, step, num_beams, rule, ear
     best = torch.topk(scores, num_beams)[1]  # [R, W]
     lens = torch.cat((state.finished_lens, torch.full_like(top_scores, step, dtype=torch.int64)), dim=1)
     return state._replace(
-        finished_scores=_take(scores, best),
-        finished_tokens=_take(torch.cat((state.finished_tokens, tokens), dim=1), best),
-        finished_lens=_take(lens, best),
-        is_finished=_take(torch.cat((state.is_finished, just_finished), dim=1), best),
+        finished_scores=take(scores, best),
+        finished_tokens=take(torch.cat((state.finished_tokens, tokens), dim=1), best),
+        finished_lens=take(lens, best),
+        is_finished=take(torch.cat((state.is_finished, just_finished), dim=1), best),
     )
 
 

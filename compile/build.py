@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
+from compile.beam import build_beam
 from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
 from compile.heads import MlpHead
 from compile.machine import machine_facts
@@ -54,7 +55,7 @@ def build_score(ctx: BuildContext):
     return module, export_score_node(module, ctx.config.bounds, ctx.device), {"outputs": list(outputs)}
 
 
-NODE_BUILDERS: dict[str, NodeBuilder] = {"score": build_score}
+NODE_BUILDERS: dict[str, NodeBuilder] = {"score": build_score, "beam": build_beam}
 
 
 def enabled_workloads(config: DeploymentConfig) -> list[str]:

@@ -148,9 +148,9 @@ class PrefixConstraint(nn.Module):
 
     def advance(self, nodes: torch.Tensor, parent: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         """The node of each new running beam: nodes [R, Win], parent/token [R, W] -> [R, W]."""
-        from_node = torch.take_along_dim(nodes, parent, dim=1)  # [R, W]
+        from_node = torch.gather(nodes, 1, parent)  # [R, W]
         slot, exists = self._edges(from_node)
         match = exists & (self._gather(self.edge_token, slot).long() == token[..., None])  # [R, W, F]
-        chosen = torch.take_along_dim(slot, match.to(torch.int8).argmax(-1, keepdim=True), dim=-1)[..., 0]
+        chosen = torch.gather(slot, 2, match.to(torch.int8).argmax(-1, keepdim=True))[..., 0]  # [R, W]
         child = self._gather(self.edge_child, chosen).long()
         return torch.where(match.any(-1), child, torch.full_like(child, self.dead))

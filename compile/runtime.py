@@ -153,3 +153,6 @@ def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], devi
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise BoundsError(message)
+
+
+from compile import beam_runtime  # noqa: E402,F401  (registers RUNNERS["beam"]; imports this module back)
