@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.importers import ImportOptions, import_trace
-from loadgen.replayer import ReplayOptions, replay
+from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.simulator import KNOBS, SimSettings, simulate
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import Trace, read_trace, write_trace
@@ -56,7 +55,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     trace = read_trace(args.trace)
     options = _replay_options(args, speed=args.speed, duration_s=args.duration_s)
-    run = asyncio.run(replay(trace, _bodies(args), options))
+    run = run_replay(trace, _bodies(args), options)
     meta = {"trace": args.trace, "url": args.url, "speed": args.speed, "duration_s": args.duration_s,
             "body_mode": args.body_mode, "trace_meta": trace.meta}
     report = build_report(run, args.slo_ms, meta, args.bin_s)
@@ -165,7 +164,7 @@ def _trace_evaluator(args: argparse.Namespace):
         service, settings = _service(args), base_settings(args)
         return lambda trace: simulate(trace, settings, service)
     bodies, options = _bodies(args), _replay_options(args, duration_s=args.step_duration_s)
-    return lambda trace: asyncio.run(replay(trace, bodies, options)).results
+    return lambda trace: run_replay(trace, bodies, options).results
 
 
 def _candidate_evaluator(args: argparse.Namespace, trace: Trace):

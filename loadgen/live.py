@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from loadgen.bodies import BodyFactory
-from loadgen.replayer import ReplayOptions, replay
+from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.result import RequestResult
 from loadgen.trace import Trace
 from loadgen.tuner import GATEWAY_KEYS, config_value
@@ -72,7 +72,7 @@ class LiveEvaluator:
             process = self._start(config_path, log)
             try:
                 asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, process))
-                run = asyncio.run(replay(self.trace, self.bodies, self.replay_options))
+                run = run_replay(self.trace, self.bodies, self.replay_options)
             finally:
                 stop(process, self.options.stop_timeout_s)
         return run.results

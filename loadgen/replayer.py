@@ -38,6 +38,15 @@ class ReplayOptions:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+def run_replay(trace: Trace, bodies: BodyFactory, options: ReplayOptions) -> ReplayRun:
+    """Blocking entry point: replay on uvloop when available (a faster client lags less)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(replay(trace, bodies, options))
+    return uvloop.run(replay(trace, bodies, options))
+
+
 def prepare(trace: Trace, options: ReplayOptions) -> Trace:
     """Apply speed and duration limit to a trace (send times from 0)."""
     scaled = trace.scaled(options.speed) if options.speed != 1.0 else trace

@@ -83,3 +83,31 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "--latency-model" in capsys.readouterr().err
     assert main(["tune", "--trace", str(trace_path), "--slo-ms", "10", "--grid", "bogus=1"]) == 2
     assert "not a setting" in capsys.readouterr().err
+
+
+def test_cli_replay_writes_report_against_a_stub_process(tmp_path, capsys):
+    import asyncio
+    import subprocess
+
+    from loadgen.live import stop, wait_ready
+
+    port = _free_port()
+    config = tmp_path / "stub.toml"
+    config.write_text(f'[gateway]\nhost = "127.0.0.1"\nport = {port}\n')
+    process = subprocess.Popen([sys.executable, str(STUB), "--config", str(config), "--service-ms", "3"],
+                               start_new_session=True)
+    try:
+        asyncio.run(wait_ready(f"http://127.0.0.1:{port}", 30, process))
+        trace_path = tmp_path / "t.jsonl"
+        write_trace(synthesize(SynthSpec(arrivals="uniform", rate_rps=50, duration_s=0.4, samples=2)), trace_path)
+        out_dir = tmp_path / "report"
+        assert main(["replay", "--trace", str(trace_path), "--url", f"http://127.0.0.1:{port}", "--slo-ms", "50",
+                     "--out-dir", str(out_dir), "--no-progress", "--deadline-ms", "80"]) == 0
+    finally:
+        stop(process, 10)
+    report = json.loads((out_dir / "report.json").read_text())
+    assert report["routes"]["score"]["sent"] == 20 and report["routes"]["score"]["ok"] == 20
+    assert report["stages"]["from_metrics"]["all"]["worker"]["count"] == 20
+    assert {p.name for p in out_dir.glob("*.png")} == {"latency_cdf.png", "latency_over_time.png",
+                                                       "throughput_over_time.png", "outcomes_over_time.png"}
+    assert "score" in capsys.readouterr().out
