@@ -1,7 +1,7 @@
 """Admission control: admit a request only if its predicted finish time meets its deadline.
 
 predicted finish = now + predicted wait (work in flight on the soonest-free worker, plus the queued
-work with earlier deadlines, shared by the ready workers) + predicted service of the request itself,
+work, shared by the ready workers) + predicted service of the request itself,
 from the workers' fitted latency models corrected online. The queue has a token budget per
 workload: beyond it the answer is 429 with Retry-After. A refusal costs no compute.
 """
@@ -49,7 +49,7 @@ class Admission:
         budget_ms = (deadline - now) * 1000.0
         tokens = sum(j.latency_tokens for j in jobs)
         items = sum(j.batch_items for j in jobs)
-        ahead_items, ahead_tokens = batcher.backlog(deadline)
+        ahead_items, ahead_tokens = batcher.backlog()
         workers = max(1, self._pool.ready_count(batcher.workload))
         wait_ms = self._pool.soonest_free_ms(batcher.workload) + model.backlog_ms(ahead_items, ahead_tokens) / workers
         service_ms = model.backlog_ms(items, tokens)

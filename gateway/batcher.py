@@ -1,8 +1,9 @@
 """Deadline-ordered micro-batching: queued jobs are cut into packed batches up to the compiled bounds.
 
-One Batcher per workload. A batch is sent when it is full, when its oldest job has waited
-`max_batch_wait_ms`, or when waiting longer would make its earliest deadline unmeetable; and only
-when a worker has a free slot, so work waits here, in deadline order, not in a worker's FIFO.
+One Batcher per workload. A batch is sent when it is full, when the chosen worker is idle, when its
+oldest job has waited `max_batch_wait_ms`, or when waiting longer would make its earliest deadline
+unmeetable; and only when a worker has a free slot, so work waits here, in deadline order, not in a
+worker's FIFO.
 A job whose deadline passes while queued is answered 504 at once by its own timer and never sent;
 one predicted to finish past its deadline is answered 504 instead of being sent.
 """
@@ -19,7 +20,7 @@ from gateway.job import QUEUED, Job
 from gateway.metrics import Metrics
 from gateway.worker_pool import WorkerPool
 
-SCAN_LIMIT = 64  # queued jobs looked at per batch, beyond the ones taken
+SCAN_LIMIT = 8  # queued jobs that did not fit, looked past per batch (keeps a long queue cheap)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Batcher:
         self.bounds = bounds
         self.queued_tokens = 0
         self.queued_jobs = 0
+        self.queued_items = 0
+        self.queued_latency_tokens = 0
         self._pool = pool
         self._max_wait_s = max_wait_ms / 1000.0
         self._margin_s = margin_ms / 1000.0
@@ -60,6 +63,8 @@ class Batcher:
         heapq.heappush(self._heap, (job.deadline, next(self._seq), job))
         self.queued_tokens += job.tokens
         self.queued_jobs += 1
+        self.queued_items += job.batch_items
+        self.queued_latency_tokens += job.latency_tokens
         job.expiry = self._loop.call_at(job.deadline, self._expire, job)
         self._wake.set()
 
@@ -69,14 +74,13 @@ class Batcher:
             self._leave(job)
             job.fail(error)
 
-    def backlog(self, before_deadline: float = float("inf")) -> tuple[int, int]:
-        """(items, latency tokens) queued with a deadline no later than `before_deadline`."""
-        items = tokens = 0
-        for deadline, _, job in self._heap:
-            if job.state == QUEUED and deadline <= before_deadline:
-                items += job.batch_items
-                tokens += job.latency_tokens
-        return items, tokens
+    def backlog(self) -> tuple[int, int]:
+        """(items, latency tokens) waiting in the queue.
+
+        All of it counts as ahead of a new request: with one SLO per route, later arrivals have later
+        deadlines, and the bound errs on the side of refusing rather than answering late.
+        """
+        return self.queued_items, self.queued_latency_tokens
 
     def _expire(self, job: Job) -> None:
         if job.state == QUEUED:
@@ -94,6 +98,8 @@ class Batcher:
     def _leave(self, job: Job) -> None:
         self.queued_tokens -= job.tokens
         self.queued_jobs -= 1
+        self.queued_items -= job.batch_items
+        self.queued_latency_tokens -= job.latency_tokens
 
     async def run(self) -> None:
         """The batching loop: form, send, sleep until the next reason to look again."""
@@ -123,7 +129,8 @@ class Batcher:
         now = self._loop.time()
         send_at = min(min(j.enqueued_at for j in jobs) + self._max_wait_s,
                       min(j.deadline for j in jobs) - predicted_ms / 1000.0 - self._margin_s)
-        if not full and now < send_at:
+        idle = not link.in_flight  # waiting for companions only pays while the worker is busy anyway
+        if not (full or idle) and now < send_at:
             self._put_back(jobs)
             return send_at - now
         self._send(link, jobs, predicted_ms, now)
@@ -133,32 +140,31 @@ class Batcher:
         """Pop the jobs of the next batch in deadline order; `full` when one did not fit."""
         taken: list[Job] = []
         skipped: list[tuple[float, int, Job]] = []
-        tokens, labels, full = 0, set(), False
-        while self._heap and len(taken) < self.bounds.max_jobs and len(skipped) < SCAN_LIMIT:
+        samples, tokens, labels, full = 0, 0, set(), False
+        while self._heap and len(skipped) < SCAN_LIMIT:
             entry = heapq.heappop(self._heap)
             job = entry[2]
             if job.state != QUEUED:
                 continue
-            if not self._fits(job, taken, tokens, labels):
+            if taken and not self._fits(job, taken[0], len(taken), samples, tokens, labels):
                 skipped.append(entry)
                 full = True
                 continue
             taken.append(job)
-            tokens += job.tokens
+            samples, tokens = samples + job.samples, tokens + job.tokens
             labels.update(job.label_ids)
+            if (samples if self.workload == "score" else len(taken)) >= self.bounds.max_jobs:
+                full = True
+                break
         for entry in skipped:
             heapq.heappush(self._heap, entry)
-        count = sum(j.samples for j in taken) if self.workload == "score" else len(taken)
-        return taken, full or count >= self.bounds.max_jobs
+        return taken, full
 
-    def _fits(self, job: Job, taken: list[Job], tokens: int, labels: set[int]) -> bool:
-        if not taken:
-            return True
+    def _fits(self, job: Job, first: Job, count: int, samples: int, tokens: int, labels: set[int]) -> bool:
         if self.workload == "beam":
-            return job.beam_key == taken[0].beam_key and len(taken) < self.bounds.max_jobs
-        samples = sum(j.samples for j in taken) + job.samples
-        return (samples <= self.bounds.max_jobs and tokens + job.tokens <= self.bounds.max_tokens
-                and len(labels.union(job.label_ids)) <= self.bounds.max_labels)
+            return job.beam_key == first.beam_key and count < self.bounds.max_jobs
+        return (samples + job.samples <= self.bounds.max_jobs and tokens + job.tokens <= self.bounds.max_tokens
+                and (labels.issuperset(job.label_ids) or len(labels.union(job.label_ids)) <= self.bounds.max_labels))
 
     def _put_back(self, jobs: list[Job]) -> None:
         for job in jobs:

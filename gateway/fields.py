@@ -94,8 +94,8 @@ def token_ids(value: Any, where: str, vocab_size: int, allow_empty: bool = False
         raise invalid(f"{where} must be a list of token ids, got {json_type(value)}")
     if not value and not allow_empty:
         raise invalid(f"{where} must hold at least one token id")
-    if all(type(t) is int for t in value) and (not value or (min(value) >= 0 and max(value) < vocab_size)):
-        return value
+    if set(map(type, value)) <= {int} and (not value or (min(value) >= 0 and max(value) < vocab_size)):
+        return value  # the common case, checked at C speed
     for i, t in enumerate(value):
         if type(t) is not int or not 0 <= t < vocab_size:
             raise invalid(f"{where}[{i}] = {short(t)} must be an integer token id between 0 and {vocab_size - 1}")

@@ -39,23 +39,19 @@ class Job:
     sent_at: float = 0.0
     expiry: asyncio.TimerHandle | None = None
 
-    @property
-    def samples(self) -> int:
-        return len(self.token_ids)
+    samples: int = field(init=False)
+    tokens: int = field(init=False)
+    batch_items: int = field(init=False)
+    """B of the latency model: samples for scoring, beams for beam search."""
+    latency_tokens: int = field(init=False)
+    """Tokens summed over the latency model's items, so that L = latency_tokens / batch_items."""
 
-    @property
-    def tokens(self) -> int:
-        return sum(len(ids) for ids in self.token_ids)
-
-    @property
-    def batch_items(self) -> int:
-        """B of the latency model: samples for scoring, beams for beam search."""
-        return self.beam_key[0] if self.beam_key else self.samples
-
-    @property
-    def latency_tokens(self) -> int:
-        """Tokens summed over the latency model's items, so that L = latency_tokens / batch_items."""
-        return self.beam_key[0] * self.tokens if self.beam_key else self.tokens
+    def __post_init__(self) -> None:
+        self.samples = len(self.token_ids)
+        self.tokens = sum(map(len, self.token_ids))
+        beams = self.beam_key[0] if self.beam_key else 0
+        self.batch_items = beams or self.samples
+        self.latency_tokens = beams * self.tokens if beams else self.tokens
 
     def finish(self, result: Any) -> bool:
         """Complete with a result; False when the job was already finished."""

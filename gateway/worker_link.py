@@ -125,7 +125,7 @@ class WorkerLink:
         if self._socket is None:
             return False
         try:
-            sent = self._socket.send_multipart(p.encode(message), flags=zmq.NOBLOCK, copy=False)
+            sent = self._socket.send_multipart(p.encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             return False
         if not sent.done():  # zmq.asyncio answers with a future; with NOBLOCK it is normally done

@@ -1,0 +1,218 @@
+"""Gateway overhead: what one `python -m gateway` process adds to a 15-sample scoring request.
+
+Runs, in one go on this machine: a stand-in worker process that answers instantly over the real
+protocol (tests/gateway/standin_worker.py), the real gateway process, and a light keep-alive HTTP
+client. Measures (1) the tokenizer's own time for each request's samples (one encode_batch call,
+in this process), (2) sequential end-to-end latency, and (3) the most requests/s the gateway
+sustains under concurrent load. Overhead = end-to-end latency - the tokenizer time of that request.
+Baseline in the same run: GET /healthz round trips (HTTP + client floor, no gateway work).
+
+    python bench/gateway_overhead.py [--quick] [--artifacts DIR]
+
+Prints one JSON object as its last line and writes it to bench/results/gateway_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.gateway.standin_worker import BOUNDS  # noqa: E402
+
+WORDS = ("red blue running shoe phone case cheap premium free shipping review rating coffee tea book laptop "
+         "camera watch bag hotel flight city beach summer winter best top near me how why search click").split()
+
+
+def samples_for(rng: random.Random, count: int = 15) -> list[str]:
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) for _ in range(count)]
+
+
+def tokenizer_folder(artifacts: str | None, scratch: Path) -> Path:
+    if artifacts:
+        return Path(artifacts)
+    from compile.demo import train_tokenizer  # the demo model's tokenizer, trained locally
+
+    train_tokenizer().save(str(scratch / "tokenizer.json"))
+    return scratch
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    """HTTP/1.1 keep-alive over one connection: pre-encoded requests, minimal response parsing."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def call(self, request: bytes) -> tuple[int, bytes]:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        return status, await self.reader.readexactly(length)
+
+
+def post(path: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+GET_HEALTH = b"GET /healthz HTTP/1.1\r\nHost: bench\r\n\r\n"
+
+
+async def sequential(port: int, requests: list[bytes]) -> list[float]:
+    client = await Client.connect(port)
+    times = []
+    for request in requests:
+        start = time.perf_counter()
+        status, body = await client.call(request)
+        times.append((time.perf_counter() - start) * 1000)
+        assert status == 200, body[:300]
+    client.writer.close()
+    return times
+
+
+async def load(port: int, requests: list[bytes], concurrency: int, seconds: float) -> tuple[float, int]:
+    end = time.perf_counter() + seconds
+    done = errors = 0
+
+    async def one_connection(offset: int) -> None:
+        nonlocal done, errors
+        client = await Client.connect(port)
+        i = offset
+        while time.perf_counter() < end:
+            status, _ = await client.call(requests[i % len(requests)])
+            done += 1
+            errors += status != 200
+            i += 1
+        client.writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one_connection(k) for k in range(concurrency)))
+    return done / (time.perf_counter() - start), errors
+
+
+def start_stack(folder: Path, port: int) -> list[subprocess.Popen]:
+    endpoint = f"ipc://{folder}/worker"
+    (folder / "manifest.json").write_text(json.dumps({"bounds": BOUNDS, "model": {"vocab_size": 1 << 20}}))
+    (folder / "gw.toml").write_text(
+        f'name = "bench"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
+        f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen([sys.executable, "tests/gateway/standin_worker.py", "--endpoint", endpoint,
+                               "--vocab-size", str(1 << 20)], cwd=ROOT, env=env)
+    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"),
+                                "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    return [gateway, worker]
+
+
+async def wait_ready(port: int, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    ready = b"GET /readyz HTTP/1.1\r\nHost: bench\r\n\r\n"
+    while time.monotonic() < end:
+        try:
+            client = await Client.connect(port)
+            status, _ = await client.call(ready)
+            client.writer.close()
+            if status == 200:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the gateway never became ready")
+
+
+def pct(values: list[float] | np.ndarray, q: float) -> float:
+    return round(float(np.percentile(values, q)), 4)
+
+
+async def measure(args: argparse.Namespace, port: int, folder: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    rng = random.Random(0)
+    bodies = [samples_for(rng) for _ in range(64)]
+    requests = [post("/v1/score", {"samples": s, "labels": ["yes", "no"]}) for s in bodies]
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # what the gateway calls
+    tokenize_ms = []
+    for samples in bodies * 3:
+        start = time.perf_counter()
+        encode(samples)
+        tokenize_ms.append((time.perf_counter() - start) * 1000)
+    pretokenized = [post("/v1/score", {"samples": [{"input_ids": e.ids} for e in encode(s)],
+                                       "labels": ["yes", "no"]}) for s in bodies]
+    await wait_ready(port)
+    n = 200 if args.quick else 1000
+    await sequential(port, requests[:32])  # warm-up
+    floor = await sequential(port, [GET_HEALTH] * n)
+    latency = await sequential(port, [requests[i % len(requests)] for i in range(n)])
+    per_request_tokenize = np.array([np.median(tokenize_ms[i % 64::64]) for i in range(n)])
+    overhead = np.array(latency) - per_request_tokenize
+    seconds = 3.0 if args.quick else 10.0
+    rps, errors = await load(port, requests, args.concurrency, seconds)
+    rps_ids, errors_ids = await load(port, pretokenized, args.concurrency, seconds)
+    return {
+        "bench": "gateway_overhead", "samples_per_request": 15, "requests_timed": n,
+        "tokenize_p50_ms": pct(tokenize_ms, 50), "end_to_end_p50_ms": pct(latency, 50),
+        "end_to_end_p99_ms": pct(latency, 99), "overhead_p50_ms": pct(overhead, 50),
+        "overhead_p99_ms": pct(overhead, 99), "baseline_healthz_p50_ms": pct(floor, 50),
+        "max_rps": round(rps, 1), "max_rps_pretokenized": round(rps_ids, 1), "load_errors": errors + errors_ids,
+        "concurrency": args.concurrency,
+        "cpus": os.cpu_count(), "note": "client, gateway and stand-in worker share this machine's CPUs",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter run (under a minute)")
+    parser.add_argument("--artifacts", help="artifacts folder whose tokenizer.json to use (default: demo tokenizer)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-gw-") as scratch:
+        folder = Path(scratch)
+        source = tokenizer_folder(args.artifacts, folder)
+        if source != folder:
+            (folder / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+        port = free_port()
+        processes = start_stack(folder, port)
+        try:
+            result = asyncio.run(measure(args, port, folder))
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=15)
+    out = ROOT / "bench" / "results" / "gateway_overhead.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
