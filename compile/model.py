@@ -19,6 +19,23 @@ from compile import ops  # noqa: F401  (registers boundserve::varlen_attention)
 from compile.checkpoint import ModelSpec
 
 
+def last_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Each sample's last-token query against its own sample's keys (no causal mask is needed).
+
+    q [B, Hq, D], k/v [T, Hkv, D], cu_seqlens [B+1] -> [B, Hq, D]. One query per sample, so the
+    masked dense form (B x T scores) costs far less than the layer's projections; float32 softmax.
+    """
+    num_samples, num_heads, head_dim = q.shape
+    num_kv = k.shape[1]
+    tokens = torch.arange(k.shape[0], device=k.device)
+    own = (tokens[None, :] >= cu_seqlens[:-1, None]) & (tokens[None, :] < cu_seqlens[1:, None])  # [B, T]
+    grouped = q.view(num_samples, num_kv, num_heads // num_kv, head_dim).float()
+    scores = torch.einsum("bkgd,tkd->bkgt", grouped, k.float()) * head_dim**-0.5  # [B, Hkv, G, T]
+    weights = scores.masked_fill(~own[:, None, None, :], float("-inf")).softmax(dim=-1)
+    out = torch.einsum("bkgt,tkd->bkgd", weights, v.float())
+    return out.reshape(num_samples, num_heads, head_dim).to(q.dtype)
+
+
 class RMSNorm(nn.Module):
     """RMS normalisation in float32, scaled in the model dtype (as the HF families do)."""
 
@@ -66,12 +83,32 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [T, H] -> q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], with norms and RoPE applied."""
         q, k, v = self.qkv(x).split(self.split, dim=-1)
+        return self._finish_q(q, cos, sin), *self._finish_kv(k, v, cos, sin)
+
+    def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Queries only, for rows that need no keys of their own: x [N, H] -> [N, Hq, D]."""
+        q_dim = self.split[0]
+        bias = None if self.qkv.bias is None else self.qkv.bias[:q_dim]
+        return self._finish_q(F.linear(x, self.qkv.weight[:q_dim], bias), cos, sin)
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Keys and values only: x [T, H] -> k, v [T, Hkv, D]."""
+        q_dim = self.split[0]
+        bias = None if self.qkv.bias is None else self.qkv.bias[q_dim:]
+        k, v = F.linear(x, self.qkv.weight[q_dim:], bias).split(self.split[1:], dim=-1)
+        return self._finish_kv(k, v, cos, sin)
+
+    def _finish_q(self, q, cos, sin):
         q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return rope(q, cos, sin).contiguous(), rope(k, cos, sin).contiguous(), v.contiguous()
+            q = self.q_norm(q)
+        return rope(q, cos, sin).contiguous()
+
+    def _finish_kv(self, k, v, cos, sin):
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return rope(k, cos, sin).contiguous(), v.reshape(-1, self.num_kv_heads, self.head_dim).contiguous()
 
     def output(self, attn: torch.Tensor) -> torch.Tensor:
         """attn [T, Hq, D] -> [T, H]."""
@@ -110,6 +147,18 @@ class Layer(nn.Module):
         x = x + self.attn(self.input_norm(x), cos, sin, cu_seqlens)
         return x + self.mlp(self.post_attn_norm(x))
 
+    def forward_last(self, x, cos, sin, cu_seqlens, last):
+        """The layer's output at the rows `last` [B] only: x [T, H] -> [B, H].
+
+        Keys and values are still computed for every token, but queries, the output projection
+        and the MLP run on B rows instead of T: the last layer of a scoring pass needs no more.
+        """
+        h = self.input_norm(x)
+        k, v = self.attn.project_kv(h, cos, sin)
+        q = self.attn.project_q(h.index_select(0, last), cos.index_select(0, last), sin.index_select(0, last))
+        y = x.index_select(0, last) + self.attn.output(last_query_attention(q, k, v, cu_seqlens))
+        return y + self.mlp(self.post_attn_norm(y))
+
 
 class Transformer(nn.Module):
     """Packed decoder: token ids [T] -> hidden states [T, H] before the final norm."""
@@ -135,6 +184,15 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, cu_seqlens)
         return x
+
+    def last_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Hidden state [B, H] (before the final norm) at every sample's last token only."""
+        x = self.embed(input_ids)  # [T, H]
+        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        for layer in self.layers[:-1]:
+            x = layer(x, cos, sin, cu_seqlens)
+        last = cu_seqlens[1:].long() - 1
+        return self.layers[-1].forward_last(x, cos, sin, cu_seqlens, last)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""

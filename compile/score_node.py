@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from compile.heads import MlpHead, label_heads, last_token_index, topk_head
+from compile.heads import MlpHead, label_heads, topk_head
 from compile.model import Transformer
 from shared.config import BoundsConfig
 
@@ -33,8 +33,7 @@ class ScoreModule(nn.Module):
         self.mlp_head = mlp_head
 
     def forward(self, input_ids, positions, cu_seqlens, label_ids, label_mask):
-        hidden = self.model(input_ids, positions, cu_seqlens)  # [T, H]
-        last = hidden.index_select(0, last_token_index(cu_seqlens))  # [B, H]
+        last = self.model.last_hidden(input_ids, positions, cu_seqlens)  # [B, H]
         normed = self.model.norm(last)
         logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
         outputs = (*label_heads(logits, label_ids, label_mask), *topk_head(logits, self.max_top_k), normed.float())

@@ -1,0 +1,73 @@
+"""Shared benchmark helpers: Qwen2.5-0.5B-shaped checkpoints, machine peak, timing, JSON output."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CACHE = ROOT / "bench" / ".cache"
+RESULTS = ROOT / "bench" / "results"
+
+# Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
+# tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
+QWEN25_05B = dict(
+    hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
+    vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=32768,
+)
+# Qwen3-0.6B's layer shapes (hidden 1024, 16 heads of 128, 8 KV heads, MLP 3072, q/k norm).
+QWEN3_06B = dict(
+    hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
+    head_dim=128, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=40960,
+)
+
+
+def shaped_checkpoint(family: str, shape: dict, num_layers: int, dtype: torch.dtype) -> Path:
+    """A random-weight checkpoint of the given shape written by transformers (cached)."""
+    from compile.demo import write_checkpoint
+
+    name = f"{family}-{shape['hidden_size']}-{num_layers}l-{str(dtype).removeprefix('torch.')}"
+    folder = CACHE / "checkpoints" / name
+    if not (folder / "config.json").is_file():
+        write_checkpoint(folder, family, dtype=dtype, num_hidden_layers=num_layers, **shape)
+    return folder
+
+
+def matmul_peak_flops(dtype: torch.dtype, size: int = 2048, seconds: float = 2.0) -> float:
+    """This machine's throughput (FLOP/s) on a large square matrix multiply of `dtype`."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b)
+        runs += 1
+    return 2 * size**3 * runs / (time.perf_counter() - start)
+
+
+def time_calls(fn, repeats: int, warmup: int = 1) -> list[float]:
+    """Wall-clock seconds of `repeats` calls of fn(), after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def emit(name: str, result: dict) -> None:
+    """Write the result to bench/results/<name>.json and print it as the last line."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
