@@ -86,6 +86,8 @@ def _offline(p: argparse.ArgumentParser) -> None:
                    help="offline: JSON file/inline {score:{alpha,beta,gamma,delta}, beam:{...}} or a,b,g,d")
     p.add_argument("--config", default=None, help="deployment TOML: base [gateway] settings and [bounds]")
     p.add_argument("--workers", type=int, default=None, help="offline: worker count (default: the config's)")
+    p.add_argument("--overhead-ms", type=float, default=0.0,
+                   help="offline: fixed per-request time outside the worker (HTTP, tokenizing, transport)")
 
 
 def _replay(p: argparse.ArgumentParser) -> None:

@@ -148,6 +148,7 @@ def base_settings(args: argparse.Namespace) -> SimSettings:
             max_batch_samples=b.max_samples_per_batch, max_beam_requests=b.max_beam_requests_per_batch,
             workers=len(config.worker.endpoints), default_beam_width=args.beam_width,
         )
+    settings = settings.with_knobs({"request_overhead_ms": args.overhead_ms})
     return settings.with_knobs({"workers": args.workers}) if args.workers else settings
 
 

@@ -63,19 +63,21 @@ class LiveEvaluator:
         if unknown:
             raise ValueError(f"live tuning can only change [gateway] settings {GATEWAY_KEYS}; got {unknown}")
         self.runs += 1
-        workdir = Path(tempfile.mkdtemp(prefix="loadgen-live-"))
-        config_path = workdir / "gateway.toml"
-        config_path.write_text(candidate_config(self.options.base_config, self.options.url, knobs))
-        log_path = Path(self.options.log_dir or workdir) / f"gateway-{self.runs}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
-            process = self._start(config_path, log)
-            try:
-                asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, process))
-                run = run_replay(self.trace, self.bodies, self.replay_options)
-            finally:
-                stop(process, self.options.stop_timeout_s)
-        return run.results
+        with tempfile.TemporaryDirectory(prefix="loadgen-live-") as workdir:
+            config_path = Path(workdir) / "gateway.toml"
+            config_path.write_text(candidate_config(self.options.base_config, self.options.url, knobs))
+            log_path = Path(self.options.log_dir or workdir) / f"gateway-{self.runs}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "wb") as log:
+                process = self._start(config_path, log)
+                try:
+                    asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, process))
+                    return run_replay(self.trace, self.bodies, self.replay_options).results
+                except (RuntimeError, TimeoutError) as exc:
+                    tail = log_path.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"{exc}; candidate {knobs}; gateway output:\n{tail}") from None
+                finally:
+                    stop(process, self.options.stop_timeout_s)
 
     def _start(self, config_path: Path, log) -> subprocess.Popen:
         port = urlparse(self.options.url).port or 80

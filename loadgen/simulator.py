@@ -37,7 +37,7 @@ FILL_SCAN_LIMIT = 64
 """Queued jobs looked at (in deadline order) when filling one batch, as the gateway's SCAN_LIMIT."""
 KNOBS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
          "generate_deadline_ms", "max_batch_tokens", "max_batch_samples", "max_beam_requests", "workers",
-         "max_inflight_batches", "max_batch_requests")
+         "max_inflight_batches", "max_batch_requests", "request_overhead_ms")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,9 @@ class SimSettings:
     """Batches sent to one worker before its answer ([gateway].max_inflight_batches_per_worker)."""
     max_batch_requests: int = 0
     """Requests in one batch, 0 = no limit besides the caps (1 disables batching: Kingman's G/G/1)."""
+    request_overhead_ms: float = 0.0
+    """Fixed time outside the worker (HTTP, JSON, tokenization, transport) added to every answer.
+    Calibrate it as a live replay's p50 at low load minus T of one request."""
     default_beam_width: int = 16
 
     def with_knobs(self, knobs: dict[str, Any]) -> SimSettings:
@@ -292,7 +295,7 @@ class Simulator:
 
     def _answer(self, index: int, done_ms: float, status: int, outcome: str) -> None:
         result = self.results[index]
-        result.done_ms, result.status, result.outcome = done_ms, status, outcome
+        result.done_ms, result.status, result.outcome = done_ms + self.settings.request_overhead_ms, status, outcome
 
 
 def simulate(trace: Trace, settings: SimSettings, service: ServiceFn) -> list[RequestResult]:
