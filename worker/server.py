@@ -167,6 +167,8 @@ class WorkerServer:
     def on_shutdown(self, router: zmq.Socket, peer: bytes, message: Shutdown, now: float) -> None:
         self.log.info("shutdown_requested", peer=peer.hex(), reason=message.reason)
         self.request_stop()
+        if not self.draining:  # at once, so batches behind it in this turn are refused
+            self._begin_drain(router)
 
     def on_goodbye(self, router: zmq.Socket, peer: bytes, message: Goodbye, now: float) -> None:
         self.peers.pop(peer, None)
