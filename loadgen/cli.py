@@ -123,6 +123,7 @@ def _tune(p: argparse.ArgumentParser) -> None:
                    help="live: command starting a gateway; {config} = candidate TOML, {port} = port")
     p.add_argument("--window-s", type=float, default=10.0, help="live: seconds of trace per candidate")
     p.add_argument("--startup-timeout-s", type=float, default=60.0)
+    p.add_argument("--warmup-s", type=float, default=1.0, help="live: seconds of trace sent and discarded first")
     p.add_argument("--out", default=None, help="write the table and recommendation as JSON here")
     _offline(p)
     _target(p)

@@ -177,7 +177,7 @@ def _candidate_evaluator(args: argparse.Namespace, trace: Trace):
     if not args.gateway_cmd:
         raise ValueError("live tuning needs --gateway-cmd (or pass --offline with --latency-model)")
     live = LiveOptions(command_template=args.gateway_cmd, base_config=args.config, url=args.url,
-                       startup_timeout_s=args.startup_timeout_s)
+                       startup_timeout_s=args.startup_timeout_s, warmup_s=args.warmup_s)
     window = trace.window(0.0, args.window_s * 1000.0)
     return LiveEvaluator(window, _bodies(args), live, _replay_options(args))
 

@@ -5,8 +5,9 @@ The contract with the user's command template (`--gateway-cmd`):
     with the candidate's [gateway] settings written over it, and [gateway].host/port set from --url.
     `{port}` is replaced by the port. Example:
       --gateway-cmd "python -m gateway --config {config} --artifacts artifacts/demo --spawn-workers"
-  - The command must start a server answering HTTP on --url; it is ready when GET {url}/metrics
-    (or any path) answers at all, within --startup-timeout-s.
+  - The command must start a server answering HTTP on --url; it is ready when GET {url}/readyz
+    answers 200 (or 404: a server without that route is ready once it answers), within
+    --startup-timeout-s.
   - It is stopped with SIGTERM to its process group (then SIGKILL after --stop-timeout-s), so every
     child it spawned (workers) goes with it.
 Only [gateway] settings can be tuned live; bounds and worker counts need new artifacts or hosts.
@@ -15,6 +16,7 @@ Only [gateway] settings can be tuned live; bounds and worker counts need new art
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shlex
 import signal
@@ -45,6 +47,8 @@ class LiveOptions:
     url: str = "http://127.0.0.1:8000"
     startup_timeout_s: float = 60.0
     stop_timeout_s: float = 10.0
+    warmup_s: float = 0.0
+    """Seconds of the trace replayed (and discarded) after each start, before the measured replay."""
     log_dir: str | None = None
 
 
@@ -72,6 +76,9 @@ class LiveEvaluator:
                 process = self._start(config_path, log)
                 try:
                     asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, process))
+                    if self.options.warmup_s > 0:
+                        run_replay(self.trace.window(0.0, self.options.warmup_s * 1000.0), self.bodies,
+                                   dataclasses.replace(self.replay_options, progress=False))
                     return run_replay(self.trace, self.bodies, self.replay_options).results
                 except (RuntimeError, TimeoutError) as exc:
                     tail = log_path.read_text(errors="replace")[-2000:]
@@ -122,19 +129,22 @@ def _value(value: Any) -> str:
 
 
 async def wait_ready(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
-    """Poll GET {url}/metrics until anything answers; fail early if the process died."""
+    """Poll GET {url}/readyz until it answers 200 (a server without /readyz, answering 404, counts
+    as ready once it answers at all); fail early if the process died."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
                 raise RuntimeError(f"gateway command exited with status {process.returncode} before it was ready")
             try:
-                async with session.get(url.rstrip("/") + "/metrics") as response:
+                async with session.get(url.rstrip("/") + "/readyz") as response:
                     await response.read()
-                    return
+                    if response.status in (200, 404):
+                        return
             except (aiohttp.ClientError, asyncio.TimeoutError):
-                await asyncio.sleep(0.05)
-    raise TimeoutError(f"gateway at {url} not answering after {timeout_s:.0f} s")
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"gateway at {url} not ready after {timeout_s:.0f} s")
 
 
 def stop(process: subprocess.Popen, timeout_s: float) -> None:

@@ -39,7 +39,7 @@ def test_live_tuning_restarts_the_gateway_per_candidate_and_picks_the_best(tmp_p
     url = f"http://127.0.0.1:{_free_port()}"
     trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=40, duration_s=0.5, samples=1, tokens_per_sample=4))
     live = LiveOptions(command_template=f"{sys.executable} {STUB} --config {{config}} --service-ms 2",
-                       base_config=str(ROOT / "configs" / "demo.toml"), url=url, startup_timeout_s=30,
+                       base_config=str(ROOT / "configs" / "demo.toml"), url=url, startup_timeout_s=30, warmup_s=0.1,
                        log_dir=str(tmp_path))
     evaluate = LiveEvaluator(trace, BodyFactory(), live, ReplayOptions(url=url, progress=False))
     result = tune(grid({"max_batch_wait_ms": [20.0, 0.0]}), evaluate, slo_ms=15.0)
