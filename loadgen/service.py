@@ -40,10 +40,14 @@ class ServiceModel:
 def load_service_model(spec: str) -> ServiceModel:
     """From a JSON file or inline JSON: {"score": {alpha..delta}, "beam": {...}}, a single
     {alpha..delta} (used for every route), or "alpha,beta,gamma,delta" (every route).
-    A file may also nest the models under "latency_models" or "profiles" (worker profile dumps)."""
+    A file may also nest the models under "latency_models" or "profiles" (worker profile dumps), or
+    be a gateway/worker log of JSON lines: its last "profiled" event per workload is used."""
     text = spec.strip()
     if not text.startswith("{") and Path(text).exists():
         text = Path(text).read_text()
+        profiled = _profiled_events(text)
+        if profiled:
+            return service_model_from_dict(profiled)
     if not text.lstrip().startswith("{"):
         try:
             values = [float(v) for v in text.split(",")]
@@ -71,3 +75,18 @@ def service_model_from_dict(raw: Mapping[str, Any]) -> ServiceModel:
     if not models:
         raise ValueError("latency model JSON holds no {alpha, beta, gamma, delta} map")
     return ServiceModel(models)
+
+
+def _profiled_events(text: str) -> dict[str, dict[str, float]]:
+    """{workload: coefficients} from log lines like {"event": "profiled", "workload": "score", "alpha": ...}."""
+    found: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if '"profiled"' not in line:
+            continue
+        try:
+            event = json.loads(line[line.index("{"):])
+        except (ValueError, json.JSONDecodeError):
+            continue
+        if event.get("event") == "profiled" and isinstance(event.get("workload"), str):
+            found[event["workload"]] = {k: event[k] for k in ("alpha", "beta", "gamma", "delta") if k in event}
+    return found

@@ -78,7 +78,8 @@ def sweep(trace: Trace, rates: Sequence[float], evaluate: TraceEvaluator, slo_ms
 
 
 def sweep_table(result: SweepResult) -> str:
-    header = f"{'target/s':>9} {'offered/s':>9} {'thru/s':>8} {'goodput/s':>9} {'p' + format(result.pct, 'g'):>7} {'attain':>7}  slo"
+    pname = "p" + format(result.pct, "g")
+    header = f"{'target/s':>9} {'offered/s':>9} {'thru/s':>8} {'goodput/s':>9} {pname:>7} {'attain':>7}  slo"
     lines = [header]
     for r in result.rows:
         p = "-" if r["latency_pct_ms"] is None else f"{r['latency_pct_ms']:.1f}"

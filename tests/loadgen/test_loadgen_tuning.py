@@ -117,3 +117,14 @@ def test_service_model_loads_worker_style_json(tmp_path):
     assert model("generate", 100, 50) == pytest.approx(0.001 * 100 * 50 + 5)
     with pytest.raises(ValueError, match="4 numbers"):
         load_service_model("1,2,3")
+
+
+def test_service_model_from_a_worker_log(tmp_path):
+    log = tmp_path / "gateway.log"
+    log.write_text('boundserve gateway listening\n'
+                   '{"level":"info","event":"profiled","workload":"score","alpha":0.1,"beta":0,"gamma":0,"delta":1}\n'
+                   '{"level":"info","event":"profiled","workload":"score","alpha":0.0,"beta":0,"gamma":2,"delta":1}\n')
+    model = load_service_model(str(log))
+    assert model("score", 3, 100) == pytest.approx(7.0)            # the last profile wins
+    with pytest.raises(ValueError, match="no latency model for route 'generate'"):
+        model("generate", 1, 1)
