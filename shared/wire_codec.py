@@ -54,7 +54,12 @@ def record_decoder(cls: type) -> Decoder:
         if not isinstance(value, tuple) or len(value) != len(names):
             got = f"{len(value)} fields" if isinstance(value, tuple) else type(value).__name__
             raise FieldError("", f"expected {cls.__name__} as {len(names)} fields, got {got}")
-        args = [at("." + name, d, v) for name, d, v in zip(names, decoders, value)]
+        try:
+            args = [d(v) for d, v in zip(decoders, value)]
+        except FieldError:  # decode again, field by field, only to name the path of the bad value
+            for name, d, v in zip(names, decoders, value):
+                at("." + name, d, v)
+            raise
         try:
             return cls(*args)
         except (TypeError, ValueError) as exc:
@@ -125,7 +130,12 @@ def _sequence(inner: Decoder, item_type: Any) -> Decoder:
             raise FieldError("", f"expected an array, got {type(value).__name__}")
         if exact is not None and all(type(item) is exact for item in value):
             return value
-        return tuple(at(f"[{i}]", inner, item) for i, item in enumerate(value))
+        try:
+            return tuple([inner(item) for item in value])
+        except FieldError:
+            for i, item in enumerate(value):
+                at(f"[{i}]", inner, item)
+            raise
     return dec
 
 
