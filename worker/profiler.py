@@ -37,10 +37,12 @@ def _levels(maximum: int, smallest: int = 1) -> list[int]:
 
 
 def _corners_first(points: list[tuple]) -> list[tuple]:
-    """Extremes of every axis first, then the rest, each once."""
+    """Extremes of every axis and the largest batch (most tokens) first, then the rest, each once."""
     lows = [min(axis) for axis in zip(*points)]
     highs = [max(axis) for axis in zip(*points)]
-    corners = [p for p in points if all(v in (lo, hi) for v, lo, hi in zip(p, lows, highs))]
+    largest = max(points, key=lambda p: (int(np.prod(p)), p))
+    corners = [p for p in points if p != largest and all(v in (lo, hi) for v, lo, hi in zip(p, lows, highs))]
+    corners.insert(1, largest)
     return corners + [p for p in points if p not in corners]
 
 

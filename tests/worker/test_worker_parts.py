@@ -1,0 +1,100 @@
+"""The worker's pure parts: bounds checks, deadline conversion and splitting, the bounded queue,
+the profiling grid. No model needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import protocol as p
+from shared.config import BoundsConfig, WorkerConfig
+from worker.batch_queue import BatchQueue, PendingBatch
+from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch
+from worker.profiler import beam_grid, profile_workload, score_grid
+
+BOUNDS = dict(vars(BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
+                                max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
+                                max_new_tokens=4, max_beam_requests_per_batch=2)))
+VOCAB = 100
+
+
+def sreq(rid, lens, labels=(), top_k=0, deadline_ms=100.0, ids=None):
+    ids = ids if ids is not None else [1] * sum(lens)
+    return p.ScoreRequest(rid, deadline_ms, p.pack_ids(ids), tuple(lens), tuple(labels), top_k)
+
+
+def sbatch(*requests):
+    return p.ScoreBatch(1, "int32", tuple(requests))
+
+
+def test_score_requests_out_of_bounds_are_refused_alone():
+    batch = sbatch(sreq("ok", [10]), sreq("long", [65]), sreq("k", [2], top_k=6), sreq("labels", [2], (1, 2, 3, 4, 5)),
+                   sreq("vocab", [2], ids=[1, VOCAB]), sreq("label-vocab", [2], (VOCAB,)),
+                   sreq("samples", [1] * 9))
+    rejected = check_score_batch(batch, BOUNDS, VOCAB)
+    assert sorted(rejected) == [1, 2, 3, 4, 5, 6]
+    assert "65 tokens" in rejected[1] and "top_k" in rejected[2] and "label ids" in rejected[3]
+    assert "vocabulary" in rejected[4] and "vocabulary" in rejected[5] and "9 samples" in rejected[6]
+
+
+@pytest.mark.parametrize("requests,what", [
+    ([sreq(f"r{i}", [64]) for i in range(5)], "tokens"),
+    ([sreq(f"r{i}", [1, 1, 1]) for i in range(3)], "samples"),
+    ([sreq("a", [1], (1, 2, 3)), sreq("b", [1], (4, 5))], "distinct label ids"),
+])
+def test_score_batch_totals_beyond_bounds_refuse_the_batch(requests, what):
+    with pytest.raises(BatchRefused, match=what) as info:
+        check_score_batch(sbatch(*requests), BOUNDS, VOCAB)
+    assert info.value.code == p.ErrorCode.OUT_OF_BOUNDS
+
+
+def test_beam_checks():
+    def batch(beams=2, steps=2, n=1, length=3):
+        reqs = tuple(p.BeamRequest(f"b{i}", 10.0, p.pack_ids([1] * length)) for i in range(n))
+        return p.BeamBatch(1, "int32", beams, steps, 1, reqs)
+
+    assert check_beam_batch(batch(), BOUNDS, VOCAB) == {}
+    assert "prompt of 65" in check_beam_batch(batch(length=65), BOUNDS, VOCAB)[0]
+    for kwargs, what in (({"beams": 9}, "num_beams"), ({"steps": 5}, "max_new_tokens"), ({"n": 3}, "requests")):
+        with pytest.raises(BatchRefused, match=what):
+            check_beam_batch(batch(**kwargs), BOUNDS, VOCAB)
+
+
+def test_deadlines_convert_to_the_local_clock_and_split():
+    batch = sbatch(sreq("a", [1], deadline_ms=5.0), sreq("b", [1], deadline_ms=-1.0), sreq("c", [1], deadline_ms=50.0),
+                   sreq("d", [1], deadline_ms=50.0))
+    pending = PendingBatch.received(b"peer", batch, now=100.0)
+    assert pending.deadlines == pytest.approx((100.005, 99.999, 100.05, 100.05))
+    pending.rejected = {3: "too long"}
+    assert pending.split(now=100.0) == ([0, 2], [1])
+    assert pending.split(now=100.01) == ([2], [0, 1])
+    assert pending.split(now=101.0) == ([], [0, 1, 2])
+
+
+def test_queue_refuses_beyond_capacity_and_stops():
+    queue = BatchQueue(capacity=2)
+    batches = [PendingBatch.received(b"p", sbatch(sreq(f"r{i}", [1])), now=0.0) for i in range(3)]
+    assert queue.offer(batches[0]) and queue.offer(batches[1])
+    assert not queue.offer(batches[2]) and queue.depth == 2
+    assert queue.take() is batches[0]
+    assert queue.offer(batches[2])
+    queue.stop(consumers=1)
+    assert queue.take() is batches[1] and queue.take() is batches[2] and queue.take() is None
+
+
+def test_profiling_grid_stays_within_bounds_and_starts_with_corners():
+    points = score_grid(BOUNDS)
+    assert all(1 <= b <= 8 and 1 <= length <= 64 and b * length <= 256 for b, length in points)
+    assert points[:2] == [(1, 4), (8, 32)] and len(set(points)) == len(points)
+    beams = beam_grid(BOUNDS)
+    assert beams[:2] == [(1, 2, 8), (2, 8, 64)] and len(beams) == 8
+
+
+def test_profile_fits_the_measured_points_and_respects_the_budget():
+    calls = []
+    batches = [(b, length, (b, length)) for b, length in score_grid(BOUNDS)]
+    config = WorkerConfig(warmup_runs=1, profile_repeats=2)
+    profile = profile_workload(calls.append, batches, config, deadline=float("inf"))
+    assert len(calls) == 2 + 2 * len(batches)  # warm-up first and last, then repeats per point
+    assert len(profile.samples) == len(batches) and profile.rmse_ms >= 0
+    short = profile_workload(lambda batch: None, batches, config, deadline=0.0)
+    assert len(short.samples) == 1  # budget spent: stop after the first point, still a valid fit
