@@ -124,7 +124,7 @@ class TextSynthesizer:
             if not (bare.isascii() and bare.isalpha() and bare.islower() and 2 <= len(bare) <= 10):
                 continue
             piece = " " + bare
-            if self.count(piece) == 1 and self.count(bare + piece + piece) == 3:
+            if piece not in pieces and self.count(piece) == 1 and self.count(bare + piece + piece) == 3:
                 pieces.append(piece)
                 if len(pieces) >= pool_size:
                     break
