@@ -188,7 +188,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    workers = [{"endpoint": link.endpoint, "state": link.state, "workloads": sorted(link.models),
+    workers = [{"endpoint": link.endpoint, "state": link.state, "pid": link.pid, "workloads": sorted(link.models),
                 "in_flight_batches": len(link.in_flight)} for link in gateway.pool.links]
     if gateway.draining:
         raise ApiError("draining", "the gateway is draining")

@@ -55,7 +55,8 @@ class Gateway:
         vocab = int(settings.manifest.get("model", {}).get("vocab_size", settings.tokenizer.vocab_size))
         limits = Limits.from_manifest(config, settings.manifest, vocab)
         metrics = Metrics()
-        pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker)
+        pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
+                          lambda ms: metrics.observe_stage("worker", ms))
         bounds = {
             "score": BatchBounds(limits.max_samples_per_batch, limits.max_tokens_per_batch, limits.max_labels),
             "beam": BatchBounds(limits.max_beam_requests_per_batch, 1 << 40, 0),

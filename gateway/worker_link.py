@@ -44,8 +44,9 @@ class WorkerLink:
     """One worker as the gateway sees it: state, latency models, batches in flight."""
 
     def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], observe_ms: Callable[[float], None] = lambda ms: None) -> None:
         self.endpoint = endpoint
+        self.pid = 0
         self.gateway_id = gateway_id
         self.state = CONNECTING
         self.worker_id = ""
@@ -55,6 +56,7 @@ class WorkerLink:
         self.queue_depth = 0
         self._clock = clock
         self._on_change = on_change
+        self._observe_ms = observe_ms
         self._socket: zmq.asyncio.Socket | None = None
 
     def open(self, context: zmq.asyncio.Context) -> None:
@@ -156,7 +158,7 @@ class WorkerLink:
         for workload, model in self.models.items():  # keep what was learnt across a reconnect
             if workload in old:
                 model.ratio = old[workload].ratio
-        self.worker_id, self.state = ready.worker_id, READY
+        self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
         log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
                  ",".join(ready.workloads))
         self._on_change()
@@ -165,6 +167,7 @@ class WorkerLink:
         batch = self.in_flight.pop(message.batch_id, None)
         if batch is None:
             return  # answered after the batch was given up (worker declared lost)
+        self._observe_ms((self._clock() - batch.sent_at) * 1000.0)
         model = self.models.get(batch.workload)
         if model is not None and message.compute_ms > 0:
             model.observe(batch.items, batch.tokens_per_item, message.compute_ms)

@@ -25,12 +25,14 @@ HELLO_INTERVAL_S = 0.2
 class WorkerPool:
     """The gateway's workers; `pick` chooses the least-loaded ready one with a free batch slot."""
 
-    def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int) -> None:
+    def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
+                 observe_worker_ms: Callable[[float], None] = lambda ms: None) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
         self.timeout_s = worker_timeout_ms / 1000.0
         self.max_inflight_batches = max_inflight_batches
         self._loop = asyncio.get_running_loop()
-        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed) for e in endpoints]
+        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, observe_worker_ms)
+                      for e in endpoints]
         self._listeners: list[Callable[[], None]] = []
         self._batch_ids = itertools.count(1)
         self._context: zmq.asyncio.Context | None = None

@@ -1,0 +1,183 @@
+"""The gateway in front of real `python -m worker` processes serving the tiny compiled demo model.
+
+Answers through HTTP equal the compiled scoring node called directly; a worker killed with
+SIGKILL under load costs only its in-flight requests (answered, never hung), the other worker
+keeps serving, and the supervisor brings the killed one back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import GATEWAY, make_app
+from gateway.state import Settings
+from gateway.tokenizer import RequestTokenizer
+from shared.config import load_config
+from tests.gateway.test_gateway_fuzz import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = ["red running shoe", "is this relevant: blue phone case for summer", "cheap coffee", "the best hotel near me"]
+pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once per machine, cached)
+
+
+def deployment_for(endpoints: list[str], port: int = 0):
+    config = load_config(ROOT / "configs/test.toml")
+    worker = dataclasses.replace(config.worker, endpoints=tuple(endpoints), devices=("cpu",) * len(endpoints),
+                                 heartbeat_interval_ms=50)
+    gateway = dataclasses.replace(config.gateway, access_log=False, port=port, score_deadline_ms=5000)
+    return config.replace(worker=worker, gateway=gateway)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def real_stack(demo_artifacts, tmp_path):
+    endpoint = f"ipc://{tmp_path}/w0"
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", "configs/test.toml", "--artifacts",
+                               str(demo_artifacts), "--endpoint", endpoint], cwd=ROOT)
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
+    settings = Settings(deployment_for([endpoint]), manifest, RequestTokenizer.from_artifacts(demo_artifacts))
+    client = TestClient(TestServer(make_app(settings)))
+    await client.start_server()
+    try:
+        end = time.monotonic() + 120
+        while client.app[GATEWAY].pool.ready_count() == 0:
+            assert time.monotonic() < end and worker.poll() is None, "the worker never became ready"
+            await asyncio.sleep(0.05)
+        yield client
+    finally:
+        await client.close()
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def score_node(demo_artifacts):
+    from compile.runtime import load_nodes
+
+    return load_nodes(demo_artifacts).score
+
+
+def direct(score_node, token_ids: list[list[int]], label_ids: list[int], top_k: int = 0):
+    flat = torch.tensor([t for ids in token_ids for t in ids], dtype=torch.int64)
+    lens = torch.tensor([len(ids) for ids in token_ids], dtype=torch.int64)
+    return score_node(flat, lens, torch.tensor(label_ids, dtype=torch.int64), top_k)
+
+
+def encode(client, texts):
+    return client.app[GATEWAY].settings.tokenizer.encode(texts)
+
+
+@pytest.mark.parametrize("output, field", [("probs", "label_probs"), ("logprobs", "label_logprobs"),
+                                           ("logits", "label_logits")])
+async def test_label_outputs_equal_the_compiled_node(real_stack, score_node, output, field):
+    response = await real_stack.post("/v1/score", json={"samples": TEXTS, "labels": ["yes", "no"], "output": output})
+    body = await response.json()
+    assert response.status == 200, body
+    want = getattr(direct(score_node, encode(real_stack, TEXTS), body["label_token_ids"]), field)
+    np.testing.assert_allclose(body["scores"], want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+async def test_topk_and_embedding_equal_the_compiled_node(real_stack, score_node):
+    response = await real_stack.post("/v1/score", json={"samples": TEXTS, "output": "topk", "top_k": 3})
+    body = await response.json()
+    assert response.status == 200, body
+    out = direct(score_node, encode(real_stack, TEXTS), [], 3)
+    assert body["topk"]["token_ids"] == out.topk_ids.tolist()
+    np.testing.assert_allclose(body["topk"]["logprobs"], out.topk_logprobs.numpy(), rtol=1e-5, atol=1e-6)
+    response = await real_stack.post("/v1/score", json={"samples": TEXTS, "output": "embedding"})
+    body = await response.json()
+    assert response.status == 200, body
+    np.testing.assert_allclose(body["embeddings"], out.hidden.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("apply_softmax", [True, False])
+async def test_sglang_shape_equals_the_compiled_node(real_stack, score_node, apply_softmax):
+    body = {"query": "is it relevant: ", "items": ["red shoe", "blue phone"], "label_token_ids": [5, 9],
+            "apply_softmax": apply_softmax}
+    response = await real_stack.post("/v1/score", json=body)
+    answer = await response.json()
+    assert response.status == 200, answer
+    out = direct(score_node, encode(real_stack, ["is it relevant: red shoe", "is it relevant: blue phone"]), [5, 9])
+    want = out.label_probs if apply_softmax else out.label_logprobs.exp()
+    np.testing.assert_allclose(answer["scores"], want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+async def test_a_request_over_one_batch_is_split_and_equals_the_node(real_stack, score_node):
+    texts = [f"{TEXTS[i % 4]} {i}" for i in range(20)]  # compiled bound: 8 samples per batch
+    response = await real_stack.post("/v1/score", json={"samples": texts, "labels": ["yes"], "output": "logits"})
+    body = await response.json()
+    assert response.status == 200, body
+    ids = encode(real_stack, texts)  # the node, called directly, one compiled batch at a time
+    want = np.concatenate([direct(score_node, ids[i:i + 8], body["label_token_ids"]).label_logits.numpy()
+                           for i in range(0, 20, 8)])
+    np.testing.assert_allclose(body["scores"], want, rtol=1e-5, atol=1e-5)
+
+
+async def test_kill_9_of_a_worker_under_load(demo_artifacts, tmp_path):
+    port = free_port()
+    config = tmp_path / "two.toml"
+    config.write_text((ROOT / "configs/test.toml").read_text().replace(
+        'endpoints = ["ipc:///tmp/boundserve-test-worker-0"]\ndevices = ["cpu"]',
+        f'endpoints = ["ipc://{tmp_path}/w0", "ipc://{tmp_path}/w1"]\ndevices = ["cpu", "cpu"]\n'
+        "heartbeat_interval_ms = 50") + f"\n[gateway]\nport = {port}\naccess_log = false\n")
+    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(config), "--artifacts",
+                                str(demo_artifacts), "--spawn-workers"], cwd=ROOT, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            pids = await wait_workers(http, url, 2)
+            statuses = await load_while_killing(http, url, pids[0])
+            assert set(statuses) <= {200, 503, 504}, statuses  # every request answered; none hung
+            assert statuses[-20:].count(200) == 20, statuses[-20:]  # the remaining worker serves the rest
+            restarted = await wait_workers(http, url, 2)
+            assert pids[0] not in restarted and pids[1] in restarted
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(timeout=60) == 0
+
+
+async def wait_workers(http, url: str, count: int, timeout_s: float = 120) -> list[int]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            async with http.get(url + "/readyz") as response:
+                body = await response.json()
+            pids = [w["pid"] for w in body.get("workers", []) if w["state"] == "ready"]
+            if len(pids) == count:
+                return pids
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{count} workers never became ready")
+
+
+async def load_while_killing(http, url: str, victim: int) -> list[int]:
+    statuses: list[int] = []
+    stop_at = time.monotonic() + 3.0
+
+    async def client(k: int) -> None:
+        while time.monotonic() < stop_at:
+            body = {"samples": [f"{TEXTS[k % 4]} {len(statuses)}"] * 4, "labels": ["yes", "no"], "deadline_ms": 3000}
+            async with http.post(url + "/v1/score", json=body) as response:
+                statuses.append(response.status)
+
+    async def killer() -> None:
+        await asyncio.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+
+    await asyncio.gather(killer(), *(client(k) for k in range(6)))
+    return statuses
