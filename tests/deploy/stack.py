@@ -1,0 +1,127 @@
+"""Helpers for the deployment tests: the compose file read as Compose would, commands, processes.
+
+`load_compose` interpolates `${VAR:-default}` / `${VAR-default}` / `${VAR}` / `$$` the way Docker
+Compose does before it validates and runs the file; `module_argv` turns a container command into the
+argv that runs the same thing outside a container.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+K8S_DIR = ROOT / "deploy" / "k8s"
+CONFIGS_IN_CONTAINER = "/app/configs/"
+_VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\})")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's variable substitution applied to every string of a loaded YAML tree."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, default = match.group("name"), match.group("op"), match.group("default")
+        got = env.get(name)
+        if op == ":-" and not got:
+            return default
+        if op == "-" and got is None:
+            return default
+        return got or ""
+
+    return _VARIABLE.sub(substitute, value)
+
+
+def raw_compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def load_compose(env: dict[str, str] | None = None) -> dict:
+    """The compose file after interpolation with `env` (default: every variable unset)."""
+    return interpolate(raw_compose(), env or {})
+
+
+def k8s_documents() -> list[dict]:
+    docs = []
+    for path in sorted(K8S_DIR.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def k8s_containers() -> list[dict]:
+    """Every container spec of every workload (Deployment, StatefulSet, Job) in deploy/k8s."""
+    found = []
+    for doc in k8s_documents():
+        if doc.get("kind") in ("Deployment", "StatefulSet", "Job"):
+            found.extend(doc["spec"]["template"]["spec"]["containers"])
+    return found
+
+
+def module_and_flags(command: list[str]) -> tuple[str, dict[str, str | None]]:
+    """["python", "-m", "worker", "--config", "x", "--debug"] -> ("worker", {"--config": "x", "--debug": None})."""
+    assert command[:2] == ["python", "-m"], f"not a `python -m` command: {command}"
+    module, rest = command[2], command[3:]
+    flags: dict[str, str | None] = {}
+    for i, token in enumerate(rest):
+        if token.startswith("--"):
+            nxt = rest[i + 1] if i + 1 < len(rest) else None
+            flags[token] = None if nxt is None or nxt.startswith("--") else nxt
+        else:
+            assert i > 0 and rest[i - 1].startswith("--"), f"stray argument {token!r} in {command}"
+    return module, flags
+
+
+def module_argv(command: list[str], replace: dict[str, str]) -> list[str]:
+    """The container command as a local argv: this interpreter, with values swapped through `replace`."""
+    return [sys.executable] + [replace.get(token, token) for token in command[1:]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(argv: list[str], log_path: Path) -> subprocess.Popen:
+    """A child process in the repository root, stdout and stderr to log_path."""
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+def stop(processes: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
+    """SIGTERM every still-running process (they drain), SIGKILL what is left after the timeout."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    end = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "<no log>"
