@@ -64,7 +64,7 @@ class Gateway:
         margin = gw.admission_margin_ms
         batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, margin, gw.worker_timeout_ms, metrics)
                     for w, b in bounds.items()}
-        admission = Admission(pool, gw.max_queue_tokens, margin, settings.admission_enabled)
+        admission = Admission(pool, gw.max_queue_tokens, margin, settings.admission_enabled and gw.admission)
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
                              gw.tokenize_offload_chars)

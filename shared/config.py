@@ -201,6 +201,8 @@ class GatewayConfig:
     """On SIGTERM, how long to wait for queued and in-flight requests before stopping."""
     access_log: bool = True
     """One JSON line per request (id, route, status, milliseconds) on stderr."""
+    admission: bool = True
+    """false: admit everything (no 429, no deadline_unmeetable), first come first served; for baselines."""
 
     def validate(self) -> None:
         _check_range("gateway.port", self.port, 0, 65535)
