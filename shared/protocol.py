@@ -355,6 +355,25 @@ def decode(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> Me
     return message
 
 
+def peek_batch_id(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> int | None:
+    """The batch_id of a batch frame that failed to decode, when it can be read; else None.
+
+    Lets the worker name the batch in its Error reply, so the gateway fails it at once.
+    """
+    try:
+        if len(frames) != 2 or len(frames[0]) != 1 or frames[0][0] not in (ScoreBatch.TYPE, BeamBatch.TYPE):
+            return None
+        if len(frames[1]) > limits.max_frame_bytes:
+            return None
+        raw = msgpack.unpackb(frames[1], use_list=False, raw=False, ext_hook=_reject_ext, max_ext_len=0,
+                              max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
+                              max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
+        batch_id = raw[0] if isinstance(raw, tuple) and raw else None
+        return batch_id if type(batch_id) is int and -(2**63) <= batch_id < 2**63 else None
+    except Exception:
+        return None
+
+
 # ---- Semantic checks (shape consistency; deployment bounds are the worker's to enforce) --------
 
 MAX_ID_CHARS = 256

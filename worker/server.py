@@ -15,7 +15,8 @@ import zmq
 
 from shared.config import WorkerConfig
 from shared.protocol import (PROTOCOL_VERSION, BeamBatch, DecodeLimits, Error, ErrorCode, Goodbye, Heartbeat,
-                             Hello, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode)
+                             Hello, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode,
+                             peek_batch_id)
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused
 from worker.compute import ComputePool
@@ -110,7 +111,8 @@ class WorkerServer:
             except ProtocolError as exc:
                 self.stats.add(errors=1)
                 self.log.warning("malformed_frame", peer=peer.hex(), error=str(exc))
-                self._send(router, peer, Error(code=ErrorCode.MALFORMED, message=str(exc)))
+                batch_id = peek_batch_id(frames[1:], self.limits)
+                self._send(router, peer, Error(code=ErrorCode.MALFORMED, message=str(exc), batch_id=batch_id))
                 continue
             handler = self.handlers.get(type(message))
             if handler is None:

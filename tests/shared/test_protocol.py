@@ -158,3 +158,18 @@ def test_fuzz_mutated_valid_frames_never_crash(message, data):
         p.decode([bytes([message.TYPE]), bytes(raw[:cut])])
     except p.ProtocolError:
         pass
+
+
+def test_peek_batch_id_of_a_malformed_batch():
+    assert p.peek_batch_id([b"\x03", body(42, "int16", [])]) == 42
+    assert p.peek_batch_id([b"\x05", body(7)]) == 7
+    assert p.peek_batch_id([b"\x03", b"\xc1"]) is None
+    assert p.peek_batch_id([b"\x01", body(1, "gw")]) is None
+    assert p.peek_batch_id([b"\x03", body("x")]) is None
+    assert p.peek_batch_id([b"\x03", body(2**64 - 1)]) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([3, 5]), st.binary(max_size=64))
+def test_fuzz_peek_never_crashes(type_byte, data):
+    assert p.peek_batch_id([bytes([type_byte]), data]) is None or True

@@ -244,3 +244,12 @@ def test_fuzzed_frames_never_kill_the_worker(client, worker_process, frames):
     reply = client.reply_to(batch.batch_id, timeout_s=30)
     assert isinstance(reply, p.ScoreResults) and reply.results[0].status == "ok"
     assert worker_process.process.poll() is None
+
+
+def test_malformed_batch_is_answered_by_batch_id_then_service_continues(client):
+    client.send_raw([bytes([p.ScoreBatch.TYPE]), msgpack.packb([555, "int16", []])])
+    reply = client.reply_to(555)
+    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.MALFORMED and "token_dtype" in reply.message
+    ok = score_batch(score_request("after-malformed", [5, 6], (2,), (1,), 1))
+    client.send(ok)
+    assert client.reply_to(ok.batch_id).results[0].status == "ok"
