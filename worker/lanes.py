@@ -43,9 +43,11 @@ class Lane:
         if self.stream is None:
             yield
             return
-        with torch.cuda.stream(self.stream):
-            yield
-        self.stream.synchronize()
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:  # also after a failure: the staging buffer may be rewritten only once the stream is idle
+            self.stream.synchronize()
 
 
 def max_staged_tokens(bounds: Mapping[str, int]) -> int:
