@@ -56,7 +56,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     options = _replay_options(args, speed=args.speed, duration_s=args.duration_s)
     run = run_replay(trace, _bodies(args), options)
-    meta = {"trace": args.trace, "url": args.url, "speed": args.speed, "duration_s": args.duration_s,
+    meta = {"trace": args.trace, "url": args.url, "slo_ms": args.slo_ms, "speed": args.speed, "duration_s": args.duration_s,
             "body_mode": args.body_mode, "trace_meta": trace.meta}
     report = build_report(run, args.slo_ms, meta, args.bin_s)
     page = write_report(args.out_dir, run, report, plots=not args.no_plots)

@@ -72,7 +72,9 @@ def html_page(report: dict[str, Any], images: dict[str, bytes], title: str = "bo
              ".warn{color:#b00;font-weight:bold}</style></head><body>", f"<h1>{title}</h1>"]
     parts.append(_meta_table(report.get("meta", {})))
     if "routes" in report:
-        parts.append("<h2>Per route</h2>" + routes_table(report["routes"]))
+        slo = report["routes"]["all"]["slo_ms"]
+        note = f"<p>SLO: answered successfully within {slo:g} ms (goodput, attainment).</p>" if slo else ""
+        parts.append("<h2>Per route</h2>" + note + routes_table(report["routes"]))
     if "sender" in report:
         parts.append(_sender_html(report["sender"]))
     if report.get("stages"):
@@ -85,8 +87,8 @@ def html_page(report: dict[str, Any], images: dict[str, bytes], title: str = "bo
 
 
 def routes_table(routes: dict[str, dict[str, Any]]) -> str:
-    header = ["route", "sent", "ok", "thru/s", "goodput/s", "attain", "p50", "p90", "p99", "p99.9", "mean",
-              "outcomes"]
+    header = ["route", "sent", "ok", "thru/s", "goodput/s", "attain", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
+              "mean ms", "outcomes"]
     rows = []
     for route, s in routes.items():
         lat = s["latency_ms"]
