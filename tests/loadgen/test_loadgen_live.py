@@ -111,3 +111,17 @@ def test_cli_replay_writes_report_against_a_stub_process(tmp_path, capsys):
     assert {p.name for p in out_dir.glob("*.png")} == {"latency_cdf.png", "latency_over_time.png",
                                                        "throughput_over_time.png", "outcomes_over_time.png"}
     assert "score" in capsys.readouterr().out
+
+
+def test_a_gateway_command_that_dies_is_reported_with_its_output():
+    import pytest
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    live = LiveOptions(command_template=f"{sys.executable} -c \"print('boom: bad config'); raise SystemExit(3)\"",
+                       url=url, startup_timeout_s=20)
+    trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=10, duration_s=0.2, samples=1))
+    evaluate = LiveEvaluator(trace, BodyFactory(), live, ReplayOptions(url=url, progress=False))
+    with pytest.raises(RuntimeError, match=r"(?s)exited with status 3.*boom: bad config"):
+        evaluate({"max_batch_wait_ms": 1.0})
+    with pytest.raises(ValueError, match="only change \\[gateway\\] settings"):
+        evaluate({"workers": 2})
