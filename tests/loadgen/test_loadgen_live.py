@@ -125,3 +125,12 @@ def test_a_gateway_command_that_dies_is_reported_with_its_output():
         evaluate({"max_batch_wait_ms": 1.0})
     with pytest.raises(ValueError, match="only change \\[gateway\\] settings"):
         evaluate({"workers": 2})
+
+
+def test_toml_writer_round_trips_nested_tables():
+    from loadgen.live import to_toml
+
+    data = {"name": "x", "score": {"enabled": True, "mlp_head": {"weights": 'a "b".safetensors',
+                                                              "layer_sizes": [64, 2]}},
+            "worker": {"endpoints": ["ipc:///tmp/w0"], "cpu_threads": 2}, "gateway": {"max_batch_wait_ms": 1.5}}
+    assert tomllib.loads(to_toml(data)) == data
