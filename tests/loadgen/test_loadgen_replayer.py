@@ -36,10 +36,11 @@ async def test_sends_on_schedule_and_latency_includes_queueing():
     run = await _run(Stub(SERVICE_MS), _trace(8))
     results = run.results
     assert [r.outcome for r in results] == ["ok"] * 8
+    # generous bounds for a busy machine; a closed-loop client would send every 30 ms (210 ms in all)
     for r in results:
-        assert abs(r.lag_ms) < 15.0, f"request {r.index} left {r.lag_ms:.1f} ms off schedule"
+        assert abs(r.lag_ms) < 40.0, f"request {r.index} left {r.lag_ms:.1f} ms off schedule"
     sends = [r.sent_ms for r in results]
-    assert sends[-1] - sends[0] < 7 * GAP_MS + 15.0, "sends were held back by slow answers"
+    assert sends[-1] - sends[0] < 140.0, "sends were held back by slow answers"
     for r in results:
         queueing = r.index * (SERVICE_MS - GAP_MS)
         assert r.latency_ms >= queueing + SERVICE_MS - 2.0, (r.index, r.latency_ms)
