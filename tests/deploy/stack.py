@@ -59,7 +59,8 @@ def load_compose(env: dict[str, str] | None = None) -> dict:
 def k8s_documents() -> list[dict]:
     docs = []
     for path in sorted(K8S_DIR.glob("*.yaml")):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+        if path.name != "kustomization.yaml":  # kustomize's own file, not a Kubernetes object
+            docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
     return docs
 
 

@@ -1,0 +1,87 @@
+"""The compose stack's own commands and config, run outside containers, answer a request.
+
+The worker-cpu and gateway commands are taken from docker-compose.yml and run here unchanged except
+for what a container provides: this interpreter for `python`, the compiled demo artifacts for the
+`artifacts` volume, configs/compose.toml with the worker's service name pointed at a loopback port,
+and free ports for 5555/8000. Then the gateway's own health check command (also from the compose
+file) passes, and /v1/score answers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.deploy.stack import ROOT, free_port, load_compose, module_argv, start, stop, tail
+
+pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once, cached)
+READY_TIMEOUT_S = 240.0
+
+
+def wait_ready(url: str, processes, logs, timeout_s: float = READY_TIMEOUT_S) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for process, log in zip(processes, logs):
+            assert process.poll() is None, f"{process.args[:3]} exited:\n{tail(log)}"
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise AssertionError("never ready:\n" + "\n".join(tail(log) for log in logs))
+
+
+def post_json(url: str, body: dict, timeout_s: float = 30.0) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def local_config(tmp_path, service_host: str, port: int) -> str:
+    """configs/compose.toml with `service_host:5555` made reachable here as 127.0.0.1:port."""
+    text = (ROOT / "configs/compose.toml").read_text()
+    assert f"tcp://{service_host}:5555" in text
+    path = tmp_path / "configs" / "compose.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text.replace(f"tcp://{service_host}:5555", f"tcp://127.0.0.1:{port}"))
+    return str(path)
+
+
+def test_compose_commands_serve_a_request_outside_containers(demo_artifacts, tmp_path):
+    services = load_compose()["services"]
+    worker_port, http_port = free_port(), free_port()
+    config = local_config(tmp_path, "worker-cpu", worker_port)
+    replace = {
+        "/app/configs/compose.toml": config,
+        "/artifacts/demo": str(demo_artifacts),
+        "tcp://0.0.0.0:5555": f"tcp://127.0.0.1:{worker_port}",
+        "0.0.0.0": "127.0.0.1",
+        "8000": str(http_port),
+    }
+    logs = [tmp_path / "worker.log", tmp_path / "gateway.log"]
+    processes = [start(module_argv(services[name]["command"], replace), log)
+                 for name, log in zip(("worker-cpu", "gateway"), logs)]
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        wait_ready(url, processes, logs)
+        check = [sys.executable if t == "python" else t.replace(":8000/", f":{http_port}/")
+                 for t in services["gateway"]["healthcheck"]["test"][1:]]
+        assert subprocess.run(check, timeout=30).returncode == 0, "the compose health check fails"
+        status, body = post_json(url + "/v1/score", {"samples": ["red running shoe", "blue phone case"],
+                                                     "labels": ["yes", "no"], "deadline_ms": 10_000})
+        assert status == 200, body
+        assert len(body["scores"]) == 2 and all(abs(sum(row) - 1.0) < 1e-4 for row in body["scores"])
+    finally:
+        stop(processes)
+    assert [p.returncode for p in processes] == [0, 0], "\n".join(tail(log) for log in logs)
