@@ -45,7 +45,9 @@ def test_live_tuning_restarts_the_gateway_per_candidate_and_picks_the_best(tmp_p
     result = tune(grid({"max_batch_wait_ms": [50.0, 0.0]}), evaluate, slo_ms=40.0)
     assert evaluate.runs == 2
     slow, fast = result.candidates
-    assert slow.outcomes == {"ok": 20} and fast.outcomes == {"ok": 20}
+    assert fast.outcomes == {"ok": 20}
+    # slow answers queue in the one-at-a-time stub; past the default deadline (200 ms) it answers 504
+    assert slow.outcomes["ok"] >= 3 and set(slow.outcomes) <= {"ok", "deadline_exceeded"}
     assert slow.latency_pct_ms >= 50.0 and not slow.meets_slo
     assert result.best_candidate().knobs == {"max_batch_wait_ms": 0.0}
 
