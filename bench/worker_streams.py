@@ -1,0 +1,146 @@
+"""Throughput of one worker under a continuous stream of scoring batches, by number of CUDA streams.
+
+Starts `python -m worker` once per stream count (num_streams = 1 is the baseline of the same run),
+keeps its queue full with 15-sample x 256-token batches and reports batches/s and the ratio to one
+stream. On a CPU device the worker always runs one lane, so the ratio is ~1 by construction.
+
+    python bench/worker_streams.py --device cuda:0 [--streams 1,2,4] [--artifacts DIR] [--quick]
+
+Without --artifacts it writes the demo checkpoint and compiles it with configs/demo.toml for the
+device kind (cached in bench/.cache/worker_streams/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shared import protocol as p  # noqa: E402
+
+CACHE = ROOT / "bench" / ".cache" / "worker_streams"
+SAMPLES, TOKENS = 15, 256
+
+
+def build_artifacts(device: str) -> Path:
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    model, out = CACHE / "model", CACHE / f"artifacts-{kind}"
+    if not (model / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "compile.demo", "--out", str(model)], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "compile", "--config", "configs/demo.toml", "--model", str(model),
+                    "--device", kind, "--out", str(out)], cwd=ROOT, check=True)
+    return out
+
+
+def write_config(folder: Path, endpoint: str, device: str, streams: int) -> Path:
+    text = re.sub(r"(?ms)^\[worker\].*?(?=^\[|\Z)", "", (ROOT / "configs" / "demo.toml").read_text())
+    text += (f'\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["{device}"]\nnum_streams = {streams}\n'
+             "max_queued_batches = 8\nprofile_budget_s = 1.0\n")
+    path = folder / f"streams-{streams}.toml"
+    path.write_text(text)
+    return path
+
+
+def make_batch(batch_id: int, vocab: int, rng) -> p.ScoreBatch:
+    ids = rng.integers(0, vocab, size=SAMPLES * TOKENS)
+    request = p.ScoreRequest(f"r{batch_id}", 60_000.0, p.pack_ids(ids), (TOKENS,) * SAMPLES, (1, 2), 5, False)
+    return p.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
+
+
+def recv(sock: zmq.Socket, timeout_s: float):
+    if not sock.poll(int(timeout_s * 1000)):
+        raise TimeoutError(f"worker silent for {timeout_s} s")
+    return p.decode(sock.recv_multipart())
+
+
+def drive(sock: zmq.Socket, ready: p.Ready, total: int, window: int) -> dict:
+    """Keep `window` batches outstanding until `total` are answered ok; batches/s over that span."""
+    rng = np.random.default_rng(0)
+    batches = [make_batch(i, int(ready.model["vocab_size"]), rng) for i in range(window)]
+    next_id, done, resent, compute = window, 0, 0, []
+    start = time.perf_counter()
+    for batch in batches:
+        sock.send_multipart(p.encode(batch))
+    while done < total:
+        message = recv(sock, 120.0)
+        if isinstance(message, p.ScoreResults):
+            done += 1
+            compute.append(message.compute_ms)
+        elif isinstance(message, p.Error) and message.code == p.ErrorCode.OVERLOADED:
+            resent += 1
+        else:
+            continue
+        template = batches[next_id % window]
+        sock.send_multipart(p.encode(p.ScoreBatch(next_id, "int32", template.requests)))
+        next_id += 1
+    elapsed = time.perf_counter() - start
+    return {"batches_per_s": round(done / elapsed, 2), "samples_per_s": round(done * SAMPLES / elapsed, 1),
+            "mean_compute_ms": round(float(np.mean(compute)), 3), "overloaded_resent": resent}
+
+
+def run_worker(artifacts: Path, device: str, streams: int, total: int, folder: Path) -> dict:
+    endpoint = f"ipc://{folder}/w{streams}.sock"
+    config = write_config(folder, endpoint, device, streams)
+    log = open(folder / f"worker-{streams}.log", "w")
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(config), "--artifacts", str(artifacts)],
+                              cwd=ROOT, stderr=log)
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(p.encode(p.Hello(p.PROTOCOL_VERSION, "bench")))
+        ready = recv(sock, 600.0)
+        if not isinstance(ready, p.Ready):
+            raise RuntimeError(f"worker answered Hello with {ready}")
+        result = drive(sock, ready, total, window=ready.max_queued_batches)  # queue + lanes never overflow
+        result["lanes"] = ready.num_streams
+        sock.send_multipart(p.encode(p.Shutdown(reason="bench done")))
+        worker.wait(timeout=120)
+        return result
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        sock.close()
+        context.term()
+        log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--streams", default="1,2,4", help="comma-separated stream counts; 1 is the baseline")
+    parser.add_argument("--artifacts", help="compiled artifacts for --device (default: build the demo model)")
+    parser.add_argument("--batches", type=int, default=None, help="batches answered per stream count")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    counts = sorted({1, *(int(s) for s in args.streams.split(","))})
+    total = args.batches or (100 if args.quick else 1000)
+    artifacts = Path(args.artifacts) if args.artifacts else build_artifacts(args.device)
+    out = {"bench": "worker_streams", "device": args.device, "samples": SAMPLES, "tokens_per_sample": TOKENS,
+           "batches": total, "streams": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            out["streams"][str(n)] = run_worker(artifacts, args.device, n, total, Path(tmp))
+            print(f"streams={n}: {out['streams'][str(n)]}", file=sys.stderr)
+    base = out["streams"]["1"]["batches_per_s"]
+    out["ratio_vs_1_stream"] = {n: round(r["batches_per_s"] / base, 3) for n, r in out["streams"].items()}
+    results = ROOT / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "worker_streams.json").write_text(json.dumps(out, indent=2))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
