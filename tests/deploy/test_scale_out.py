@@ -1,0 +1,120 @@
+"""Scale-out on loopback: two gateways share two workers over tcp://; a worker killed and restarted under load.
+
+configs/multi.toml (ports swapped for free ones) is the layout: every gateway connects to every
+worker. Under steady load on both gateways, worker 0 is SIGKILLed and then started again with the
+same command. Every request gets an answer: a result, or a clear JSON error (worker_lost for what
+was in flight on the killed worker, or a deadline/queue refusal), never a hang. Both gateways take
+the restarted worker back and serve with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from tests.deploy.stack import ROOT, free_port, start, stop, tail
+
+pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once, cached)
+READY_TIMEOUT_S = 240.0
+CLIENT_TIMEOUT_S = 30.0  # far beyond the 5 s request deadline: hitting it means a request hung
+ALLOWED_ERRORS = {503: {"worker_lost", "no_workers", "deadline_unmeetable", "worker_error"},
+                  504: {"deadline_exceeded"}, 429: {"queue_full"}}
+BODY = {"samples": ["red running shoe", "blue phone case", "cheap coffee"], "labels": ["yes", "no"],
+        "deadline_ms": 5000}
+
+
+def multi_config(tmp_path, worker_ports: list[int]) -> str:
+    text = (ROOT / "configs/multi.toml").read_text()
+    for old, new in zip((5601, 5602), worker_ports):
+        assert f"tcp://127.0.0.1:{old}" in text
+        text = text.replace(f"tcp://127.0.0.1:{old}", f"tcp://127.0.0.1:{new}")
+    path = tmp_path / "multi.toml"
+    path.write_text(text)
+    return str(path)
+
+
+async def workers_ready(session: aiohttp.ClientSession, url: str) -> int:
+    try:
+        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as response:
+            text = await response.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return -1
+    for line in text.splitlines():
+        if line.startswith("boundserve_workers_ready "):
+            return int(float(line.split()[1]))
+    return -1
+
+
+async def wait_workers(session, urls, count: int, processes, logs, timeout_s: float = READY_TIMEOUT_S) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for process, log in zip(processes, logs):
+            assert process.poll() is None, f"{process.args[2:4]} exited:\n{tail(log)}"
+        if all([await workers_ready(session, url) == count for url in urls]):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"gateways never saw {count} ready workers:\n" + "\n".join(tail(log) for log in logs))
+
+
+async def one_request(session, url: str) -> tuple[int, str]:
+    """(status, error code or 'ok'); a missing answer within CLIENT_TIMEOUT_S fails the test."""
+    async with session.post(url + "/v1/score", json=BODY, timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as r:
+        body = await r.json()
+    if r.status == 200:
+        assert len(body["scores"]) == len(BODY["samples"]), body
+        return 200, "ok"
+    assert body["error"]["message"], body  # a clear error: code and message
+    return r.status, body["error"]["code"]
+
+
+async def load(session, url: str, stop_event: asyncio.Event, outcomes: list) -> None:
+    while not stop_event.is_set():
+        outcomes.append((url, time.monotonic(), *await one_request(session, url)))
+
+
+async def test_two_gateways_share_workers_and_survive_a_worker_restart(demo_artifacts, tmp_path):
+    worker_ports, http_ports = [free_port(), free_port()], [free_port(), free_port()]
+    config = multi_config(tmp_path, worker_ports)
+    common = ["--config", config, "--artifacts", str(demo_artifacts)]
+    worker_argv = [[sys.executable, "-m", "worker", *common, "--index", str(i), "--worker-id", f"w{i}"] for i in (0, 1)]
+    gateway_argv = [[sys.executable, "-m", "gateway", *common, "--port", str(p)] for p in http_ports]
+    logs = [tmp_path / n for n in ("w0.log", "w1.log", "g0.log", "g1.log")]
+    processes = [start(argv, log) for argv, log in zip(worker_argv + gateway_argv, logs)]
+    urls = [f"http://127.0.0.1:{p}" for p in http_ports]
+    outcomes: list = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_workers(session, urls, 2, processes, logs)
+            stop_event = asyncio.Event()
+            loops = [asyncio.create_task(load(session, url, stop_event, outcomes)) for url in urls for _ in range(3)]
+            await asyncio.sleep(2.0)
+            killed_at = time.monotonic()
+            os.kill(processes[0].pid, signal.SIGKILL)
+            processes[0].wait()
+            await asyncio.sleep(1.0)
+            processes[0] = start(worker_argv[0], logs[0])
+            await wait_workers(session, urls, 2, processes, logs)
+            restarted_at = time.monotonic()
+            await asyncio.sleep(2.0)
+            stop_event.set()
+            await asyncio.gather(*loops)  # a hung request fails here with its client timeout
+            for url in urls:  # both gateways serve after the restart
+                assert await one_request(session, url) == (200, "ok")
+    finally:
+        stop([processes[2], processes[3]])
+        stop([processes[0], processes[1]])
+    counts = collections.Counter((status, code) for _, _, status, code in outcomes)
+    print(f"scale-out outcomes (status, code): {dict(counts)}")
+    unexpected = {k: n for k, n in counts.items() if k[0] != 200 and k[1] not in ALLOWED_ERRORS.get(k[0], ())}
+    assert not unexpected, f"unclear answers {unexpected}; all: {counts}"
+    for url in urls:
+        mine = [(t, s) for u, t, s, _ in outcomes if u == url]
+        assert any(s == 200 for t, s in mine if t < killed_at), f"{url}: nothing served before the kill: {counts}"
+        assert any(s == 200 for t, s in mine if t > restarted_at), f"{url}: nothing served after the restart: {counts}"
