@@ -55,11 +55,19 @@ class ComputePool:
             while (pending := self.queue.take()) is not None:
                 self.stats.start_batch()
                 try:
-                    push.send_multipart([pending.peer, *encode(self.serve(pending, lane))], copy=False)
+                    push.send_multipart([pending.peer, *self._reply_frames(pending, lane)], copy=False)
                 finally:
                     self.stats.end_batch()
         finally:
             push.close()
+
+    def _reply_frames(self, pending: PendingBatch, lane) -> list[bytes]:
+        """Encoded answer to one batch; any failure becomes Error(internal), never a dead thread."""
+        try:
+            return encode(self.serve(pending, lane))
+        except Exception as exc:
+            self.log.error("reply_failed", batch_id=pending.message.batch_id, error=f"{type(exc).__name__}: {exc}")
+            return encode(self._refuse(pending, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
     def serve(self, pending: PendingBatch, lane) -> ScoreResults | BeamResults | Error:
         """Answer one batch: expired requests are never computed; the node runs once for the rest."""

@@ -60,7 +60,11 @@ class WorkerServer:
         pull.bind(outbox)
         pool = self.pool_factory(self.queue, self.stats, context, outbox)
         try:
-            router.bind(self.endpoint)
+            try:
+                router.bind(self.endpoint)
+            except zmq.ZMQError as exc:
+                self.log.error("bind_failed", endpoint=self.endpoint, error=str(exc))
+                return 2
             pool.start()
             self.log.info("serving", endpoint=self.endpoint, pid=os.getpid(), workloads=list(self.ready.workloads))
             self._loop(router, pull)

@@ -87,3 +87,21 @@ def test_missing_artifacts_fail_at_start_with_a_clear_error(tmp_path):
     )
     assert result.returncode == 2
     assert "startup_failed" in result.stderr and "manifest" in result.stderr
+
+
+def test_endpoint_in_use_fails_with_a_clear_error(demo_artifacts, tmp_path):
+    import zmq
+
+    context = zmq.Context.instance()
+    holder = context.socket(zmq.ROUTER)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "worker", "--config", str(ROOT / "configs" / "test.toml"), "--artifacts",
+             str(demo_artifacts), "--endpoint", f"tcp://127.0.0.1:{port}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        holder.close(linger=0)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "bind_failed" in result.stderr and str(port) in result.stderr
