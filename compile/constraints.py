@@ -151,6 +151,6 @@ class PrefixConstraint(nn.Module):
         from_node = torch.gather(nodes, 1, parent)  # [R, W]
         slot, exists = self._edges(from_node)
         match = exists & (self._gather(self.edge_token, slot).long() == token[..., None])  # [R, W, F]
-        chosen = torch.gather(slot, 2, match.to(torch.int8).argmax(-1, keepdim=True))[..., 0]  # [R, W]
+        chosen = (match.long() * slot).sum(-1)  # [R, W]: a node's edge tokens are distinct, so <= 1 match
         child = self._gather(self.edge_child, chosen).long()
         return torch.where(match.any(-1), child, torch.full_like(child, self.dead))

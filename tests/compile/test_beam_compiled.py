@@ -1,0 +1,63 @@
+"""The AOTInductor-compiled beam node (built by the build CLI's chain) equals transformers and the
+eager node, shares its weights with the scoring node, and serves R = 1, W = 1 and 1-token prompts."""
+
+import pytest
+import torch
+
+from compile.runtime import load_nodes
+from shared.config import BeamConfig, ScoreConfig
+from tests.compile.beam_reference import assert_same_as_hf, hf_beam
+from tests.compile.reference import load_hf, random_batch
+from tests.compile.test_beam_constrained import constrained_node, semantic_ids
+from tests.conftest import build_artifacts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def beam_artifacts(demo_checkpoint):
+    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
+
+
+def test_compiled_beam_equals_transformers(beam_artifacts, demo_checkpoint):
+    nodes = load_nodes(beam_artifacts)
+    assert nodes.beam is not None and nodes.score is not None
+    hf = load_hf(demo_checkpoint)
+    eos = tuple(nodes.manifest["nodes"]["beam"]["eos_ids"])
+    for lengths in ([9, 1, 30], [12]):
+        prompts = random_batch(1024, lengths, seed=len(lengths))
+        for w, s in [(1, 4), (4, 1), (4, 2), (8, 4)]:
+            k = min(w, 3)
+            ours = nodes.beam(torch.cat(prompts), torch.tensor(lengths), w, s, k)
+            assert ours.sequences.shape == (len(lengths), k, s)
+            for i, p in enumerate(prompts):
+                assert_same_as_hf(ours, i, hf_beam(hf, p, w, s, k, eos, 1.0))
+
+
+def test_beam_and_score_nodes_share_one_weights_file(beam_artifacts):
+    nodes = load_nodes(beam_artifacts)
+    assert set(nodes.manifest["nodes"]) == {"score", "beam"}
+    beam_names = set(nodes.beam._run.get_constant_fqns())
+    score_names = set(nodes.score.package.get_constant_fqns())
+    assert {n for n in beam_names if n.startswith("model.")} == {n for n in score_names if n.startswith("model.")}
+    assert beam_names <= set(nodes.weights)  # one file, loaded once, handed to both packages
+
+
+def test_compiled_constrained_node_returns_only_valid_sequences(demo_checkpoint, tmp_path_factory):
+    valid = semantic_ids(1, 300, 3) + semantic_ids(2, 20, 2)
+    file = tmp_path_factory.mktemp("constraints") / "valid.txt"
+    file.write_text("\n".join(" ".join(map(str, s)) for s in valid))
+    artifacts = build_artifacts(demo_checkpoint, "beam-constrained", score=ScoreConfig(enabled=False),
+                                beam=BeamConfig(enabled=True, constraints=str(file)))
+    nodes = load_nodes(artifacts)
+    eager, rule = constrained_node(demo_checkpoint, valid, steps=4)
+    prompts = random_batch(1024, [7, 3], seed=11)
+    for w, s in [(8, 3), (4, 2)]:
+        ours = nodes.beam(torch.cat(prompts), torch.tensor([7, 3]), w, s, w)
+        want = eager(torch.cat(prompts), torch.tensor([7, 3]), w, s, w)
+        assert torch.equal(ours.sequences, want.sequences) and torch.equal(ours.lengths, want.lengths)
+        torch.testing.assert_close(ours.scores, want.scores, atol=1e-4, rtol=0)
+        for seq, n in zip(ours.sequences.reshape(-1, s).tolist(), ours.lengths.flatten().tolist()):
+            if n:
+                body = seq[: n - 1] if seq[n - 1] in rule.eos_ids else seq[:n]
+                assert body in valid
