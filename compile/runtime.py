@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from compile import ops  # noqa: F401  (the packages call boundserve:: operators)
 from compile.build import MANIFEST, file_hash
 from compile.machine import ArtifactMismatch, check_compatible
+from compile.score_node import pack_inputs
 
 
 class BoundsError(ValueError):
@@ -65,16 +66,7 @@ class ScoreNode:
         )
 
     def pack(self, input_ids, sample_lens, label_ids) -> tuple[torch.Tensor, ...]:
-        """Host-side inputs: positions restart at 0 in every sample; labels padded to the compiled slots."""
-        cu_seqlens = torch.zeros(len(sample_lens) + 1, dtype=torch.int32)
-        torch.cumsum(sample_lens, 0, out=cu_seqlens[1:])
-        starts = torch.repeat_interleave(cu_seqlens[:-1].long(), sample_lens)
-        positions = torch.arange(len(input_ids), dtype=torch.int64) - starts
-        slots = self.bounds["max_labels"]
-        labels = torch.zeros(slots, dtype=torch.int64)
-        labels[: len(label_ids)] = label_ids
-        mask = torch.arange(slots) < len(label_ids)
-        args = (input_ids.long(), positions, cu_seqlens, labels, mask)
+        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds["max_labels"])
         return tuple(t.to(self.device, non_blocking=True) for t in args)
 
     def check(self, input_ids, sample_lens, label_ids, top_k) -> None:

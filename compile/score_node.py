@@ -42,6 +42,19 @@ class ScoreModule(nn.Module):
         return outputs
 
 
+def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int) -> tuple[torch.Tensor, ...]:
+    """The node's inputs from packed ids [T] and lengths [B]: positions restart at 0 in every
+    sample, labels are padded to the compiled slots with a mask."""
+    cu_seqlens = torch.zeros(len(sample_lens) + 1, dtype=torch.int32)
+    torch.cumsum(sample_lens, 0, out=cu_seqlens[1:])
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), sample_lens)
+    positions = torch.arange(len(input_ids), dtype=torch.int64) - starts
+    labels = torch.zeros(label_slots, dtype=torch.int64)
+    labels[: len(label_ids)] = label_ids
+    mask = torch.arange(label_slots) < len(label_ids)
+    return input_ids.long(), positions, cu_seqlens, labels, mask
+
+
 def example_inputs(bounds: BoundsConfig, vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
     """A small valid batch (two samples) used to trace the node."""
     lens = [3, 5]
