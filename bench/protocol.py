@@ -139,8 +139,12 @@ def main() -> None:
     out["memcpy_p50_us"], out["memcpy_p99_us"] = pct(copies, 50), pct(copies, 99)
     out["protocol_overhead_ipc_p50_us"] = round(out["ipc_p50_us"] - out["raw_ipc_p50_us"], 2)
     out["protocol_overhead_tcp_p50_us"] = round(out["tcp_p50_us"] - out["raw_tcp_p50_us"], 2)
+    # The target: the round trip adds < 100 us at p50 over ipc://. Read two ways: over the bare
+    # ZeroMQ round trip of the same bytes (what the protocol adds), and over a memcpy (what the whole
+    # process hop adds, transport included).
     out["target_overhead_us"] = 100
-    out["meets_target"] = out["ipc_p50_us"] - out["memcpy_p50_us"] < 100
+    out["meets_target_vs_raw_transport"] = out["protocol_overhead_ipc_p50_us"] < 100
+    out["meets_target_vs_memcpy"] = out["ipc_p50_us"] - out["memcpy_p50_us"] < 100
     results = ROOT / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
     (results / "protocol.json").write_text(json.dumps(out, indent=2))
