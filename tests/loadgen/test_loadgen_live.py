@@ -35,20 +35,20 @@ def test_candidate_config_is_a_valid_deployment_config():
 
 
 def test_live_tuning_restarts_the_gateway_per_candidate_and_picks_the_best(tmp_path):
-    # The stub adds max_batch_wait_ms to every answer: with an SLO of 40 ms only wait 0 meets it.
+    # The stub adds max_batch_wait_ms to every answer: with an SLO of 100 ms only wait 0 meets it.
     url = f"http://127.0.0.1:{_free_port()}"
     trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=40, duration_s=0.5, samples=1, tokens_per_sample=4))
     live = LiveOptions(command_template=f"{sys.executable} {STUB} --config {{config}} --service-ms 2",
                        base_config=str(ROOT / "configs" / "demo.toml"), url=url, startup_timeout_s=30, warmup_s=0.1,
                        log_dir=str(tmp_path))
     evaluate = LiveEvaluator(trace, BodyFactory(), live, ReplayOptions(url=url, progress=False))
-    result = tune(grid({"max_batch_wait_ms": [50.0, 0.0]}), evaluate, slo_ms=40.0)
+    result = tune(grid({"max_batch_wait_ms": [150.0, 0.0]}), evaluate, slo_ms=100.0)
     assert evaluate.runs == 2
     slow, fast = result.candidates
     assert fast.outcomes == {"ok": 20}
     # slow answers queue in the one-at-a-time stub; past the default deadline (200 ms) it answers 504
-    assert slow.outcomes["ok"] >= 3 and set(slow.outcomes) <= {"ok", "deadline_exceeded"}
-    assert slow.latency_pct_ms >= 50.0 and not slow.meets_slo
+    assert slow.outcomes["ok"] >= 1 and set(slow.outcomes) <= {"ok", "deadline_exceeded"}
+    assert slow.latency_pct_ms >= 150.0 and not slow.meets_slo
     assert result.best_candidate().knobs == {"max_batch_wait_ms": 0.0}
 
 
@@ -104,7 +104,7 @@ def test_cli_replay_writes_report_against_a_stub_process(tmp_path, capsys):
         write_trace(synthesize(SynthSpec(arrivals="uniform", rate_rps=50, duration_s=0.4, samples=2)), trace_path)
         out_dir = tmp_path / "report"
         assert main(["replay", "--trace", str(trace_path), "--url", f"http://127.0.0.1:{port}", "--slo-ms", "50",
-                     "--out-dir", str(out_dir), "--no-progress", "--deadline-ms", "80"]) == 0
+                     "--out-dir", str(out_dir), "--no-progress", "--deadline-ms", "5000"]) == 0
     finally:
         stop(process, 10)
     report = json.loads((out_dir / "report.json").read_text())
