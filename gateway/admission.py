@@ -40,6 +40,20 @@ class Admission:
             raise ApiError("no_workers", f"none of the {known} configured worker(s) is ready to serve {workload}; "
                                          "retry shortly")
 
+    def precheck(self, batcher: Batcher, deadline: float, now: float) -> None:
+        """Refuse before any tokenizing when the queue's predicted wait alone misses the deadline."""
+        self.check_workers(batcher.workload)
+        model = self._pool.model(batcher.workload)
+        if not self.enabled or model is None:
+            return
+        workers = max(1, self._pool.ready_count(batcher.workload))
+        wait_ms = self._pool.soonest_free_ms(batcher.workload) + model.backlog_ms(*batcher.backlog()) / workers
+        budget_ms = (deadline - now) * 1000.0
+        if wait_ms + self._margin_ms > budget_ms:
+            raise ApiError("deadline_unmeetable", f"the predicted queue wait of {wait_ms:.1f} ms (+ margin "
+                                                  f"{self._margin_ms:g} ms) is already past the deadline of "
+                                                  f"{budget_ms:.1f} ms; refused before any work")
+
     def admit(self, batcher: Batcher, jobs: list[Job], now: float) -> Prediction:
         """Refuse with 429 queue_full or 503 deadline_unmeetable, else return the prediction."""
         self.check_workers(batcher.workload)

@@ -28,8 +28,8 @@ class GenerateService:
         self._loop = asyncio.get_running_loop()
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> dict[str, Any]:
-        self._admission.check_workers("beam")
         started = self._loop.time()
+        self._admission.precheck(self._batcher, deadline, started)
         prompt = self._tokenizer.encode([spec.prompt])[0]
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)

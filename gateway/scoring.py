@@ -37,7 +37,7 @@ class ScoreService:
         self._loop = asyncio.get_running_loop()
 
     async def score(self, spec: ScoreSpec, request_id: str, deadline: float) -> dict[str, Any]:
-        self._admission.check_workers("score")
+        self._admission.precheck(self._batcher, deadline, self._loop.time())
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars)
