@@ -105,3 +105,21 @@ def test_endpoint_in_use_fails_with_a_clear_error(demo_artifacts, tmp_path):
         holder.close(linger=0)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "bind_failed" in result.stderr and str(port) in result.stderr
+
+
+def test_artifacts_built_for_another_machine_are_refused(demo_artifacts, tmp_path):
+    import json
+    import shutil
+
+    copy = tmp_path / "artifacts"
+    shutil.copytree(demo_artifacts, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["machine"]["cpu_isa"] = "some-other-isa"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", "--config", str(ROOT / "configs" / "test.toml"), "--artifacts", str(copy),
+         "--endpoint", f"ipc://{tmp_path}/w.sock"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "startup_failed" in result.stderr and "another machine" in result.stderr
