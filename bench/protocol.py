@@ -3,7 +3,8 @@
 Client (this process): encode batch -> send -> (echo process: receive, decode, encode the result,
 send) -> receive -> decode result. Timed per round trip over ipc:// and tcp://, next to
   - raw_*: the same bytes sent and echoed over the same transport with no encode/decode at all,
-  - memcpy: one copy of the same bytes (batch body + result body) in memory.
+  - memcpy: one copy of the same bytes (batch body + result body) in memory,
+  - codec: encode + decode of both messages in one process, the protocol's CPU cost alone.
 `protocol_overhead_us` = ipc p50 - raw ipc p50: what encoding and validation add to the transport.
 
     python bench/protocol.py [--quick] [--rounds N] [--hidden]
@@ -112,6 +113,18 @@ def memcpy_times(nbytes: int, rounds: int) -> list[float]:
     return times
 
 
+def codec_times(rounds: int, hidden: bool) -> list[float]:
+    """Microseconds of encode + decode of the batch and of its result in one process (no transport)."""
+    batch, result = make_batch(1), make_result(make_batch(1), hidden)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        p.decode(p.encode(batch))
+        p.decode(p.encode(result))
+        times.append((time.perf_counter_ns() - start) / 1000.0)
+    return times
+
+
 def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 2)
 
@@ -135,6 +148,8 @@ def main() -> None:
                 out[f"{prefix}{transport}_p50_us"] = pct(times, 50)
                 out[f"{prefix}{transport}_p99_us"] = pct(times, 99)
                 print(f"{prefix}{transport}: p50 {pct(times, 50)} us  p99 {pct(times, 99)} us", file=sys.stderr)
+    codec = codec_times(rounds, args.hidden)
+    out["codec_p50_us"], out["codec_p99_us"] = pct(codec, 50), pct(codec, 99)
     copies = memcpy_times(len(batch_body) + len(result_body), rounds)
     out["memcpy_p50_us"], out["memcpy_p99_us"] = pct(copies, 50), pct(copies, 99)
     out["protocol_overhead_ipc_p50_us"] = round(out["ipc_p50_us"] - out["raw_ipc_p50_us"], 2)
