@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 from gateway.errors import ApiError
 
-DEADLINE_HEADERS = ("X-Deadline-Ms", "x-envoy-expected-rq-timeout-ms")
+ENVOY_HEADER = "x-envoy-expected-rq-timeout-ms"
+DEADLINE_HEADERS = ("X-Deadline-Ms", ENVOY_HEADER)
 
 
 def resolve_deadline_ms(body_ms: int | None, headers: Mapping[str, str], default_ms: int, max_ms: int) -> int:
@@ -17,7 +18,7 @@ def resolve_deadline_ms(body_ms: int | None, headers: Mapping[str, str], default
     budgets = [] if body_ms is None else [body_ms]
     for name in DEADLINE_HEADERS:
         raw = headers.get(name)
-        if raw is not None:
+        if raw is not None and not (name == ENVOY_HEADER and raw.strip() == "0"):  # Envoy: 0 = no timeout
             budgets.append(_header_ms(name, raw, max_ms))
     return min(budgets) if budgets else default_ms
 
