@@ -2,7 +2,8 @@
 
 The worker fits T = (alpha*B + beta)*L + gamma*B + delta at start-up (shared/latency_model.py);
 machines drift (other load, thermal state), so every answered batch updates a smoothed ratio of
-observed to predicted compute time, and predictions are scaled by it.
+observed to predicted compute time, and a smoothed per-batch overhead (what the gateway waits for
+beyond the compute: messages, copies, the worker's wake-up), and predictions use both.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from shared.latency_model import LatencyModel
 
 SMOOTHING = 0.2
 MIN_RATIO, MAX_RATIO = 0.25, 8.0
+MAX_OVERHEAD_MS = 50.0
 
 
 class CorrectedModel:
@@ -21,19 +23,25 @@ class CorrectedModel:
     def __init__(self, model: LatencyModel, max_batch_items: int, max_batch_tokens: int) -> None:
         self.model = model
         self.ratio = 1.0
+        self.overhead_ms = 0.0
         self.max_batch_items = max(1, max_batch_items)
         self.max_batch_tokens = max(1, max_batch_tokens)
 
     def predict_ms(self, batch_items: float, tokens_per_item: float) -> float:
-        return max(0.0, self.model.predict_ms(batch_items, tokens_per_item)) * self.ratio
+        """Compute time x ratio, plus the per-batch cost around it (messages, copies, wake-ups)."""
+        return max(0.0, self.model.predict_ms(batch_items, tokens_per_item)) * self.ratio + self.overhead_ms
 
-    def observe(self, batch_items: float, tokens_per_item: float, compute_ms: float) -> None:
-        """Fold one measured batch into the correction ratio."""
-        predicted = self.model.predict_ms(batch_items, tokens_per_item)
-        if predicted <= 0.01 or compute_ms <= 0 or not math.isfinite(compute_ms):
+    def observe(self, batch_items: float, tokens_per_item: float, compute_ms: float, service_ms: float) -> None:
+        """Fold one answered batch in: `compute_ms` as the worker measured it, `service_ms` as the
+        gateway saw it (send to answer, less the time the batch waited behind another in the worker)."""
+        if not (math.isfinite(compute_ms) and math.isfinite(service_ms)):
             return
-        ratio = min(MAX_RATIO, max(MIN_RATIO, compute_ms / predicted))
-        self.ratio += SMOOTHING * (ratio - self.ratio)
+        predicted = self.model.predict_ms(batch_items, tokens_per_item)
+        if predicted > 0.01 and compute_ms > 0:
+            ratio = min(MAX_RATIO, max(MIN_RATIO, compute_ms / predicted))
+            self.ratio += SMOOTHING * (ratio - self.ratio)
+        overhead = min(MAX_OVERHEAD_MS, max(0.0, service_ms - compute_ms))
+        self.overhead_ms += SMOOTHING * (overhead - self.overhead_ms)
 
     def backlog_ms(self, items: int, tokens: int) -> float:
         """Predicted time to serve `items` items of `tokens` tokens in total, in full batches."""

@@ -157,7 +157,7 @@ class WorkerLink:
                        if w in ready.workloads}
         for workload, model in self.models.items():  # keep what was learnt across a reconnect
             if workload in old:
-                model.ratio = old[workload].ratio
+                model.ratio, model.overhead_ms = old[workload].ratio, old[workload].overhead_ms
         self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
         log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
                  ",".join(ready.workloads))
@@ -167,10 +167,11 @@ class WorkerLink:
         batch = self.in_flight.pop(message.batch_id, None)
         if batch is None:
             return  # answered after the batch was given up (worker declared lost)
-        self._observe_ms((self._clock() - batch.sent_at) * 1000.0)
+        round_trip_ms = (self._clock() - batch.sent_at) * 1000.0
+        self._observe_ms(round_trip_ms)
         model = self.models.get(batch.workload)
         if model is not None and message.compute_ms > 0:
-            model.observe(batch.items, batch.tokens_per_item, message.compute_ms)
+            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, round_trip_ms - message.queue_ms)
         for result in message.results:
             job = batch.jobs.pop(result.request_id, None)
             if job is None:
