@@ -1,0 +1,135 @@
+"""End-to-end measurement for bench/gpu_suite.py: real `python -m worker` + `python -m gateway`, open-loop HTTP load.
+
+The deployment config is written as TOML from a DeploymentConfig, the two processes are started
+with the same commands docker-compose.yml uses, and requests arrive at a fixed Poisson rate whatever
+the latency (open loop), so queueing shows in the figures. Latency is measured per request from its
+scheduled arrival time to the last byte of the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def to_toml(config) -> str:
+    """A DeploymentConfig as TOML text that shared.config.load_config reads back unchanged."""
+    lines = [f"name = {json.dumps(config.name)}"]
+    for section, values in dataclasses.asdict(config).items():
+        if not isinstance(values, dict):
+            continue
+        lines.append(f"\n[{section}]")
+        for key, value in values.items():
+            if value is None or isinstance(value, dict):
+                continue  # optional tables (mlp_head) are not used by the benchmark
+            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
+    return "\n".join(lines) + "\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """One worker and one gateway serving `artifacts` with `config` (context manager)."""
+
+    def __init__(self, config, artifacts: Path, device: str, folder: Path):
+        self.port = free_port()
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        worker = dataclasses.replace(config.worker, endpoints=(endpoint,), devices=(device if device == "cpu" else "cuda:0",))
+        gateway = dataclasses.replace(config.gateway, access_log=False, port=self.port)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.config_path = folder / "e2e.toml"
+        self.config_path.write_text(to_toml(config.replace(worker=worker, gateway=gateway)))
+        self.artifacts, self.folder = artifacts, folder
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.processes: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Stack":
+        common = ["--config", str(self.config_path), "--artifacts", str(self.artifacts)]
+        for name, argv in (("worker", ["-m", "worker", *common]), ("gateway", ["-m", "gateway", *common])):
+            with open(self.folder / f"{name}.log", "wb") as log:
+                self.processes.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=log))
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if any(p.poll() is not None for p in self.processes):
+                break
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        logs = "\n".join((self.folder / f"{n}.log").read_text(errors="replace")[-2000:] for n in ("worker", "gateway"))
+        raise RuntimeError(f"the end-to-end stack never became ready:\n{logs}")
+
+    def __exit__(self, *exc) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+async def open_loop(url: str, route: str, bodies: list[dict], rate_per_s: float, seed: int = 0) -> dict:
+    """Send bodies at Poisson arrivals of `rate_per_s`; latency from scheduled arrival to answer."""
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in bodies:
+        arrivals.append(t)
+        t += rng.expovariate(rate_per_s)
+    outcomes: list[tuple[int, str, float]] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        start = time.perf_counter()
+
+        async def one(body: dict, at: float) -> None:
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            try:
+                async with session.post(url + route, json=body, timeout=aiohttp.ClientTimeout(total=60)) as r:
+                    answer = await r.json()
+                code = "ok" if r.status == 200 else answer.get("error", {}).get("code", "?")
+                outcomes.append((r.status, code, time.perf_counter() - start - at))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                outcomes.append((0, type(exc).__name__, time.perf_counter() - start - at))
+
+        await asyncio.gather(*(one(b, at) for b, at in zip(bodies, arrivals)))
+        elapsed = time.perf_counter() - start
+    return summarise(outcomes, len(bodies) / arrivals[-1] if arrivals[-1] > 0 else rate_per_s, elapsed)
+
+
+def summarise(outcomes: list[tuple[int, str, float]], offered_per_s: float, elapsed_s: float) -> dict:
+    ok = sorted(ms * 1e3 for status, _, ms in outcomes if status == 200)
+    codes: dict[str, int] = {}
+    for _, code, _ in outcomes:
+        codes[code] = codes.get(code, 0) + 1
+    pick = lambda q: ok[min(len(ok) - 1, int(q * len(ok)))] if ok else None  # noqa: E731
+    return {
+        "requests": len(outcomes), "offered_per_s": offered_per_s, "answers": codes,
+        "goodput_per_s": len(ok) / elapsed_s, "mean_ms": statistics.fmean(ok) if ok else None,
+        "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": ok[-1] if ok else None,
+    }
+
+
+def run_load(url: str, route: str, bodies: list[dict], rate_per_s: float) -> dict:
+    return asyncio.run(open_loop(url, route, bodies, rate_per_s))

@@ -1,0 +1,200 @@
+"""The measurements of bench/gpu_suite.py: parity, scoring node, beam node, selective FP8, request bodies.
+
+Every comparison runs in the same process and run as what it is compared against: transformers on
+the same device and dtype (left-padded batch, only the last position projected, for scoring;
+generate(num_beams=W) for beams). Inputs are random token ids from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from score_node import request_flops
+
+SAMPLES_PER_REQUEST = 15
+BEAM_W, BEAM_S, BEAM_K = 100, 4, 10
+PARITY_W, PARITY_K = 8, 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one suite run does: device, sizes, loads and compile bounds."""
+
+    device: str
+    dtype: torch.dtype
+    layers: int | None
+    sample_tokens: tuple[int, int]
+    score_requests: int
+    batch_requests: tuple[int, ...]
+    beam_prompts: tuple[int, int]
+    beam_batches: tuple[int, ...]
+    e2e_seconds: float
+    score_rate: float
+    beam_rate: float
+    calibration_batches: int
+    repeats: int
+    bounds: dict
+
+
+def labels(vocab: int) -> list[int]:
+    return [9454 % vocab, 2152 % vocab]  # "yes"/"no" in Qwen's vocabulary
+
+
+def random_samples(count: int, low: int, high: int, vocab: int, generator: torch.Generator) -> list[torch.Tensor]:
+    lens = torch.randint(low, high + 1, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab, (n,), generator=generator) for n in lens]
+
+
+def score_requests(s: Settings, vocab: int, count: int, seed: int = 0) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [random_samples(SAMPLES_PER_REQUEST, *s.sample_tokens, vocab, g) for _ in range(count)]
+
+
+def timed(fn, s: Settings, repeats: int) -> float:
+    """Median wall seconds of fn() after one warm-up call (device synchronised)."""
+    sync = torch.cuda.synchronize if s.device == "cuda" else (lambda: None)
+    fn(), sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(), sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def hf_last_logits(hf, samples: list[torch.Tensor], device: str) -> torch.Tensor:
+    """transformers, carefully: left-padded batch, positions from the mask, last position only -> [B, V]."""
+    width = max(len(x) for x in samples)
+    ids = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, x in enumerate(samples):
+        ids[row, width - len(x):], mask[row, width - len(x):] = x, 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        out = hf(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                 logits_to_keep=1)
+    return out.logits[:, -1].float().cpu()
+
+
+def hf_beam(hf, prompt: torch.Tensor, device: str, width: int, k: int):
+    with torch.inference_mode():
+        out = hf.generate(prompt[None].to(device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+                          num_beams=width, num_return_sequences=k, max_new_tokens=BEAM_S, do_sample=False,
+                          return_dict_in_generate=True, output_scores=True)
+    return out.sequences[:, len(prompt):].cpu(), out.sequences_scores.float().cpu()
+
+
+def parity(nodes, hf, spec, s: Settings) -> dict:
+    """Label logits of one 15-sample request, and W=8 beam candidates of two prompts, against transformers."""
+    request = score_requests(s, spec.vocab_size, 1, seed=7)[0]
+    lab = torch.tensor(labels(spec.vocab_size))
+    ours = nodes.score(torch.cat(request), torch.tensor([len(x) for x in request]), lab, 0).label_logits
+    ref = hf_last_logits(hf, request, s.device)[:, lab]
+    result = {"score_max_abs_diff": float((ours - ref).abs().max()), "score_max_abs_logit": float(ref.abs().max()),
+              "score_label_argmax_agree": float((ours.argmax(-1) == ref.argmax(-1)).float().mean())}
+    if nodes.beam is None:
+        return {**result, "beam": "no beam node"}
+    g = torch.Generator().manual_seed(8)
+    prompts = random_samples(2, *s.beam_prompts, spec.vocab_size, g)
+    out = nodes.beam(torch.cat(prompts), torch.tensor([len(p) for p in prompts]), PARITY_W, BEAM_S, PARITY_K)
+    top1, score_diffs = [], []
+    for i, prompt in enumerate(prompts):
+        seqs, scores = hf_beam(hf, prompt, s.device, PARITY_W, PARITY_K)
+        n = int(out.lengths[i, 0])
+        top1.append(out.sequences[i, 0, :n].tolist() == seqs[0, :n].tolist())
+        score_diffs.append(abs(float(out.scores[i, 0]) - float(scores[0])))
+    return {**result, "beam_top1_same_as_hf": sum(top1) / len(top1), "beam_top1_score_max_diff": max(score_diffs),
+            "beam_width": PARITY_W, "note": f"{str(s.dtype)} on both sides; near-ties may reorder beams"}
+
+
+def score_bench(nodes, hf, spec, s: Settings, peak: dict) -> dict:
+    """The scoring node on batches of 1..R requests of 15 samples, and transformers per request."""
+    requests = score_requests(s, spec.vocab_size, s.score_requests)
+    lab = torch.tensor(labels(spec.vocab_size))
+    flops = sum(request_flops(spec, [len(x) for x in r]) for r in requests)
+    tokens = sum(len(x) for r in requests for x in r)
+    by_batch = {}
+    for per_call in s.batch_requests:
+        groups = [sum(requests[i:i + per_call], []) for i in range(0, len(requests), per_call)]
+
+        def run(groups=groups):
+            for samples in groups:
+                nodes.score(torch.cat(samples), torch.tensor([len(x) for x in samples]), lab, 0)
+
+        seconds = timed(run, s, s.repeats)
+        by_batch[per_call] = {"ms_per_request": seconds / len(requests) * 1e3, "requests_per_s": len(requests) / seconds,
+                              "tokens_per_s": tokens / seconds, "effective_mfu_measured_peak": flops / seconds / peak["measured_matmul_flops"],
+                              "effective_mfu_datasheet": flops / seconds / peak["datasheet_bf16_flops"] if peak["datasheet_bf16_flops"] else None}
+    hf_s = timed(lambda: [hf_last_logits(hf, r, s.device) for r in requests], s, max(1, s.repeats // 2))
+    best = max(by_batch.values(), key=lambda b: b["requests_per_s"])
+    return {"requests": len(requests), "samples_per_request": SAMPLES_PER_REQUEST, "sample_tokens": list(s.sample_tokens),
+            "mean_tokens_per_request": tokens / len(requests), "by_requests_per_call": by_batch,
+            "hf_ms_per_request": hf_s / len(requests) * 1e3, "speedup_vs_hf": best["requests_per_s"] * hf_s / len(requests),
+            "best_effective_mfu_measured_peak": best["effective_mfu_measured_peak"],
+            "best_effective_mfu_datasheet": best["effective_mfu_datasheet"]}
+
+
+def beam_bench(nodes, hf, spec, s: Settings) -> dict:
+    """The beam node at W=100, S=4 (k=10) on short prompts, R requests per call, and generate() for one."""
+    if nodes.beam is None:
+        return {"error": "no beam node"}
+    g = torch.Generator().manual_seed(3)
+    count = max(s.beam_batches) * 2
+    prompts = random_samples(count, *s.beam_prompts, spec.vocab_size, g)
+    by_batch = {}
+    for per_call in s.beam_batches:
+        groups = [prompts[i:i + per_call] for i in range(0, count, per_call)]
+
+        def run(groups=groups):
+            for group in groups:
+                nodes.beam(torch.cat(group), torch.tensor([len(p) for p in group]), BEAM_W, BEAM_S, BEAM_K)
+
+        seconds = timed(run, s, s.repeats)
+        by_batch[per_call] = {"ms_per_request": seconds / count * 1e3, "requests_per_s": count / seconds}
+    hf_s = timed(lambda: hf_beam(hf, prompts[0], s.device, BEAM_W, BEAM_K), s, 1)
+    best = max(v["requests_per_s"] for v in by_batch.values())
+    return {"beam_width": BEAM_W, "steps": BEAM_S, "returned": BEAM_K, "prompt_tokens": list(s.beam_prompts),
+            "by_requests_per_call": by_batch, "hf_generate_ms_per_request": hf_s * 1e3, "speedup_vs_hf": best * hf_s}
+
+
+def fp8_report(checkpoint, spec, s: Settings) -> dict:
+    """Selective FP8 on the eager scoring module: ranking, choice under a 0.01 budget, eager timing."""
+    from compile.checkpoint import load_checkpoint
+    from compile.fp8 import Fp8Budget, apply_fp8, label_probs, random_calibration, select_fp8
+    from compile.model import build_model
+    from compile.score_node import ScoreModule
+
+    loaded = load_checkpoint(checkpoint, str(s.dtype).removeprefix("torch."))
+    module = ScoreModule(build_model(loaded.spec, loaded.state_dict, s.dtype), 5).to(s.device).eval()
+    batches = random_calibration(spec.vocab_size, s.calibration_batches, SAMPLES_PER_REQUEST, s.sample_tokens,
+                                 labels(spec.vocab_size), 8, s.device)
+    start = time.perf_counter()
+    plan = select_fp8(module, batches, Fp8Budget(max_prob_change=0.01))
+    select_s = time.perf_counter() - start
+    fp8_copy = copy.deepcopy(module)  # the reference module stays as it is, for timing against
+    apply_fp8(fp8_copy.model, plan)
+    bf16_s = timed(lambda: label_probs(module, batches), s, s.repeats)
+    fp8_s = timed(lambda: label_probs(fp8_copy, batches), s, s.repeats)
+    ranked = [(r.name, round(r.max_change, 6), round(r.mean_change, 7)) for r in plan.ranked]
+    return {"mode": plan.mode, "candidates": len(plan.ranked), "chosen": len(plan.chosen), "budget": plan.budget,
+            "max_label_prob_change": plan.max_change, "mean_label_prob_change": plan.mean_change,
+            "calibration_batches": len(batches), "selection_s": select_s, "least_sensitive": ranked[:5],
+            "most_sensitive": ranked[-3:], "chosen_layers": plan.chosen,
+            "eager_ms_per_batch_ref": bf16_s / len(batches) * 1e3, "eager_ms_per_batch_fp8": fp8_s / len(batches) * 1e3}
+
+
+def score_bodies(s: Settings, vocab: int, count: int) -> list[dict]:
+    deadline = 1000 if s.device == "cuda" else 60_000
+    return [{"samples": [{"input_ids": x.tolist()} for x in r], "label_token_ids": labels(vocab), "output": "probs",
+             "deadline_ms": deadline} for r in score_requests(s, vocab, count, seed=11)]
+
+
+def beam_bodies(s: Settings, vocab: int, count: int) -> list[dict]:
+    deadline = 1000 if s.device == "cuda" else 60_000
+    g = torch.Generator().manual_seed(12)
+    return [{"input_ids": p.tolist(), "beam_width": BEAM_W, "max_new_tokens": BEAM_S, "num_return_sequences": BEAM_K,
+             "deadline_ms": deadline} for p in random_samples(count, *s.beam_prompts, vocab, g)]
