@@ -65,8 +65,11 @@ class Admission:
         items = sum(j.batch_items for j in jobs)
         ahead_items, ahead_tokens = batcher.backlog()
         workers = max(1, self._pool.ready_count(batcher.workload))
-        wait_ms = self._pool.soonest_free_ms(batcher.workload) + model.backlog_ms(ahead_items, ahead_tokens) / workers
+        # this request finishes with the queue ahead of it, served in full batches by the ready workers
+        finish_ms = (self._pool.soonest_free_ms(batcher.workload)
+                     + model.backlog_ms(ahead_items + items, ahead_tokens + tokens) / workers)
         service_ms = model.backlog_ms(items, tokens)
+        wait_ms = max(0.0, finish_ms - service_ms)
         if not self.enabled:
             return Prediction(wait_ms, service_ms, budget_ms)
         real_tokens = sum(j.tokens for j in jobs)

@@ -1,9 +1,9 @@
 """Deadline-ordered micro-batching: queued jobs are cut into packed batches up to the compiled bounds.
 
-One Batcher per workload. A batch is sent when it is full, when the chosen worker is idle, when its
-oldest job has waited `max_batch_wait_ms`, or when waiting longer would make its earliest deadline
-unmeetable; and only when a worker has a free slot, so work waits here, in deadline order, not in a
-worker's FIFO.
+One Batcher per workload. A batch goes to the least-loaded worker with a free slot when it is full,
+or when that worker is idle or predicted to finish its work in flight within `max_batch_wait_ms`:
+until then jobs wait here, in deadline order, gathering companions, not in a worker's FIFO (a
+worker's answer wakes the batcher, so a wrong prediction costs no idle time).
 A job whose deadline passes while queued is answered 504 at once by its own timer and never sent;
 one predicted to finish past its deadline is answered 504 instead of being sent.
 """
@@ -37,7 +37,7 @@ class Batcher:
     """The queue and batching loop of one workload."""
 
     def __init__(self, workload: str, pool: WorkerPool, bounds: BatchBounds, max_wait_ms: float,
-                 margin_ms: float, answer_grace_ms: float, metrics: Metrics) -> None:
+                 answer_grace_ms: float, metrics: Metrics) -> None:
         self.workload = workload
         self.bounds = bounds
         self.queued_tokens = 0
@@ -46,7 +46,6 @@ class Batcher:
         self.queued_latency_tokens = 0
         self._pool = pool
         self._max_wait_s = max_wait_ms / 1000.0
-        self._margin_s = margin_ms / 1000.0
         self._grace_s = answer_grace_ms / 1000.0
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
@@ -123,16 +122,16 @@ class Batcher:
         if link is None:
             return None  # the pool wakes us when a slot frees or a worker becomes ready
         jobs, full = self._take()
+        now = self._loop.time()
+        # A batch sent to a busy worker would only wait in its FIFO: keep the jobs here (in deadline
+        # order, gathering companions) until the worker is predicted to be free within max_batch_wait.
+        hold_s = link.busy_ms(now) / 1000.0 - self._max_wait_s
+        if not full and hold_s > 0:
+            self._put_back(jobs)
+            return hold_s
         model = link.models[self.workload]
         items = sum(j.batch_items for j in jobs)
         predicted_ms = model.predict_ms(items, sum(j.latency_tokens for j in jobs) / max(1, items))
-        now = self._loop.time()
-        send_at = min(min(j.enqueued_at for j in jobs) + self._max_wait_s,
-                      min(j.deadline for j in jobs) - predicted_ms / 1000.0 - self._margin_s)
-        idle = not link.in_flight  # waiting for companions only pays while the worker is busy anyway
-        if not (full or idle) and now < send_at:
-            self._put_back(jobs)
-            return send_at - now
         self._send(link, jobs, predicted_ms, now)
         return 0.0
 

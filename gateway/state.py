@@ -62,7 +62,7 @@ class Gateway:
             "beam": BatchBounds(limits.max_beam_requests_per_batch, 1 << 40, 0),
         }
         margin = gw.admission_margin_ms
-        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, margin, gw.worker_timeout_ms, metrics)
+        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics)
                     for w, b in bounds.items()}
         admission = Admission(pool, gw.max_queue_tokens, margin, settings.admission_enabled and gw.admission)
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")

@@ -179,7 +179,8 @@ class GatewayConfig:
     """Route default when a request carries no deadline."""
     generate_deadline_ms: int = 200
     max_batch_wait_ms: float = 2.0
-    """Longest a queued request waits for companions before its batch is sent."""
+    """Lead time: a partial batch goes to a busy worker this long before it is predicted to be free
+    (until then queued requests gather companions); an idle worker gets work at once."""
     admission_margin_ms: float = 1.0
     """Safety margin added to every predicted finish time."""
     max_queue_tokens: int = 65536
