@@ -139,7 +139,7 @@ class WorkerConfig:
     heartbeat_interval_ms: int = 100
     """Heartbeats to every gateway that said Hello, this often."""
     warmup_runs: int = 2
-    """Calls of each node at its smallest and largest shapes before profiling."""
+    """Untimed calls of each node at its smallest shape before profiling (plus one at its largest)."""
     profile_budget_s: float = 3.0
     """Wall time for measuring the latency profile at start (the grid is cut short when spent)."""
     profile_repeats: int = 3

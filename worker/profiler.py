@@ -81,10 +81,15 @@ def beam_batch(requests: int, beams: int, length: int, bounds: Mapping[str, int]
 
 def profile_workload(run: Callable, batches: list[tuple[float, float, object]], config: WorkerConfig,
                      deadline: float) -> Profile:
-    """Warm up on the first and last batch, then time each (B, L, batch) until `deadline` (monotonic s)."""
+    """Warm up, then time each (B, L, batch) until `deadline` (monotonic s); at least one point.
+
+    Warm-up: warmup_runs calls of the first (smallest) batch and one of the largest (the second),
+    so first-call costs and the largest allocations never land in a timed call.
+    """
     for _ in range(config.warmup_runs):
         run(batches[0][2])
-        run(batches[-1][2])
+    if config.warmup_runs and len(batches) > 1:
+        run(batches[1][2])
     samples = []
     for b, length, batch in batches:
         times = []

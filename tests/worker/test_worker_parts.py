@@ -92,9 +92,9 @@ def test_profiling_grid_stays_within_bounds_and_starts_with_corners():
 def test_profile_fits_the_measured_points_and_respects_the_budget():
     calls = []
     batches = [(b, length, (b, length)) for b, length in score_grid(BOUNDS)]
-    config = WorkerConfig(warmup_runs=1, profile_repeats=2)
+    config = WorkerConfig(warmup_runs=2, profile_repeats=2)
     profile = profile_workload(calls.append, batches, config, deadline=float("inf"))
-    assert len(calls) == 2 + 2 * len(batches)  # warm-up first and last, then repeats per point
+    assert len(calls) == 3 + 2 * len(batches)  # warm-up: smallest twice, largest once; then 2 per point
     assert len(profile.samples) == len(batches) and profile.rmse_ms >= 0
     short = profile_workload(lambda batch: None, batches, config, deadline=0.0)
     assert len(short.samples) == 1  # budget spent: stop after the first point, still a valid fit
