@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.job import Job
+from gateway.latency import QuantileTracker
 from gateway.worker_pool import WorkerPool
+
+LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,8 @@ class Prediction:
     wait_ms: float
     service_ms: float
     budget_ms: float
+    finish_at: float = 0.0
+    """Predicted finish on the loop clock, before the learnt lateness is added."""
 
 
 class Admission:
@@ -33,6 +38,15 @@ class Admission:
         self._max_queue_tokens = max_queue_tokens
         self._margin_ms = margin_ms
         self.enabled = enabled
+        # how much later than predicted admitted requests really finish (its 90th percentile)
+        self.lateness_ms = {w: QuantileTracker(LATE_QUANTILE, LATE_STEP_MS) for w in ("score", "beam")}
+
+    def observe(self, workload: str, prediction: Prediction, finished_at: float) -> None:
+        """Learn from an admitted request's real finish time (the end-to-end online correction)."""
+        self.lateness_ms[workload].observe((finished_at - prediction.finish_at) * 1000.0)
+
+    def _slack_ms(self, workload: str) -> float:
+        return self._margin_ms + max(0.0, self.lateness_ms[workload].value)
 
     def check_workers(self, workload: str) -> None:
         if self._pool.ready_count(workload) == 0:
@@ -49,9 +63,10 @@ class Admission:
         workers = max(1, self._pool.ready_count(batcher.workload))
         wait_ms = self._pool.soonest_free_ms(batcher.workload) + model.backlog_ms(*batcher.backlog()) / workers
         budget_ms = (deadline - now) * 1000.0
-        if wait_ms + self._margin_ms > budget_ms:
+        slack_ms = self._slack_ms(batcher.workload)
+        if wait_ms + slack_ms > budget_ms:
             raise ApiError("deadline_unmeetable", f"the predicted queue wait of {wait_ms:.1f} ms (+ margin "
-                                                  f"{self._margin_ms:g} ms) is already past the deadline of "
+                                                  f"{slack_ms:.1f} ms) is already past the deadline of "
                                                   f"{budget_ms:.1f} ms; refused before any work")
 
     def admit(self, batcher: Batcher, jobs: list[Job], now: float) -> Prediction:
@@ -70,8 +85,9 @@ class Admission:
                      + model.backlog_ms(ahead_items + items, ahead_tokens + tokens) / workers)
         service_ms = model.backlog_ms(items, tokens)
         wait_ms = max(0.0, finish_ms - service_ms)
+        prediction = Prediction(wait_ms, service_ms, budget_ms, now + finish_ms / 1000.0)
         if not self.enabled:
-            return Prediction(wait_ms, service_ms, budget_ms)
+            return prediction
         real_tokens = sum(j.tokens for j in jobs)
         if batcher.queued_tokens + real_tokens > self._max_queue_tokens and batcher.queued_jobs > 0:
             drain_s = (self._pool.soonest_free_ms(batcher.workload)
@@ -79,9 +95,10 @@ class Admission:
             raise ApiError("queue_full", f"the {batcher.workload} queue holds {batcher.queued_tokens} tokens; with "
                                          f"this request's {real_tokens} it would pass its budget of "
                                          f"{self._max_queue_tokens}", retry_after_s=drain_s)
-        if wait_ms + service_ms + self._margin_ms > budget_ms:
+        slack_ms = self._slack_ms(batcher.workload)
+        if wait_ms + service_ms + slack_ms > budget_ms:
             raise ApiError("deadline_unmeetable",
                            f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait {wait_ms:.1f} ms + service "
-                           f"{service_ms:.1f} ms + margin {self._margin_ms:g} ms) is past the deadline of "
+                           f"{service_ms:.1f} ms + margin {slack_ms:.1f} ms) is past the deadline of "
                            f"{budget_ms:.1f} ms; refused before any work")
-        return Prediction(wait_ms, service_ms, budget_ms)
+        return prediction

@@ -40,10 +40,11 @@ class GenerateService:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
         job = Job(request_id, "beam", deadline, [prompt], beam_key=key)
-        self._admission.admit(self._batcher, [job], now)
+        prediction = self._admission.admit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         self._batcher.submit(job)
         (result,) = await wait_all([job], self._batcher.cancel)
+        self._admission.observe("beam", prediction, self._loop.time())
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 
     def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> dict[str, Any]:

@@ -49,3 +49,16 @@ class CorrectedModel:
             return 0.0
         batches = max(math.ceil(items / self.max_batch_items), math.ceil(tokens / self.max_batch_tokens), 1)
         return batches * self.predict_ms(items / batches, tokens / items)
+
+
+class QuantileTracker:
+    """Online estimate of a quantile of a stream (stochastic approximation: steps of `step` units)."""
+
+    def __init__(self, quantile: float, step: float) -> None:
+        self.quantile = quantile
+        self.step = step
+        self.value = 0.0
+
+    def observe(self, x: float) -> None:
+        if math.isfinite(x):
+            self.value += self.step * (self.quantile - (1.0 if x < self.value else 0.0))

@@ -45,11 +45,12 @@ class ScoreService:
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
-        self._admission.admit(self._batcher, jobs, now)
+        prediction = self._admission.admit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         for job in jobs:
             self._batcher.submit(job)
         results = await wait_all(jobs, self._batcher.cancel)
+        self._admission.observe("score", prediction, self._loop.time())
         arrays = _join([r.arrays() for r in results])
         return _answer(spec, label_ids, arrays, sum(len(ids) for ids in token_ids), request_id, self._tokenizer)
 

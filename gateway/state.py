@@ -80,6 +80,9 @@ class Gateway:
                     lambda b=batcher: b.queued_jobs)
             m.gauge(f"boundserve_queue_tokens_{workload}", f"Tokens waiting in the {workload} queue.",
                     lambda b=batcher: b.queued_tokens)
+        for workload, tracker in self.admission.lateness_ms.items():
+            m.gauge(f"boundserve_admission_lateness_ms_{workload}", "Learnt 90th percentile of how much later "
+                    "than predicted admitted requests finish (added to predictions).", lambda t=tracker: t.value)
         m.gauge("boundserve_workers_ready", "Workers ready to take batches.", lambda: self.pool.ready_count())
         m.gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.", self.pool.in_flight_batches)
 
