@@ -8,6 +8,7 @@ keeps serving, and the supervisor brings the killed one back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,7 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import GATEWAY, make_app
 from gateway.state import Settings
 from gateway.tokenizer import RequestTokenizer
-from shared.config import load_config
+from shared.config import BeamConfig, ScoreConfig, load_config
 from tests.gateway.test_gateway_fuzz import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,14 +44,15 @@ def deployment_for(endpoints: list[str], port: int = 0):
     return config.replace(worker=worker, gateway=gateway)
 
 
-@pytest_asyncio.fixture(loop_scope="function")
-async def real_stack(demo_artifacts, tmp_path):
-    endpoint = f"ipc://{tmp_path}/w0"
+@contextlib.asynccontextmanager
+async def real_gateway(artifacts: Path, folder: Path, **sections):
+    """A real worker process and the gateway app (in this process) in front of it."""
+    endpoint = f"ipc://{folder}/w0"
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", "configs/test.toml", "--artifacts",
-                               str(demo_artifacts), "--endpoint", endpoint], cwd=ROOT)
-    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
-    settings = Settings(deployment_for([endpoint]), manifest, RequestTokenizer.from_artifacts(demo_artifacts))
-    client = TestClient(TestServer(make_app(settings)))
+                               str(artifacts), "--endpoint", endpoint], cwd=ROOT)
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    config = deployment_for([endpoint]).replace(**sections)
+    client = TestClient(TestServer(make_app(Settings(config, manifest, RequestTokenizer.from_artifacts(artifacts)))))
     await client.start_server()
     try:
         end = time.monotonic() + 120
@@ -62,6 +64,35 @@ async def real_stack(demo_artifacts, tmp_path):
         await client.close()
         worker.terminate()
         worker.wait(timeout=30)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def real_stack(demo_artifacts, tmp_path):
+    async with real_gateway(demo_artifacts, tmp_path) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def beam_artifacts(demo_checkpoint):
+    from tests.conftest import build_artifacts
+
+    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
+
+
+async def test_generate_equals_the_compiled_beam_node(beam_artifacts, tmp_path):
+    from compile.runtime import load_nodes
+
+    async with real_gateway(beam_artifacts, tmp_path, beam=BeamConfig(enabled=True)) as client:
+        body = {"prompt": "red running shoe", "beam_width": 4, "max_new_tokens": 3, "num_return_sequences": 2}
+        response = await client.post("/v1/generate", json=body)
+        answer = await response.json()
+        assert response.status == 200, answer
+        prompt = encode(client, [body["prompt"]])[0]
+    out = load_nodes(beam_artifacts).beam(torch.tensor(prompt, dtype=torch.int64),
+                                          torch.tensor([len(prompt)], dtype=torch.int64), 4, 3, 2)
+    want = [out.sequences[0, i, : int(out.lengths[0, i])].tolist() for i in range(2)]
+    assert [c["token_ids"] for c in answer["candidates"]] == want
+    np.testing.assert_allclose([c["score"] for c in answer["candidates"]], out.scores[0].numpy(), rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
