@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from compile.beam import build_beam
 from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
+from compile.fp8 import fp8_for_build
 from compile.heads import MlpHead
 from compile.machine import machine_facts
 from compile.model import Transformer, build_model
@@ -91,6 +92,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
     dtype = DTYPES[checkpoint.spec.dtype if config.model.dtype == "auto" else config.model.dtype]
     device = config.model.device
     model = build_model(checkpoint.spec, checkpoint.state_dict, dtype).to(device)
+    fp8 = fp8_for_build(config, model, progress.stage)  # [model] fp8: swaps chosen layers in place
     ctx = BuildContext(config, checkpoint, model, dtype, device)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-built folder must never look up to date
@@ -116,6 +118,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
         "bounds": asdict(config.bounds),
         "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
         "nodes": nodes,
+        "fp8": fp8,
         "weights": {"file": WEIGHTS, "sha256": file_hash(out / WEIGHTS)},
         "tokenizer_files": tokenizer_files,
         "config": asdict(config),

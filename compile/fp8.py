@@ -56,8 +56,8 @@ class Fp8Linear(nn.Module):
         weight = linear.weight.detach()
         weight_scale = weight.abs().amax().float().clamp(min=1e-12) / FP8_MAX
         self.register_buffer("weight_fp8", quantise(weight, weight_scale))  # [out, in] e4m3
-        self.register_buffer("weight_scale", weight_scale.reshape(()))
-        self.register_buffer("input_scale", torch.tensor(max(input_scale, 1e-12) / FP8_MAX, device=weight.device))
+        self.register_buffer("weight_scale", weight_scale.reshape(1))
+        self.register_buffer("input_scale", torch.tensor([max(input_scale, 1e-12) / FP8_MAX], device=weight.device))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
         self.simulate = simulate
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -240,3 +240,32 @@ def random_calibration(vocab_size: int, num_batches: int, samples: int, lengths:
         tokens = [torch.randint(0, vocab_size, (n,), generator=generator) for n in lens]
         batches.append(pack_batch(tokens, label_ids, max_labels, device))
     return batches
+
+
+def fp8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict | None:
+    """The build's `[model] fp8` step: choose layers and swap them into `model` in place.
+
+    Calibrates on random token ids (a stand-in until a deployment supplies its own texts) with
+    label ids spread over the vocabulary. Refuses a device without torch._scaled_mm rather than
+    compiling the simulation into the packages. Returns the manifest's "fp8" facts (None when off).
+    """
+    if not config.model.fp8:
+        return None
+    from compile.score_node import ScoreModule
+
+    device = next(model.parameters()).device
+    if not scaled_mm_available(device.type):
+        raise ValueError(f"model.fp8 = true needs torch._scaled_mm for float8_e4m3fn on {device}, which this "
+                         "torch build or GPU lacks (CUDA needs compute capability 8.9+); set model.fp8 = false")
+    b, vocab = config.bounds, model.spec.vocab_size
+    labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: b.max_labels]
+    batches = random_calibration(vocab, 4, min(8, b.max_samples_per_batch), (4, min(128, b.max_tokens_per_sample)),
+                                 labels, b.max_labels, str(device))
+    stage(f"selecting FP8 layers (budget: label probabilities change <= {config.model.fp8_max_prob_change})")
+    plan = select_fp8(ScoreModule(model, 1).eval(), batches, Fp8Budget(config.model.fp8_max_prob_change))
+    apply_fp8(model, plan)
+    stage(f"FP8: {len(plan.chosen)} of {len(plan.ranked)} linear layers, max label-probability change "
+          f"{plan.max_change:.4g}, mean {plan.mean_change:.3g} ({plan.mode})")
+    return {"layers": plan.chosen, "input_absmax": plan.input_absmax, "candidates": len(plan.ranked), "max_label_prob_change": plan.max_change,
+            "mean_label_prob_change": plan.mean_change, "mode": plan.mode, "budget": plan.budget,
+            "calibration": f"{len(batches)} batches of random token ids"}

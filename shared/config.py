@@ -34,10 +34,16 @@ class ModelConfig:
     """float32 | bfloat16 | float16 | auto (the checkpoint's own torch_dtype)."""
     device: str = "cpu"
     """cpu | cuda: the device the packages are compiled for."""
+    fp8: bool = False
+    """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss
+    run torch._scaled_mm in float8 e4m3 with offline scales. Off by default."""
+    fp8_max_prob_change: float = 0.01
+    """FP8 budget: largest change of any label probability allowed on the calibration set."""
 
     def validate(self) -> None:
         _check_choice("model.dtype", self.dtype, DTYPES)
         _check_choice("model.device", self.device, DEVICES)
+        _check_range("model.fp8_max_prob_change", self.fp8_max_prob_change, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
