@@ -82,7 +82,7 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
         supervisor = Supervisor(_worker_specs(settings.config, args), gateway.pool.declare_lost)
         supervisor.start()
     port = site._server.sockets[0].getsockname()[1] if site._server else gw.port  # type: ignore[union-attr]
-    _announce(settings, gw.host, port)
+    _announce(settings, gw.host, port, gateway.limits.beam_enabled)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -112,14 +112,14 @@ def _worker_specs(config: DeploymentConfig, args: argparse.Namespace) -> list[Wo
             for i, (endpoint, device) in enumerate(zip(config.worker.endpoints, config.worker.devices))]
 
 
-def _announce(settings: Settings, host: str, port: int) -> None:
+def _announce(settings: Settings, host: str, port: int, beam: bool) -> None:
     url = f"http://{host}:{port}"
     auth = ' -H "Authorization: Bearer $TOKEN"' if settings.auth_token else ""
     body = {"samples": ["red running shoe", "blue phone case"], "labels": ["yes", "no"]}
     print(f"boundserve gateway listening on {url}  (readiness: {url}/readyz, API: {url}/openapi.json)", flush=True)
     print(f"try:  curl -s {url}/v1/score -H 'Content-Type: application/json'{auth} -d '{json.dumps(body)}'",
           flush=True)
-    if settings.config.beam.enabled:
+    if beam:
         beam = {"prompt": "red running", "beam_width": 4, "max_new_tokens": 3, "num_return_sequences": 2}
         print(f"      curl -s {url}/v1/generate -H 'Content-Type: application/json'{auth} -d '{json.dumps(beam)}'",
               flush=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.job import Job
-from gateway.latency import QuantileTracker
+from gateway.latency import CorrectedModel, QuantileTracker
 from gateway.worker_pool import WorkerPool
 
 LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
@@ -45,6 +45,12 @@ class Admission:
         """Learn from an admitted request's real finish time (the end-to-end online correction)."""
         self.lateness_ms[workload].observe((finished_at - prediction.finish_at) * 1000.0)
 
+    def _probe(self, batcher: Batcher, model: CorrectedModel) -> bool:
+        """Admit anyway while no measured batch has confirmed the start-up profile and nothing else is
+        queued or running: a profile taken on a busy machine may be far off, and refusing everything
+        would never produce the measurements that correct it."""
+        return not model.verified and batcher.queued_jobs == 0 and self._pool.in_flight_batches() == 0
+
     def _slack_ms(self, workload: str) -> float:
         return self._margin_ms + max(0.0, self.lateness_ms[workload].value)
 
@@ -64,7 +70,7 @@ class Admission:
         wait_ms = self._pool.soonest_free_ms(batcher.workload) + model.backlog_ms(*batcher.backlog()) / workers
         budget_ms = (deadline - now) * 1000.0
         slack_ms = self._slack_ms(batcher.workload)
-        if wait_ms + slack_ms > budget_ms:
+        if wait_ms + slack_ms > budget_ms and not self._probe(batcher, model):
             raise ApiError("deadline_unmeetable", f"the predicted queue wait of {wait_ms:.1f} ms (+ margin "
                                                   f"{slack_ms:.1f} ms) is already past the deadline of "
                                                   f"{budget_ms:.1f} ms; refused before any work")
@@ -96,7 +102,7 @@ class Admission:
                                          f"this request's {real_tokens} it would pass its budget of "
                                          f"{self._max_queue_tokens}", retry_after_s=drain_s)
         slack_ms = self._slack_ms(batcher.workload)
-        if wait_ms + service_ms + slack_ms > budget_ms:
+        if wait_ms + service_ms + slack_ms > budget_ms and not self._probe(batcher, model):
             raise ApiError("deadline_unmeetable",
                            f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait {wait_ms:.1f} ms + service "
                            f"{service_ms:.1f} ms + margin {slack_ms:.1f} ms) is past the deadline of "

@@ -171,8 +171,9 @@ class Batcher:
 
     def _send(self, link, jobs: list[Job], predicted_ms: float, now: float) -> None:
         live = []
+        trusted = link.models[self.workload].verified  # an unconfirmed start-up profile drops nothing
         for job in jobs:
-            if now + predicted_ms / 1000.0 > job.deadline:
+            if trusted and now + predicted_ms / 1000.0 > job.deadline:
                 self._leave(job)
                 self._metrics.count_drop("predicted_late")
                 job.fail(ApiError("deadline_exceeded", f"the request would finish {predicted_ms:.1f} ms from now, "

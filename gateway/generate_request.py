@@ -32,7 +32,8 @@ class GenerateSpec:
 def parse_generate(body: Any, limits: Limits) -> GenerateSpec:
     """Validate a /v1/generate body; raises ApiError naming the field."""
     if not limits.beam_enabled:
-        raise ApiError("not_found", "this deployment serves no beam search (beam.enabled is false)")
+        raise ApiError("not_found", "this deployment serves no beam search (beam.enabled is false in its config, "
+                                    "or its artifacts hold no beam node)")
     body = f.require_object(body, "the request body")
     f.reject_unknown(body, FIELDS, "the request body")
     prompt = _prompt(body, limits)

@@ -37,6 +37,7 @@ class WorkerPool:
         self._batch_ids = itertools.count(1)
         self._context: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` when a worker becomes ready or lost, or a batch slot frees up."""
@@ -74,7 +75,7 @@ class WorkerPool:
             now = self._loop.time()
             for link in self.links:
                 silent_s = now - link.last_seen
-                if link.state not in (CONNECTING, LOST) and silent_s > self.timeout_s:
+                if link.state not in (CONNECTING, LOST) and silent_s > self.timeout_s and not self._stopping:
                     link.declare_lost(f"no heartbeat for {silent_s * 1000:.0f} ms")
                 if link.state in (CONNECTING, LOST):
                     link.hello()
@@ -86,6 +87,7 @@ class WorkerPool:
                 link.declare_lost(why)
 
     def shutdown_workers(self, reason: str) -> None:
+        self._stopping = True  # workers going quiet from here on is expected, not a loss
         for link in self.links:
             link.shutdown(reason)
 

@@ -108,16 +108,32 @@ async def test_full_queue_gets_429_with_retry_after(request_tokenizer):
 
 
 async def test_an_unmeetable_deadline_gets_503_before_any_work(request_tokenizer):
-    slow = LatencyModel(0.0, 0.0, 0.0, 50.0)  # every batch is predicted to take 50 ms
-    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, latency=slow).start()
+    slow = LatencyModel(0.0, 0.0, 0.0, 50.0)  # every batch takes 50 ms, and its profile says so
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, latency=slow, delay_ms=50).start()
     stack = await start_stack(request_tokenizer, [worker])
     try:
-        status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 10})
-        assert_error(status, body, 503, "deadline_unmeetable", "predicted finish", "past the deadline")
+        for _ in range(3):  # measured batches confirm the profile
+            assert (await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 5000}))[0] == 200
+        status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 10},
+                                           headers={"X-Request-Id": "hopeless-1"})
+        assert_error(status, body, 503, "deadline_unmeetable", "predicted", "past the deadline")
         status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"]},
-                                           headers={"x-envoy-expected-rq-timeout-ms": "20"})
+                                           headers={"x-envoy-expected-rq-timeout-ms": "20", "X-Request-Id": "hopeless-2"})
         assert_error(status, body, 503, "deadline_unmeetable")
-        assert worker.seen_request_ids == []
+        assert not any(rid.startswith("hopeless") for rid in worker.seen_request_ids)
+    finally:
+        await stack.client.close()
+        worker.stop()
+
+
+async def test_an_unconfirmed_profile_cannot_lock_the_gateway_out(request_tokenizer):
+    wrong = LatencyModel(0.0, 0.0, 0.0, 5000.0)  # a profile taken on a busy machine: 5 s per batch
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, latency=wrong).start()
+    stack = await start_stack(request_tokenizer, [worker])
+    try:
+        statuses = [(await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 100}))[0]
+                    for _ in range(20)]
+        assert statuses[-5:] == [200] * 5, statuses  # probes measured the worker; the model was refitted
     finally:
         await stack.client.close()
         worker.stop()
