@@ -53,6 +53,9 @@ class Stack:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         worker = dataclasses.replace(config.worker, endpoints=(endpoint,), devices=(device if device == "cpu" else "cuda:0",))
         gateway = dataclasses.replace(config.gateway, access_log=False, port=self.port)
+        if device == "cpu":  # seconds-long CPU batches: a longer profile, no heartbeat-timeout during a batch
+            worker = dataclasses.replace(worker, profile_budget_s=60.0, profile_repeats=1, warmup_runs=1)
+            gateway = dataclasses.replace(gateway, worker_timeout_ms=120_000, max_deadline_ms=300_000)
         folder.mkdir(parents=True, exist_ok=True)
         self.config_path = folder / "e2e.toml"
         self.config_path.write_text(to_toml(config.replace(worker=worker, gateway=gateway)))

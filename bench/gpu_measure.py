@@ -175,6 +175,11 @@ def fp8_report(checkpoint, spec, s: Settings) -> dict:
     start = time.perf_counter()
     plan = select_fp8(module, batches, Fp8Budget(max_prob_change=0.01))
     select_s = time.perf_counter() - start
+    other_budgets = {}
+    for budget in (0.05, 0.2):  # how the choice grows with the budget (the ranking is reused)
+        wider = select_fp8(module, batches, Fp8Budget(max_prob_change=budget), ranked=plan.ranked)
+        other_budgets[budget] = {"chosen": len(wider.chosen), "max_change": wider.max_change, "mean_change": wider.mean_change}
+        plan = wider if not plan.chosen else plan  # time the first budget that chose anything
     fp8_copy = copy.deepcopy(module)  # the reference module stays as it is, for timing against
     apply_fp8(fp8_copy.model, plan)
     bf16_s = timed(lambda: label_probs(module, batches), s, s.repeats)
@@ -182,7 +187,7 @@ def fp8_report(checkpoint, spec, s: Settings) -> dict:
     ranked = [(r.name, round(r.max_change, 6), round(r.mean_change, 7)) for r in plan.ranked]
     return {"mode": plan.mode, "candidates": len(plan.ranked), "chosen": len(plan.chosen), "budget": plan.budget,
             "max_label_prob_change": plan.max_change, "mean_label_prob_change": plan.mean_change,
-            "calibration_batches": len(batches), "selection_s": select_s, "least_sensitive": ranked[:5],
+            "other_budgets": other_budgets, "calibration_batches": len(batches), "selection_s": select_s, "least_sensitive": ranked[:5],
             "most_sensitive": ranked[-3:], "chosen_layers": plan.chosen,
             "eager_ms_per_batch_ref": bf16_s / len(batches) * 1e3, "eager_ms_per_batch_fp8": fp8_s / len(batches) * 1e3}
 

@@ -164,10 +164,11 @@ def swap(model: nn.Module, names: dict[str, nn.Module]) -> dict[str, nn.Module]:
 
 
 def select_fp8(score_module: nn.Module, batches: list[tuple], budget: Fp8Budget = Fp8Budget(),
-               simulate: bool | None = None) -> Fp8Plan:
+               simulate: bool | None = None, ranked: list[LayerLoss] | None = None) -> Fp8Plan:
     """Rank every candidate by its measured label-probability change, choose under the budget.
 
     `batches` are the scoring node's inputs (input_ids, positions, cu_seqlens, label_ids, label_mask).
+    `ranked` (a previous plan's ranking on the same batches) skips the ranking pass.
     The model is left unchanged; `apply_fp8(model, plan)` makes the swap.
     """
     model = score_module.model
@@ -185,11 +186,12 @@ def select_fp8(score_module: nn.Module, batches: list[tuple], budget: Fp8Budget 
         finally:
             swap(model, originals)
 
-    ranked = []
-    for name in names:
-        worst, mean = measure([name])
-        ranked.append(LayerLoss(name, absmax[name], float(names[name].weight.abs().amax()), worst, mean))
-    ranked.sort(key=lambda loss: (loss.max_change, loss.mean_change))
+    if ranked is None:
+        ranked = []
+        for name in names:
+            worst, mean = measure([name])
+            ranked.append(LayerLoss(name, absmax[name], float(names[name].weight.abs().amax()), worst, mean))
+        ranked.sort(key=lambda loss: (loss.max_change, loss.mean_change))
     chosen, totals = [], (0.0, 0.0)
     for loss in ranked:
         if budget.max_layers is not None and len(chosen) >= budget.max_layers:
