@@ -14,9 +14,15 @@ stored in the shared weights file), not inputs.
 Outputs: tokens [R, W, S] int64, scores [R, W] float32, lengths [R, W] int64: every request's
 finished hypotheses, best first (transformers' sequences / sequences_scores order).
 
-W and the prompt sizes are dynamic dimensions of one package; S is compiled (the loop is unrolled
-S times). A request with fewer steps runs all S compiled steps and keeps the state of its last one
-(so a node compiled for S = 4 costs the same for max_new_tokens = 2: build with the S you serve).
+Serving smaller requests: W, R and the prompt sizes are dynamic dimensions of one package, so any
+W <= max_beam_width runs at its own width (selection depends on W, so it is never emulated by a
+wider beam); W = 1 follows generate(num_beams=1), i.e. greedy search, which equals beam search with
+early_stopping=True at width 1 (the runtime sets early_all). S is compiled (the loop is unrolled
+S times): a request with fewer steps runs all S compiled steps and keeps the state of its last one,
+so a node compiled for S = 4 costs the same for max_new_tokens = 2 (build with the S you serve).
+The dynamic dimensions are declared with min 1; Inductor's opt-in input check
+(AOTI_RUNTIME_CHECK_INPUTS=1) assumes >= 2 and would refuse R = 1 or W = 1, so leave it off for
+this package: size-1 calls are tested against the eager module and transformers.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from torch import nn
 from torch.export import Dim
 
 from compile.beam_decode import decode, prefill, prompt_kv, reorder_suffix
+from compile.beam_penalty import RepetitionPenalty
 from compile.beam_search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
 from compile.model import Transformer
 
@@ -44,6 +51,7 @@ class BeamModule(nn.Module):
         self.rule = rule
         self.max_steps = max_steps
         self.constraint = constraint
+        self.penalty = RepetitionPenalty(rule.repetition_penalty) if rule.repetition_penalty != 1.0 else None
 
     def forward(self, prompt_ids, positions, cu_seqlens, prompt_index, prompt_valid, beam_slots, num_steps,
                 early_all):
@@ -51,18 +59,20 @@ class BeamModule(nn.Module):
         r, w = prompt_index.shape[0], beam_slots.shape[0]
         hidden, keys, values = prefill(model, prompt_ids, positions, cu_seqlens)  # [T, H]
         last = (cu_seqlens[1:] - 1).long()  # [R]
-        log_probs = F.log_softmax(model.logits(hidden.index_select(0, last)), dim=-1)[:, None, :]  # [R, 1, V]
+        logits = model.logits(hidden.index_select(0, last))[:, None, :]  # [R, 1, V] float32
         prompt = (prompt_kv(keys, prompt_index), prompt_kv(values, prompt_index), prompt_valid)
         prompt_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # [R]
         state = initial_state(r, w, self.max_steps, rule.pad_id, prompt_ids.device)
         nodes = None if self.constraint is None else self.constraint.start(r, prompt_ids.device)
+        seen = None if self.penalty is None else self.penalty.prompt_seen(prompt_ids, positions, r, logits.shape[-1])
+        is_greedy = torch.ones_like(beam_slots).sum() == 1  # bool []: a tensor, so W stays dynamic
         suffix = None
         for step in range(1, self.max_steps + 1):
             if step > 1:
                 tokens = state.running_tokens[:, :, step - 2]  # [R, W] the token chosen last step
                 pos = (prompt_lens + (step - 2))[:, None].expand(r, w)  # [R, W]
-                logits, suffix = decode(model, tokens, pos, prompt, suffix)
-                log_probs = F.log_softmax(logits, dim=-1)  # [R, W, V]
+                logits, suffix = decode(model, tokens, pos, prompt, suffix)  # [R, W, V]
+            log_probs = self._log_probs(logits, seen, state.running_tokens, step, is_greedy)
             if nodes is not None:
                 log_probs = self.constraint.mask(log_probs, nodes, step, num_steps)
             divisor = heuristic_divisor(rule, step, num_steps)
@@ -73,6 +83,16 @@ class BeamModule(nn.Module):
             if suffix is not None and step < self.max_steps:
                 suffix = reorder_suffix(suffix, parent)
         return state.finished_tokens, state.finished_scores, state.finished_lens
+
+    def _log_probs(self, logits, seen, running_tokens, step: int, is_greedy):
+        """Processed log-probs [R, Win, V]. transformers' beam search applies the repetition penalty to
+        log-probs, its greedy search (W = 1) to logits; both are followed exactly."""
+        log_probs = F.log_softmax(logits, dim=-1)
+        if seen is None:
+            return log_probs
+        beam = self.penalty.apply(log_probs, seen, running_tokens, step)
+        greedy = F.log_softmax(self.penalty.apply(logits, seen, running_tokens, step), dim=-1)
+        return torch.where(is_greedy, greedy, beam)
 
 
 def example_inputs(vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
@@ -134,6 +154,7 @@ def build_beam(ctx) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
     facts = {
         "inputs": list(INPUT_NAMES), "outputs": ["tokens", "scores", "lengths"], "max_steps": bounds.max_new_tokens,
         "eos_ids": list(rule.eos_ids), "pad_id": rule.pad_id, "length_penalty": rule.length_penalty,
-        "early_stopping": rule.early_stopping, "constrained": constraint is not None, **facts,
+        "early_stopping": rule.early_stopping, "repetition_penalty": rule.repetition_penalty,
+        "constrained": constraint is not None, **facts,
     }
     return module, program, facts

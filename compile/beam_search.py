@@ -1,6 +1,7 @@
 """Beam search selection as pure tensor functions, following transformers' generate() rule exactly.
 
-One step, per request (R requests, W beams, K = max(2, 1 + number of EOS ids) * W candidates kept):
+One step, per request (R requests, W beams, K = max(2, 1 + number of EOS ids) * W candidates kept;
+the vocabulary must hold at least K tokens, which the build checks for the largest W):
   1. add each beam's running score to its next-token log-probs and take the top K of W·V;
   2. the best W candidates that did not stop (EOS, or the last step) become the running beams;
   3. candidates among the top W that did stop enter the finished list with score
@@ -28,6 +29,7 @@ class BeamRule:
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # True | False | "never"
     pad_id: int = 0
+    repetition_penalty: float = 1.0  # applied by the node before selection (compile/beam_penalty.py)
 
     def __post_init__(self):
         if self.early_stopping not in (True, False, "never"):
@@ -85,11 +87,16 @@ def beam_step(
     best_divisor: best_length ** length_penalty for the early-stopping heuristic (heuristic_divisor).
     Returns the new state and parent [R, W]: the index of each new running beam's parent beam.
     """
-    r, win, vocab = log_probs.shape
+    r, win, _ = log_probs.shape
     keep = rule.beams_to_keep(num_beams)
-    acc = (log_probs + state.running_scores[:, :, None]).reshape(r, win * vocab)  # [R, Win*V]
+    # The global top K of W·V candidates lie within each beam's own top K, so select per beam first
+    # (rows run in parallel, V-wide work is never flattened) and then among W·K; the values are
+    # transformers' own sums log_prob + running score, bit for bit.
+    beam_top, beam_token = torch.topk(log_probs, keep, dim=-1)  # [R, Win, K]
+    acc = (beam_top + state.running_scores[:, :, None]).reshape(r, win * keep)  # [R, Win*K]
     top_scores, top_index = torch.topk(acc, keep)  # [R, K], sorted best first
-    parent, token = top_index // vocab, top_index % vocab
+    parent = top_index // keep
+    token = torch.gather(beam_token.reshape(r, win * keep), 1, top_index)  # [R, K]
     column = torch.arange(state.running_tokens.shape[-1], device=token.device) == step - 1  # [S]
     tokens = torch.where(column, token[:, :, None], take(state.running_tokens, parent))  # [R, K, S]
     hits = _stops(token, rule.eos_ids) | stop_all  # [R, K]

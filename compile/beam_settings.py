@@ -1,9 +1,9 @@
 """The checkpoint's generation_config read into a BeamRule, refusing what the beam node does not do.
 
 Supported (matched to transformers' generate(num_beams=W, do_sample=False)): eos_token_id (one or
-several), pad_token_id, length_penalty, early_stopping (True / False / "never"). Options that would
-change the scores (repetition penalty, n-gram blocking, forced or suppressed tokens, minimum
-lengths, beam groups, ...) are refused with a message naming them; sampling options are ignored,
+several), pad_token_id, length_penalty, early_stopping (True / False / "never"), repetition_penalty.
+Options that would change the scores otherwise (n-gram blocking, forced or suppressed tokens,
+minimum lengths, beam groups, ...) are refused with a message naming them; sampling options are ignored,
 as generate(do_sample=False) ignores them.
 """
 
@@ -16,7 +16,6 @@ from compile.beam_search import BeamRule
 
 # option -> the value that means "off" (anything else is refused)
 _REFUSED = {
-    "repetition_penalty": 1.0,
     "encoder_repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
@@ -75,7 +74,11 @@ def beam_rule(gen: dict, source: str = "generation_config") -> BeamRule:
     pad = gen.get("pad_token_id")
     # transformers' fill value after a beam finishes: pad_token_id, else the first EOS id.
     fill = pad if pad else (eos_ids[0] if eos_ids else 0)
+    repetition = gen.get("repetition_penalty")
+    repetition = 1.0 if repetition is None else float(repetition)
+    if not repetition > 0:
+        raise UnsupportedGenerationOption(f"{source}: repetition_penalty={repetition} must be > 0")
     return BeamRule(
         eos_ids=eos_ids, length_penalty=1.0 if penalty is None else float(penalty),
-        early_stopping=early, pad_id=int(fill),
+        early_stopping=early, pad_id=int(fill), repetition_penalty=repetition,
     )

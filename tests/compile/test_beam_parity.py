@@ -77,6 +77,8 @@ def test_parity_checkpoint_eos(checkpoint_factory, family):
     ("llama", 1, {"length_penalty": 2.0, "early_stopping": True}),
     ("qwen3", 2, {"length_penalty": 1.5, "early_stopping": "never"}),
     ("qwen2", 1, {"length_penalty": -0.5, "early_stopping": "never"}),
+    ("llama", 1, {"repetition_penalty": 1.3}),
+    ("qwen3", 2, {"repetition_penalty": 0.7, "length_penalty": 0.8}),
 ])
 def test_parity_with_eos_among_candidates(checkpoint_factory, tmp_path, family, eos_count, gen):
     import shutil
@@ -96,8 +98,8 @@ def test_refuses_unsupported_generation_options(checkpoint_factory, tmp_path):
 
     path = tmp_path / "ckpt"
     shutil.copytree(checkpoint_factory("qwen3", name="beam-qwen3"), path)
-    set_generation(path, repetition_penalty=1.1)
-    with pytest.raises(UnsupportedGenerationOption, match="repetition_penalty"):
+    set_generation(path, no_repeat_ngram_size=2)
+    with pytest.raises(UnsupportedGenerationOption, match="no_repeat_ngram_size"):
         beam_rule(read_generation_config(path))
 
 
