@@ -4,7 +4,9 @@ Runs, in one go on this machine: a stand-in worker process that answers instantl
 protocol (tests/gateway/standin_worker.py), the real gateway process, and a light keep-alive HTTP
 client. Measures (1) the tokenizer's own time for each request's samples (one encode_batch call,
 in this process), (2) sequential end-to-end latency, and (3) the most requests/s the gateway
-sustains under concurrent load. Overhead = end-to-end latency - the tokenizer time of that request.
+sustains under concurrent load, with the gateway process's own CPU time per request (what one
+dedicated core could sustain: 1000 / that). Overhead = end-to-end latency - the tokenizer's time on the same
+samples, measured right before the request (so the machine's drift cancels).
 Baseline in the same run: GET /healthz round trips (HTTP + client floor, no gateway work).
 
     python bench/gateway_overhead.py [--quick] [--artifacts DIR]
@@ -98,6 +100,22 @@ async def sequential(port: int, requests: list[bytes]) -> list[float]:
     return times
 
 
+async def paired(port: int, requests: list[bytes], bodies: list[list[str]], encode, n: int):
+    """Per request: the tokenizer's own time on its samples, then its end-to-end latency, back to back."""
+    client = await Client.connect(port)
+    latency, tokenize = [], []
+    for i in range(n):
+        start = time.perf_counter()
+        encode(bodies[i % len(bodies)])
+        tokenize.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        status, body = await client.call(requests[i % len(requests)])
+        latency.append((time.perf_counter() - start) * 1000)
+        assert status == 200, body[:300]
+    client.writer.close()
+    return latency, tokenize
+
+
 async def load(port: int, requests: list[bytes], concurrency: int, seconds: float) -> tuple[float, int]:
     end = time.perf_counter() + seconds
     done = errors = 0
@@ -152,7 +170,13 @@ def pct(values: list[float] | np.ndarray, q: float) -> float:
     return round(float(np.percentile(values, q)), 4)
 
 
-async def measure(args: argparse.Namespace, port: int, folder: Path) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc), all its threads together."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid: int) -> dict:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -171,18 +195,22 @@ async def measure(args: argparse.Namespace, port: int, folder: Path) -> dict:
     n = 200 if args.quick else 1000
     await sequential(port, requests[:32])  # warm-up
     floor = await sequential(port, [GET_HEALTH] * n)
-    latency = await sequential(port, [requests[i % len(requests)] for i in range(n)])
-    per_request_tokenize = np.array([np.median(tokenize_ms[i % 64::64]) for i in range(n)])
-    overhead = np.array(latency) - per_request_tokenize
+    latency, paired_tokenize = await paired(port, requests, bodies, encode, n)
+    overhead = np.array(latency) - np.array(paired_tokenize)  # same request, same moment: drift cancels
     seconds = 3.0 if args.quick else 10.0
+    cpu_before = cpu_seconds(gateway_pid)
     rps, errors = await load(port, requests, args.concurrency, seconds)
+    cpu_ms_per_request = (cpu_seconds(gateway_pid) - cpu_before) * 1000 / max(1, rps * seconds)
     rps_ids, errors_ids = await load(port, pretokenized, args.concurrency, seconds)
     return {
         "bench": "gateway_overhead", "samples_per_request": 15, "requests_timed": n,
-        "tokenize_p50_ms": pct(tokenize_ms, 50), "end_to_end_p50_ms": pct(latency, 50),
+        "tokenize_p50_ms": pct(paired_tokenize, 50), "tokenize_alone_p50_ms": pct(tokenize_ms, 50),
+        "end_to_end_p50_ms": pct(latency, 50),
         "end_to_end_p99_ms": pct(latency, 99), "overhead_p50_ms": pct(overhead, 50),
         "overhead_p99_ms": pct(overhead, 99), "baseline_healthz_p50_ms": pct(floor, 50),
         "max_rps": round(rps, 1), "max_rps_pretokenized": round(rps_ids, 1), "load_errors": errors + errors_ids,
+        "gateway_cpu_ms_per_request": round(cpu_ms_per_request, 3),
+        "max_rps_per_gateway_core": round(1000 / cpu_ms_per_request, 1),
         "concurrency": args.concurrency,
         "cpus": os.cpu_count(), "note": "client, gateway and stand-in worker share this machine's CPUs",
     }
@@ -202,7 +230,7 @@ def main() -> None:
         port = free_port()
         processes = start_stack(folder, port)
         try:
-            result = asyncio.run(measure(args, port, folder))
+            result = asyncio.run(measure(args, port, folder, processes[0].pid))
         finally:
             for process in processes:
                 process.terminate()

@@ -18,7 +18,7 @@ from shared.latency_model import LatencyModel
 SMOOTHING = 0.2
 MIN_RATIO, MAX_RATIO = 0.25, 8.0
 MAX_OVERHEAD_MS = 50.0
-WINDOW, REFIT_EVERY, VERIFIED_AFTER = 128, 16, 3
+WINDOW, REFIT_EVERY, VERIFIED_AFTER = 128, 64, 3
 
 
 class CorrectedModel:

@@ -31,7 +31,7 @@ def test_outliers_are_clamped():
 def test_a_far_off_start_up_profile_is_replaced_by_a_fit_of_the_measurements():
     model = CorrectedModel(LatencyModel(270.0, 0.0, 0.0, 0.0), max_batch_items=16, max_batch_tokens=4096)
     assert not model.verified
-    for b in (1, 2, 4, 8) * 4:  # the worker really takes 0.5 ms + 0.1 ms per sample
+    for b in (1, 2, 4, 8) * 16:  # the worker really takes 0.5 ms + 0.1 ms per sample
         model.observe(b, 10, compute_ms=0.5 + 0.1 * b, service_ms=0.6 + 0.1 * b)
     assert model.verified
     assert model.predict_ms(8, 10) == pytest.approx(0.5 + 0.8 + 0.1, abs=0.05)
