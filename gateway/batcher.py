@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from dataclasses import dataclass
 
 from gateway.errors import ApiError
@@ -20,6 +21,7 @@ from gateway.job import QUEUED, Job
 from gateway.metrics import Metrics
 from gateway.worker_pool import WorkerPool
 
+log = logging.getLogger("gateway.batcher")
 SCAN_LIMIT = 8  # queued jobs that did not fit, looked past per batch (keeps a long queue cheap)
 
 
@@ -103,7 +105,11 @@ class Batcher:
     async def run(self) -> None:
         """The batching loop: form, send, sleep until the next reason to look again."""
         while True:
-            delay = self._step()
+            try:
+                delay = self._step()
+            except Exception:  # a bug must not stop batching for good: log it and look again shortly
+                log.exception("the %s batcher failed a step", self.workload)
+                delay = 0.01
             if delay is not None and delay <= 0:
                 continue
             timer = self._loop.call_later(delay, self._wake.set) if delay is not None else None
@@ -172,11 +178,12 @@ class Batcher:
     def _send(self, link, jobs: list[Job], predicted_ms: float, now: float) -> None:
         live = []
         trusted = link.models[self.workload].verified  # an unconfirmed start-up profile drops nothing
+        finish = now + (link.busy_ms(now) + predicted_ms) / 1000.0  # behind the worker's work in flight
         for job in jobs:
-            if trusted and now + predicted_ms / 1000.0 > job.deadline:
+            if trusted and finish > job.deadline:
                 self._leave(job)
                 self._metrics.count_drop("predicted_late")
-                job.fail(ApiError("deadline_exceeded", f"the request would finish {predicted_ms:.1f} ms from now, "
+                job.fail(ApiError("deadline_exceeded", f"the request would finish {(finish - now) * 1000:.1f} ms from now, "
                                                        "past its deadline; it was dropped before any compute"))
             else:
                 live.append(job)

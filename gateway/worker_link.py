@@ -100,6 +100,8 @@ class WorkerLink:
                 self._dispatch(p.decode(frames))
             except p.ProtocolError as exc:
                 log.warning("worker %s sent a bad message: %s", self.endpoint, exc)
+            except Exception:  # a bug in a handler must not stop this worker's receive loop
+                log.exception("handling a message from worker %s failed", self.endpoint)
 
     # ---- sending -------------------------------------------------------------------------------
 
