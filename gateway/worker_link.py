@@ -150,6 +150,8 @@ class WorkerLink:
             log.error("worker %s speaks protocol %s, gateway %s", self.endpoint, ready.protocol_version,
                       p.PROTOCOL_VERSION)
             return
+        if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone
+            self.declare_lost(f"it restarted as pid {ready.pid}")
         bounds = ready.bounds
         items = {"score": bounds.get("max_samples_per_batch", 1),
                  "beam": bounds.get("max_beam_requests_per_batch", 1) * bounds.get("max_beam_width", 1)}
