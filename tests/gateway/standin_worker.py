@@ -55,6 +55,8 @@ class StandInWorker:
     batch_sizes: list[int] = field(default_factory=list)
     silent: bool = False
     """When set, stops answering and heartbeating (a hung worker)."""
+    refuse: str = ""
+    """When set, answers every batch with an Error of this code (a worker that cannot serve)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -96,6 +98,8 @@ class StandInWorker:
         if isinstance(message, p.Hello):
             peers.add(peer)
             reply: p.Message = self._ready()
+        elif isinstance(message, (p.ScoreBatch, p.BeamBatch)) and self.refuse:
+            reply = p.Error(self.refuse, "the stand-in was told to refuse", message.batch_id)
         elif isinstance(message, p.ScoreBatch):
             reply = self._score(message)
         elif isinstance(message, p.BeamBatch):

@@ -117,3 +117,19 @@ async def test_probes_metrics_and_openapi(stack):
     assert 'boundserve_requests_total{route="/v1/score",outcome="ok"} 1' in text
     assert 'boundserve_stage_latency_ms_count{stage="tokenize"}' in text
     assert "boundserve_workers_ready 1" in text
+
+
+async def test_large_requests_are_tokenized_off_the_event_loop(request_tokenizer):
+    from tests.gateway.conftest import endpoint, start_stack
+    from tests.gateway.standin_worker import StandInWorker
+
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size).start()
+    stack = await start_stack(request_tokenizer, [worker], tokenize_offload_chars=10)
+    try:
+        status, body, _ = await stack.post("/v1/score", {"samples": SAMPLES, "labels": ["yes"], "output": "logits"})
+        assert status == 200, body
+        for ids, row in zip(encode(stack, SAMPLES), body["scores"]):
+            np.testing.assert_allclose(row, expected_label_logits(ids, body["label_token_ids"]), rtol=1e-6)
+    finally:
+        await stack.client.close()
+        worker.stop()

@@ -190,3 +190,14 @@ async def test_a_request_expiring_in_the_queue_gets_504_and_never_reaches_a_work
     finally:
         await stack.client.close()
         worker.stop()
+
+
+async def test_a_batch_the_worker_refuses_gets_503_worker_error(request_tokenizer):
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, refuse="internal").start()
+    stack = await start_stack(request_tokenizer, [worker])
+    try:
+        status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"]})
+        assert_error(status, body, 503, "worker_error", "internal", "told to refuse")
+    finally:
+        await stack.client.close()
+        worker.stop()
