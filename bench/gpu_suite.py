@@ -42,7 +42,7 @@ def settings_for(args) -> Settings:
                                     max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam.py export
     return Settings(device="cuda", dtype=torch.bfloat16, layers=args.layers, sample_tokens=(32, 480),
                     score_requests=16, batch_requests=(1, 2, 4), beam_prompts=(8, 32), beam_batches=(1, 4, 8),
-                    e2e_seconds=10.0, score_rate=100.0, beam_rate=300.0, calibration_batches=8, repeats=5,
+                    e2e_seconds=10.0, score_rate=100.0, beam_rate=300.0, calibration_batches=4, repeats=5,
                     bounds=dict(max_samples_per_batch=64, max_tokens_per_batch=32768, max_beam_width=128,
                                 max_beam_requests_per_batch=8, max_prompt_tokens=512))
 
