@@ -133,9 +133,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="1 layer, 64-token prompts, one request per call, small sweep (about a minute once built)")
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 4, quick 1)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 8, quick 1)")
     args = parser.parse_args()
-    layers = args.layers or (1 if args.quick else 4)
+    layers = args.layers or (1 if args.quick else 8)
     torch.manual_seed(0)
     checkpoint = shaped_checkpoint("qwen2", QWEN25_05B, layers, torch.float32)
     nodes = build_node(checkpoint, f"beam-qwen25shape-{layers}l", 400)
@@ -149,7 +149,7 @@ def main() -> None:
     result = compare(nodes, hf, prompts, hf_requests=1 if args.quick else 2, batch=1 if args.quick else 4,
                      repeats=1 if args.quick else 3)
     widths, sweep_lengths = ([8, 32], [64]) if args.quick else ([8, 32, 100, 400], [64, 256, 480])
-    points = sweep(nodes.beam, vocab, widths, sweep_lengths, repeats=1 if args.quick else 2)
+    points = sweep(nodes.beam, vocab, widths, sweep_lengths, repeats=1)
     main_len = 64 if args.quick else 256
     head = result["by_prompt_tokens"][main_len]
     emit("beam_node", {
