@@ -136,12 +136,13 @@ async def load(port: int, requests: list[bytes], concurrency: int, seconds: floa
     return done / (time.perf_counter() - start), errors
 
 
-def start_stack(folder: Path, port: int) -> list[subprocess.Popen]:
+def start_stack(folder: Path, port: int, offload_chars: int) -> list[subprocess.Popen]:
     endpoint = f"ipc://{folder}/worker"
     (folder / "manifest.json").write_text(json.dumps({"bounds": BOUNDS, "model": {"vocab_size": 1 << 20}}))
     (folder / "gw.toml").write_text(
         f'name = "bench"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
-        f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n")
+        f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n"
+        f"tokenize_offload_chars = {offload_chars}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen([sys.executable, "tests/gateway/standin_worker.py", "--endpoint", endpoint,
                                "--vocab-size", str(1 << 20)], cwd=ROOT, env=env)
@@ -211,7 +212,7 @@ async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid
         "max_rps": round(rps, 1), "max_rps_pretokenized": round(rps_ids, 1), "load_errors": errors + errors_ids,
         "gateway_cpu_ms_per_request": round(cpu_ms_per_request, 3),
         "max_rps_per_gateway_core": round(1000 / cpu_ms_per_request, 1),
-        "concurrency": args.concurrency,
+        "concurrency": args.concurrency, "tokenize_offload_chars": args.offload_chars,
         "cpus": os.cpu_count(), "note": "client, gateway and stand-in worker share this machine's CPUs",
     }
 
@@ -221,6 +222,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter run (under a minute)")
     parser.add_argument("--artifacts", help="artifacts folder whose tokenizer.json to use (default: demo tokenizer)")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--offload-chars", type=int, default=16384,
+                        help="gateway.tokenize_offload_chars (0: every request is tokenized on a thread)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-gw-") as scratch:
         folder = Path(scratch)
@@ -228,7 +231,7 @@ def main() -> None:
         if source != folder:
             (folder / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
         port = free_port()
-        processes = start_stack(folder, port)
+        processes = start_stack(folder, port, args.offload_chars)
         try:
             result = asyncio.run(measure(args, port, folder, processes[0].pid))
         finally:

@@ -34,13 +34,22 @@ class ScoreService:
         self._metrics = metrics
         self._executor = executor
         self._offload_chars = offload_chars
+        self._active = 0  # requests of this service in progress: more than one means the loop is busy
         self._loop = asyncio.get_running_loop()
 
     async def score(self, spec: ScoreSpec, request_id: str, deadline: float) -> dict[str, Any]:
+        self._active += 1
+        try:
+            return await self._score(spec, request_id, deadline)
+        finally:
+            self._active -= 1
+
+    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float) -> dict[str, Any]:
         self._admission.precheck(self._batcher, deadline, self._loop.time())
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
-        token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars)
+        token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
+                                                       busy=self._active > 1)
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)

@@ -47,10 +47,12 @@ class RequestTokenizer:
         return [next(encoded).ids if isinstance(s, str) else s for s in samples]
 
     async def encode_async(self, samples: Sequence[str | list[int]], executor: Executor | None,
-                           offload_chars: int) -> list[list[int]]:
-        """Like encode, on `executor` when the request holds more than `offload_chars` characters."""
+                           offload_chars: int, busy: bool = False) -> list[list[int]]:
+        """Like encode, on `executor` when the request holds more than `offload_chars` characters or
+        the loop is `busy` with other requests: the tokenizer releases the GIL, so on a thread it runs
+        beside the loop (throughput), while a lone request is encoded inline (no thread hop)."""
         chars = sum(len(s) for s in samples if isinstance(s, str))
-        if executor is None or chars <= offload_chars:
+        if executor is None or not chars or (chars <= offload_chars and not busy):
             return self.encode(samples)
         return await asyncio.get_running_loop().run_in_executor(executor, self.encode, samples)
 

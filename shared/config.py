@@ -203,7 +203,8 @@ class GatewayConfig:
     max_inflight_batches_per_worker: int = 2
     """Batches the gateway keeps in flight on one worker; the rest wait in the deadline-ordered queue."""
     tokenize_offload_chars: int = 16_384
-    """Requests with more characters than this are tokenized on a thread, off the event loop."""
+    """Requests with more characters than this are tokenized on a thread, off the event loop (so are
+    all requests while several are in progress: the tokenizer then runs beside the loop)."""
     drain_timeout_ms: int = 10_000
     """On SIGTERM, how long to wait for queued and in-flight requests before stopping."""
     access_log: bool = True
