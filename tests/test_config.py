@@ -16,7 +16,7 @@ def test_shipped_configs_are_valid(path):
 
 @pytest.mark.parametrize("raw,message", [
     ({"bounds": {"max_beam_width": 401}}, "bounds.max_beam_width = 401 must be between 1 and 400"),
-    ({"bounds": {"max_tokens_per_sample": 600}}, "must not exceed bounds.max_tokens_per_batch"),
+    ({"bounds": {"max_tokens_per_sample": 600, "max_tokens_per_batch": 512}}, "must not exceed bounds.max_tokens_per_batch"),
     ({"bounds": {"max_top_k": "5"}}, "bounds.max_top_k must be int"),
     ({"model": {"dtype": "int8"}}, "model.dtype = 'int8' is not one of"),
     ({"model": {"pth": "x"}}, "unknown key\\(s\\) model.pth"),
