@@ -39,15 +39,37 @@ def shaped_checkpoint(family: str, shape: dict, num_layers: int, dtype: torch.dt
     return folder
 
 
-def matmul_peak_flops(dtype: torch.dtype, size: int = 2048, seconds: float = 2.0) -> float:
-    """This machine's throughput (FLOP/s) on a large square matrix multiply of `dtype`."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)
-    runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+def matmul_peak_flops(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 4096)), bursts: int = 5,
+                      seconds: float = 0.3) -> float:
+    """This machine's throughput (FLOP/s) on large matrix multiplies of `dtype`: the best of several
+    short bursts over a few shapes, so that a moment of contention from other processes does not
+    pass for the peak."""
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         torch.mm(a, b)
-        runs += 1
-    return 2 * size**3 * runs / (time.perf_counter() - start)
+        for _ in range(bursts):
+            runs, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                torch.mm(a, b)
+                runs += 1
+            best = max(best, 2 * m * k * n * runs / (time.perf_counter() - start))
+    return best
+
+
+def interleaved_times(fns: dict, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each fn, calls interleaved (a, b, a, b, ...) so that slow moments of a
+    shared machine fall on every contender alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def time_calls(fn, repeats: int, warmup: int = 1) -> list[float]:
