@@ -43,21 +43,24 @@ def scaled_mm_available(device: str = "cpu") -> bool:
         return False
 
 
-def quantise(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def quantise(x: torch.Tensor, scale: float) -> torch.Tensor:
     """x / scale saturated to the e4m3 range and rounded to float8_e4m3fn (same shape)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 class Fp8Linear(nn.Module):
-    """y = x W^T + b with W and x in float8 e4m3, per-tensor scales fixed offline."""
+    """y = x W^T + b with W and x in float8 e4m3, per-tensor scales fixed offline.
 
-    def __init__(self, linear: nn.Linear, input_scale: float, simulate: bool):
+    The scales are Python floats, compiled into the package as literals: as tensor buffers,
+    AOTInductor turned them into unnamed constants that a weights file cannot supply.
+    """
+
+    def __init__(self, linear: nn.Linear, input_absmax: float, simulate: bool):
         super().__init__()
         weight = linear.weight.detach()
-        weight_scale = weight.abs().amax().float().clamp(min=1e-12) / FP8_MAX
-        self.register_buffer("weight_fp8", quantise(weight, weight_scale))  # [out, in] e4m3
-        self.register_buffer("weight_scale", weight_scale.reshape(1))
-        self.register_buffer("input_scale", torch.tensor([max(input_scale, 1e-12) / FP8_MAX], device=weight.device))
+        self.weight_scale = max(float(weight.abs().amax()), 1e-12) / FP8_MAX
+        self.input_scale = max(float(input_absmax), 1e-12) / FP8_MAX
+        self.register_buffer("weight_fp8", quantise(weight, self.weight_scale))  # [out, in] e4m3
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
         self.simulate = simulate
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -66,10 +69,11 @@ class Fp8Linear(nn.Module):
         shape = x.shape  # [..., in]
         x2 = quantise(x.reshape(-1, shape[-1]), self.input_scale)  # [M, in] e4m3
         if self.simulate:  # quantise-dequantise: FP8 rounding, float32 arithmetic
-            y = F.linear(x2.float() * self.input_scale, self.weight_fp8.float() * self.weight_scale)
+            y = F.linear(x2.float(), self.weight_fp8.float())
         else:
-            y = torch._scaled_mm(x2, self.weight_fp8.t(), scale_a=self.input_scale, scale_b=self.weight_scale,
-                                 out_dtype=torch.float32)  # [M, out]
+            one = torch.ones((), dtype=torch.float32, device=x.device)
+            y = torch._scaled_mm(x2, self.weight_fp8.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)  # [M, out]
+        y = y * (self.input_scale * self.weight_scale)
         if self.bias is not None:
             y = y + self.bias.float()
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
