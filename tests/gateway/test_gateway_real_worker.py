@@ -158,6 +158,23 @@ async def test_a_request_over_one_batch_is_split_and_equals_the_node(real_stack,
     np.testing.assert_allclose(body["scores"], want, rtol=1e-5, atol=1e-5)
 
 
+async def test_requests_batched_together_with_different_labels_each_equal_the_node(real_stack, score_node):
+    asks = [{"samples": TEXTS[:2], "label_token_ids": [5, 9], "output": "probs"},
+            {"samples": TEXTS[2:], "label_token_ids": [9, 11, 13], "output": "probs"},
+            {"samples": TEXTS[1:3], "output": "topk", "top_k": 2},
+            {"samples": TEXTS[:1], "label_token_ids": [7], "output": "logprobs"}]
+    answers = await asyncio.gather(*(real_stack.post("/v1/score", json=ask) for ask in asks))
+    bodies = [await answer.json() for answer in answers]
+    assert all(answer.status == 200 for answer in answers), bodies
+    for ask, body in zip(asks, bodies):
+        out = direct(score_node, encode(real_stack, ask["samples"]), ask.get("label_token_ids", []), ask.get("top_k", 0))
+        if ask["output"] == "topk":
+            assert body["topk"]["token_ids"] == out.topk_ids.tolist()
+        else:
+            want = out.label_probs if ask["output"] == "probs" else out.label_logprobs
+            np.testing.assert_allclose(body["scores"], want.numpy(), rtol=1e-5, atol=1e-6)
+
+
 async def test_kill_9_of_a_worker_under_load(demo_artifacts, tmp_path):
     port = free_port()
     config = tmp_path / "two.toml"
