@@ -37,6 +37,7 @@ class Settings:
     beam_rate: float
     calibration_batches: int
     repeats: int
+    fp8_budget: float
     bounds: dict
 
 
@@ -190,6 +191,31 @@ def fp8_report(checkpoint, spec, s: Settings) -> dict:
             "other_budgets": other_budgets, "calibration_batches": len(batches), "selection_s": select_s, "least_sensitive": ranked[:5],
             "most_sensitive": ranked[-3:], "chosen_layers": plan.chosen,
             "eager_ms_per_batch_ref": bf16_s / len(batches) * 1e3, "eager_ms_per_batch_fp8": fp8_s / len(batches) * 1e3}
+
+
+def fp8_node_bench(nodes, spec, s: Settings, built) -> dict:
+    """The scoring node compiled with `[model] fp8` against the plain node: speed, label-probability change."""
+    from compile.runtime import load_nodes
+
+    _, artifacts, compile_s = built
+    fp8 = load_nodes(artifacts, "cuda:0" if s.device == "cuda" else "cpu")
+    requests = score_requests(s, spec.vocab_size, s.score_requests, seed=21)
+    lab = torch.tensor(labels(spec.vocab_size))
+    per_call = max(s.batch_requests)
+    groups = [sum(requests[i:i + per_call], []) for i in range(0, len(requests), per_call)]
+
+    def call(node, samples):
+        return node(torch.cat(samples), torch.tensor([len(x) for x in samples]), lab, 0).label_probs
+
+    diffs = torch.cat([(call(fp8.score, g) - call(nodes.score, g)).abs().flatten() for g in groups])
+    ref_s = timed(lambda: [call(nodes.score, g) for g in groups], s, s.repeats)
+    fp8_s = timed(lambda: [call(fp8.score, g) for g in groups], s, s.repeats)
+    facts = fp8.manifest["fp8"]
+    return {"budget": s.fp8_budget, "layers": len(facts["layers"]), "candidates": facts["candidates"],
+            "calibration_max_change": facts["max_label_prob_change"], "mode": facts["mode"], "compile_s": compile_s,
+            "held_out_max_label_prob_change": float(diffs.max()), "held_out_mean_label_prob_change": float(diffs.mean()),
+            "ms_per_request_ref": ref_s / len(requests) * 1e3, "ms_per_request_fp8": fp8_s / len(requests) * 1e3,
+            "speedup": ref_s / fp8_s}
 
 
 def score_bodies(s: Settings, vocab: int, count: int) -> list[dict]:

@@ -6,7 +6,8 @@ For each model: a random-weight checkpoint of the real shape (written by transfo
 transformers (15 samples per request, effective MFU), the beam node (W = 100, S = 4, short prompts)
 against generate, the end-to-end stack (python -m worker + python -m gateway, open-loop HTTP at the
 seed system's rates), and selective FP8 (compile/fp8.py: layers ranked by measured label-probability
-change on a calibration set, chosen under a budget; eager timing of the FP8 model against bf16).
+change on a calibration set, chosen under a budget; eager timing of the FP8 model against bf16; then
+the scoring node compiled with `[model] fp8` against the bf16 node: speed and label-probability change).
 
     .venv/bin/python bench/gpu_suite.py                 # on one CUDA GPU, bf16 (meant for < 10 min)
     .venv/bin/python bench/gpu_suite.py --cpu-smoke     # the same steps on the CPU, 1 layer, small loads
@@ -27,7 +28,7 @@ import torch
 
 from common import CACHE, QWEN25_05B, QWEN3_06B, RESULTS, ROOT, emit, shaped_checkpoint
 from e2e_stack import Stack, run_load
-from gpu_measure import Settings, beam_bench, fp8_report, parity, score_bench
+from gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
 MODELS = {"qwen3-0.6b": ("qwen3", QWEN3_06B, 28), "qwen2.5-0.5b": ("qwen2", QWEN25_05B, 24)}
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -37,24 +38,30 @@ def settings_for(args) -> Settings:
     if args.cpu_smoke:
         return Settings(device="cpu", dtype=torch.bfloat16, layers=args.layers or 1, sample_tokens=(16, 64),
                         score_requests=2, batch_requests=(1, 2), beam_prompts=(8, 24), beam_batches=(1, 2),
-                        e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, calibration_batches=2, repeats=1,
+                        e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, calibration_batches=2, repeats=1, fp8_budget=0.2,
                         bounds=dict(max_samples_per_batch=32, max_tokens_per_batch=2048, max_beam_width=100,
                                     max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam.py export
     return Settings(device="cuda", dtype=torch.bfloat16, layers=args.layers, sample_tokens=(32, 480),
                     score_requests=16, batch_requests=(1, 2, 4), beam_prompts=(8, 32), beam_batches=(1, 4, 8),
-                    e2e_seconds=10.0, score_rate=100.0, beam_rate=300.0, calibration_batches=4, repeats=5,
+                    e2e_seconds=10.0, score_rate=100.0, beam_rate=300.0, calibration_batches=4, repeats=5, fp8_budget=0.02,
                     bounds=dict(max_samples_per_batch=64, max_tokens_per_batch=32768, max_beam_width=128,
                                 max_beam_requests_per_batch=8, max_prompt_tokens=512))
 
 
-def build(checkpoint, name: str, s: Settings):
-    """Both nodes for the device with the GPU deployment config (bounds from the settings)."""
+def build(checkpoint, name: str, s: Settings, fp8_budget: float | None = None):
+    """Both nodes for the device with the GPU deployment config (bounds from the settings).
+
+    With fp8_budget: the scoring node alone, built with `[model] fp8` under that budget.
+    """
     from compile.build import build as build_artifacts
     from shared.config import load_config
 
     config = load_config(ROOT / "configs/compose-gpu.toml")
     model = dataclasses.replace(config.model, path=str(checkpoint), device=s.device,
                                 dtype=str(s.dtype).removeprefix("torch."))
+    if fp8_budget is not None:
+        model = dataclasses.replace(model, fp8=True, fp8_max_prob_change=fp8_budget)
+        config = config.replace(beam=dataclasses.replace(config.beam, enabled=False))
     config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **s.bounds),
                             worker=dataclasses.replace(config.worker, endpoints=("ipc:///tmp/unused",), devices=("cpu",)))
     out = CACHE / "artifacts" / f"suite-{name}-{s.device}"
@@ -129,7 +136,9 @@ def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, sk
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=s.dtype).to(s.device).eval()
     steps = [("parity", lambda: parity(nodes, hf, spec, s)), ("score", lambda: score_bench(nodes, hf, spec, s, peak)),
              ("beam", lambda: beam_bench(nodes, hf, spec, s)),
-             ("fp8", lambda: fp8_report(checkpoint, spec, s)), ("e2e", lambda: e2e(config, artifacts, s, spec.vocab_size, key))]
+             ("fp8", lambda: fp8_report(checkpoint, spec, s)),
+             ("fp8_node", lambda: fp8_node_bench(nodes, spec, s, build(checkpoint, f"{key}-{layers}l-fp8", s, s.fp8_budget))),
+             ("e2e", lambda: e2e(config, artifacts, s, spec.vocab_size, key))]
     for name, step in steps:
         if name in skip:
             continue
@@ -155,7 +164,7 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="run every step on the CPU with 1 layer and small loads")
     parser.add_argument("--layers", type=int, help="override the layer count (default: the real model's; 1 with --cpu-smoke)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--skip", default="", help="comma-separated stages to skip: parity,score,beam,fp8,e2e")
+    parser.add_argument("--skip", default="", help="comma-separated stages to skip: parity,score,beam,fp8,fp8_node,e2e")
     args = parser.parse_args()
     if not args.cpu_smoke and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu-smoke on a machine without a GPU")
