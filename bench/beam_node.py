@@ -8,7 +8,7 @@ prompt for every beam before prefill; our node prefills it once and shares its K
 ours_requests_per_s counts batches of 4 requests per node call (the compiled batch bound; 1 with --quick).
 Also: a sweep of our node over W and prompt length, and a breakdown of where a call's time goes.
 
-    .venv/bin/python bench/beam_node.py [--quick] [--layers 4]
+    .venv/bin/python bench/beam_node.py [--quick] [--layers 8] [--no-sweep]
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="1 layer, 64-token prompts, one request per call, small sweep (about a minute once built)")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 8, quick 1)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the W x prompt-length sweep")
     args = parser.parse_args()
     layers = args.layers or (1 if args.quick else 8)
     torch.manual_seed(0)
@@ -150,7 +151,7 @@ def main() -> None:
     result = compare(nodes, hf, prompts, hf_requests=1 if args.quick else 2, batch=1 if args.quick else 4,
                      repeats=1 if args.quick else 3)
     widths, sweep_lengths = ([8, 32], [64]) if args.quick else ([8, 32, 100, 400], [64, 256, 480])
-    points = sweep(nodes.beam, vocab, widths, sweep_lengths, repeats=1)
+    points = [] if args.no_sweep else sweep(nodes.beam, vocab, widths, sweep_lengths, repeats=1)
     main_len = 64 if args.quick else 256
     head = result["by_prompt_tokens"][main_len]
     emit("beam_node", {
