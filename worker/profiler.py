@@ -21,6 +21,7 @@ from shared.latency_model import LatencyModel
 from shared.protocol import BeamBatch, BeamRequest, ScoreBatch, ScoreRequest, pack_ids
 
 FAR_DEADLINE_MS = 3.6e6
+MIN_POINTS = 4  # the model has four coefficients: fewer points leave it undetermined
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,9 @@ def beam_batch(requests: int, beams: int, length: int, bounds: Mapping[str, int]
 
 def profile_workload(run: Callable, batches: list[tuple[float, float, object]], config: WorkerConfig,
                      deadline: float) -> Profile:
-    """Warm up, then time each (B, L, batch) until `deadline` (monotonic s); at least one point.
+    """Warm up, then time each (B, L, batch) until `deadline` (monotonic s), but never fewer than
+    MIN_POINTS points (or the whole grid when it is smaller): a fit to one point would predict
+    nonsense, and the gateway would refuse or admit on it.
 
     Warm-up: warmup_runs calls of the first (smallest) batch and one of the largest (the second),
     so first-call costs and the largest allocations never land in a timed call.
@@ -98,7 +101,7 @@ def profile_workload(run: Callable, batches: list[tuple[float, float, object]], 
             run(batch)
             times.append((time.perf_counter() - started) * 1000.0)
         samples.append((b, length, statistics.median(times)))
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and len(samples) >= MIN_POINTS:
             break
     model = LatencyModel.fit(samples)
     return Profile(model=model, rmse_ms=model.rmse_ms(samples), samples=tuple(samples))

@@ -9,7 +9,7 @@ from shared import protocol as p
 from shared.config import BoundsConfig, WorkerConfig
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch
-from worker.profiler import beam_grid, profile_workload, score_grid
+from worker.profiler import MIN_POINTS, beam_grid, profile_workload, score_grid
 
 BOUNDS = dict(vars(BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
                                 max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
@@ -97,4 +97,5 @@ def test_profile_fits_the_measured_points_and_respects_the_budget():
     assert len(calls) == 3 + 2 * len(batches)  # warm-up: smallest twice, largest once; then 2 per point
     assert len(profile.samples) == len(batches) and profile.rmse_ms >= 0
     short = profile_workload(lambda batch: None, batches, config, deadline=0.0)
-    assert len(short.samples) == 1  # budget spent: stop after the first point, still a valid fit
+    assert len(short.samples) == MIN_POINTS  # budget spent: stop at the fewest points that fix the fit
+    assert [s[:2] for s in short.samples] == [p[:2] for p in batches[:MIN_POINTS]]
