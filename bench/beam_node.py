@@ -63,24 +63,29 @@ def run_ours(node, prompts: list[torch.Tensor], width: int):
     return node(torch.cat(prompts), torch.tensor([len(p) for p in prompts]), width, S, K)
 
 
-def compare(nodes, hf, prompts_by_len, hf_requests: int, batch: int, repeats: int) -> dict:
-    """Per prompt length: HF and our requests/s on the same prompts, and whether outputs agree."""
+def compare(nodes, hf, prompts_by_len, hf_requests: int, batch: int) -> dict:
+    """Per prompt length: HF and our requests/s on the same prompts, and whether outputs agree.
+
+    The two are timed interleaved (one HF request, then one of our batches and one single request)
+    so that both see the same load on a shared machine."""
     eos = tuple(nodes.manifest["nodes"]["beam"]["eos_ids"])
     rows, identical = {}, True
     for length, prompts in prompts_by_len.items():
-        hf_outs, hf_times = [], []
-        for p in prompts[:hf_requests]:
-            hf_times += time_calls(lambda: hf_outs.append(hf_generate(hf, p, W)), repeats=1, warmup=0)
         ours = run_ours(nodes.beam, prompts[:batch], W)  # also the warm-up call
-        same = all(same_as_hf(ours, i, hf_outs[i], eos) for i in range(hf_requests))
+        hf_times, batch_times, single_times, same = [], [], [], True
+        for i, p in enumerate(prompts[:hf_requests]):
+            hf_outs = []
+            hf_times += time_calls(lambda: hf_outs.append(hf_generate(hf, p, W)), repeats=1, warmup=0)
+            same &= same_as_hf(ours, i, hf_outs[0], eos)
+            batch_times += time_calls(lambda: run_ours(nodes.beam, prompts[:batch], W), repeats=1, warmup=0)
+            if batch > 1:
+                single_times += time_calls(lambda: run_ours(nodes.beam, prompts[:1], W), repeats=1, warmup=0)
+        single_times = single_times or batch_times
         identical &= same
-        batch_s = median(time_calls(lambda: run_ours(nodes.beam, prompts[:batch], W), repeats=repeats, warmup=0))
-        single_s = batch_s if batch == 1 else median(
-            time_calls(lambda: run_ours(nodes.beam, prompts[:1], W), repeats=repeats, warmup=0))
         rows[length] = {
-            "hf_s_per_request": sum(hf_times) / len(hf_times), "ours_batch": batch, "ours_batch_s": batch_s,
-            "ours_single_latency_s": single_s, "ours_requests_per_s": batch / batch_s,
-            "hf_requests_per_s": len(hf_times) / sum(hf_times), "identical_to_hf": same,
+            "hf_s_per_request": median(hf_times), "ours_batch": batch, "ours_batch_s": median(batch_times),
+            "ours_single_latency_s": median(single_times), "ours_requests_per_s": batch / median(batch_times),
+            "hf_requests_per_s": 1 / median(hf_times), "identical_to_hf": same,
         }
         rows[length]["speedup"] = rows[length]["ours_requests_per_s"] / rows[length]["hf_requests_per_s"]
         print(f"prompt {length}: {rows[length]}", flush=True)
@@ -148,8 +153,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     lengths = [64] if args.quick else [64, 256]
     prompts = {n: [torch.randint(0, vocab, (n,), generator=g) for _ in range(4)] for n in lengths}
-    result = compare(nodes, hf, prompts, hf_requests=1 if args.quick else 2, batch=1 if args.quick else 4,
-                     repeats=1 if args.quick else 3)
+    result = compare(nodes, hf, prompts, hf_requests=1 if args.quick else 2, batch=1 if args.quick else 4)
     widths, sweep_lengths = ([8, 32], [64]) if args.quick else ([8, 32, 100, 400], [64, 256, 480])
     points = [] if args.no_sweep else sweep(nodes.beam, vocab, widths, sweep_lengths, repeats=1)
     main_len = 64 if args.quick else 256
