@@ -67,3 +67,11 @@ def build_artifacts(checkpoint: Path, name: str, config_path: str = "configs/tes
 def demo_artifacts(demo_checkpoint) -> Path:
     """demo_checkpoint compiled for the CPU with configs/test.toml (float32)."""
     return build_artifacts(demo_checkpoint, "demo")
+
+
+@pytest.fixture(scope="session")
+def beam_artifacts(demo_checkpoint) -> Path:
+    """demo_checkpoint compiled with both nodes, scoring and beam search (sharing one weights file)."""
+    from shared.config import BeamConfig, ScoreConfig
+
+    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))

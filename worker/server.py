@@ -19,7 +19,6 @@ from shared.protocol import (PROTOCOL_VERSION, BeamBatch, DecodeLimits, Error, E
                              peek_batch_id)
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused
-from worker.compute import ComputePool
 from worker.logs import JsonLog
 from worker.stats import WorkerStats
 

@@ -14,10 +14,6 @@ from tests.conftest import build_artifacts
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def beam_artifacts(demo_checkpoint):
-    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
-
 
 def test_compiled_beam_equals_transformers(beam_artifacts, demo_checkpoint):
     nodes = load_nodes(beam_artifacts)

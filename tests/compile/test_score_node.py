@@ -1,6 +1,5 @@
 """The compiled scoring package equals transformers at every sample's last token, for every head."""
 
-import dataclasses
 
 import pytest
 import torch

@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import GATEWAY, make_app
 from gateway.state import Settings
 from gateway.tokenizer import RequestTokenizer
-from shared.config import BeamConfig, ScoreConfig, load_config
+from shared.config import BeamConfig, load_config
 from tests.gateway.test_gateway_fuzz import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +71,6 @@ async def real_stack(demo_artifacts, tmp_path):
     async with real_gateway(demo_artifacts, tmp_path) as client:
         yield client
 
-
-@pytest.fixture(scope="module")
-def beam_artifacts(demo_checkpoint):
-    from tests.conftest import build_artifacts
-
-    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
 
 
 async def test_generate_equals_the_compiled_beam_node(beam_artifacts, tmp_path):

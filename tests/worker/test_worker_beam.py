@@ -1,5 +1,4 @@
-"""Beam batches through a real worker equal the beam node called directly (skipped when the build
-chain has no beam node)."""
+"""Beam batches through a real worker equal the beam node called directly."""
 
 from __future__ import annotations
 
@@ -8,18 +7,6 @@ import pytest
 import torch
 
 from shared import protocol as p
-from shared.config import BeamConfig, ScoreConfig
-
-
-@pytest.fixture(scope="module")
-def beam_artifacts(demo_checkpoint):
-    from compile.build import NODE_BUILDERS
-    from tests.conftest import build_artifacts
-
-    if "beam" not in NODE_BUILDERS:
-        pytest.skip("no beam node builder in compile/ yet")
-    # Same name and sections as tests/compile/test_beam_compiled.py, so the cached build is shared.
-    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
 
 
 @pytest.fixture(scope="module")
