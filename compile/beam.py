@@ -110,7 +110,13 @@ def example_inputs(vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, 
 
 
 def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int) -> tuple:
-    """Tokens, requests, prompt length and beam width are dynamic."""
+    """Tokens, requests, prompt length and beam width are dynamic.
+
+    Each range reaches past the example's size (2 requests, 4 beams, 5 tokens) even when the
+    deployment's bound is smaller, or export would specialise it; the runtime refuses anything
+    beyond the deployment's own bounds before the package runs.
+    """
+    max_prompt_tokens, max_requests, max_beams = max(max_prompt_tokens, 6), max(max_requests, 3), max(max_beams, 5)
     tokens = Dim("tokens", min=1, max=max_prompt_tokens * max_requests)
     requests = Dim("requests", min=1, max=max_requests)
     length = Dim("prompt_len", min=1, max=max_prompt_tokens)
