@@ -88,6 +88,14 @@ class WorkerLink:
         total = sum(b.predicted_ms for b in self.in_flight.values())
         return max(0.0, total - (now - first) * 1000.0)
 
+    def silence_allowance_s(self) -> float:
+        """Extra silence tolerated while batches are in flight: a CPU worker's compiled call holds the
+        GIL through its matrix multiplies, so no heartbeat leaves during a long batch. Twice the
+        longest predicted batch in flight; nothing when idle."""
+        if not self.in_flight:
+            return 0.0
+        return 2.0 * max(b.predicted_ms for b in self.in_flight.values()) / 1000.0
+
     async def receive_forever(self) -> None:
         """Read and dispatch messages until the socket closes; bad frames are logged, never fatal."""
         assert self._socket is not None

@@ -75,7 +75,8 @@ class WorkerPool:
             now = self._loop.time()
             for link in self.links:
                 silent_s = now - link.last_seen
-                if link.state not in (CONNECTING, LOST) and silent_s > self.timeout_s and not self._stopping:
+                allowed_s = self.timeout_s + link.silence_allowance_s()
+                if link.state not in (CONNECTING, LOST) and silent_s > allowed_s and not self._stopping:
                     link.declare_lost(f"no heartbeat for {silent_s * 1000:.0f} ms")
                 if link.state in (CONNECTING, LOST):
                     link.hello()

@@ -192,7 +192,8 @@ class GatewayConfig:
     max_queue_tokens: int = 65536
     """Token budget of the queue per worker pool; beyond it requests get 429."""
     worker_timeout_ms: int = 1000
-    """A worker silent for this long is declared lost."""
+    """A worker silent for this long is declared lost (plus twice the longest predicted batch it has
+    in flight: a CPU worker cannot heartbeat during a compiled call)."""
     max_body_bytes: int = 4 << 20
     auth_token_env: str | None = None
     """Name of an environment variable holding a bearer token; unset means no auth."""

@@ -165,6 +165,21 @@ async def test_a_worker_that_stops_answering_fails_its_requests_with_503_worker_
         worker.stop()
 
 
+async def test_a_worker_silent_through_a_long_predicted_batch_is_not_lost(request_tokenizer):
+    """A CPU worker cannot heartbeat while a compiled call holds the GIL: silence within twice the
+    batch's predicted time is tolerated, so the answer arrives instead of 503 worker_lost."""
+    slow = LatencyModel(0.0, 0.0, 0.0, 600.0)  # every batch predicted at 600 ms
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, delay_ms=600, latency=slow).start()
+    stack = await start_stack(request_tokenizer, [worker], worker_timeout_ms=200)
+    try:
+        status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 5000})
+        assert status == 200, body
+        assert stack.gateway.pool.ready_count() == 1
+    finally:
+        await stack.client.close()
+        worker.stop()
+
+
 async def test_a_draining_gateway_refuses_new_work_with_503(stack):
     stack.gateway.draining = True
     status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"]})
