@@ -35,7 +35,7 @@ from torch.export import Dim
 from compile.beam_decode import decode, prefill, prompt_kv, reorder_suffix
 from compile.beam_penalty import RepetitionPenalty
 from compile.beam_search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
-from compile.model import Transformer
+from compile.model import Transformer, last_token_index
 
 INPUT_NAMES = (
     "prompt_ids", "positions", "cu_seqlens", "prompt_index", "prompt_valid", "beam_slots", "num_steps", "early_all",
@@ -58,7 +58,7 @@ class BeamModule(nn.Module):
         model, rule = self.model, self.rule
         r, w = prompt_index.shape[0], beam_slots.shape[0]
         hidden, keys, values = prefill(model, prompt_ids, positions, cu_seqlens)  # [T, H]
-        last = (cu_seqlens[1:] - 1).long()  # [R]
+        last = last_token_index(cu_seqlens)  # [R]
         logits = model.logits(hidden.index_select(0, last))[:, None, :]  # [R, 1, V] float32
         prompt = (prompt_kv(keys, prompt_index), prompt_kv(values, prompt_index), prompt_valid)
         prompt_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # [R]

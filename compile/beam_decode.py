@@ -21,10 +21,7 @@ def prefill(model: Transformer, ids, positions, cu_seqlens):
     cos, sin = rope_tables(model.inv_freq, positions, x.dtype)
     keys, values = [], []
     for layer in model.layers:
-        q, k, v = layer.attn.project(layer.input_norm(x), cos, sin)
-        attn = torch.ops.boundserve.varlen_attention(q, k, v, cu_seqlens)  # [T, Hq, D]
-        x = x + layer.attn.output(attn)
-        x = x + layer.mlp(layer.post_attn_norm(x))
+        x, k, v = layer.forward_kv(x, cos, sin, cu_seqlens)
         keys.append(k)
         values.append(v)
     return x, keys, values

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compile.score_node import pack_inputs
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 
@@ -223,13 +225,7 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan, simulate: bool = False) -> nn.Mod
 def pack_batch(samples: list[torch.Tensor], label_ids: list[int], max_labels: int, device: str = "cpu") -> tuple:
     """Scoring-node inputs for a list of 1-D token tensors and label ids (as the runtime packs them)."""
     lens = torch.tensor([len(s) for s in samples])
-    cu_seqlens = torch.zeros(len(samples) + 1, dtype=torch.int32)
-    torch.cumsum(lens, 0, out=cu_seqlens[1:])
-    positions = torch.cat([torch.arange(n) for n in lens.tolist()])
-    labels = torch.zeros(max_labels, dtype=torch.int64)
-    labels[: len(label_ids)] = torch.tensor(label_ids)
-    mask = torch.arange(max_labels) < len(label_ids)
-    batch = (torch.cat(samples).long(), positions, cu_seqlens, labels, mask)
+    batch = pack_inputs(torch.cat(samples), lens, torch.tensor(label_ids, dtype=torch.int64), max_labels)
     return tuple(t.to(device) for t in batch)
 
 

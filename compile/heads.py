@@ -20,19 +20,13 @@ ACTIVATIONS = {
 }
 
 
-def last_token_index(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """cu_seqlens [B+1] -> index of every sample's last token in the packed axis, [B] int64."""
-    return cu_seqlens[1:].long() - 1
-
-
-def label_heads(logits: torch.Tensor, label_ids: torch.Tensor, label_mask: torch.Tensor):
-    """Label scores from full-vocabulary logits [B, V] float32.
+def label_heads(logits: torch.Tensor, logprobs: torch.Tensor, label_ids: torch.Tensor, label_mask: torch.Tensor):
+    """Label scores from full-vocabulary logits and log-probabilities [B, V] float32.
 
     Returns raw logits [B, N], log-probabilities under the whole vocabulary [B, N], and the softmax
     over the (unmasked) labels alone [B, N]; masked slots are -inf / -inf / 0.
     """
     label_logits = logits.index_select(1, label_ids)  # [B, N]
-    logprobs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)  # [B, V]
     label_logprobs = logprobs.index_select(1, label_ids)
     masked = label_logits.masked_fill(~label_mask[None, :], float("-inf"))
     label_probs = torch.softmax(masked, dim=-1).nan_to_num(0.0)
@@ -43,9 +37,8 @@ def label_heads(logits: torch.Tensor, label_ids: torch.Tensor, label_mask: torch
     )
 
 
-def topk_head(logits: torch.Tensor, k: int):
-    """Top-k tokens over the full vocabulary: ids [B, K] int64 and log-probabilities [B, K]."""
-    logprobs = torch.log_softmax(logits, dim=-1)
+def topk_head(logprobs: torch.Tensor, k: int):
+    """Top-k tokens from full-vocabulary log-probabilities [B, V]: ids [B, K] int64, values [B, K]."""
     values, ids = torch.topk(logprobs, k, dim=-1)
     return ids, values
 

@@ -19,6 +19,11 @@ from compile import ops  # noqa: F401  (registers boundserve::varlen_attention)
 from compile.checkpoint import ModelSpec
 
 
+def last_token_index(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens [B+1] -> index of every sample's last token in the packed axis, [B] int64."""
+    return cu_seqlens[1:].long() - 1
+
+
 def last_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """Each sample's last-token query against its own sample's keys (no causal mask is needed).
 
@@ -114,10 +119,6 @@ class Attention(nn.Module):
         """attn [T, Hq, D] -> [T, H]."""
         return self.o(attn.reshape(attn.shape[0], -1))
 
-    def forward(self, x, cos, sin, cu_seqlens):
-        q, k, v = self.project(x, cos, sin)
-        return self.output(torch.ops.boundserve.varlen_attention(q, k, v, cu_seqlens))
-
 
 class Mlp(nn.Module):
     """SwiGLU MLP with gate and up projections fused into one matrix."""
@@ -144,8 +145,13 @@ class Layer(nn.Module):
         self.mlp = Mlp(spec)
 
     def forward(self, x, cos, sin, cu_seqlens):
-        x = x + self.attn(self.input_norm(x), cos, sin, cu_seqlens)
-        return x + self.mlp(self.post_attn_norm(x))
+        return self.forward_kv(x, cos, sin, cu_seqlens)[0]
+
+    def forward_kv(self, x, cos, sin, cu_seqlens):
+        """The layer's output [T, H] and the keys and values [T, Hkv, D] it attended with."""
+        q, k, v = self.attn.project(self.input_norm(x), cos, sin)
+        x = x + self.attn.output(torch.ops.boundserve.varlen_attention(q, k, v, cu_seqlens))
+        return x + self.mlp(self.post_attn_norm(x)), k, v
 
     def forward_last(self, x, cos, sin, cu_seqlens, last):
         """The layer's output at the rows `last` [B] only: x [T, H] -> [B, H].
@@ -191,8 +197,7 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         for layer in self.layers[:-1]:
             x = layer(x, cos, sin, cu_seqlens)
-        last = cu_seqlens[1:].long() - 1
-        return self.layers[-1].forward_last(x, cos, sin, cu_seqlens, last)
+        return self.layers[-1].forward_last(x, cos, sin, cu_seqlens, last_token_index(cu_seqlens))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""

@@ -75,11 +75,10 @@ class ScoreNode:
             raise BoundsError("input_ids, sample_lens and label_ids must be 1-D tensors")
         _check(1 <= len(sample_lens) <= b["max_samples_per_batch"],
                f"{len(sample_lens)} samples in a batch; compiled for 1 to {b['max_samples_per_batch']}")
-        if len(sample_lens):
-            shortest, longest = int(sample_lens.min()), int(sample_lens.max())
-            _check(shortest >= 1, "every sample needs at least one token")
-            _check(longest <= b["max_tokens_per_sample"],
-                   f"a sample of {longest} tokens; compiled for at most {b['max_tokens_per_sample']}")
+        shortest, longest = int(sample_lens.min()), int(sample_lens.max())
+        _check(shortest >= 1, "every sample needs at least one token")
+        _check(longest <= b["max_tokens_per_sample"],
+               f"a sample of {longest} tokens; compiled for at most {b['max_tokens_per_sample']}")
         _check(int(sample_lens.sum()) == len(input_ids),
                f"sample lengths add up to {int(sample_lens.sum())} but {len(input_ids)} token ids were given")
         _check(len(input_ids) <= b["max_tokens_per_batch"],

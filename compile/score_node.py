@@ -36,7 +36,9 @@ class ScoreModule(nn.Module):
         last = self.model.last_hidden(input_ids, positions, cu_seqlens)  # [B, H]
         normed = self.model.norm(last)
         logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
-        outputs = (*label_heads(logits, label_ids, label_mask), *topk_head(logits, self.max_top_k), normed.float())
+        logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], shared by the label and top-k heads
+        outputs = (*label_heads(logits, logprobs, label_ids, label_mask), *topk_head(logprobs, self.max_top_k),
+                   normed.float())
         if self.mlp_head is not None:
             outputs = (*outputs, self.mlp_head(normed))
         return outputs

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from compile.checkpoint import load_checkpoint
-from compile.heads import last_token_index
-from compile.model import build_model
+from compile.model import build_model, last_token_index
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 
 # (family, overrides): GQA ratios 1:1, 2:1, 4:1; tied and untied; Qwen3 head_dim != hidden/heads;
