@@ -107,7 +107,7 @@ def sweep(node, vocab: int, widths, lengths, repeats: int) -> list[dict]:
 
 def profile(checkpoint, length: int, width: int) -> dict:
     """Where one request's time goes, timed piece by piece on the eager building blocks (ms)."""
-    from compile.beam_decode import decode, prefill, prompt_kv
+    from compile.beam.decode import decode, prefill, prompt_kv
     from compile.checkpoint import load_checkpoint
     from compile.model import build_model
 
@@ -128,7 +128,7 @@ def profile(checkpoint, length: int, width: int) -> dict:
             "decode_step_incl_lm_head": lambda: decode(model, tokens, pos + 1, prompt, suffix),
             "lm_head_only": lambda: model.logits(hidden),
             "log_softmax_topk": lambda: torch.topk(torch.topk(F.log_softmax(logits, -1), 2 * width)[0].reshape(1, -1),
-                                                   2 * width),  # as compile/beam_search.py selects
+                                                   2 * width),  # as compile/beam/search.py selects
         }
         out = {name: 1e3 * median(time_calls(fn, repeats=3)) for name, fn in parts.items()}
     out["per_request_estimate"] = out["prefill"] + (S - 1) * out["decode_step_incl_lm_head"] + S * out["log_softmax_topk"]

@@ -167,7 +167,7 @@ def fp8_report(checkpoint, spec, s: Settings) -> dict:
     from compile.checkpoint import load_checkpoint
     from compile.fp8 import Fp8Budget, apply_fp8, label_probs, random_calibration, select_fp8
     from compile.model import build_model
-    from compile.score_node import ScoreModule
+    from compile.score.module import ScoreModule
 
     loaded = load_checkpoint(checkpoint, str(s.dtype).removeprefix("torch."))
     module = ScoreModule(build_model(loaded.spec, loaded.state_dict, s.dtype), 5).to(s.device).eval()

@@ -40,7 +40,7 @@ def settings_for(args) -> Settings:
                         score_requests=2, batch_requests=(1, 2), beam_prompts=(8, 24), beam_batches=(1, 2),
                         e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, calibration_batches=2, repeats=1, fp8_budget=0.2,
                         bounds=dict(max_samples_per_batch=32, max_tokens_per_batch=2048, max_beam_width=100,
-                                    max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam.py export
+                                    max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam/module.py export
     return Settings(device="cuda", dtype=torch.bfloat16, layers=args.layers, sample_tokens=(32, 480),
                     score_requests=16, batch_requests=(1, 2, 4), beam_prompts=(8, 32), beam_batches=(1, 4, 8),
                     e2e_seconds=10.0, score_rate=100.0, beam_rate=300.0, calibration_batches=4, repeats=5, fp8_budget=0.02,

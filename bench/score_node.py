@@ -82,7 +82,7 @@ def profile_breakdown(checkpoint, dtype: torch.dtype, samples, labels) -> dict:
 
     from compile.checkpoint import load_checkpoint
     from compile.model import build_model
-    from compile.score_node import ScoreModule, pack_inputs
+    from compile.score.module import ScoreModule, pack_inputs
 
     ck = load_checkpoint(checkpoint, str(dtype).removeprefix("torch."))
     module = ScoreModule(build_model(ck.spec, ck.state_dict, dtype), 5)

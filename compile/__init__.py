@@ -1,0 +1,12 @@
+"""Offline build chain and the torch runtime of the compiled nodes. Imports torch and shared only.
+
+    checkpoint.py  Hugging Face folder -> ModelSpec + fused weights      model.py  the packed transformer
+    ops.py         custom operators compiled into the packages           machine.py  machine facts, compatibility
+    score/         the prefill-only scoring node (module, heads, export, node)
+    beam/          the bounded beam-search node (module and export, search, attention, decode,
+                   processors, generation config, node)
+    fp8.py         selective FP8 at build time                           demo.py   the demo checkpoint
+    build.py       `python -m compile`: export + AOTInductor + manifest (offline only)
+    artifacts.py   manifest, hashes, weights and package loading (build and runtime)
+    runtime.py     load_nodes for a worker: never imports the build chain
+"""

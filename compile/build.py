@@ -19,19 +19,14 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
-from compile.beam import build_beam
+from compile.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
+from compile.beam import module as beam_module
 from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
 from compile.fp8 import fp8_for_build
-from compile.heads import MlpHead
 from compile.machine import machine_facts
 from compile.model import Transformer, build_model
-from compile.score_node import OUTPUT_NAMES, ScoreModule, export_score_node
-from shared.config import DeploymentConfig, MlpHeadConfig
-
-MANIFEST = "manifest.json"
-WEIGHTS = "weights.safetensors"
-FORMAT_VERSION = 1
-
+from compile.score import export as score_export
+from shared.config import DeploymentConfig
 
 @dataclass(frozen=True)
 class BuildContext:
@@ -49,14 +44,7 @@ class BuildContext:
 NodeBuilder = Callable[[BuildContext], tuple[torch.nn.Module, torch.export.ExportedProgram, dict]]
 
 
-def build_score(ctx: BuildContext):
-    head = load_mlp_head(ctx.config.score.mlp_head, ctx.checkpoint.spec.hidden_size)
-    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head).to(ctx.device)
-    outputs = OUTPUT_NAMES + (("head",) if head is not None else ())
-    return module, export_score_node(module, ctx.config.bounds, ctx.device), {"outputs": list(outputs)}
-
-
-NODE_BUILDERS: dict[str, NodeBuilder] = {"score": build_score, "beam": build_beam}
+NODE_BUILDERS: dict[str, NodeBuilder] = {"score": score_export.build, "beam": beam_module.build}
 
 
 def enabled_workloads(config: DeploymentConfig) -> list[str]:
@@ -138,29 +126,6 @@ def aoti_compile(program: torch.export.ExportedProgram, package: Path) -> None:
     )
 
 
-def load_mlp_head(head: MlpHeadConfig | None, hidden_size: int) -> MlpHead | None:
-    """The user's classification head, checked against its declared layer sizes."""
-    if head is None:
-        return None
-    from safetensors.torch import load_file
-
-    if head.layer_sizes[0] != hidden_size:
-        raise ValueError(
-            f"score.mlp_head.layer_sizes[0] = {head.layer_sizes[0]} must equal the model's hidden size {hidden_size}"
-        )
-    module = MlpHead(head.layer_sizes, head.activation)
-    tensors = load_file(head.weights)
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in tensors.items()}
-    if expected != got:
-        raise ValueError(
-            f"score.mlp_head.weights {head.weights}: tensors {got} do not match layer_sizes "
-            f"{list(head.layer_sizes)}, which need {expected}"
-        )
-    module.load_state_dict({k: v.float() for k, v in tensors.items()})
-    return module.eval().requires_grad_(False)
-
-
 def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
     copied = []
     for name in TOKENIZER_FILES:
@@ -184,7 +149,7 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str) -> str:
         digest.update(file_hash(Path(config.beam.constraints)).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    for source in sorted(Path(__file__).parent.rglob("*.py")):
         digest.update(source.read_bytes())
     return digest.hexdigest()
 
@@ -199,11 +164,3 @@ def is_up_to_date(out: Path, key: str) -> bool:
     return manifest.get("build_key") == key and all(
         (out / name).is_file() and file_hash(out / name) == sha for name, sha in files
     )
-
-
-def file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()

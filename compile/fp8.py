@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compile.score_node import pack_inputs
+from compile.score.module import pack_inputs
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -253,7 +253,7 @@ def fp8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict 
     """
     if not config.model.fp8:
         return None
-    from compile.score_node import ScoreModule
+    from compile.score.module import ScoreModule
 
     device = next(model.parameters()).device
     if not scaled_mm_available(device.type):

@@ -1,93 +1,24 @@
-"""Loading compiled artifacts and calling the nodes: the torch side of the worker.
+"""Loading compiled artifacts for a worker: every node of one folder, sharing one set of weights.
 
 `load_nodes` checks the manifest against this machine, loads the weights once and hands the same
-tensors to every package (no second copy), and wraps each package in a runner that validates a
+tensors to every package (no second copy), and wraps each package in its node, which validates a
 batch against the compiled bounds before it ever reaches the package.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from compile import ops  # noqa: F401  (the packages call boundserve:: operators)
-from compile.build import MANIFEST, file_hash
-from compile.machine import ArtifactMismatch, check_compatible
-from compile.score_node import pack_inputs
+from compile.artifacts import load_package, load_weights, read_manifest
+from compile.beam.node import BeamNode
+from compile.machine import check_compatible
+from compile.score.node import ScoreNode
+from shared.bounds import BoundsError
 
-
-class BoundsError(ValueError):
-    """A batch falls outside the bounds the node was compiled for; it is refused, never run."""
-
-
-@dataclass(frozen=True)
-class ScoreOutput:
-    """Per-sample results of a scoring batch (float32 on CPU; ids int64)."""
-
-    label_logits: torch.Tensor  # [B, N]
-    label_logprobs: torch.Tensor  # [B, N] under the full vocabulary
-    label_probs: torch.Tensor  # [B, N] softmax over the labels alone
-    topk_ids: torch.Tensor  # [B, k]
-    topk_logprobs: torch.Tensor  # [B, k]
-    hidden: torch.Tensor  # [B, H] last-token hidden state after the final norm
-    head: torch.Tensor | None  # [B, C] MLP head outputs, when the deployment has one
-
-
-class ScoreNode:
-    """Runs the compiled scoring package on a packed batch."""
-
-    def __init__(self, package: Any, manifest: dict, device: str):
-        self.package = package
-        self.bounds = manifest["bounds"]
-        self.vocab_size = manifest["model"]["vocab_size"]
-        self.has_head = "head" in manifest["nodes"]["score"]["outputs"]
-        self.device = torch.device(device)
-
-    def __call__(self, input_ids: torch.Tensor, sample_lens: torch.Tensor, label_ids: torch.Tensor, top_k: int) -> ScoreOutput:
-        self.check(input_ids, sample_lens, label_ids, top_k)
-        num_samples = len(sample_lens)
-        if num_samples == 1:  # the package is compiled for >= 2 samples: add a 1-token filler
-            input_ids = torch.cat([input_ids, input_ids[:1]])
-            sample_lens = torch.cat([sample_lens, sample_lens.new_ones(1)])
-        args = self.pack(input_ids, sample_lens, label_ids)
-        with torch.inference_mode():
-            outputs = [t[:num_samples] for t in self.package(*args)]
-        n, k = len(label_ids), top_k
-        outputs = [t.cpu() for t in outputs]
-        return ScoreOutput(
-            label_logits=outputs[0][:, :n], label_logprobs=outputs[1][:, :n], label_probs=outputs[2][:, :n],
-            topk_ids=outputs[3][:, :k], topk_logprobs=outputs[4][:, :k], hidden=outputs[5],
-            head=outputs[6] if self.has_head else None,
-        )
-
-    def pack(self, input_ids, sample_lens, label_ids) -> tuple[torch.Tensor, ...]:
-        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds["max_labels"])
-        return tuple(t.to(self.device, non_blocking=True) for t in args)
-
-    def check(self, input_ids, sample_lens, label_ids, top_k) -> None:
-        b = self.bounds
-        if input_ids.dim() != 1 or sample_lens.dim() != 1 or label_ids.dim() != 1:
-            raise BoundsError("input_ids, sample_lens and label_ids must be 1-D tensors")
-        _check(1 <= len(sample_lens) <= b["max_samples_per_batch"],
-               f"{len(sample_lens)} samples in a batch; compiled for 1 to {b['max_samples_per_batch']}")
-        shortest, longest = int(sample_lens.min()), int(sample_lens.max())
-        _check(shortest >= 1, "every sample needs at least one token")
-        _check(longest <= b["max_tokens_per_sample"],
-               f"a sample of {longest} tokens; compiled for at most {b['max_tokens_per_sample']}")
-        _check(int(sample_lens.sum()) == len(input_ids),
-               f"sample lengths add up to {int(sample_lens.sum())} but {len(input_ids)} token ids were given")
-        _check(len(input_ids) <= b["max_tokens_per_batch"],
-               f"{len(input_ids)} tokens in a batch; compiled for at most {b['max_tokens_per_batch']}")
-        _check(len(label_ids) <= b["max_labels"], f"{len(label_ids)} labels; compiled for at most {b['max_labels']}")
-        _check(0 <= top_k <= b["max_top_k"], f"top_k = {top_k}; compiled for 0 to {b['max_top_k']}")
-        for name, ids in (("token", input_ids), ("label token", label_ids)):
-            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-                raise BoundsError(f"a {name} id outside the vocabulary [0, {self.vocab_size})")
+__all__ = ["BoundsError", "Nodes", "load_nodes"]
 
 
 @dataclass
@@ -96,12 +27,8 @@ class Nodes:
 
     manifest: dict
     score: ScoreNode | None
-    beam: Any | None
+    beam: BeamNode | None
     weights: dict[str, torch.Tensor]
-
-
-# workload -> runner class; the beam node registers itself here
-RUNNERS: dict[str, type] = {"score": ScoreNode}
 
 
 def load_nodes(artifacts_dir: str | Path, device: str = "cpu") -> Nodes:
@@ -109,41 +36,11 @@ def load_nodes(artifacts_dir: str | Path, device: str = "cpu") -> Nodes:
     folder = Path(artifacts_dir)
     manifest = read_manifest(folder)
     check_compatible(manifest["machine"], device)
-    weights_file = folder / manifest["weights"]["file"]
-    if file_hash(weights_file) != manifest["weights"]["sha256"]:
-        raise ArtifactMismatch(f"{weights_file}: content does not match the manifest's hash")
-    weights = {k: v.to(device) for k, v in load_file(weights_file).items()}
-    runners = {}
-    for workload, node in manifest["nodes"].items():
-        package = load_package(folder / node["package"], node["sha256"], weights, device)
-        runners[workload] = RUNNERS[workload](package, manifest, device)
-    return Nodes(manifest=manifest, score=runners.get("score"), beam=runners.get("beam"), weights=weights)
-
-
-def read_manifest(folder: Path) -> dict:
-    try:
-        return json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise ArtifactMismatch(f"{folder}: no {MANIFEST}; build the artifacts with `python -m compile`") from None
-
-
-def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str):
-    if file_hash(path) != sha256:
-        raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
-    index = torch.device(device).index
-    package = torch._inductor.aoti_load_package(str(path), device_index=-1 if index is None else index)
-    names = package.get_constant_fqns()
-    missing = sorted(set(names) - set(weights))
-    if missing:
-        raise ArtifactMismatch(f"{path}: weights file lacks constants {missing[:5]}")
-    # user_managed: the package uses our tensors in place, so every node shares one copy.
-    package.load_constants({n: weights[n] for n in names}, check_full_update=True, user_managed=True)
-    return package
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise BoundsError(message)
-
-
-from compile import beam_runtime  # noqa: E402,F401  (registers RUNNERS["beam"]; imports this module back)
+    weights = load_weights(folder, manifest, device)
+    packages = {
+        workload: load_package(folder / node["package"], node["sha256"], weights, device)
+        for workload, node in manifest["nodes"].items()
+    }
+    score = ScoreNode(packages["score"], manifest, device) if "score" in packages else None
+    beam = BeamNode.from_package(packages["beam"], manifest, device) if "beam" in packages else None
+    return Nodes(manifest=manifest, score=score, beam=beam, weights=weights)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from compile.runtime import BoundsError
+from shared.bounds import BoundsError
 from shared.protocol import (FLOAT32, INT32, BeamBatch, BeamResult, ErrorCode, ScoreBatch, ScoreResult,
                              Status, unpack_ids)
 from worker.bounds_check import BatchRefused

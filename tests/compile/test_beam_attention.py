@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compile.beam_attention import merge, prompt_attention, shared_prompt_attention, suffix_attention
+from compile.beam.attention import merge, prompt_attention, shared_prompt_attention, suffix_attention
 
 
 def _reference(q, prompt_k, prompt_v, lens, suffix_k, suffix_v, scale):

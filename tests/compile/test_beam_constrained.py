@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from compile.beam import BeamModule
-from compile.beam_runtime import BeamBounds, BeamNode
-from compile.beam_settings import beam_rule, read_generation_config
+from compile.beam.module import BeamModule
+from compile.beam.node import BeamBounds, BeamNode
+from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
-from compile.constraints import PrefixConstraint, build_tables
+from compile.beam.processors import PrefixConstraint, build_tables
 from compile.model import build_model
 from tests.compile.beam_reference import hf_beam
 from tests.compile.reference import load_hf, random_batch

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from compile.beam import BeamModule, export_beam_node
-from compile.beam_settings import beam_rule, read_generation_config
+from compile.beam.module import BeamModule, export_beam_node
+from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model
 

@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 import torch
 
-from compile.beam import BeamModule
-from compile.beam_runtime import BeamBounds, BeamNode
-from compile.beam_settings import beam_rule, read_generation_config
+from compile.beam.module import BeamModule
+from compile.beam.node import BeamBounds, BeamNode
+from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model
 from tests.compile.beam_reference import assert_same_as_hf, hf_beam
@@ -94,7 +94,7 @@ def test_parity_with_eos_among_candidates(checkpoint_factory, tmp_path, family, 
 def test_refuses_unsupported_generation_options(checkpoint_factory, tmp_path):
     import shutil
 
-    from compile.beam_settings import UnsupportedGenerationOption
+    from compile.beam.generation_config import UnsupportedGenerationOption
 
     path = tmp_path / "ckpt"
     shutil.copytree(checkpoint_factory("qwen3", name="beam-qwen3"), path)
@@ -104,7 +104,7 @@ def test_refuses_unsupported_generation_options(checkpoint_factory, tmp_path):
 
 
 def test_bounds_are_refused_clearly(checkpoint_factory):
-    from compile.beam_runtime import BoundsError
+    from shared.bounds import BoundsError
 
     node, _, _ = eager_node(checkpoint_factory("qwen3", name="beam-qwen3"), max_beams=8)
     ids, lens = torch.arange(5), torch.tensor([5])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from compile.constraints import PrefixConstraint, build_tables, read_sequences
+from compile.beam.processors import PrefixConstraint, build_tables, read_sequences
 
 VOCAB = 12
 EOS = (11,)

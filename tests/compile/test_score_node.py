@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from compile.runtime import BoundsError, load_nodes
+from compile.runtime import load_nodes
+from shared.bounds import BoundsError
 from shared.config import MlpHeadConfig, ScoreConfig
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 from tests.conftest import build_artifacts

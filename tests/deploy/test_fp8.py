@@ -18,7 +18,7 @@ from compile.fp8 import (FP8, Fp8Budget, Fp8Linear, apply_fp8, candidate_linears
 def score_module(demo_checkpoint):
     from compile.checkpoint import load_checkpoint
     from compile.model import build_model
-    from compile.score_node import ScoreModule
+    from compile.score.module import ScoreModule
 
     checkpoint = load_checkpoint(demo_checkpoint, "float32")
     return ScoreModule(build_model(checkpoint.spec, checkpoint.state_dict, torch.float32), 5).eval()
@@ -92,7 +92,7 @@ def test_model_fp8_builds_packages_that_run_the_chosen_layers(demo_checkpoint, d
     from compile.fp8 import Fp8Plan
     from compile.model import build_model
     from compile.runtime import load_nodes
-    from compile.score_node import ScoreModule
+    from compile.score.module import ScoreModule
     from tests.conftest import build_artifacts
 
     artifacts = build_artifacts(demo_checkpoint, "demo-fp8", model={"fp8": True, "fp8_max_prob_change": 0.05})

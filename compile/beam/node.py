@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from compile.runtime import RUNNERS, BoundsError
+from shared.bounds import BoundsError
 
 
 NO_CANDIDATE = -1.0e8  # scores at or below this are transformers' "impossible" (-1e9 or -inf)
@@ -45,7 +45,7 @@ class BeamBounds:
 
 def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, num_steps: int,
                 early_stopping_all: bool) -> tuple[torch.Tensor, ...]:
-    """The exported node's eight inputs (see compile/beam.py) for one batch of prompts."""
+    """The exported node's eight inputs (see compile/beam/module.py) for one batch of prompts."""
     lens = prompt_lens.to(torch.int64)
     cu = torch.zeros(lens.numel() + 1, dtype=torch.int64)
     cu[1:] = torch.cumsum(lens, 0)
@@ -75,7 +75,7 @@ class BeamNode:
 
     @classmethod
     def from_package(cls, package: Callable, manifest: dict, device: str) -> "BeamNode":
-        """The runner compile/runtime.py builds for a loaded beam package."""
+        """The node compile/runtime.py builds for a loaded beam package."""
         facts = manifest["nodes"]["beam"]
         bounds = BeamBounds.from_manifest(manifest["bounds"], manifest["model"]["vocab_size"])
         return cls(package, bounds, facts["early_stopping"], facts["pad_id"], device)
@@ -119,5 +119,3 @@ def _within(what: str, value: int, low: int, high: int, bound: str) -> None:
     if not low <= value <= high:
         raise BoundsError(f"{what} = {value} is outside [{low}, {high}] ({bound})")
 
-
-RUNNERS["beam"] = BeamNode.from_package  # compile/runtime.py imports this module to register it

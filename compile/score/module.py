@@ -1,4 +1,4 @@
-"""The prefill-only scoring node: one packed prefill, every head read at each sample's last token.
+"""The prefill-only scoring module: one packed prefill, every head read at each sample's last token.
 
 Exported inputs (T packed tokens, B samples, N = bounds.max_labels label slots):
     input_ids  [T] int64    all samples concatenated
@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.export import Dim
 
-from compile.heads import MlpHead, label_heads, topk_head
+from compile.score.heads import MlpHead, label_heads, topk_head
 from compile.model import Transformer
-from shared.config import BoundsConfig
 
 OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "topk_logprobs", "hidden")
 
@@ -55,28 +53,3 @@ def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int) -> tuple[to
     labels[: len(label_ids)] = label_ids
     mask = torch.arange(label_slots) < len(label_ids)
     return input_ids.long(), positions, cu_seqlens, labels, mask
-
-
-def example_inputs(bounds: BoundsConfig, vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """A small valid batch (two samples) used to trace the node."""
-    lens = [3, 5]
-    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
-    ids = torch.arange(sum(lens), dtype=torch.int64) % vocab_size
-    positions = torch.cat([torch.arange(n) for n in lens])
-    label_ids = torch.zeros(bounds.max_labels, dtype=torch.int64)
-    label_mask = torch.zeros(bounds.max_labels, dtype=torch.bool)
-    label_mask[:2] = True
-    return tuple(t.to(device) for t in (ids, positions, cu, label_ids, label_mask))
-
-
-def dynamic_shapes(bounds: BoundsConfig) -> tuple:
-    """Token count and sample count are dynamic; one extra token allows a 1-sample batch's filler."""
-    tokens = Dim("tokens", min=2, max=bounds.max_tokens_per_batch + 1)
-    samples = Dim("samples", min=2, max=bounds.max_samples_per_batch)
-    return ({0: tokens}, {0: tokens}, {0: samples + 1}, None, None)
-
-
-def export_score_node(module: ScoreModule, bounds: BoundsConfig, device: str = "cpu") -> torch.export.ExportedProgram:
-    args = example_inputs(bounds, module.model.spec.vocab_size, device)
-    with torch.no_grad():
-        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(bounds), strict=False)

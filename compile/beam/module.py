@@ -27,15 +27,21 @@ this package: size-1 calls are tested against the eager module and transformers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
-from compile.beam_decode import decode, prefill, prompt_kv, reorder_suffix
-from compile.beam_penalty import RepetitionPenalty
-from compile.beam_search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
+from compile.beam.decode import decode, prefill, prompt_kv, reorder_suffix
+from compile.beam.generation_config import beam_rule, read_generation_config
+from compile.beam.processors import PrefixConstraint, RepetitionPenalty, build_tables, read_sequences
+from compile.beam.search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
 from compile.model import Transformer, last_token_index
+
+if TYPE_CHECKING:
+    from compile.build import BuildContext
 
 INPUT_NAMES = (
     "prompt_ids", "positions", "cu_seqlens", "prompt_index", "prompt_valid", "beam_slots", "num_steps", "early_all",
@@ -135,10 +141,8 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
 
-def build_beam(ctx) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
-    """Node builder for compile/build.py: the beam node of ctx's checkpoint under ctx.config's bounds."""
-    from compile.beam_settings import beam_rule, read_generation_config
-    from compile.constraints import PrefixConstraint, build_tables, read_sequences
+def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
+    """Node builder: the beam node of ctx's checkpoint under ctx.config's bounds."""
 
     bounds, path = ctx.config.bounds, ctx.config.model.path
     rule = beam_rule(read_generation_config(path), source=f"{path}/generation_config.json")

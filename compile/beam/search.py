@@ -29,7 +29,7 @@ class BeamRule:
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # True | False | "never"
     pad_id: int = 0
-    repetition_penalty: float = 1.0  # applied by the node before selection (compile/beam_penalty.py)
+    repetition_penalty: float = 1.0  # applied by the node before selection (compile/beam/processors.py)
 
     def __post_init__(self):
         if self.early_stopping not in (True, False, "never"):

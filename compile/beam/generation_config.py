@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compile.beam_search import BeamRule
+from compile.beam.search import BeamRule
 
 # option -> the value that means "off" (anything else is refused)
 _REFUSED = {

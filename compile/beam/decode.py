@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from compile.beam_attention import shared_prompt_attention
-from compile.beam_search import take
+from compile.beam.attention import shared_prompt_attention
+from compile.beam.search import take
 from compile.model import Transformer, rope_tables
 
 

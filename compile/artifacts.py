@@ -1,0 +1,59 @@
+"""An artifacts folder on disk: the manifest, file hashes, the shared weights and package loading.
+
+Both the build chain (which writes a folder) and the runtime (which loads one) use this module, so
+a worker reads artifacts without importing the build chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from compile import ops  # noqa: F401  (the packages call boundserve:: operators)
+from compile.machine import ArtifactMismatch
+
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+FORMAT_VERSION = 1
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict:
+    try:
+        return json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ArtifactMismatch(f"{folder}: no {MANIFEST}; build the artifacts with `python -m compile`") from None
+
+
+def load_weights(folder: Path, manifest: dict, device: str) -> dict[str, torch.Tensor]:
+    """The one weights file every node of the folder shares, checked against its hash."""
+    weights_file = folder / manifest["weights"]["file"]
+    if file_hash(weights_file) != manifest["weights"]["sha256"]:
+        raise ArtifactMismatch(f"{weights_file}: content does not match the manifest's hash")
+    return {k: v.to(device) for k, v in load_file(weights_file).items()}
+
+
+def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str):
+    """An AOTInductor package whose constants are `weights`' tensors themselves (no copy)."""
+    if file_hash(path) != sha256:
+        raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
+    index = torch.device(device).index
+    package = torch._inductor.aoti_load_package(str(path), device_index=-1 if index is None else index)
+    names = package.get_constant_fqns()
+    missing = sorted(set(names) - set(weights))
+    if missing:
+        raise ArtifactMismatch(f"{path}: weights file lacks constants {missing[:5]}")
+    # user_managed: the package uses our tensors in place, so every node shares one copy.
+    package.load_constants({n: weights[n] for n in names}, check_full_update=True, user_managed=True)
+    return package
