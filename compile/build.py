@@ -103,7 +103,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "dtype": str(dtype).removeprefix("torch."),
         "machine": machine_facts(device),
-        "bounds": asdict(config.bounds),
+        "bounds": config.bounds.resolved(),
         "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
         "nodes": nodes,
         "fp8": fp8,

@@ -33,7 +33,7 @@ class Limits:
     @classmethod
     def from_manifest(cls, config: DeploymentConfig, manifest: dict[str, Any], vocab_size: int) -> Limits:
         """Bounds come from the manifest (what the packages accept), the rest from config."""
-        bounds = {**vars(config.bounds), **manifest.get("bounds", {})}
+        bounds = {**config.bounds.resolved(), **manifest.get("bounds", {})}
         nodes = manifest.get("nodes", {})
         return cls(
             vocab_size=int(vocab_size),

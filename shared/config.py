@@ -68,10 +68,21 @@ class BoundsConfig:
     """Beam search: decode steps per request (S), at most 5."""
     max_beam_requests_per_batch: int = 4
     """Beam search: requests (prompts) in one batch."""
+    max_prefix_tokens: int | None = None
+    """Scoring: tokens of a request's shared prefix, computed once for all its samples (unset = the
+    same as max_tokens_per_sample). A longer common prefix is computed unshared, never cut."""
+
+    def resolved(self) -> dict[str, int]:
+        """Every bound as a plain int (unset ones resolved): what the manifest and the wire carry."""
+        values = dataclasses.asdict(self)
+        if self.max_prefix_tokens is None:
+            values["max_prefix_tokens"] = self.max_tokens_per_sample
+        return values
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            _check_range(f"bounds.{f.name}", getattr(self, f.name), 1, None)
+        for name, value in self.resolved().items():
+            _check_range(f"bounds.{name}", value, 1, None)
+        _check_range("bounds.max_prefix_tokens", self.resolved()["max_prefix_tokens"], 1, self.max_tokens_per_sample)
         _check_range("bounds.max_samples_per_batch", self.max_samples_per_batch, 2, None)
         _check_range("bounds.max_new_tokens", self.max_new_tokens, 1, 5)
         _check_range("bounds.max_beam_width", self.max_beam_width, 1, 400)
@@ -109,9 +120,15 @@ class ScoreConfig:
     enabled: bool = True
     mlp_head: MlpHeadConfig | None = None
     prompt_template: str | None = None
-    """Optional format string applied by the gateway to each sample, e.g. "Query: {query}\\nDoc: {text}"."""
+    """Optional format string applied by the gateway to each sample, e.g. "Query: {query}\\nDoc: {text}".
+    Literal text before its first field is a static prefix: its keys/values are computed once at build
+    time and reused by every sample that starts with its tokens."""
+    min_shared_prefix_tokens: int = 4
+    """A request's samples share their longest common token prefix (computed once, exactly) when it
+    is at least this long and the request has two or more samples."""
 
     def validate(self) -> None:
+        _check_range("score.min_shared_prefix_tokens", self.min_shared_prefix_tokens, 1, None)
         if self.mlp_head is not None:
             self.mlp_head.validate()
 
