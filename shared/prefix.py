@@ -34,10 +34,12 @@ def longest_common_prefix(samples: Sequence[Sequence[int]]) -> int:
 
 def template_header(template: str | None) -> str:
     """The literal text of a str.format template before its first field ('{{' read as '{')."""
-    if not template:
-        return ""
-    literal, field, _, _ = next(iter(string.Formatter().parse(template)), ("", None, None, None))
-    return literal if field is not None else ""
+    header = []
+    for literal, field, _, _ in string.Formatter().parse(template or ""):
+        header.append(literal)
+        if field is not None:
+            return "".join(header)
+    return ""  # no field: the whole text is one constant sample, not a prefix
 
 
 def stable_prefix_ids(encode: Callable[[str], list[int]], header: str) -> list[int]:
