@@ -30,7 +30,7 @@ import numpy as np
 from shared.latency_model import LatencyModel
 from shared.wire_codec import FieldError, record_decoder, to_wire
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: shared prefixes (ScoreRequest.prefix_len, ScoreResult.cached_tokens, Ready.static_prefix_ids)
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -111,6 +111,10 @@ class Ready:
     max_queued_batches: int
     num_streams: int
     heartbeat_interval_ms: int
+    static_prefix_ids: tuple[int, ...] = ()
+    """The deployment's static prefix (tokens of the template header whose keys/values the worker
+    computed at load): a sample or shared prefix that starts with them (and is longer) costs them
+    nothing. Empty when the deployment has none."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,10 @@ class ScoreRequest:
     top_k: int
     """0 = no top-k tokens."""
     return_hidden: bool = False
+    prefix_len: int = 0
+    """The first prefix_len ids of input_ids are the samples' shared prefix, computed once; then
+    sample_lens are the suffix lengths (0 allowed: that sample is the prefix) and sample i is
+    prefix + suffix i. 0 = no shared prefix: every sample is whole and has >= 1 token."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,9 @@ class ScoreResult:
     topk_logprobs: bytes = b""  # float32 [S, k]
     hidden: bytes = b""  # float32 [S, H], only when return_hidden
     head: bytes = b""  # float32 [S, C], only when the model has an MLP head
+    cached_tokens: int = 0
+    """Tokens of this request whose keys/values were reused rather than computed (a shared prefix
+    after its first use, the deployment's static prefix): submitted tokens - computed tokens."""
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The non-empty arrays, shaped [num_samples, -1]."""
@@ -408,9 +419,13 @@ def _check_score_batch(batch: ScoreBatch) -> None:
         path = f".requests[{i}]"
         tokens = _token_count(req.input_ids, batch.token_dtype, path + ".input_ids")
         _require(len(req.sample_lens) > 0, path + ".sample_lens", "a request needs at least one sample")
-        _require(min(req.sample_lens) >= 1, path + ".sample_lens", "every sample needs >= 1 token")
-        _require(sum(req.sample_lens) == tokens, path + ".sample_lens",
-                 f"sum {sum(req.sample_lens)} != {tokens} tokens in input_ids")
+        _require(req.prefix_len >= 0, path + ".prefix_len", "must be >= 0")
+        if req.prefix_len:
+            _require(min(req.sample_lens) >= 0, path + ".sample_lens", "suffix lengths must be >= 0")
+        else:
+            _require(min(req.sample_lens) >= 1, path + ".sample_lens", "every sample needs >= 1 token")
+        _require(req.prefix_len + sum(req.sample_lens) == tokens, path + ".sample_lens",
+                 f"prefix_len {req.prefix_len} + sum {sum(req.sample_lens)} != {tokens} tokens in input_ids")
         _require(req.top_k >= 0, path + ".top_k", "must be >= 0")
         _require(all(t >= 0 for t in req.label_ids), path + ".label_ids", "token ids must be >= 0")
 
@@ -431,6 +446,11 @@ def _check_results(message: ScoreResults | BeamResults) -> None:
     for i, result in enumerate(message.results):
         _require(result.status in (Status.OK, Status.EXPIRED, Status.ERROR), f".results[{i}].status",
                  f"unknown status {result.status!r}")
+        _require(getattr(result, "cached_tokens", 0) >= 0, f".results[{i}].cached_tokens", "must be >= 0")
+
+
+def _check_ready(ready: Ready) -> None:
+    _require(all(t >= 0 for t in ready.static_prefix_ids), ".static_prefix_ids", "token ids must be >= 0")
 
 
 def _no_check(message: Any) -> None:
@@ -442,4 +462,5 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     BeamBatch: _check_beam_batch,
     ScoreResults: _check_results,
     BeamResults: _check_results,
+    Ready: _check_ready,
 }
