@@ -6,7 +6,10 @@ per-item cost and `delta` the fixed cost of one call. Pure Python/NumPy; no torc
 
 What B and L mean for each workload (the worker profiles with exactly these, the gateway must
 predict with them too):
-  - "score": B = samples in the batch, L = mean tokens per sample (total tokens / B).
+  - "score": B = samples in the batch, L = mean computed tokens per sample (computed tokens / B).
+    Computed tokens (`computed_tokens`) count a request's shared prefix once and never count the
+    deployment's static prefix, whose keys/values the worker computed at load; the profile is
+    taken on unshared random batches, where computed tokens are all tokens.
   - "beam":  B = requests * num_beams (beams decoded together), L = mean prompt tokens per request.
     The decode steps are part of the per-workload constants (the profile is taken at the
     deployment's max_new_tokens, so predictions are conservative for fewer steps).
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from shared.prefix import static_prefix_len
 
 WORKLOADS = ("score", "beam")
 COEFFICIENTS = ("alpha", "beta", "gamma", "delta")
@@ -44,6 +49,11 @@ class LatencyModel:
     def predict_ms(self, batch_size: float, tokens: float) -> float:
         """Predicted milliseconds for `batch_size` items of `tokens` tokens each (mean)."""
         return (self.alpha * batch_size + self.beta) * tokens + self.gamma * batch_size + self.delta
+
+    def predict_batch_ms(self, samples: int, computed: int) -> float:
+        """Predicted milliseconds for a scoring batch of `samples` samples and `computed` computed
+        tokens (see computed_tokens; shared prefixes once)."""
+        return self.predict_ms(samples, computed / max(1, samples))
 
     def max_batch_size(self, tokens: float, budget_ms: float, limit: int) -> int:
         """Largest B in [0, limit] whose predicted time at `tokens` per item fits `budget_ms`."""
@@ -100,3 +110,12 @@ class LatencyModel:
         if missing or extra:
             raise ValueError(f"latency model keys: missing {missing}, unexpected {extra}")
         return cls(*(raw[k] for k in COEFFICIENTS))
+
+
+def computed_tokens(prefix: Sequence[int], suffixes: Sequence[Sequence[int]], static_ids: Sequence[int] = ()) -> int:
+    """Tokens the score node computes for one request: its shared `prefix` once plus every suffix
+    (prefix empty: the suffixes are the whole samples), less the static prefix `static_ids`
+    wherever the shared prefix (or, unshared, a sample) starts with it (shared.prefix.static_prefix_len)."""
+    if len(prefix):
+        return len(prefix) - static_prefix_len(prefix, static_ids) + sum(len(s) for s in suffixes)
+    return sum(len(s) - static_prefix_len(s, static_ids) for s in suffixes)

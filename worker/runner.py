@@ -35,6 +35,16 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
+def _whole_samples(request, token_dtype: str) -> np.ndarray:
+    """The request's samples, each whole (prefix + suffix), concatenated. Interim: the compiled node
+    does not take shared prefixes yet, so a shared prefix is computed once per sample."""
+    ids = unpack_ids(request.input_ids, token_dtype)  # [prefix_len + sum(suffixes)]
+    if not request.prefix_len:
+        return ids
+    prefix, ends = ids[: request.prefix_len], np.cumsum((request.prefix_len, *request.sample_lens))
+    return np.concatenate([part for start, end in zip(ends[:-1], ends[1:]) for part in (prefix, ids[start:end])])
+
+
 class ScoreRunner:
     """Runs the live requests of a ScoreBatch as one packed call of the score node."""
 
@@ -43,8 +53,8 @@ class ScoreRunner:
 
     def run(self, batch: ScoreBatch, live: Sequence[int], lane: Lane) -> dict[int, ScoreResult]:
         requests = [batch.requests[i] for i in live]
-        input_ids = lane.stage_tokens([unpack_ids(r.input_ids, batch.token_dtype) for r in requests])  # [T]
-        sample_lens = torch.tensor([n for r in requests for n in r.sample_lens], dtype=torch.int64)  # [B]
+        input_ids = lane.stage_tokens([_whole_samples(r, batch.token_dtype) for r in requests])  # [T]
+        sample_lens = torch.tensor([r.prefix_len + n for r in requests for n in r.sample_lens], dtype=torch.int64)  # [B]
         labels = list(dict.fromkeys(t for r in requests for t in r.label_ids))
         column = {t: j for j, t in enumerate(labels)}
         top_k = max(r.top_k for r in requests)

@@ -30,9 +30,11 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     vocab_size = manifest["model"]["vocab_size"]
     lanes = make_lanes(device, config.worker, bounds)
     runners, checks = {}, {}
+    static_ids = static_prefix_ids(manifest)
     if nodes.score is not None:
         runners[ScoreBatch] = ScoreRunner(nodes.score)
-        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size)
+        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size,
+                                               static_ids=static_ids)
     if nodes.beam is not None:
         runners[BeamBatch] = BeamRunner(nodes.beam)
         checks[BeamBatch] = functools.partial(check_beam_batch, bounds=bounds, vocab_size=vocab_size)
@@ -49,10 +51,15 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
         latency={w: p.model for w, p in profiles.items()},
         latency_rmse_ms={w: p.rmse_ms for w, p in profiles.items()},
         max_queued_batches=config.worker.max_queued_batches, num_streams=len(lanes),
-        heartbeat_interval_ms=config.worker.heartbeat_interval_ms,
+        heartbeat_interval_ms=config.worker.heartbeat_interval_ms, static_prefix_ids=static_ids,
     )
     pool_factory = functools.partial(_make_pool, lanes, runners, log)
     return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log)
+
+
+def static_prefix_ids(manifest: dict) -> tuple[int, ...]:
+    """The score node's static prefix (manifest nodes.score.static_prefix_ids; missing = none)."""
+    return tuple(int(t) for t in manifest.get("nodes", {}).get("score", {}).get("static_prefix_ids", ()))
 
 
 def model_facts(manifest: dict, nodes) -> dict:

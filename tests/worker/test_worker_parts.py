@@ -8,18 +8,25 @@ import pytest
 from shared import protocol as p
 from shared.config import BoundsConfig, WorkerConfig
 from worker.batch_queue import BatchQueue, PendingBatch
-from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch
+from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch, request_computed_tokens
 from worker.profiler import MIN_POINTS, beam_grid, profile_workload, score_grid
 
-BOUNDS = dict(vars(BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
-                                max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
-                                max_new_tokens=4, max_beam_requests_per_batch=2)))
+BOUNDS = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
+                      max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
+                      max_new_tokens=4, max_beam_requests_per_batch=2, max_prefix_tokens=32).resolved()
 VOCAB = 100
+STATIC = (7, 8, 9)
 
 
 def sreq(rid, lens, labels=(), top_k=0, deadline_ms=100.0, ids=None):
     ids = ids if ids is not None else [1] * sum(lens)
     return p.ScoreRequest(rid, deadline_ms, p.pack_ids(ids), tuple(lens), tuple(labels), top_k)
+
+
+def shared(rid, prefix, suffixes):
+    """A request sent as one shared prefix plus suffixes."""
+    ids = list(prefix) + [t for s in suffixes for t in s]
+    return p.ScoreRequest(rid, 100.0, p.pack_ids(ids), tuple(len(s) for s in suffixes), (), 0, False, len(prefix))
 
 
 def sbatch(*requests):
@@ -45,6 +52,34 @@ def test_score_batch_totals_beyond_bounds_refuse_the_batch(requests, what):
     with pytest.raises(BatchRefused, match=what) as info:
         check_score_batch(sbatch(*requests), BOUNDS, VOCAB)
     assert info.value.code == p.ErrorCode.OUT_OF_BOUNDS
+
+
+def test_a_shared_prefix_counts_once_and_is_checked_against_its_bound():
+    fits = shared("fits", [1] * 30, [[2] * 20] * 6)  # 300 tokens submitted, 30 + 120 computed
+    assert request_computed_tokens(fits, "int32", ()) == 150
+    over_prefix = shared("prefix", [1] * 33, [[2] * 4] * 2)
+    over_sample = shared("sample", [1] * 30, [[2] * 35, [3]])  # prefix + suffix = 65 tokens
+    batch = sbatch(fits, over_prefix, over_sample, shared("empty-suffix", [1] * 5, [[], [2]]))
+    rejected = check_score_batch(batch, BOUNDS, VOCAB)
+    assert sorted(rejected) == [1, 2]
+    assert "33 tokens" in rejected[1] and "max_prefix_tokens = 32" in rejected[1]
+    assert "65 tokens" in rejected[2]
+    with pytest.raises(BatchRefused, match="batch has 278 computed tokens"):  # 150 + 128: over 256 together
+        check_score_batch(sbatch(fits, sreq("unshared", [64, 64])), BOUNDS, VOCAB)
+
+
+def test_static_prefix_tokens_are_not_counted_where_a_sample_or_prefix_starts_with_them():
+    whole = sreq("static", [64] * 4, ids=(list(STATIC) + [1] * 61) * 4)  # 256 tokens, 244 computed
+    assert request_computed_tokens(whole, "int32", STATIC) == 244
+    assert request_computed_tokens(whole, "int32", ()) == 256
+    batch = sbatch(whole, sreq("more", [10]))
+    assert check_score_batch(batch, BOUNDS, VOCAB, static_ids=STATIC) == {}
+    with pytest.raises(BatchRefused, match="266 computed tokens"):
+        check_score_batch(batch, BOUNDS, VOCAB)
+    assert request_computed_tokens(sreq("only-static", [3], ids=list(STATIC)), "int32", STATIC) == 3  # nothing after it
+    assert request_computed_tokens(sreq("other", [4], ids=[7, 8, 1, 2]), "int32", STATIC) == 4
+    prefix = shared("shared", list(STATIC) + [5, 5], [[1, 2], [3]])
+    assert request_computed_tokens(prefix, "int32", STATIC) == 2 + 3
 
 
 def test_beam_checks():

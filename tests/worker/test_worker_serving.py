@@ -51,6 +51,7 @@ def test_ready_carries_bounds_model_and_latency(client, nodes):
     assert min(model.alpha, model.beta, model.gamma, model.delta) >= 0
     assert model.predict_ms(8, 32) > 0
     assert ready.max_queued_batches == 4 and ready.num_streams == 1
+    assert list(ready.static_prefix_ids) == nodes.manifest["nodes"]["score"].get("static_prefix_ids", [])
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
@@ -85,6 +86,49 @@ def test_score_results_equal_the_node_called_directly(client, nodes, dtype):
             np.testing.assert_allclose(got["hidden"], want["hidden"], rtol=1e-4, atol=1e-5)
         else:
             assert "hidden" not in got
+
+
+def shared_request(rid, prefix, suffixes, labels=(), top_k=0):
+    """A request sent as one shared prefix plus per-sample suffixes (sample i = prefix + suffix i)."""
+    ids = [*prefix, *(t for s in suffixes for t in s)]
+    return p.ScoreRequest(rid, 60_000.0, p.pack_ids(ids), tuple(len(s) for s in suffixes), tuple(labels), top_k,
+                          True, len(prefix))
+
+
+def test_shared_prefix_requests_equal_the_node_on_whole_samples(client, nodes):
+    vocab = client.ready.model["vocab_size"]
+    rng = np.random.default_rng(6)
+    prefix = token_ids(rng, vocab, 20).tolist()
+    suffixes = [token_ids(rng, vocab, n).tolist() for n in (5, 1, 9)] + [[]]  # the last sample is the prefix
+    duplicates = [[], []]  # two samples, both equal to their prefix
+    unshared = [token_ids(rng, vocab, n).tolist() for n in (7, 3)]
+    batch = score_batch(shared_request("shared", prefix, suffixes, (3, 7), 4),
+                        score_request("unshared", [t for s in unshared for t in s], (7, 3), (7, 11), 2, True),
+                        shared_request("dupes", prefix[:6], duplicates, (3,), 1))
+    client.send(batch)
+    reply = client.reply_to(batch.batch_id)
+    assert isinstance(reply, p.ScoreResults), reply
+    for result, samples, labels, k in zip(reply.results, ([prefix + s for s in suffixes], unshared,
+                                                          [prefix[:6]] * 2), ((3, 7), (7, 11), (3,)), (4, 2, 1)):
+        assert result.status == p.Status.OK and result.num_samples == len(samples), result
+        want = direct(nodes.score, [t for s in samples for t in s], [len(s) for s in samples], labels, k)
+        got = result.arrays()
+        for name in ("label_logits", "label_logprobs", "label_probs", "topk_logprobs", "hidden"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_array_equal(got["topk_ids"], want["topk_ids"])
+
+
+def test_a_shared_prefix_over_its_bound_is_refused_alone(client):
+    bounds = client.ready.bounds
+    per_sample, per_prefix = bounds["max_tokens_per_sample"], bounds.get("max_prefix_tokens", bounds["max_tokens_per_sample"])
+    # a prefix one token over its bound, or (when that bound is the sample bound) a sample one token over
+    prefix_len, want = (per_prefix + 1, "max_prefix_tokens") if per_prefix < per_sample else (per_sample, "tokens")
+    batch = score_batch(shared_request("long-prefix", [1] * prefix_len, [[2]]), shared_request("fine", [1, 2], [[3], []]))
+    client.send(batch)
+    reply = client.reply_to(batch.batch_id)
+    refused, fine = reply.results
+    assert refused.status == p.Status.ERROR and want in refused.error, refused.error
+    assert fine.status == p.Status.OK and fine.num_samples == 2
 
 
 def test_single_request_batch_matches_exactly_shaped_call(client, nodes):
