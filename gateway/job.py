@@ -2,16 +2,22 @@
 
 Jobs carry their deadline on the loop's monotonic clock and a future the request handler awaits.
 Whoever finishes a job first (result, expiry timer, lost worker) wins; later attempts are no-ops.
+A scoring job whose samples share a prefix counts it once in `tokens` (what the worker computes,
+what budgets, batch packing and latency predictions use) and sends it once (`wire_ids`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from gateway.errors import ApiError
+from gateway.sharing import computed_tokens
 
 QUEUED, SENT, DONE = "queued", "sent", "done"
 
@@ -27,12 +33,16 @@ class Job:
     deadline: float
     """Absolute, in loop.time() seconds."""
     token_ids: list[list[int]]
-    """score: one list per sample; beam: one list (the prompt)."""
+    """score: one list per sample, whole (prefix included); beam: one list (the prompt)."""
     label_ids: tuple[int, ...] = ()
     top_k: int = 0
     return_hidden: bool = False
     beam_key: tuple[int, int, int] | None = None
     """beam: (num_beams, max_new_tokens, num_return_sequences); batches share one key."""
+    prefix_len: int = 0
+    """score: the first prefix_len ids of every sample are the same and are sent and computed once."""
+    static_ids: tuple[int, ...] = ()
+    """score: the deployment's static prefix, whose tokens the worker never computes."""
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     state: str = QUEUED
     enqueued_at: float = 0.0
@@ -40,7 +50,10 @@ class Job:
     expiry: asyncio.TimerHandle | None = None
 
     samples: int = field(init=False)
+    prompt_tokens: int = field(init=False)
+    """Tokens submitted: every sample whole."""
     tokens: int = field(init=False)
+    """Tokens the worker computes (the shared prefix once, no static-prefix tokens)."""
     batch_items: int = field(init=False)
     """B of the latency model: samples for scoring, beams for beam search."""
     latency_tokens: int = field(init=False)
@@ -48,10 +61,21 @@ class Job:
 
     def __post_init__(self) -> None:
         self.samples = len(self.token_ids)
-        self.tokens = sum(map(len, self.token_ids))
+        self.prompt_tokens = sum(map(len, self.token_ids))
+        self.tokens = computed_tokens(self.token_ids, self.prefix_len, self.static_ids)
         beams = self.beam_key[0] if self.beam_key else 0
         self.batch_items = beams or self.samples
         self.latency_tokens = beams * self.tokens if beams else self.tokens
+
+    def wire_ids(self) -> tuple[np.ndarray, tuple[int, ...]]:
+        """score: (ids int32 [prefix_len + sum of suffixes]: the prefix once, then each sample's
+        suffix; the suffix lengths), the layout of shared.protocol.ScoreRequest."""
+        cut = self.prefix_len
+        parts = [itertools.islice(self.token_ids[0], cut),
+                 *(itertools.islice(ids, cut, None) for ids in self.token_ids)]
+        count = self.prompt_tokens - cut * (self.samples - 1)
+        flat = np.fromiter(itertools.chain.from_iterable(parts), dtype="<i4", count=count)
+        return flat, tuple(len(ids) - cut for ids in self.token_ids)
 
     def finish(self, result: Any) -> bool:
         """Complete with a result; False when the job was already finished."""

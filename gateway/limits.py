@@ -17,6 +17,13 @@ class Limits:
     max_samples_per_batch: int
     max_tokens_per_sample: int
     max_tokens_per_batch: int
+    """Computed tokens per batch (a shared prefix once, static-prefix tokens not at all)."""
+    max_prefix_tokens: int
+    """Longest shared prefix one request may send; a longer common prefix goes unshared."""
+    min_shared_prefix_tokens: int
+    """Shortest common prefix worth sending shared ([score] min_shared_prefix_tokens)."""
+    static_prefix_ids: tuple[int, ...]
+    """The score node's static prefix (the manifest's nodes.score.static_prefix_ids; empty: none)."""
     max_labels: int
     max_top_k: int
     max_prompt_tokens: int
@@ -41,6 +48,9 @@ class Limits:
             max_samples_per_batch=int(bounds["max_samples_per_batch"]),
             max_tokens_per_sample=int(bounds["max_tokens_per_sample"]),
             max_tokens_per_batch=int(bounds["max_tokens_per_batch"]),
+            max_prefix_tokens=min(int(bounds["max_prefix_tokens"]), int(bounds["max_tokens_per_sample"])),
+            min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
+            static_prefix_ids=tuple(int(t) for t in nodes.get("score", {}).get("static_prefix_ids", ())),
             max_labels=int(bounds["max_labels"]),
             max_top_k=int(bounds["max_top_k"]),
             max_prompt_tokens=int(bounds["max_prompt_tokens"]),

@@ -1,7 +1,9 @@
 """Prometheus text-format metrics: counters, per-stage latency histograms and gauges, no dependency.
 
 Exposed on GET /metrics: requests by route and outcome, latency per stage (admission, tokenize,
-queue, worker, total), queue depth, batch fill, workers ready, drops by reason.
+queue, worker, total), queue depth, batch fill, workers ready, drops by reason, and the prompt
+tokens of answered scoring requests with those the workers reused instead of computing (shared
+prefixes, the static prefix).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class Metrics:
         self.batch_fill: dict[str, Histogram] = defaultdict(lambda: Histogram(FILL_BUCKETS))
         self.batches: dict[str, int] = defaultdict(int)
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.score_tokens = {"prompt": 0, "cached": 0}
+        self.shared_requests = {"true": 0, "false": 0}
 
     def count_request(self, route: str, outcome: str) -> None:
         self.requests[(route, outcome)] += 1
@@ -61,6 +65,12 @@ class Metrics:
     def observe_batch(self, workload: str, fill: float) -> None:
         self.batches[workload] += 1
         self.batch_fill[workload].observe(fill)
+
+    def count_score_tokens(self, prompt: int, cached: int, shared: bool) -> None:
+        """An answered scoring request: tokens submitted, tokens reused, and whether it was sent shared."""
+        self.score_tokens["prompt"] += prompt
+        self.score_tokens["cached"] += cached
+        self.shared_requests["true" if shared else "false"] += 1
 
     def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
         self.gauges[name] = (help_text, read)
@@ -81,6 +91,22 @@ class Metrics:
                   "# TYPE boundserve_batch_fill histogram"]
         for workload, hist in sorted(self.batch_fill.items()):
             lines += hist.lines("boundserve_batch_fill", f'workload="{workload}"')
+        lines += self._score_token_lines()
         for name, (help_text, read) in sorted(self.gauges.items()):
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {read():.6g}"]
         return "\n".join(lines) + "\n"
+
+    def _score_token_lines(self) -> list[str]:
+        return [
+            "# HELP boundserve_score_prompt_tokens_total Prompt tokens of answered scoring requests (samples whole).",
+            "# TYPE boundserve_score_prompt_tokens_total counter",
+            f"boundserve_score_prompt_tokens_total {self.score_tokens['prompt']}",
+            "# HELP boundserve_score_cached_tokens_total Tokens of answered scoring requests whose keys/values the "
+            "workers reused instead of computing (a shared prefix after its first use, the static prefix).",
+            "# TYPE boundserve_score_cached_tokens_total counter",
+            f"boundserve_score_cached_tokens_total {self.score_tokens['cached']}",
+            "# HELP boundserve_score_shared_requests_total Answered scoring requests, by whether their samples "
+            "were sent as one shared prefix plus suffixes.",
+            "# TYPE boundserve_score_shared_requests_total counter",
+            *(f'boundserve_score_shared_requests_total{{shared="{k}"}} {n}' for k, n in self.shared_requests.items()),
+        ]

@@ -1,7 +1,11 @@
-"""The /v1/score pipeline: labels -> tokenize -> split into batch-sized jobs -> admit -> queue -> answer.
+"""The /v1/score pipeline: labels -> tokenize -> share a prefix -> split into batch-sized jobs -> admit
+-> queue -> answer.
 
-A request with more samples or tokens than one compiled batch holds is split into chunks that each
-fit; the answer joins them back in order, so nothing the caller sent is dropped.
+Samples that share a long enough token prefix are sent as that prefix plus suffixes
+(gateway/sharing.py). A request with more samples or tokens than one compiled batch holds is split
+into chunks that each fit (each carrying the shared prefix again); the answer joins them back in
+order, so nothing the caller sent is dropped. `usage` reports the tokens submitted and, as
+OpenAI's prompt_tokens_details.cached_tokens, those the workers reused instead of computing.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway import sharing
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
@@ -61,7 +66,9 @@ class ScoreService:
         results = await wait_all(jobs, self._batcher.cancel)
         self._admission.observe("score", prediction, self._loop.time())
         arrays = _join([r.arrays() for r in results])
-        return _answer(spec, label_ids, arrays, sum(len(ids) for ids in token_ids), request_id, self._tokenizer)
+        prompt_tokens, cached_tokens = sum(j.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
+        self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)
+        return _answer(spec, label_ids, arrays, (prompt_tokens, cached_tokens), request_id, self._tokenizer)
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
         bound = self._limits.max_tokens_per_sample
@@ -74,24 +81,16 @@ class ScoreService:
 
     def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
               deadline: float) -> list[Job]:
-        chunks = _chunks(token_ids, self._limits.max_samples_per_batch, self._limits.max_tokens_per_batch)
+        limits = self._limits
+        prefix_len = sharing.shared_prefix_len(token_ids, limits.min_shared_prefix_tokens, limits.max_prefix_tokens)
+        chunks = sharing.chunks(token_ids, prefix_len, limits.static_prefix_ids, limits.max_samples_per_batch,
+                                limits.max_tokens_per_batch)
         return [
             Job(request_id if len(chunks) == 1 else f"{request_id}#{k}", "score", deadline, chunk,
-                label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding")
+                label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
+                prefix_len=prefix_len, static_ids=limits.static_prefix_ids)
             for k, chunk in enumerate(chunks)
         ]
-
-
-def _chunks(token_ids: list[list[int]], max_samples: int, max_tokens: int) -> list[list[list[int]]]:
-    chunks: list[list[list[int]]] = [[]]
-    tokens = 0
-    for ids in token_ids:
-        if chunks[-1] and (len(chunks[-1]) == max_samples or tokens + len(ids) > max_tokens):
-            chunks.append([])
-            tokens = 0
-        chunks[-1].append(ids)
-        tokens += len(ids)
-    return chunks
 
 
 def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -100,14 +99,19 @@ def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
-def _answer(spec: ScoreSpec, label_ids: tuple[int, ...], arrays: dict[str, np.ndarray], tokens: int,
+def _answer(spec: ScoreSpec, label_ids: tuple[int, ...], arrays: dict[str, np.ndarray], tokens: tuple[int, int],
             request_id: str, tokenizer: RequestTokenizer) -> dict[str, Any]:
+    """The response body; `tokens` = (prompt tokens submitted, tokens the workers reused)."""
+    prompt, cached = tokens
+    details = {"cached_tokens": cached}
     if spec.dialect == "sglang":
         scores = arrays["label_probs"] if spec.output == "probs" else np.exp(arrays["label_logprobs"])
-        usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
+        usage = {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
+                 "prompt_tokens_details": details}
         return {"scores": scores, "model": spec.model, "usage": usage, "object": "scoring"}
     answer: dict[str, Any] = {"id": request_id, "object": "score", "output": spec.output,
-                              "usage": {"samples": len(spec.samples), "prompt_tokens": tokens}}
+                              "usage": {"samples": len(spec.samples), "prompt_tokens": prompt,
+                                        "prompt_tokens_details": details}}
     if spec.output in ("probs", "logprobs", "logits"):
         answer["label_token_ids"] = list(label_ids)
         answer["scores"] = arrays[{"probs": "label_probs", "logprobs": "label_logprobs",

@@ -54,7 +54,8 @@ class ScoreRunner:
     def run(self, batch: ScoreBatch, live: Sequence[int], lane: Lane) -> dict[int, ScoreResult]:
         requests = [batch.requests[i] for i in live]
         input_ids = lane.stage_tokens([_whole_samples(r, batch.token_dtype) for r in requests])  # [T]
-        sample_lens = torch.tensor([r.prefix_len + n for r in requests for n in r.sample_lens], dtype=torch.int64)  # [B]
+        whole_lens = [r.prefix_len + n for r in requests for n in r.sample_lens]
+        sample_lens = torch.tensor(whole_lens, dtype=torch.int64)  # [B]
         labels = list(dict.fromkeys(t for r in requests for t in r.label_ids))
         column = {t: j for j, t in enumerate(labels)}
         top_k = max(r.top_k for r in requests)

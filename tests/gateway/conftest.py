@@ -60,9 +60,11 @@ class Stack:
 
 
 async def start_stack(request_tokenizer: RequestTokenizer, workers: list[StandInWorker], auth_token=None,
-                      admission=True, wait=True, **gateway) -> Stack:
+                      admission=True, wait=True, score=None, manifest=None, **gateway) -> Stack:
+    """`score`: a [score] section (ScoreConfig); `manifest`: the artifacts' manifest (default: BOUNDS)."""
     config = deployment([w.endpoint for w in workers], **gateway)
-    manifest = {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
+    config = config if score is None else config.replace(score=score)
+    manifest = manifest or {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
     app = make_app(Settings(config, manifest, request_tokenizer, auth_token, admission))
     client = TestClient(TestServer(app))
     await client.start_server()

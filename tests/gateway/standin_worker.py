@@ -2,7 +2,10 @@
 
 The only fake the gateway tests use (and bench/gateway_overhead.py, where it answers instantly).
 Answers are pure functions of the inputs (see `expected_*`), so tests can check that every sample
-reached the worker and came back in its place. Runs on a thread, or as a process:
+reached the worker and came back in its place. A request sent as a shared prefix plus suffixes is
+answered from its whole samples (prefix + suffix), so a wrong split shows in the answers; its
+cached_tokens are the submitted tokens less those a worker computes (shared.latency_model).
+Runs on a thread, or as a process:
 `python tests/gateway/standin_worker.py --endpoint ipc:///tmp/x [--delay-ms 5]`.
 """
 
@@ -18,12 +21,12 @@ import numpy as np
 import zmq
 
 from shared import protocol as p
-from shared.latency_model import LatencyModel
+from shared.latency_model import LatencyModel, computed_tokens
 
 HIDDEN = 8
 BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 512, "max_tokens_per_batch": 4096,
           "max_labels": 32, "max_top_k": 20, "max_prompt_tokens": 512, "max_beam_width": 128,
-          "max_new_tokens": 4, "max_beam_requests_per_batch": 4}
+          "max_new_tokens": 4, "max_beam_requests_per_batch": 4, "max_prefix_tokens": 512}
 
 
 def expected_label_logits(ids: list[int], labels: list[int]) -> np.ndarray:
@@ -57,6 +60,13 @@ class StandInWorker:
     """When set, stops answering and heartbeating (a hung worker)."""
     refuse: str = ""
     """When set, answers every batch with an Error of this code (a worker that cannot serve)."""
+    static_prefix_ids: tuple[int, ...] = ()
+    """The deployment's static prefix this worker announces and does not count as computed."""
+    requests: list[p.ScoreRequest] = field(default_factory=list)
+    """Every ScoreRequest received, as decoded (to check what went on the wire)."""
+    gate: threading.Event | None = None
+    """When given, batch answers are held (heartbeats go on) until the test sets it."""
+    _held: list[list[bytes]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -83,6 +93,10 @@ class StandInWorker:
                     peer, *frames = sock.recv_multipart()
                     if not self.silent:
                         self._handle(sock, peer, frames, peers)
+                if self._held and self.gate is not None and self.gate.is_set():
+                    for frames in self._held:
+                        sock.send_multipart(frames)
+                    self._held.clear()
                 if time.monotonic() >= next_beat and not self.silent:
                     seq += 1
                     beat = p.Heartbeat("standin", seq, 0, 0, False, p.WorkerCounters())
@@ -106,13 +120,16 @@ class StandInWorker:
             reply = self._beam(message)
         else:
             return
+        if self.gate is not None and not self.gate.is_set() and not isinstance(reply, p.Ready):
+            self._held.append([peer, *p.encode(reply)])
+            return
         sock.send_multipart([peer, *p.encode(reply)])
 
     def _ready(self) -> p.Ready:
         return p.Ready(p.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"), BOUNDS,
                        {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
                        {"score": self.latency, "beam": self.latency}, {"score": 0.0, "beam": 0.0}, 8, 1,
-                       self.heartbeat_ms)
+                       self.heartbeat_ms, self.static_prefix_ids)
 
     def _compute(self, count: int) -> float:
         self.batch_sizes.append(count)
@@ -124,6 +141,7 @@ class StandInWorker:
         results = []
         for req in batch.requests:
             self.seen_request_ids.append(req.request_id)
+            self.requests.append(req)
             results.append(self._score_one(req, batch.token_dtype))
         compute_ms = self._compute(sum(len(r.sample_lens) for r in batch.requests))
         return p.ScoreResults(batch.batch_id, tuple(results), 0.0, compute_ms)
@@ -132,10 +150,12 @@ class StandInWorker:
         if req.deadline_ms <= 0:
             return p.ScoreResult(req.request_id, p.Status.EXPIRED)
         flat = p.unpack_ids(req.input_ids, dtype).tolist()
-        samples, start = [], 0
+        prefix, start, suffixes = flat[: req.prefix_len], req.prefix_len, []
         for n in req.sample_lens:
-            samples.append(flat[start:start + n])
+            suffixes.append(flat[start:start + n])
             start += n
+        samples = [prefix + suffix for suffix in suffixes]
+        cached = sum(map(len, samples)) - computed_tokens(prefix, suffixes, self.static_prefix_ids)
         labels = list(req.label_ids)
         logits = np.stack([expected_label_logits(s, labels) for s in samples]) if labels else np.zeros((0,))
         probs = np.exp(logits - logits.max(axis=1, keepdims=True)) if labels else logits
@@ -147,7 +167,7 @@ class StandInWorker:
         return p.ScoreResult(req.request_id, p.Status.OK, "", len(samples), f32(logits) if labels else b"",
                              f32(expected_logprobs(logits)) if labels else b"", f32(probs) if labels else b"",
                              topk.tobytes() if req.top_k else b"", f32(topk_lp) if req.top_k else b"",
-                             f32(hidden) if hidden is not None else b"")
+                             f32(hidden) if hidden is not None else b"", cached_tokens=cached)
 
     def _beam(self, batch: p.BeamBatch) -> p.BeamResults:
         results = []

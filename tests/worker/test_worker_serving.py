@@ -120,10 +120,12 @@ def test_shared_prefix_requests_equal_the_node_on_whole_samples(client, nodes):
 
 def test_a_shared_prefix_over_its_bound_is_refused_alone(client):
     bounds = client.ready.bounds
-    per_sample, per_prefix = bounds["max_tokens_per_sample"], bounds.get("max_prefix_tokens", bounds["max_tokens_per_sample"])
+    per_sample = bounds["max_tokens_per_sample"]
+    per_prefix = bounds.get("max_prefix_tokens", per_sample)
     # a prefix one token over its bound, or (when that bound is the sample bound) a sample one token over
     prefix_len, want = (per_prefix + 1, "max_prefix_tokens") if per_prefix < per_sample else (per_sample, "tokens")
-    batch = score_batch(shared_request("long-prefix", [1] * prefix_len, [[2]]), shared_request("fine", [1, 2], [[3], []]))
+    batch = score_batch(shared_request("long-prefix", [1] * prefix_len, [[2]]),
+                        shared_request("fine", [1, 2], [[3], []]))
     client.send(batch)
     reply = client.reply_to(batch.batch_id)
     refused, fine = reply.results
