@@ -9,12 +9,10 @@ a (restarted) worker answers again.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -249,9 +247,9 @@ def _remaining_ms(job: Job, now: float) -> float:
 
 
 def _score_request(job: Job, now: float) -> p.ScoreRequest:
-    flat = np.fromiter(itertools.chain.from_iterable(job.token_ids), dtype="<i4", count=job.tokens)
-    return p.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(),
-                          tuple(len(ids) for ids in job.token_ids), job.label_ids, job.top_k, job.return_hidden)
+    flat, suffix_lens = job.wire_ids()  # a shared prefix once, then each sample's suffix
+    return p.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(), suffix_lens, job.label_ids,
+                          job.top_k, job.return_hidden, job.prefix_len)
 
 
 _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
