@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shared.latency_model import shared_static_len
 from shared.prefix import longest_common_prefix, static_prefix_len
 
 
@@ -26,10 +27,13 @@ def shared_prefix_len(samples: Sequence[Sequence[int]], min_tokens: int, max_tok
 
 
 def prefix_cost(samples: Sequence[Sequence[int]], prefix_len: int, static_ids: Sequence[int]) -> int:
-    """Computed tokens of the shared prefix itself (once per chunk; 0 when nothing is shared)."""
+    """Computed tokens of the shared prefix itself (once per chunk; 0 when nothing is shared). For a
+    chunk of some of `samples` this is an upper bound (a sample equal to the prefix may cost the
+    static prefix's reuse for all; without it, a chunk may reuse it)."""
     if not prefix_len:
         return 0
-    return prefix_len - static_prefix_len(samples[0][:prefix_len], static_ids)
+    every_sample_goes_on = all(len(s) > prefix_len for s in samples)
+    return prefix_len - shared_static_len(samples[0][:prefix_len], static_ids, every_sample_goes_on)
 
 
 def sample_cost(sample: Sequence[int], prefix_len: int, static_ids: Sequence[int]) -> int:

@@ -114,8 +114,19 @@ class LatencyModel:
 
 def computed_tokens(prefix: Sequence[int], suffixes: Sequence[Sequence[int]], static_ids: Sequence[int] = ()) -> int:
     """Tokens the score node computes for one request: its shared `prefix` once plus every suffix
-    (prefix empty: the suffixes are the whole samples), less the static prefix `static_ids`
-    wherever the shared prefix (or, unshared, a sample) starts with it (shared.prefix.static_prefix_len)."""
+    (prefix empty: the suffixes are the whole samples), less the static prefix `static_ids` where
+    the node reuses it (shared_static_len; unshared: shared.prefix.static_prefix_len per sample)."""
     if len(prefix):
-        return len(prefix) - static_prefix_len(prefix, static_ids) + sum(len(s) for s in suffixes)
+        every_suffix = all(len(s) for s in suffixes)
+        return len(prefix) - shared_static_len(prefix, static_ids, every_suffix) + sum(len(s) for s in suffixes)
     return sum(len(s) - static_prefix_len(s, static_ids) for s in suffixes)
+
+
+def shared_static_len(prefix: Sequence[int], static_ids: Sequence[int], every_sample_goes_on: bool) -> int:
+    """Static-prefix tokens a shared prefix reuses: all len(static_ids) when the prefix starts with
+    them and either goes on after them or every sample goes on after the prefix (a sample must not
+    end inside the static prefix: its last token's output is computed); else 0."""
+    n = len(static_ids)
+    if n and len(prefix) >= n and list(prefix[:n]) == list(static_ids) and (len(prefix) > n or every_sample_goes_on):
+        return n
+    return 0

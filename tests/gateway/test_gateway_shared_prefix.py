@@ -224,6 +224,8 @@ async def test_job_tokens_and_wire_layout_agree_with_the_workers_count():
         samples = [s or [1] for s in samples]
         prefix_len = int(rng.integers(0, longest_common_prefix(samples) + 1))
         static = tuple(rng.integers(0, 6, size=int(rng.integers(0, 3))).tolist())
+        if rng.random() < 0.5:  # often the samples' own first tokens: the prefix may start with, or be, it
+            static = tuple(samples[0][: int(rng.integers(1, 4))])
         job = Job("r", "score", 0.0, samples, prefix_len=prefix_len, static_ids=static)
         flat, suffix_lens = job.wire_ids()
         request = p.ScoreRequest("r", 1.0, flat.tobytes(), suffix_lens, (), 0, False, prefix_len)

@@ -72,7 +72,8 @@ def test_computed_tokens_count_a_shared_prefix_once_and_never_the_static_prefix(
     assert computed_tokens([5, 6, 1], [[2, 3], [], [4]]) == 3 + 3  # the prefix once, then the suffixes
     assert computed_tokens([], [[7, 8, 9, 1], [7, 8, 9], [1, 7, 8, 9]], static) == 1 + 3 + 4
     assert computed_tokens([7, 8, 9, 5], [[1], [2]], static) == 1 + 2
-    assert computed_tokens([7, 8, 9], [[1], [2]], static) == 3 + 2  # a prefix that is only the static part
+    assert computed_tokens([7, 8, 9], [[1], [2]], static) == 0 + 2  # the prefix is the static part: all reused
+    assert computed_tokens([7, 8, 9], [[1], []], static) == 3 + 1  # ... unless a sample ends inside it
 
 
 def test_predict_batch_ms_uses_computed_tokens_per_sample():
