@@ -1,8 +1,7 @@
-"""Shared benchmark helpers: Qwen2.5-0.5B-shaped checkpoints, machine peak, timing, JSON output."""
+"""Shared benchmark helpers: real-shape checkpoints, the machine's measured peak, timing, JSON output."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -13,7 +12,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CACHE = ROOT / "bench" / ".cache"
-RESULTS = ROOT / "bench" / "results"
+
+from provenance import RESULTS, write_result  # noqa: E402  (bench/ is on sys.path when run as a script)
+
+__all__ = ["CACHE", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
+           "interleaved_times", "matmul_peak_flops", "median", "model_gemm_shapes", "shaped_checkpoint", "time_calls"]
 
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
@@ -26,6 +29,8 @@ QWEN3_06B = dict(
     hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
     head_dim=128, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=40960,
 )
+# name -> (transformers family, layer shapes, the real model's depth)
+MODELS = {"qwen2.5-0.5b": ("qwen2", QWEN25_05B, 24), "qwen3-0.6b": ("qwen3", QWEN3_06B, 28)}
 
 
 def shaped_checkpoint(family: str, shape: dict, num_layers: int, dtype: torch.dtype) -> Path:
@@ -39,11 +44,17 @@ def shaped_checkpoint(family: str, shape: dict, num_layers: int, dtype: torch.dt
     return folder
 
 
+def model_gemm_shapes(spec, tokens: int = 4096) -> tuple[tuple[int, int, int], ...]:
+    """(M, K, N) of the model's two largest matmuls (MLP up and down) at `tokens` rows."""
+    h, i = spec.hidden_size, spec.intermediate_size
+    return (tokens, h, 2 * i), (tokens, i, h)
+
+
 def matmul_peak_flops(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 4096)), bursts: int = 5,
                       seconds: float = 0.3) -> float:
     """This machine's throughput (FLOP/s) on large matrix multiplies of `dtype`: the best of several
-    short bursts over a few shapes, so that a moment of contention from other processes does not
-    pass for the peak."""
+    short bursts over a few shapes (pass the model's own GEMM shapes too), so that a moment of
+    contention from other processes does not pass for the peak."""
     best = 0.0
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
@@ -57,18 +68,25 @@ def matmul_peak_flops(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896
     return best
 
 
+def interleaved_round(fns: dict) -> dict[str, tuple[float, object]]:
+    """Call each fn once, back to back: name -> (seconds, what it returned)."""
+    out = {}
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        value = fn()
+        out[name] = (time.perf_counter() - start, value)
+    return out
+
+
 def interleaved_times(fns: dict, repeats: int, warmup: int = 1) -> dict[str, list[float]]:
     """Seconds per call of each fn, calls interleaved (a, b, a, b, ...) so that slow moments of a
     shared machine fall on every contender alike."""
     for _ in range(warmup):
-        for fn in fns.values():
-            fn()
+        interleaved_round(fns)
     times = {name: [] for name in fns}
     for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+        for name, (seconds, _) in interleaved_round(fns).items():
+            times[name].append(seconds)
     return times
 
 
@@ -89,7 +107,5 @@ def median(values: list[float]) -> float:
 
 
 def emit(name: str, result: dict) -> None:
-    """Write the result to bench/results/<name>.json and print it as the last line."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    """Write the result, with its provenance, to bench/results/<name>.json and print it as the last line."""
+    write_result(name, result, quick=bool(result.get("quick", False)), threads=torch.get_num_threads())

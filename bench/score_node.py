@@ -1,15 +1,19 @@
-"""Prefill-only scoring: our compiled node against transformers eager, in one process and one run.
+"""Prefill-only scoring: our compiled node against transformers (careful, and at its best) and CTranslate2.
 
-Model: Qwen2.5-0.5B's layer shapes with fewer layers, random weights. Requests: 15 samples each,
-lengths uniform in 32..480 (fixed seed). Baselines:
-  hf        careful transformers use: same dtype, inference mode, left-padded batch with position
-            ids, logits_to_keep=1 (only the last position projected);
-  hf_naive  right-padded batch, full logits, last valid token read afterwards.
-Effective MFU counts only valid tokens (DESIGN.md): 2·non-embedding params·tokens + attention
-4·layers·hidden·Σ Lᵢ²/2 + the full-vocabulary head at the last tokens, over a large matmul's
-measured FLOP/s in the same run.
+Model: Qwen2.5-0.5B's or Qwen3-0.6B's shapes at their real depth (or --layers N), random weights
+written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (fixed seed).
+Contenders, timed interleaved request by request in one process, same threads:
+  ours        one packed call per request (no padding computed; the last layer only at the last tokens);
+  hf_careful  the request as one left-padded batch, last position projected (bench/hf_baselines.py);
+  hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep;
+  ct2         CTranslate2 at the max_batch_size (and, for bf16 runs, the CPU compute type) that was
+              fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16).
+Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
+disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
+the largest-matmul peak of the dtype measured in the same run (before and after timing; best).
 
-    .venv/bin/python bench/score_node.py [--quick] [--dtype fp32|bf16] [--layers 4]
+    .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--layers N]
+                                         [--requests R] [--quick] [--no-ct2]
 """
 
 from __future__ import annotations
@@ -17,13 +21,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import sys
 
 import torch
 
-from common import (CACHE, QWEN25_05B, ROOT, emit, interleaved_times, matmul_peak_flops, median, shaped_checkpoint,
-                    time_calls)
+import hf_baselines as hf_side
+import parity
+from common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint
+from flops import executed_mfu, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+SAMPLES = 15
+LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
+PAD_ID = 0
+HF_MICRO_BATCHES = (1, 2, 4, 8)
+CT2_BATCH_SIZES = (1, 2, 4, SAMPLES)
 
 
 def make_requests(count: int, samples: int, low: int, high: int, vocab: int, seed: int = 0):
@@ -48,151 +60,169 @@ def build_node(checkpoint, dtype_name: str, name: str):
     return load_nodes(CACHE / "artifacts" / name).score
 
 
-def hf_careful(model, samples, pad_id: int) -> torch.Tensor:
-    """Left-padded batch, position ids from the mask, only the last position projected."""
-    width = max(len(s) for s in samples)
-    ids = torch.full((len(samples), width), pad_id)
-    mask = torch.zeros((len(samples), width), dtype=torch.long)
-    for row, s in enumerate(samples):
-        ids[row, width - len(s):] = s
-        mask[row, width - len(s):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
-    return out.logits[:, -1].float()
+def sweep(fns: dict) -> tuple[object, dict, dict]:
+    """Time each candidate once on the same request: the fastest key, the table (ms), the outputs."""
+    round_ = interleaved_round(fns)
+    table = {key: 1e3 * seconds for key, (seconds, _) in round_.items()}
+    outputs = {key: value for key, (_, value) in round_.items()}
+    return min(table, key=table.get), {str(k): round(v, 1) for k, v in table.items()}, outputs
 
 
-@torch.inference_mode()
-def hf_naive(model, samples, pad_id: int) -> torch.Tensor:
-    """Right-padded batch, logits for every position, last valid token read afterwards."""
-    width = max(len(s) for s in samples)
-    ids = torch.full((len(samples), width), pad_id)
-    mask = torch.zeros((len(samples), width), dtype=torch.long)
-    for row, s in enumerate(samples):
-        ids[row, : len(s)] = s
-        mask[row, : len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    return logits[torch.arange(len(samples)), mask.sum(-1) - 1].float()
+class Contenders:
+    """The four callables of one request, each returning what its parity check needs."""
+
+    def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None):
+        self.node, self.hf, self.ct2 = node, hf, ct2
+        self.micro_batch, self.ct2_setting = micro_batch, ct2_setting
+
+    def for_request(self, samples: list[torch.Tensor]) -> dict:
+        ids, lens = torch.cat(samples), torch.tensor([len(s) for s in samples])
+        fns = {
+            "ours": lambda: self.node(ids, lens, LABELS, 2),
+            "hf_careful": lambda: hf_side.careful(self.hf, samples, PAD_ID),
+            "hf_best": lambda: hf_side.best(self.hf, samples, PAD_ID, self.micro_batch),
+        }
+        if self.ct2_setting is not None:
+            rows, (compute_type, batch) = self.ct2.strings(samples), self.ct2_setting
+            fns["ct2"] = lambda: self.ct2.score(compute_type, rows, batch)
+        return fns
 
 
-def profile_breakdown(checkpoint, dtype: torch.dtype, samples, labels) -> dict:
-    """Where the time of one request goes, by operator family, on the eager ScoreModule (the
-    compiled package calls the same matmul and attention kernels; its fused pointwise code is not
-    visible to the profiler)."""
-    from torch.profiler import profile
+def pick_settings(node, hf, ct2, request, is_bf16: bool) -> tuple[int, tuple[str, int] | None, dict, dict]:
+    """Warm every contender up on the first request and sweep the baselines' batching there.
 
-    from compile.checkpoint import load_checkpoint
-    from compile.model import build_model
-    from compile.score.module import ScoreModule, pack_inputs
-
-    ck = load_checkpoint(checkpoint, str(dtype).removeprefix("torch."))
-    module = ScoreModule(build_model(ck.spec, ck.state_dict, dtype), 5)
-    args = pack_inputs(torch.cat(samples), torch.tensor([len(s) for s in samples]), labels, label_slots=8)
-    with torch.inference_mode():
-        module(*args)
-        with profile() as prof:
-            module(*args)
-    families = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear"),
-                "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::einsum")}
-    totals = {name: 0.0 for name in (*families, "other")}
-    for event in prof.key_averages():
-        family = next((f for f, ops in families.items() if event.key in ops), "other")
-        totals[family] += event.self_cpu_time_total / 1e3
-    total = sum(totals.values())
-    return {f"{name}_share": round(ms / total, 3) for name, ms in totals.items()} | {"eager_ms": round(total, 1)}
+    Returns the micro-batch, the CTranslate2 setting, the sweep tables and, for a bf16 run,
+    CTranslate2's float32 outputs on that request (they check the converted model itself)."""
+    contenders = Contenders(node, hf, ct2, SAMPLES, None)
+    interleaved_round(contenders.for_request(request))  # warm-up of ours and hf_careful
+    fns = {m: (lambda m=m: hf_side.best(hf, request, PAD_ID, m)) for m in HF_MICRO_BATCHES}
+    micro_batch, hf_table, _ = sweep(fns)
+    report = {"hf_best_micro_batch_ms": hf_table}
+    if ct2 is None:
+        return micro_batch, None, report, {}
+    rows = ct2.strings(request)
+    types = ("int8_float32", "int8", "float32") if is_bf16 else ("float32",)
+    ct2.score(types[0], rows[:2], 1)  # warm-up
+    batch, report["ct2_max_batch_size_ms"], _ = sweep({b: (lambda b=b: ct2.score(types[0], rows, b))
+                                                       for b in CT2_BATCH_SIZES})
+    if len(types) == 1:
+        return micro_batch, (types[0], batch), report, {}
+    for t in types[1:]:
+        ct2.score(t, rows[:2], 1)  # warm-up
+    compute_type, report["ct2_compute_type_ms"], outs = sweep({t: (lambda t=t: ct2.score(t, rows, batch)) for t in types})
+    return micro_batch, (compute_type, batch), report, outs
 
 
-def request_flops(spec, lengths: list[int]) -> float:
-    tokens = sum(lengths)
-    attention = 4 * spec.num_layers * spec.hidden_size * sum(n * n for n in lengths) / 2
-    head = 2 * len(lengths) * spec.hidden_size * spec.vocab_size
-    return 2 * spec.non_embedding_params * tokens + attention + head
+def time_requests(contenders: Contenders, requests) -> tuple[dict, list[dict]]:
+    """Per request one interleaved round (order rotated): name -> seconds per request, outputs."""
+    seconds, outputs = {}, []
+    for index, samples in enumerate(requests):
+        fns = contenders.for_request(samples)
+        names = list(fns)
+        names = names[index % len(names):] + names[: index % len(names)]
+        round_ = interleaved_round({n: fns[n] for n in names})
+        for name, (s, _) in round_.items():
+            seconds.setdefault(name, []).append(s)
+        outputs.append({name: value for name, (_, value) in round_.items()})
+    return {name: sum(s) / len(s) for name, s in seconds.items()}, outputs
 
 
-def executed_flops(spec, lengths: list[int]) -> float:
-    """FLOPs our node actually runs: its last layer computes keys/values for every token but
-    queries, output projection and MLP for the last tokens only (effective MFU counts the nominal
-    work of DESIGN.md; this counts the work done)."""
-    kv = 2 * spec.hidden_size * 2 * spec.num_kv_heads * spec.head_dim
-    per_layer = spec.non_embedding_params // spec.num_layers
-    tokens, samples = sum(lengths), len(lengths)
-    body = 2 * per_layer * (spec.num_layers - 1) * tokens + kv * tokens + 2 * per_layer * samples
-    attention = 4 * (spec.num_layers - 1) * spec.hidden_size * sum(n * n for n in lengths) / 2
-    return body + attention + 2 * samples * spec.hidden_size * spec.vocab_size
+def fp32_checks(outputs: list[dict]) -> list[dict]:
+    checks = []
+    for r, out in enumerate(outputs):
+        careful = out["hf_careful"]
+        checks.append(parity.close_check(f"ours_vs_hf_careful_label_logits[{r}]", out["ours"].label_logits,
+                                         careful[:, LABELS], parity.FP32_ABS))
+        checks.append(parity.close_check(f"hf_best_vs_hf_careful_logits[{r}]", out["hf_best"], careful, parity.FP32_ABS))
+        checks.append(parity.top1_check(f"ours_top1_vs_hf_careful[{r}]", out["ours"].topk_ids[:, 0],
+                                        out["ours"].topk_logprobs[:, 0], careful, parity.FP32_ABS))
+        if "ct2" in out:
+            checks.append(parity.top1_check(f"ct2_top1_vs_hf_careful[{r}]", *out["ct2"], careful, parity.FP32_ABS))
+    return checks
+
+
+def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sweep: dict) -> list[dict]:
+    """Request 0 of a bf16 run against transformers in float32 on the same (bf16-valued) weights;
+    CTranslate2 in float32 (from its sweep) strictly, its timed compute type within its own bound."""
+    ref_labels, careful = reference[:, LABELS], out["hf_careful"][:, LABELS]
+    checks = [parity.bf16_check("ours_label_logits_vs_fp32", out["ours"].label_logits, careful, ref_labels),
+              parity.bf16_check("hf_best_label_logits_vs_fp32", out["hf_best"][:, LABELS], careful, ref_labels)]
+    if "float32" in ct2_sweep:
+        checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
+    if "ct2" in out and ct2_type != "float32":
+        checks.append(parity.top1_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference, parity.QUANTIZED_ABS))
+    return checks
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
+    parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
+    parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
+    parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
+    parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out (speedup_vs_ct2 is null)")
+    return parser.parse_args()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 layers, shorter samples, fewer repeats")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--requests", type=int)
-    parser.add_argument("--profile", action="store_true", help="add an operator breakdown of one request")
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: torch's, one per core)")
-    args = parser.parse_args()
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    layers = args.layers or (2 if args.quick else 4)
-    high = 160 if args.quick else 480
-    count = args.requests or (2 if args.quick else 4)
+    family, shape, depth = MODELS[args.model]
+    layers = args.layers or (2 if args.quick else depth)
+    quick = args.quick or layers != depth
+    high, count = (160, args.requests or 1) if args.quick else (480, args.requests or 3)
     dtype = DTYPES[args.dtype]
-    torch.manual_seed(0)
-
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
-    checkpoint = shaped_checkpoint("qwen2", QWEN25_05B, layers, dtype)
+    from ct2_baseline import Ct2Model
+
+    checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
-    node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.dtype}-{layers}l")
+    node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.model}-{args.dtype}-{layers}l")
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
-    requests = make_requests(count, 15, 32, high, spec.vocab_size)
-    labels = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
-    pad_id = 0
-
-    def ours(samples):
-        return lambda: node(torch.cat(samples), torch.tensor([len(s) for s in samples]), labels, top_k=5)
-
-    def hf_call(samples):
-        def call():
-            with torch.inference_mode():
-                hf_careful(hf, samples, pad_id)
-        return call
-
-    with torch.inference_mode():  # parity on the first request before timing anything
-        expected = hf_careful(hf, requests[0], pad_id)[:, labels]
-        got = node(torch.cat(requests[0]), torch.tensor([len(s) for s in requests[0]]), labels, 5).label_logits
-    max_abs_diff = (got - expected).abs().max().item()
-
-    repeats = 1 if args.quick else 2
-    ours_times, hf_times = [], []
-    for index, samples in enumerate(requests):  # per request: ours and transformers back to back
-        times = interleaved_times({"ours": ours(samples), "hf": hf_call(samples)}, repeats, warmup=int(index == 0))
-        ours_times.append(median(times["ours"]))
-        hf_times.append(median(times["hf"]))
-    ours_s, hf_s = sum(ours_times) / count, sum(hf_times) / count
-    # the naive variant projects every position onto the 152k vocabulary: one request is enough
-    naive_s = median(time_calls(lambda: [hf_naive(hf, requests[0], pad_id)], 1, warmup=0))
-    naive_tokens = sum(len(s) for s in requests[0])
-    peak = matmul_peak_flops(dtype)
+    ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
+    requests = make_requests(count, SAMPLES, 32, high, spec.vocab_size)
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec))
+    peak_before = matmul_peak_flops(dtype, peak_shapes)
+    micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(node, hf, ct2, requests[0], args.dtype == "bf16")
+    seconds, outputs = time_requests(Contenders(node, hf, ct2, micro_batch, ct2_setting), requests)
+    peak_after = matmul_peak_flops(dtype, peak_shapes)
+    peak = max(peak_before, peak_after)
+    if args.dtype == "fp32":
+        checks = fp32_checks(outputs)
+    else:
+        reference = hf_side.careful(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval(),
+                                    requests[0], PAD_ID)
+        checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
+    flops = sum(score_flops(spec, [len(s) for s in r]) for r in requests) / count
     tokens = sum(len(s) for r in requests for s in r) / count
-    flops = sum(request_flops(spec, [len(s) for s in r]) for r in requests) / count
-    executed = sum(executed_flops(spec, [len(s) for s in r]) for r in requests) / count
-    breakdown = profile_breakdown(checkpoint, dtype, requests[0], labels) if args.profile else None
-    emit(f"score_node_{args.dtype}", {
-        "bench": "score_node", "dtype": args.dtype, "quick": args.quick,
-        "model": {"shape": "Qwen2.5-0.5B", "layers": layers, "hidden": spec.hidden_size,
-                  "intermediate": spec.intermediate_size, "vocab": spec.vocab_size},
-        "samples_per_request": 15, "sample_tokens": [32, high], "requests": count,
+    ratio = lambda name: seconds[name] / seconds["ours"] if name in seconds else None  # noqa: E731
+    emit(f"score_node-{args.model}-{args.dtype}-{layers}l" + ("-quick" if args.quick else ""), {
+        "bench": "score_node", "model": args.model, "layers": layers, "dtype": args.dtype, "quick": quick,
+        "hidden": spec.hidden_size, "heads": spec.num_heads, "head_dim": spec.head_dim, "vocab": spec.vocab_size,
+        "samples_per_request": SAMPLES, "sample_tokens": [32, high], "requests": count,
         "mean_tokens_per_request": tokens,
-        "ours_ms_per_request": ours_s * 1e3, "hf_ms_per_request": hf_s * 1e3,
-        "ours_tokens_per_s": tokens / ours_s, "hf_tokens_per_s": tokens / hf_s,
-        "hf_naive_tokens_per_s": naive_tokens / naive_s,
-        "speedup": hf_s / ours_s, "speedup_vs_naive": (tokens / ours_s) / (naive_tokens / naive_s),
-        "peak_gflops": peak / 1e9, "ours_gflops": flops / ours_s / 1e9,
-        "effective_mfu": flops / ours_s / peak, "hf_effective_mfu": flops / hf_s / peak,
-        "executed_mfu": executed / ours_s / peak,
-        "max_abs_diff_vs_hf": max_abs_diff, "threads": torch.get_num_threads(),
-        "profile": breakdown,
+        "executed_mfu": executed_mfu(flops, seconds["ours"], peak),
+        "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
+        "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2_setting and ct2_setting[0],
+        "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in checks
+                                  if c["check"].startswith("ours_") and "label" in c["check"]),
+        "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if args.dtype == "fp32"
+                                     else "label logits against transformers in float32 on the same weights"),
+        "ms_per_request": {name: 1e3 * s for name, s in seconds.items()},
+        "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
+                     "hf_best": f"length-sorted micro-batches of {micro_batch}",
+                     "ct2": ct2_setting and f"max_batch_size={ct2_setting[1]} (sorted by length), {ct2_setting[0]}"},
+        "sweeps_ms": sweeps, "executed_gflop_per_request": flops / 1e9,
+        "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
+        "peak_gflops_before_after": [peak_before / 1e9, peak_after / 1e9], "parity_ok": parity.all_ok(checks), "parity": checks,
     })
+    if not parity.all_ok(checks):
+        sys.exit("parity failed: " + ", ".join(c["check"] for c in checks if not c["ok"]))
 
 
 if __name__ == "__main__":
