@@ -173,14 +173,14 @@ def select_fp8(score_module: nn.Module, batches: list[tuple], budget: Fp8Budget 
                simulate: bool | None = None, ranked: list[LayerLoss] | None = None) -> Fp8Plan:
     """Rank every candidate by its measured label-probability change, choose under the budget.
 
-    `batches` are the scoring node's inputs (input_ids, positions, cu_seqlens, label_ids, label_mask).
+    `batches` are the scoring node's inputs (compile/score/module.py: pack_inputs), label_mask last.
     `ranked` (a previous plan's ranking on the same batches) skips the ranking pass.
     The model is left unchanged; `apply_fp8(model, plan)` makes the swap.
     """
     model = score_module.model
     device = next(model.parameters()).device
     simulate = not scaled_mm_available(device.type) if simulate is None else simulate
-    masks = [batch[4] for batch in batches]
+    masks = [batch[-1] for batch in batches]  # label_mask, the last input
     names = candidate_linears(model)
     absmax = calibrate(score_module, batches, names)
     reference = label_probs(score_module, batches)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compile import ops  # noqa: F401  (registers boundserve::varlen_attention)
+from compile import ops  # noqa: F401  (registers boundserve::varlen_attention and prefix_attention)
 from compile.checkpoint import ModelSpec
 
 
@@ -24,21 +24,33 @@ def last_token_index(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return cu_seqlens[1:].long() - 1
 
 
-def last_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Each sample's last-token query against its own sample's keys (no causal mask is needed).
+def last_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Each sample's last-token query against the keys it may see (no causal mask is needed).
 
-    q [B, Hq, D], k/v [T, Hkv, D], cu_seqlens [B+1] -> [B, Hq, D]. One query per sample, so the
+    q [B, Hq, D], k/v [T, Hkv, D], visible [B, T] bool -> [B, Hq, D]. One query per sample, so the
     masked dense form (B x T scores) costs far less than the layer's projections; float32 softmax.
     """
     num_samples, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
-    tokens = torch.arange(k.shape[0], device=k.device)
-    own = (tokens[None, :] >= cu_seqlens[:-1, None]) & (tokens[None, :] < cu_seqlens[1:, None])  # [B, T]
     grouped = q.view(num_samples, num_kv, num_heads // num_kv, head_dim).float()
     scores = torch.einsum("bkgd,tkd->bkgt", grouped, k.float()) * head_dim**-0.5  # [B, Hkv, G, T]
-    weights = scores.masked_fill(~own[:, None, None, :], float("-inf")).softmax(dim=-1)
+    weights = scores.masked_fill(~visible[:, None, None, :], float("-inf")).softmax(dim=-1)
     out = torch.einsum("bkgt,tkd->bkgd", weights, v.float())
     return out.reshape(num_samples, num_heads, head_dim).to(q.dtype)
+
+
+def visible_keys(cu_seqlens: torch.Tensor, parents: torch.Tensor, sample_segments: torch.Tensor,
+                 num_rows: int) -> torch.Tensor:
+    """[B, num_rows] bool: the key rows a sample's last token sees, i.e. its segment and that
+    segment's ancestors (at most two: a request's prefix and the static prefix above it)."""
+    rows = torch.arange(num_rows, device=cu_seqlens.device)
+    segment_of_row = torch.searchsorted(cu_seqlens[1:], rows, right=True)  # [Tk]
+    chain = [sample_segments]
+    for _ in range(2):
+        up = chain[-1]
+        chain.append(torch.where(up >= 0, parents.index_select(0, up.clamp(min=0)), up))
+    members = torch.stack(chain, dim=1)  # [B, 3], -1 where the chain ends
+    return (segment_of_row[None, :, None] == members[:, None, :]).any(dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -153,17 +165,32 @@ class Layer(nn.Module):
         x = x + self.attn.output(torch.ops.boundserve.varlen_attention(q, k, v, cu_seqlens))
         return x + self.mlp(self.post_attn_norm(x)), k, v
 
-    def forward_last(self, x, cos, sin, cu_seqlens, last):
+    def forward_segments(self, x, cos, sin, cu_seqlens, parents, cached_kv=None):
+        """The layer over segments that extend others (boundserve::prefix_attention): x [T, H] -> [T, H].
+        cached_kv: keys and values [C, Hkv, D] of C cached rows placed before the batch's own."""
+        q, k, v = self.attn.project(self.input_norm(x), cos, sin)
+        k, v = _with_cached(k, v, cached_kv)
+        x = x + self.attn.output(torch.ops.boundserve.prefix_attention(q, k, v, cu_seqlens, parents))
+        return x + self.mlp(self.post_attn_norm(x))
+
+    def forward_last(self, x, cos, sin, last, visible, cached_kv=None):
         """The layer's output at the rows `last` [B] only: x [T, H] -> [B, H].
 
         Keys and values are still computed for every token, but queries, the output projection
         and the MLP run on B rows instead of T: the last layer of a scoring pass needs no more.
+        visible [B, C + T]: the keys each of those rows attends to (cached rows first).
         """
         h = self.input_norm(x)
-        k, v = self.attn.project_kv(h, cos, sin)
+        k, v = _with_cached(*self.attn.project_kv(h, cos, sin), cached_kv)
         q = self.attn.project_q(h.index_select(0, last), cos.index_select(0, last), sin.index_select(0, last))
-        y = x.index_select(0, last) + self.attn.output(last_query_attention(q, k, v, cu_seqlens))
+        y = x.index_select(0, last) + self.attn.output(last_query_attention(q, k, v, visible))
         return y + self.mlp(self.post_attn_norm(y))
+
+
+def _with_cached(k, v, cached_kv):
+    if cached_kv is None:
+        return k, v
+    return torch.cat([cached_kv[0], k]), torch.cat([cached_kv[1], v])
 
 
 class Transformer(nn.Module):
@@ -191,13 +218,26 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, cu_seqlens)
         return x
 
-    def last_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        """Hidden state [B, H] (before the final norm) at every sample's last token only."""
+    def last_hidden(self, input_ids, positions, cu_seqlens, parents=None, sample_segments=None, static_kv=None):
+        """Hidden state [B, H] (before the final norm) at every sample's last token only.
+
+        Without `parents` every sample is its own segment (cu_seqlens [B+1] over input_ids). With
+        them, cu_seqlens [S+1] spans the key pool (static_kv's C rows, then input_ids' T tokens),
+        parents [S] says which segment each extends (-1: none), sample_segments [B] which segment
+        ends each sample. static_kv = (keys, values) [layers, C, Hkv, D]: cached, never recomputed.
+        """
+        if parents is None:
+            parents = torch.full_like(cu_seqlens[1:], -1, dtype=torch.int64)
+            sample_segments = torch.arange(cu_seqlens.shape[0] - 1, device=cu_seqlens.device)
         x = self.embed(input_ids)  # [T, H]
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
-        for layer in self.layers[:-1]:
-            x = layer(x, cos, sin, cu_seqlens)
-        return self.layers[-1].forward_last(x, cos, sin, cu_seqlens, last_token_index(cu_seqlens))
+        cached = [None] * len(self.layers) if static_kv is None else list(zip(*static_kv))
+        for layer, kv in zip(self.layers[:-1], cached):
+            x = layer.forward_segments(x, cos, sin, cu_seqlens, parents, kv)
+        num_cached = 0 if static_kv is None else static_kv[0].shape[1]  # rows before the batch's own
+        last = cu_seqlens.index_select(0, sample_segments + 1).long() - 1 - num_cached  # [B]
+        visible = visible_keys(cu_seqlens, parents, sample_segments, num_cached + input_ids.shape[0])
+        return self.layers[-1].forward_last(x, cos, sin, last, visible, cached[-1])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""

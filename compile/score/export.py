@@ -2,48 +2,78 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch.export import Dim
 
+from compile.beam.decode import prefill
+from compile.model import Transformer
 from compile.score.heads import MlpHead
-from compile.score.module import OUTPUT_NAMES, ScoreModule
+from compile.score.layout import plan_batch
+from compile.score.module import OUTPUT_NAMES, ScoreModule, pack_inputs
 from shared.config import BoundsConfig, MlpHeadConfig
+from shared.prefix import stable_prefix_ids, template_header
 
 if TYPE_CHECKING:
     from compile.build import BuildContext
 
 
 def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProgram, dict]:
-    """Node builder: the scoring node of ctx's model under ctx.config's bounds (+ the MLP head)."""
+    """Node builder: the scoring node of ctx's model under ctx.config's bounds (+ the MLP head and
+    the keys/values of the static prefix, when the prompt template starts with literal text)."""
     head = load_mlp_head(ctx.config.score.mlp_head, ctx.checkpoint.spec.hidden_size)
-    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head).to(ctx.device)
+    static_ids = static_prefix_ids(ctx.config.score.prompt_template, Path(ctx.config.model.path))
+    static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device) if static_ids else None
+    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv).to(ctx.device)
     outputs = OUTPUT_NAMES + (("head",) if head is not None else ())
-    return module, export_score_node(module, ctx.config.bounds, ctx.device), {"outputs": list(outputs)}
+    facts = {"outputs": list(outputs), "static_prefix_ids": static_ids}
+    return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
 
 
-def example_inputs(bounds: BoundsConfig, vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """A small valid batch (two samples) used to trace the node."""
-    lens = [3, 5]
-    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
-    ids = torch.arange(sum(lens), dtype=torch.int64) % vocab_size
-    positions = torch.cat([torch.arange(n) for n in lens])
-    label_ids = torch.zeros(bounds.max_labels, dtype=torch.int64)
-    label_mask = torch.zeros(bounds.max_labels, dtype=torch.bool)
-    label_mask[:2] = True
-    return tuple(t.to(device) for t in (ids, positions, cu, label_ids, label_mask))
+def static_prefix_ids(template: str | None, model_dir: Path) -> list[int]:
+    """The tokens of the template's literal header, as the gateway's tokenizer call produces them
+    (special tokens included) and independent of what follows; [] when there is none."""
+    header = template_header(template)
+    if not header:
+        return []
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return stable_prefix_ids(lambda text: tokenizer.encode(text, add_special_tokens=True).ids, header)
+
+
+def static_prefix_kv(model: Transformer, ids: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [layers, C, Hkv, D] of the static prefix, computed once by the model itself."""
+    tokens = torch.tensor(ids, dtype=torch.int64, device=device)
+    cu = torch.tensor([0, len(ids)], dtype=torch.int32, device=device)
+    with torch.no_grad():
+        _, keys, values = prefill(model, tokens, torch.arange(len(ids), device=device), cu)
+    return torch.stack(keys), torch.stack(values)
+
+
+def example_inputs(bounds: BoundsConfig, vocab_size: int, static_ids: list[int],
+                   device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """A small valid batch used to trace the node: one 3-token prefix shared by suffixes of 2 and 3 tokens."""
+    ids = torch.arange(8, dtype=torch.int64) % vocab_size
+    layout = plan_batch(ids, [2, 3], [3], [2], torch.tensor(static_ids, dtype=torch.int64))
+    label_ids = torch.zeros(2, dtype=torch.int64)
+    return tuple(t.to(device) for t in pack_inputs(ids, None, label_ids, bounds.max_labels, layout))
 
 
 def dynamic_shapes(bounds: BoundsConfig) -> tuple:
-    """Token count and sample count are dynamic; one extra token allows a 1-sample batch's filler."""
+    """Tokens, segments and samples are dynamic. One extra token allows a 1-sample batch's filler;
+    segments: at most a prefix and a suffix per sample, the static prefix and a filler."""
     tokens = Dim("tokens", min=2, max=bounds.max_tokens_per_batch + 1)
+    segments = Dim("segments", min=2, max=2 * bounds.max_samples_per_batch + 2)
     samples = Dim("samples", min=2, max=bounds.max_samples_per_batch)
-    return ({0: tokens}, {0: tokens}, {0: samples + 1}, None, None)
+    return ({0: tokens}, {0: tokens}, {0: segments + 1}, {0: segments}, {0: samples}, None, None)
 
 
-def export_score_node(module: ScoreModule, bounds: BoundsConfig, device: str = "cpu") -> torch.export.ExportedProgram:
-    args = example_inputs(bounds, module.model.spec.vocab_size, device)
+def export_score_node(module: ScoreModule, bounds: BoundsConfig, device: str = "cpu",
+                      static_ids: list[int] = ()) -> torch.export.ExportedProgram:
+    args = example_inputs(bounds, module.model.spec.vocab_size, list(static_ids), device)
     with torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(bounds), strict=False)
 

@@ -1,13 +1,19 @@
 """The prefill-only scoring module: one packed prefill, every head read at each sample's last token.
 
-Exported inputs (T packed tokens, B samples, N = bounds.max_labels label slots):
-    input_ids  [T] int64    all samples concatenated
-    positions  [T] int64    position of each token inside its own sample
-    cu_seqlens [B+1] int32  sample boundaries (0, L0, L0+L1, ...)
-    label_ids  [N] int64    label token ids, padded
-    label_mask [N] bool     which label slots are real
+Exported inputs (T computed tokens, S segments, B samples, N = bounds.max_labels label slots; see
+compile/score/layout.py for how a batch becomes segments):
+    input_ids       [T] int64    the computed tokens of every segment, in segment order
+    positions       [T] int64    position of each token in its full sample (after any prefix)
+    cu_seqlens      [S+1] int32  segment boundaries over the key pool: the static prefix's cached
+                                 rows (when the deployment has one), then the T tokens
+    parents         [S] int64    the segment each extends (its keys are read in full), -1 for none
+    sample_segments [B] int64    the segment holding each sample's last token
+    label_ids       [N] int64    label token ids, padded
+    label_mask      [N] bool     which label slots are real
 Outputs, all float32 but the ids: label_logits, label_logprobs, label_probs [B, N], topk_ids [B, K]
 int64, topk_logprobs [B, K], hidden [B, H] (after the final norm) and, with an MLP head, head [B, C].
+The static prefix's keys/values are buffers (static_k, static_v [layers, C, Hkv, D]) computed once at
+build time and stored with the weights.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compile.score.heads import MlpHead, label_heads, topk_head
 from compile.model import Transformer
+from compile.score.heads import MlpHead, label_heads, topk_head
+from compile.score.layout import Layout, plan_batch
 
 OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "topk_logprobs", "hidden")
 
@@ -24,14 +31,20 @@ OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "to
 class ScoreModule(nn.Module):
     """Transformer + scoring heads; the `model` attribute name is shared with the beam node."""
 
-    def __init__(self, model: Transformer, max_top_k: int, mlp_head: MlpHead | None = None):
+    def __init__(self, model: Transformer, max_top_k: int, mlp_head: MlpHead | None = None,
+                 static_kv: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         self.model = model
         self.max_top_k = max_top_k
         self.mlp_head = mlp_head
+        self.has_static = static_kv is not None
+        if static_kv is not None:
+            self.register_buffer("static_k", static_kv[0])  # [layers, C, Hkv, D]
+            self.register_buffer("static_v", static_kv[1])
 
-    def forward(self, input_ids, positions, cu_seqlens, label_ids, label_mask):
-        last = self.model.last_hidden(input_ids, positions, cu_seqlens)  # [B, H]
+    def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask):
+        static_kv = (self.static_k, self.static_v) if self.has_static else None
+        last = self.model.last_hidden(input_ids, positions, cu_seqlens, parents, sample_segments, static_kv)  # [B, H]
         normed = self.model.norm(last)
         logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
         logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], shared by the label and top-k heads
@@ -42,14 +55,13 @@ class ScoreModule(nn.Module):
         return outputs
 
 
-def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int) -> tuple[torch.Tensor, ...]:
-    """The node's inputs from packed ids [T] and lengths [B]: positions restart at 0 in every
-    sample, labels are padded to the compiled slots with a mask."""
-    cu_seqlens = torch.zeros(len(sample_lens) + 1, dtype=torch.int32)
-    torch.cumsum(sample_lens, 0, out=cu_seqlens[1:])
-    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), sample_lens)
-    positions = torch.arange(len(input_ids), dtype=torch.int64) - starts
+def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int, layout: Layout | None = None) -> tuple[torch.Tensor, ...]:
+    """The node's inputs: the batch's segment layout (default: every sample its own segment, no
+    prefix, no static prefix) and the labels padded to the compiled slots with a mask."""
+    if layout is None:
+        lens = [int(n) for n in sample_lens]
+        layout = plan_batch(input_ids, lens, [0] * len(lens), [1] * len(lens), input_ids.new_zeros(0))
     labels = torch.zeros(label_slots, dtype=torch.int64)
     labels[: len(label_ids)] = label_ids
     mask = torch.arange(label_slots) < len(label_ids)
-    return input_ids.long(), positions, cu_seqlens, labels, mask
+    return layout.input_ids, layout.positions, layout.cu_seqlens, layout.parents, layout.sample_segments, labels, mask

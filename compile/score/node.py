@@ -1,7 +1,8 @@
 """ScoreNode: the worker-side face of the compiled scoring package.
 
-Checks a batch against the compiled bounds (raising BoundsError before anything runs), lays out the
-package's inputs and cuts its padded outputs down to the batch's samples, labels and k.
+Checks a batch against the compiled bounds (raising BoundsError before anything runs), lays it out
+as segments (compile/score/layout.py: shared prefixes computed once, the static prefix reused) and
+cuts the package's padded outputs down to the batch's samples, labels and k.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from compile.score.layout import plan_batch
 from compile.score.module import pack_inputs
 from shared.bounds import BoundsError
 
@@ -26,51 +28,65 @@ class ScoreOutput:
     topk_logprobs: torch.Tensor  # [B, k]
     hidden: torch.Tensor  # [B, H] last-token hidden state after the final norm
     head: torch.Tensor | None  # [B, C] MLP head outputs, when the deployment has one
+    cached_tokens: torch.Tensor  # [R] int64 per group: tokens whose keys/values were reused, not computed
 
 
 class ScoreNode:
-    """Runs the compiled scoring package on a packed batch."""
+    """Runs the compiled scoring package on a batch of groups (a shared prefix + its samples' suffixes)."""
 
     def __init__(self, package: Any, manifest: dict, device: str):
         self.package = package
         self.bounds = manifest["bounds"]
         self.vocab_size = manifest["model"]["vocab_size"]
-        self.has_head = "head" in manifest["nodes"]["score"]["outputs"]
+        facts = manifest["nodes"]["score"]
+        self.has_head = "head" in facts["outputs"]
+        self.static_prefix_ids = tuple(facts.get("static_prefix_ids", ()))
+        self._static = torch.tensor(self.static_prefix_ids, dtype=torch.int64)
         self.device = torch.device(device)
 
-    def __call__(self, input_ids: torch.Tensor, sample_lens: torch.Tensor, label_ids: torch.Tensor, top_k: int) -> ScoreOutput:
-        self.check(input_ids, sample_lens, label_ids, top_k)
-        num_samples = len(sample_lens)
-        if num_samples == 1:  # the package is compiled for >= 2 samples: add a 1-token filler
-            input_ids = torch.cat([input_ids, input_ids[:1]])
-            sample_lens = torch.cat([sample_lens, sample_lens.new_ones(1)])
-        args = self.pack(input_ids, sample_lens, label_ids)
+    def __call__(self, input_ids: torch.Tensor, sample_lens: torch.Tensor, label_ids: torch.Tensor, top_k: int,
+                 prefix_lens: torch.Tensor | None = None, group_sizes: torch.Tensor | None = None) -> ScoreOutput:
+        """Group r's ids are its prefix (prefix_lens[r]) then its group_sizes[r] samples' suffixes
+        (sample_lens); without prefix_lens every sample is a group of its own with no prefix."""
+        if prefix_lens is None:
+            prefix_lens, group_sizes = torch.zeros_like(sample_lens), torch.ones_like(sample_lens)
+        self.check(input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes)
+        layout = plan_batch(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
+                            self._static)
+        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds["max_labels"], layout)
         with torch.inference_mode():
-            outputs = [t[:num_samples] for t in self.package(*args)]
+            outputs = self.package(*(t.to(self.device, non_blocking=True) for t in args))
+        outputs = [t[: layout.num_samples].cpu() for t in outputs]
         n, k = len(label_ids), top_k
-        outputs = [t.cpu() for t in outputs]
         return ScoreOutput(
             label_logits=outputs[0][:, :n], label_logprobs=outputs[1][:, :n], label_probs=outputs[2][:, :n],
             topk_ids=outputs[3][:, :k], topk_logprobs=outputs[4][:, :k], hidden=outputs[5],
             head=outputs[6] if self.has_head else None,
+            cached_tokens=torch.tensor(layout.cached_tokens, dtype=torch.int64),
         )
 
-    def pack(self, input_ids, sample_lens, label_ids) -> tuple[torch.Tensor, ...]:
-        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds["max_labels"])
-        return tuple(t.to(self.device, non_blocking=True) for t in args)
-
-    def check(self, input_ids, sample_lens, label_ids, top_k) -> None:
+    def check(self, input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes) -> None:
+        """Raise BoundsError naming the first bound or consistency rule the batch breaks."""
         b = self.bounds
-        if input_ids.dim() != 1 or sample_lens.dim() != 1 or label_ids.dim() != 1:
-            raise BoundsError("input_ids, sample_lens and label_ids must be 1-D tensors")
+        for name, t in (("input_ids", input_ids), ("sample_lens", sample_lens), ("label_ids", label_ids),
+                        ("prefix_lens", prefix_lens), ("group_sizes", group_sizes)):
+            _check(t.dim() == 1, f"{name} must be a 1-D tensor")
         _check(1 <= len(sample_lens) <= b["max_samples_per_batch"],
                f"{len(sample_lens)} samples in a batch; compiled for 1 to {b['max_samples_per_batch']}")
-        shortest, longest = int(sample_lens.min()), int(sample_lens.max())
-        _check(shortest >= 1, "every sample needs at least one token")
-        _check(longest <= b["max_tokens_per_sample"],
-               f"a sample of {longest} tokens; compiled for at most {b['max_tokens_per_sample']}")
-        _check(int(sample_lens.sum()) == len(input_ids),
-               f"sample lengths add up to {int(sample_lens.sum())} but {len(input_ids)} token ids were given")
+        _check(len(prefix_lens) == len(group_sizes) and int(group_sizes.min()) >= 1
+               and int(group_sizes.sum()) == len(sample_lens),
+               "group_sizes must hold one size >= 1 per prefix and add up to the number of samples")
+        _check(int(prefix_lens.min()) >= 0 and int(sample_lens.min()) >= 0, "lengths must not be negative")
+        max_prefix = b.get("max_prefix_tokens", b["max_tokens_per_sample"])
+        _check(int(prefix_lens.max()) <= max_prefix,
+               f"a shared prefix of {int(prefix_lens.max())} tokens; compiled for at most {max_prefix} "
+               "(max_prefix_tokens)")
+        full = sample_lens + torch.repeat_interleave(prefix_lens, group_sizes)  # [B] whole-sample lengths
+        _check(int(full.min()) >= 1, "every sample needs at least one token")
+        _check(int(full.max()) <= b["max_tokens_per_sample"],
+               f"a sample of {int(full.max())} tokens; compiled for at most {b['max_tokens_per_sample']}")
+        given = int(prefix_lens.sum()) + int(sample_lens.sum())
+        _check(given == len(input_ids), f"prefix and sample lengths add up to {given} but {len(input_ids)} token ids were given")
         _check(len(input_ids) <= b["max_tokens_per_batch"],
                f"{len(input_ids)} tokens in a batch; compiled for at most {b['max_tokens_per_batch']}")
         _check(len(label_ids) <= b["max_labels"], f"{len(label_ids)} labels; compiled for at most {b['max_labels']}")

@@ -3,44 +3,15 @@
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from compile.runtime import load_nodes
 from shared.bounds import BoundsError
-from shared.config import MlpHeadConfig, ScoreConfig
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 from tests.conftest import build_artifacts
 
 LABELS = torch.tensor([0, 5, 17, 300, 1023])
 # lengths 1 to the maximum (64), sample counts 1 to the maximum (8), up to 256 tokens per batch
 LENGTH_MIXES = [[1], [64], [1, 64], [3, 1, 64, 30, 2, 50, 8, 40], [32] * 8, [17, 5, 64, 64]]
-
-
-def head_weights(path, sizes, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        tensors[f"layers.{i}.weight"] = torch.randn(b, a, generator=generator) * 0.2
-        tensors[f"layers.{i}.bias"] = torch.randn(b, generator=generator) * 0.2
-    save_file(tensors, path)
-    return tensors
-
-
-@pytest.fixture(scope="module")
-def qwen2_with_head(checkpoint_factory, tmp_path_factory):
-    """Qwen2 (q/k/v bias, MHA, tied embeddings) with a 64 -> 16 -> 3 MLP head (gelu)."""
-    path = checkpoint_factory("qwen2", tie_word_embeddings=True, num_key_value_heads=4)
-    weights_file = tmp_path_factory.mktemp("head") / "head.safetensors"
-    tensors = head_weights(weights_file, [64, 16, 3])
-    score = ScoreConfig(mlp_head=MlpHeadConfig(weights=str(weights_file), layer_sizes=(64, 16, 3), activation="gelu"))
-    return path, build_artifacts(path, "qwen2-head", score=score), tensors
-
-
-@pytest.fixture(scope="module")
-def llama_artifacts(checkpoint_factory):
-    """Llama, GQA 4:1, untied embeddings."""
-    path = checkpoint_factory("llama", tie_word_embeddings=False, num_key_value_heads=1)
-    return path, build_artifacts(path, "llama")
 
 
 def check_against_transformers(artifacts, checkpoint, dtype=torch.float32, tolerance=1e-4):

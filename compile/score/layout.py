@@ -1,0 +1,114 @@
+"""Host-side layout of a scoring batch into segments: which tokens are computed, once, and what each reads.
+
+A batch is a list of groups (one per request): a shared prefix (possibly empty) followed by the
+suffixes of the group's samples; sample i of a group is prefix + suffix i. The node computes
+    - each group's prefix once, as a segment of its own,
+    - each non-empty suffix as a segment extending that prefix (positions continue after it),
+    - the deployment's static prefix not at all: its keys/values are cached in the package
+      (segment 0 of the key pool) and a prefix, or an unshared sample, extends it when its ids really
+      start with the static ids and go on after them.
+A sample whose suffix is empty ends in its group's prefix segment. Results are those of the full
+samples: only where keys/values come from changes, never which tokens are attended to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The scoring node's segment inputs for one batch (T computed tokens, S segments, B samples)."""
+
+    input_ids: torch.Tensor  # [T] int64, the computed tokens of every segment, in segment order
+    positions: torch.Tensor  # [T] int64, positions in the full sample (after any prefix)
+    cu_seqlens: torch.Tensor  # [S+1] int32 over the key pool: cached static rows first, then the T tokens
+    parents: torch.Tensor  # [S] int64, the segment each extends, -1 for none
+    sample_segments: torch.Tensor  # [B] int64, the segment holding each sample's last token
+    cached_tokens: list[int]  # per group: submitted tokens whose keys/values were reused, not computed
+    num_samples: int  # B before any filler
+
+
+class _Builder:
+    """Appends segments to the key pool, remembering where each one's tokens and positions go."""
+
+    def __init__(self, static_len: int) -> None:
+        self.ids: list[torch.Tensor] = []
+        self.positions: list[torch.Tensor] = []
+        self.bounds = [0, static_len] if static_len else [0]
+        self.parents = [-1] if static_len else []
+        self.sample_segments: list[int] = []
+
+    def segment(self, ids: torch.Tensor, start: int, parent: int) -> int:
+        self.ids.append(ids)
+        self.positions.append(torch.arange(start, start + len(ids), dtype=torch.int64))
+        self.bounds.append(self.bounds[-1] + len(ids))
+        self.parents.append(parent)
+        return len(self.parents) - 1
+
+
+def plan_batch(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[int], group_sizes: list[int],
+               static_ids: torch.Tensor) -> Layout:
+    """Lay out groups of (prefix, suffixes) over the static prefix `static_ids` [C] (may be empty).
+
+    input_ids [sum(prefix_lens) + sum(sample_lens)]: per group its prefix ids, then its suffixes.
+    The caller has checked the sizes (ScoreNode.check); this only arranges them.
+    """
+    static_len = len(static_ids)
+    builder, cached, cursor, sample = _Builder(static_len), [], 0, 0
+    for prefix_len, size in zip(prefix_lens, group_sizes):
+        prefix = input_ids[cursor: cursor + prefix_len]
+        suffix_lens = sample_lens[sample: sample + size]
+        suffixes = input_ids[cursor + prefix_len: cursor + prefix_len + sum(suffix_lens)].split(suffix_lens)
+        cursor, sample = cursor + prefix_len + sum(suffix_lens), sample + size
+        before = builder.bounds[-1]
+        if prefix_len:
+            _shared_group(builder, prefix, suffixes, static_ids)
+        else:
+            for ids in suffixes:
+                reuse = _extends_static(ids, static_ids)
+                builder.sample_segments.append(builder.segment(ids[reuse:], reuse, 0 if reuse else -1))
+        computed = builder.bounds[-1] - before
+        cached.append(size * prefix_len + sum(suffix_lens) - computed)
+    return _finish(builder, cached, len(sample_lens))
+
+
+def _shared_group(builder: _Builder, prefix: torch.Tensor, suffixes, static_ids: torch.Tensor) -> None:
+    """One segment for the prefix (over the static prefix when it starts with it), one per suffix."""
+    # The static prefix serves when the prefix starts with it and no sample ends inside it.
+    n = len(static_ids)
+    starts = n and len(prefix) >= n and torch.equal(prefix[:n], static_ids)
+    reuse = n if starts and (len(prefix) > n or all(len(s) for s in suffixes)) else 0
+    if reuse == len(prefix):
+        prefix_segment = 0  # the static segment itself; every sample goes on after it
+    else:
+        prefix_segment = builder.segment(prefix[reuse:], reuse, 0 if reuse else -1)
+    for ids in suffixes:
+        if len(ids):
+            builder.sample_segments.append(builder.segment(ids, len(prefix), prefix_segment))
+        else:
+            builder.sample_segments.append(prefix_segment)  # the sample is the prefix itself
+
+
+def _extends_static(ids: torch.Tensor, static_ids: torch.Tensor) -> int:
+    """len(static_ids) when ids start with them and go on after them, else 0 (checked per sample)."""
+    n = len(static_ids)
+    return n if n and len(ids) > n and torch.equal(ids[:n], static_ids) else 0
+
+
+def _finish(builder: _Builder, cached: list[int], num_samples: int) -> Layout:
+    # The package is compiled for >= 2 tokens, segments and samples: add a 1-token filler sample.
+    segments, tokens = len(builder.parents), sum(len(ids) for ids in builder.ids)
+    if num_samples < 2 or segments < 2 or tokens < 2:
+        builder.sample_segments.append(builder.segment(torch.zeros(1, dtype=torch.int64), 0, -1))
+    return Layout(
+        input_ids=torch.cat(builder.ids).long(),
+        positions=torch.cat(builder.positions),
+        cu_seqlens=torch.tensor(builder.bounds, dtype=torch.int32),
+        parents=torch.tensor(builder.parents, dtype=torch.int64),
+        sample_segments=torch.tensor(builder.sample_segments, dtype=torch.int64),
+        cached_tokens=cached,
+        num_samples=num_samples,
+    )
