@@ -1,27 +1,36 @@
-"""Bounded beam search: our compiled beam node against transformers generate(), in one run.
+"""Bounded beam search: our compiled beam node against transformers generate() and CTranslate2, in one run.
 
-Model: Qwen2.5-0.5B's layer shapes (vocab 151,936) with fewer layers, random weights, float32 (so
-that "identical" can be checked to the last token). Each request: one prompt of 64 or 256 tokens,
-W = 100 beams, S = 4 new tokens, k = 4 candidates returned. The baseline is transformers'
-generate(num_beams=W, max_new_tokens=S, do_sample=False), one request per call, which repeats the
-prompt for every beam before prefill; our node prefills it once and shares its K/V with all beams.
-ours_requests_per_s counts batches of 4 requests per node call (the compiled batch bound; 1 with --quick).
-Also: a sweep of our node over W and prompt length, and a breakdown of where a call's time goes.
+Model: Qwen2.5-0.5B's shapes at its real depth (or --layers N), random weights, float32 (so that
+"identical" can be checked to the last token). Each request: one prompt of 256 tokens, W = 100
+beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender, timed interleaved:
+  single   one request per call: latency;
+  batched  requests per second at the contender's best batching, swept: our node with 1, 2 or 4
+           prompts per call (its compiled bound), CTranslate2 with 1, 2 or 4 (max_batch_size =
+           the batch), transformers with 1 or 2 (a batch of 2 already expands to 2·W·256 tokens).
+transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
+once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
+Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
 
-    .venv/bin/python bench/beam_node.py [--quick] [--layers 8] [--no-sweep]
+    .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 import torch
-import torch.nn.functional as F
 
-from common import QWEN25_05B, ROOT, CACHE, emit, matmul_peak_flops, median, shaped_checkpoint, time_calls
+import hf_baselines as hf_side
+import parity
+from common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, median, model_gemm_shapes, \
+    shaped_checkpoint, time_calls
+from flops import beam_flops, executed_mfu
 
 W, S, K = 100, 4, 4
+PAD_ID = 0
+IDENTICAL_ABS, PEER_ABS = 1e-4, 1e-3  # score tolerance: our node against generate(); CTranslate2 against it
 
 
 def build_node(checkpoint, name: str, max_width: int):
@@ -38,134 +47,195 @@ def build_node(checkpoint, name: str, max_width: int):
     return load_nodes(CACHE / "artifacts" / name)
 
 
-def hf_generate(model, prompt: torch.Tensor, width: int):
-    with torch.inference_mode():
-        out = model.generate(
-            prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long), num_beams=width,
-            num_return_sequences=K, max_new_tokens=S, do_sample=False, return_dict_in_generate=True,
-            output_scores=True,
-        )
-    return out.sequences[:, len(prompt):], out.sequences_scores
+class Contenders:
+    """Callables for a batch of prompts, each returning (tokens [R, k, S], scores [R, k], lens or None)."""
+
+    def __init__(self, node, hf, ct2):
+        self.node, self.hf, self.ct2 = node, hf, ct2
+
+    def ours(self, prompts, width: int = W):
+        ids, lens = torch.cat(prompts), torch.tensor([len(p) for p in prompts])
+        return lambda: self.node(ids, lens, width, S, K)
+
+    def hf_call(self, prompts):
+        return lambda: (*hf_side.beams(self.hf, prompts, PAD_ID, W, S, K), None)
+
+    def ct2_call(self, prompts):
+        rows = self.ct2.strings(prompts)
+        return lambda: (*self.ct2.beams("float32", rows, W, S, K, len(rows), PAD_ID), None)
+
+    def batch(self, prompts) -> dict:
+        fns = {"ours": self.ours(prompts), "hf": self.hf_call(prompts)}
+        if self.ct2 is not None:
+            fns["ct2"] = self.ct2_call(prompts)
+        return fns
 
 
-def same_as_hf(ours, row: int, hf_out, eos_ids) -> bool:
-    tokens, scores = hf_out
-    for j in range(K):
-        n = int(ours.lengths[row, j])
-        if ours.sequences[row, j, :n].tolist() != tokens[j, :n].tolist():
-            return False
-        if n < S and tokens[j, n - 1].item() not in eos_ids:
-            return False
-    return bool(torch.allclose(ours.scores[row], scores.float(), atol=1e-4, rtol=0))
+def warm_up(contenders: Contenders, prompt) -> None:
+    contenders.ours([prompt])()
+    hf_side.beams(contenders.hf, [prompt[:8]], PAD_ID, 2, S, 2)
+    if contenders.ct2 is not None:
+        contenders.ct2.beams("float32", contenders.ct2.strings([prompt[:8]]), 2, S, 2, 1, PAD_ID)
 
 
-def run_ours(node, prompts: list[torch.Tensor], width: int):
-    return node(torch.cat(prompts), torch.tensor([len(p) for p in prompts]), width, S, K)
+def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict]]:
+    """One request per call, interleaved (order rotated): name -> seconds per call, outputs per prompt."""
+    seconds, outputs = {}, []
+    for i, prompt in enumerate(prompts):
+        fns = contenders.batch([prompt])
+        names = list(fns)[i % len(fns):] + list(fns)[: i % len(fns)]
+        for name, (s, value) in interleaved_round({n: fns[n] for n in names}).items():
+            seconds.setdefault(name, []).append(s)
+            outputs.append({"name": name, "prompts": [i], "value": value})
+    return {name: median(s) for name, s in seconds.items()}, outputs
 
 
-def compare(nodes, hf, prompts_by_len, hf_requests: int, batch: int) -> dict:
-    """Per prompt length: HF and our requests/s on the same prompts, and whether outputs agree.
-
-    The two are timed interleaved (one HF request, then one of our batches and one single request)
-    so that both see the same load on a shared machine."""
-    eos = tuple(nodes.manifest["nodes"]["beam"]["eos_ids"])
-    rows, identical = {}, True
-    for length, prompts in prompts_by_len.items():
-        ours = run_ours(nodes.beam, prompts[:batch], W)  # also the warm-up call
-        hf_times, batch_times, single_times, same = [], [], [], True
-        for i, p in enumerate(prompts[:hf_requests]):
-            hf_outs = []
-            hf_times += time_calls(lambda: hf_outs.append(hf_generate(hf, p, W)), repeats=1, warmup=0)
-            same &= same_as_hf(ours, i, hf_outs[0], eos)
-            batch_times += time_calls(lambda: run_ours(nodes.beam, prompts[:batch], W), repeats=1, warmup=0)
-            if batch > 1:
-                single_times += time_calls(lambda: run_ours(nodes.beam, prompts[:1], W), repeats=1, warmup=0)
-        single_times = single_times or batch_times
-        identical &= same
-        rows[length] = {
-            "hf_s_per_request": median(hf_times), "ours_batch": batch, "ours_batch_s": median(batch_times),
-            "ours_single_latency_s": median(single_times), "ours_requests_per_s": batch / median(batch_times),
-            "hf_requests_per_s": 1 / median(hf_times), "identical_to_hf": same,
-        }
-        rows[length]["speedup"] = rows[length]["ours_requests_per_s"] / rows[length]["hf_requests_per_s"]
-        print(f"prompt {length}: {rows[length]}", flush=True)
-    return {"by_prompt_tokens": rows, "identical_to_hf": identical}
+def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...]]) -> tuple[dict, list[dict]]:
+    """Each contender's batch sizes above 1, interleaved: (name, size) -> seconds per call, outputs."""
+    fns, outputs = {}, []
+    for name, batch_sizes in sizes.items():
+        for size in batch_sizes:
+            fns[(name, size)] = contenders.batch(prompts[:size])[name]
+    timed = interleaved_round(fns)
+    for (name, size), (_, value) in timed.items():
+        outputs.append({"name": name, "prompts": list(range(size)), "value": value})
+    return {key: s for key, (s, _) in timed.items()}, outputs
 
 
-def sweep(node, vocab: int, widths, lengths, repeats: int) -> list[dict]:
+def references(outputs: list[dict]) -> dict[int, dict]:
+    """prompt -> the output it is checked against: transformers' single-request output where it
+    ran that prompt alone, else the first output of our node that holds it."""
+    ref = {}
+    for o in outputs:
+        if o["name"] == "hf" and len(o["prompts"]) == 1:
+            ref.setdefault(o["prompts"][0], o)
+    for o in outputs:
+        if o["name"] == "ours":
+            for p in o["prompts"]:
+                ref.setdefault(p, o)
+    return ref
+
+
+def row(output: dict, prompt: int):
+    """One prompt's (tokens [1, k, S], scores [1, k], lens [1, k] or None) out of a batched output."""
+    i = output["prompts"].index(prompt)
+    tokens, scores, lens = output["value"]
+    return tokens[i:i + 1], scores[i:i + 1], None if lens is None else lens[i:i + 1]
+
+
+def checks(outputs: list[dict]) -> list[dict]:
+    """Every output row against its prompt's reference; CTranslate2 within PEER_ABS, ours and
+    transformers' batched calls within IDENTICAL_ABS."""
+    ref, found = references(outputs), []
+    for o in outputs:
+        for p in o["prompts"]:
+            r = ref[p]
+            if r is o:
+                continue
+            tolerance = PEER_ABS if "ct2" in (o["name"], r["name"]) else IDENTICAL_ABS
+            tokens, scores, lens = row(o, p)
+            ref_tokens, ref_scores, _ = row(r, p)
+            found.append(parity.beams_check(f"{o['name']}[batch {len(o['prompts'])}] prompt {p} vs {r['name']}",
+                                            tokens, scores, lens, ref_tokens, ref_scores, tolerance))
+    return found
+
+
+def sweep_ours(node, vocab: int, widths, lengths) -> list[dict]:
     """Our node alone, one request per call: how the latency grows with W and prompt length."""
     g = torch.Generator().manual_seed(1)
     points = []
     for length in lengths:
         prompt = torch.randint(0, vocab, (length,), generator=g)
         for width in widths:
-            seconds = median(time_calls(lambda: run_ours(node, [prompt], width), repeats=repeats))
+            seconds = median(time_calls(lambda: node(prompt, torch.tensor([length]), width, S, K), repeats=1))
             points.append({"W": width, "prompt_tokens": length, "latency_ms": 1e3 * seconds})
-            print(f"sweep W={width} L={length}: {1e3 * seconds:.1f} ms", flush=True)
     return points
 
 
-def profile(checkpoint, length: int, width: int) -> dict:
-    """Where one request's time goes, timed piece by piece on the eager building blocks (ms)."""
-    from compile.beam.decode import decode, prefill, prompt_kv
-    from compile.checkpoint import load_checkpoint
-    from compile.model import build_model
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
+    parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
+    parser.add_argument("--prompt-tokens", type=int, help="prompt length (default 256, quick 64)")
+    parser.add_argument("--singles", type=int, default=2, help="prompts timed one per call on every side")
+    parser.add_argument("--quick", action="store_true", help="2 layers, 64-token prompts")
+    parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
+    parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument("--sweep", action="store_true", help="add our node's latency over W x prompt length")
+    return parser.parse_args()
 
-    ckpt = load_checkpoint(checkpoint, "float32")
-    model = build_model(ckpt.spec, ckpt.state_dict, torch.float32)
-    ids = torch.randint(0, ckpt.spec.vocab_size, (length,))
-    cu = torch.tensor([0, length], dtype=torch.int32)
-    index, valid = torch.arange(length)[None], torch.ones(1, length, dtype=torch.bool)
-    with torch.inference_mode():
-        _, keys, values = prefill(model, ids, torch.arange(length), cu)
-        prompt = (prompt_kv(keys, index), prompt_kv(values, index), valid)
-        tokens, pos = torch.randint(0, 1000, (1, width)), torch.full((1, width), length)
-        hidden = torch.randn(width, ckpt.spec.hidden_size)
-        logits = torch.randn(1, width, ckpt.spec.vocab_size)
-        suffix = decode(model, tokens, pos, prompt, None)[1]
-        parts = {
-            "prefill": lambda: prefill(model, ids, torch.arange(length), cu),
-            "decode_step_incl_lm_head": lambda: decode(model, tokens, pos + 1, prompt, suffix),
-            "lm_head_only": lambda: model.logits(hidden),
-            "log_softmax_topk": lambda: torch.topk(torch.topk(F.log_softmax(logits, -1), 2 * width)[0].reshape(1, -1),
-                                                   2 * width),  # as compile/beam/search.py selects
-        }
-        out = {name: 1e3 * median(time_calls(fn, repeats=3)) for name, fn in parts.items()}
-    out["per_request_estimate"] = out["prefill"] + (S - 1) * out["decode_step_incl_lm_head"] + S * out["log_softmax_topk"]
+
+def speedups(sides: dict) -> dict:
+    """Latency ratios of single requests, and throughput ratios at each side's best batching."""
+    ours, out = sides["ours"], {}
+    for name in ("hf", "ct2"):
+        side = sides.get(name)
+        out[f"speedup_vs_{name}_single"] = side and side["single_ms"] / ours["single_ms"]
+        out[f"speedup_vs_{name}_batched"] = side and ours["best_requests_per_s"] / side["best_requests_per_s"]
+    return out
+
+
+def summary(singles: dict, batched: dict) -> dict:
+    """Per contender: single latency, and the best requests/s over its batch sizes (1 = singles)."""
+    out = {}
+    for name, single_s in singles.items():
+        rates = {1: 1 / single_s} | {size: size / s for (n, size), s in batched.items() if n == name}
+        best = max(rates, key=rates.get)
+        out[name] = {"single_ms": 1e3 * single_s, "requests_per_s_by_batch": rates, "best_batch": best,
+                     "best_requests_per_s": rates[best]}
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="1 layer, 64-token prompts, one request per call, small sweep (about a minute once built)")
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 8, quick 1)")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the W x prompt-length sweep")
-    args = parser.parse_args()
-    layers = args.layers or (1 if args.quick else 8)
-    torch.manual_seed(0)
-    checkpoint = shaped_checkpoint("qwen2", QWEN25_05B, layers, torch.float32)
-    nodes = build_node(checkpoint, f"beam-qwen25shape-{layers}l", 400)
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    family, shape, depth = MODELS[args.model]
+    layers = args.layers or (2 if args.quick else depth)
+    length = args.prompt_tokens or (64 if args.quick else 256)
+    quick = args.quick or layers != depth or length != 256
+    from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
+    from ct2_baseline import Ct2Model
+
+    checkpoint = shaped_checkpoint(family, shape, layers, torch.float32)
+    spec = read_spec(checkpoint)
+    nodes = build_node(checkpoint, f"beam-{args.model}-{layers}l", 400)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    vocab = nodes.manifest["model"]["vocab_size"]
+    ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     g = torch.Generator().manual_seed(0)
-    lengths = [64] if args.quick else [64, 256]
-    prompts = {n: [torch.randint(0, vocab, (n,), generator=g) for _ in range(4)] for n in lengths}
-    result = compare(nodes, hf, prompts, hf_requests=1 if args.quick else 2, batch=1 if args.quick else 4)
-    widths, sweep_lengths = ([8, 32], [64]) if args.quick else ([8, 32, 100, 400], [64, 256, 480])
-    points = [] if args.no_sweep else sweep(nodes.beam, vocab, widths, sweep_lengths, repeats=1)
-    main_len = 64 if args.quick else 256
-    head = result["by_prompt_tokens"][main_len]
-    emit("beam_node", {
-        "ours_requests_per_s": head["ours_requests_per_s"], "hf_requests_per_s": head["hf_requests_per_s"],
-        "speedup": head["speedup"], "W": W, "S": S, "k": K, "prompt_tokens": main_len,
-        "identical_to_hf": result["identical_to_hf"], "layers": layers, "dtype": "float32",
-        "threads": torch.get_num_threads(), "fp32_matmul_gflops": matmul_peak_flops(torch.float32, seconds=1.0) / 1e9,
-        "by_prompt_tokens": result["by_prompt_tokens"], "sweep": points,
-        "profile_ms": profile(checkpoint, main_len, W), "quick": args.quick,
+    prompts = [torch.randint(0, spec.vocab_size, (length,), generator=g) for _ in range(4)]
+    contenders = Contenders(nodes.beam, hf, ct2)
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec, tokens=W))
+    peak_before = matmul_peak_flops(torch.float32, peak_shapes)
+    warm_up(contenders, prompts[0])
+    singles, single_outputs = run_singles(contenders, prompts[: args.singles])
+    sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if ct2 is not None else {})
+    batched, batched_outputs = run_batched(contenders, prompts, sizes)
+    peak_after = matmul_peak_flops(torch.float32, peak_shapes)
+    peak = max(peak_before, peak_after)
+    found = checks(single_outputs + batched_outputs)
+    sides = summary(singles, batched)
+    ours_best = sides["ours"]["best_batch"]
+    emit(f"beam_node-{args.model}-{layers}l-{length}t" + ("-quick" if args.quick else ""), {
+        "bench": "beam_node", "model": args.model, "layers": layers, "dtype": "fp32", "quick": quick,
+        "W": W, "S": S, "k": K, "prompt_tokens": length, "singles": args.singles,
+        **speedups(sides),
+        "identical_to_hf": all(c["identical"] for c in found if c["check"].startswith("ours") and c["check"].endswith("hf")),
+        "executed_mfu_single": executed_mfu(beam_flops(spec, [length], W, S), singles["ours"], peak),
+        "executed_mfu_batched": executed_mfu(beam_flops(spec, [length] * ours_best, W, S),
+                                             ours_best / sides["ours"]["best_requests_per_s"], peak),
+        "sides": sides,
+        "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
+                           f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
+        "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
+        "peak_gflops_before_after": [peak_before / 1e9, peak_after / 1e9],
+        "parity_ok": parity.all_ok(found), "parity": found,
+        "sweep": sweep_ours(nodes.beam, spec.vocab_size, (8, 32, 100, 400), (64, 256, 480)) if args.sweep else None,
     })
+    if not parity.all_ok(found):
+        sys.exit("parity failed: " + ", ".join(c["check"] for c in found if not c["ok"]))
 
 
 if __name__ == "__main__":
