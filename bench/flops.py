@@ -77,3 +77,20 @@ def executed_mfu(flops: float, seconds: float, peak_flops: float) -> float:
             f"executed MFU {mfu:.3f} > 1 ({flops / seconds / 1e9:.1f} GFLOP/s against a peak of "
             f"{peak_flops / 1e9:.1f}): the peak was measured while the machine was busy; rerun on a quiet machine")
     return mfu
+
+
+def shared_score_flops(spec, prefix_len: int, suffix_lens: list[int], static_len: int = 0) -> float:
+    """One scoring pass of a request laid out as a shared prefix computed once plus one suffix per
+    sample (compile/score/layout.py), over `static_len` cached static-prefix rows (not computed).
+    Every layer but the last runs the prefix's and the suffixes' tokens; the prefix attends causally
+    to itself and to the static rows, each suffix token to the static and prefix keys in full and to
+    its own causally. The last layer: keys/values for every computed token, queries, output
+    projection and MLP for the samples' last tokens (each attending to its whole sample), then the head."""
+    own = prefix_len - static_len
+    tokens = own + sum(suffix_lens)
+    pairs = own * own / 2 + own * static_len + sum(n * n / 2 + n * prefix_len for n in suffix_lens)
+    layers = (spec.num_layers - 1) * ((_q_o_mlp(spec) + _kv(spec)) * tokens + _attention(spec, pairs))
+    samples = len(suffix_lens)
+    last_keys = sum(prefix_len + n for n in suffix_lens)
+    last_layer = _kv(spec) * tokens + _q_o_mlp(spec) * samples + _attention(spec, last_keys)
+    return layers + last_layer + _head(spec, samples)
