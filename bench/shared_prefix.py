@@ -1,0 +1,185 @@
+"""Shared-prefix scoring on the workload users send: one context x many items.
+
+Model: Qwen2.5-0.5B's shapes (or --model qwen3-0.6b) at the real depth (or --layers N), random weights
+written by transformers. Requests: a context of 200..400 tokens followed by 15 items of 16..64 tokens,
+one sample per item (fixed seed). Contenders, timed interleaved request by request, same threads:
+  shared      our node, the request as its context once + 15 suffixes (what the gateway sends);
+  unshared    our node, the 15 full samples packed (no padding computed; the context 15 times);
+  hf_careful  transformers on the 15 full samples as one left-padded batch, last position projected.
+Outputs must agree (bench/parity.py tolerances; shared against unshared 1e-4 in fp32) or the run exits
+non-zero. flop_bound = FLOPs executed unshared / FLOPs executed shared on the same requests: the
+speed-up a perfect implementation would reach (bench/flops.py counts). executed_mfu is the shared
+node's executed FLOPs / time / the matmul peak of the dtype measured in the same run.
+
+--e2e adds the gain through the real stack: one `python -m worker` serving two gateways, one with
+sharing (the default threshold) and one that never shares; requests sent one at a time, alternating,
+as token ids over HTTP. It also reports the worker's fitted latency model's error on the shared
+batches it served (predicted from their computed tokens, against the worker's measured compute_ms).
+
+    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16] [--layers N] [--requests R] [--e2e] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+
+import torch
+
+import hf_baselines as hf_side
+import parity
+from common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint
+from flops import executed_mfu, score_flops, shared_score_flops
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ITEMS = 15
+LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
+PAD_ID = 0
+SHARED_ABS = 1e-4  # fp32: sharing changes where keys/values come from, never which are attended to
+
+
+def make_requests(count: int, vocab: int, context: tuple[int, int], item: tuple[int, int], seed: int = 0):
+    """[(context ids, [item ids] * ITEMS)] with uniform lengths (fixed seed)."""
+    rng = random.Random(seed)
+    ids = lambda n: torch.tensor([rng.randrange(vocab) for _ in range(n)])  # noqa: E731
+    return [(ids(rng.randint(*context)), [ids(rng.randint(*item)) for _ in range(ITEMS)]) for _ in range(count)]
+
+
+def build_config(checkpoint, dtype_name: str):
+    from shared.config import load_config
+
+    config = load_config(ROOT / "configs/test.toml")
+    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
+                                 max_tokens_per_batch=8192)
+    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
+    return config.replace(model=model, bounds=bounds)
+
+
+def build_node(config, name: str):
+    from compile.build import build
+    from compile.runtime import load_nodes
+
+    build(config, CACHE / "artifacts" / name)
+    return load_nodes(CACHE / "artifacts" / name).score
+
+
+def contenders(node, hf, context: torch.Tensor, items: list[torch.Tensor]) -> dict:
+    full = [torch.cat([context, item]) for item in items]
+    compact = torch.cat([context, *items])
+    item_lens, full_lens = torch.tensor([len(i) for i in items]), torch.tensor([len(f) for f in full])
+    one_group = (torch.tensor([len(context)]), torch.tensor([ITEMS]))
+    return {
+        "shared": lambda: node(compact, item_lens, LABELS, 1, *one_group),
+        "unshared": lambda: node(torch.cat(full), full_lens, LABELS, 1),
+        "hf_careful": lambda: hf_side.careful(hf, full, PAD_ID),
+    }
+
+
+def time_requests(node, hf, requests) -> tuple[dict, list[dict]]:
+    """Per request one interleaved round (order rotated): name -> mean seconds, outputs per request."""
+    seconds, outputs = {}, []
+    for index, (context, items) in enumerate(requests):
+        fns = contenders(node, hf, context, items)
+        names = list(fns)[index % 3:] + list(fns)[: index % 3]
+        round_ = interleaved_round({n: fns[n] for n in names})
+        for name, (s, _) in round_.items():
+            seconds.setdefault(name, []).append(s)
+        outputs.append({name: value for name, (_, value) in round_.items()})
+    return {name: sum(s) / len(s) for name, s in seconds.items()}, outputs
+
+
+def checks_for(outputs: list[dict], is_bf16: bool, reference: list[torch.Tensor] | None) -> list[dict]:
+    checks = []
+    for r, out in enumerate(outputs):
+        shared, unshared, careful = out["shared"], out["unshared"], out["hf_careful"][:, LABELS]
+        checks.append(parity.close_check(f"shared_vs_unshared_label_logits[{r}]", shared.label_logits,
+                                         unshared.label_logits, parity.BF16_ABS if is_bf16 else SHARED_ABS))
+        checks.append({"check": f"shared_vs_unshared_top1[{r}]", "ok": torch.equal(shared.topk_ids, unshared.topk_ids)}
+                      if not is_bf16 else parity.close_check(f"shared_vs_unshared_top1_logprob[{r}]",
+                                                             shared.topk_logprobs, unshared.topk_logprobs, parity.BF16_ABS))
+        if is_bf16:
+            checks.append(parity.bf16_check(f"shared_label_logits_vs_fp32[{r}]", shared.label_logits, careful,
+                                            reference[r][:, LABELS]))
+        else:
+            checks.append(parity.close_check(f"shared_vs_hf_careful_label_logits[{r}]", shared.label_logits, careful,
+                                             parity.FP32_ABS))
+    return checks
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
+    parser.add_argument("--requests", type=int, help="timed requests (default 2, quick 1)")
+    parser.add_argument("--e2e", action="store_true", help="also measure through the gateway (real worker)")
+    parser.add_argument("--e2e-requests", type=int, default=2, help="requests per gateway in --e2e")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: 2 layers, 1 request")
+    parser.add_argument("--threads", type=int, help="threads for every contender (default: one per core)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    family, shape, depth = MODELS[args.model]
+    layers = args.layers or (2 if args.quick else depth)
+    quick = args.quick or layers != depth
+    dtype = DTYPES[args.dtype]
+    from compile.checkpoint import read_spec
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = shaped_checkpoint(family, shape, layers, dtype)
+    spec = read_spec(checkpoint)
+    config = build_config(checkpoint, str(dtype).removeprefix("torch."))
+    artifacts_name = f"shared-{args.model}-{args.dtype}-{layers}l"
+    node = build_node(config, artifacts_name)
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
+    requests = make_requests(1 + (args.requests or (1 if args.quick else 2)), spec.vocab_size, (200, 400), (16, 64))
+    warmup, timed = requests[0], requests[1:]
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec))
+    peak_before = matmul_peak_flops(dtype, peak_shapes)
+    interleaved_round(contenders(node, hf, *warmup))
+    seconds, outputs = time_requests(node, hf, timed)
+    peak = max(peak_before, matmul_peak_flops(dtype, peak_shapes))
+    reference = None
+    if args.dtype == "bf16":
+        hf32 = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        reference = [hf_side.careful(hf32, [torch.cat([c, i]) for i in items], PAD_ID) for c, items in timed]
+    checks = checks_for(outputs, args.dtype == "bf16", reference)
+    flops_shared = sum(shared_score_flops(spec, len(c), [len(i) for i in items]) for c, items in timed)
+    flops_unshared = sum(score_flops(spec, [len(c) + len(i) for i in items]) for c, items in timed)
+    result = {
+        "model": args.model, "layers": layers, "dtype": args.dtype, "quick": quick, "items": ITEMS,
+        "context_tokens": [len(c) for c, _ in timed], "requests": len(timed),
+        "batched": "one request per call on every side (15 samples)",
+        "shared_s_per_request": seconds["shared"], "unshared_s_per_request": seconds["unshared"],
+        "hf_careful_s_per_request": seconds["hf_careful"],
+        "speedup_vs_unshared": seconds["unshared"] / seconds["shared"],
+        "speedup_vs_hf": seconds["hf_careful"] / seconds["shared"],
+        "flop_bound": flops_unshared / flops_shared,
+        "executed_mfu": executed_mfu(flops_shared / len(timed), seconds["shared"], peak),
+        "executed_mfu_unshared": executed_mfu(flops_unshared / len(timed), seconds["unshared"], peak),
+        "peak_gflops": peak / 1e9,
+        "max_abs_diff_vs_hf": max(float((o["shared"].label_logits - o["hf_careful"][:, LABELS]).abs().max())
+                                  for o in outputs),
+        "max_abs_diff_vs_unshared": max(float((o["shared"].label_logits - o["unshared"].label_logits).abs().max())
+                                        for o in outputs),
+        "cached_tokens_per_request": [int(o["shared"].cached_tokens.sum()) for o in outputs],
+        "parity": checks,
+    }
+    if args.e2e:
+        from shared_prefix_e2e import measure_e2e
+
+        result["e2e"] = measure_e2e(config, CACHE / "artifacts" / artifacts_name, timed[: args.e2e_requests]
+                                    if len(timed) >= args.e2e_requests else requests[: args.e2e_requests])
+    emit(f"shared_prefix-{args.model}-{args.dtype}-{layers}l{'-quick' if args.quick else ''}", result)
+    failed = [c["check"] for c in checks if not c["ok"]]
+    if failed:
+        raise SystemExit(f"parity failed: {failed}")
+
+
+if __name__ == "__main__":
+    main()
