@@ -1,8 +1,10 @@
 """`python -m gateway --config configs/x.toml --artifacts artifacts/x [--spawn-workers]`.
 
 Serves the HTTP API on uvloop; with --spawn-workers it also starts the configured workers and
-restarts any that crash. Prints the URL and an example request once listening. SIGTERM or Ctrl-C
-drains: new requests get 503 draining, queued and in-flight ones are answered, then everything stops.
+restarts any that crash or stop answering. Prints the URL and an example request once listening.
+SIGTERM or Ctrl-C drains: new requests get 503 draining, queued and in-flight ones are answered
+(within drain_timeout_ms), the listener closes once every handler has answered, then the workers
+stop. A client still sending its body when the drain ends is cut off: it had no request in flight.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from gateway.tokenizer import RequestTokenizer
 from shared.config import ConfigError, DeploymentConfig, load_config
 
 log = logging.getLogger("gateway")
+HANDLER_GRACE_S = 2.0
+DRAIN_POLL_S = 0.02
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -71,7 +75,8 @@ def _settings(config: DeploymentConfig, artifacts: Path) -> Settings:
 
 async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     app = make_app(settings)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # After the drain only handlers still reading a body are left: give them a moment, not a minute.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HANDLER_GRACE_S)
     await runner.setup()
     gw = settings.config.gateway
     site = web.TCPSite(runner, gw.host, gw.port)
@@ -79,7 +84,8 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     gateway = app[GATEWAY]
     supervisor = None
     if args.spawn_workers:
-        supervisor = Supervisor(_worker_specs(settings.config, args), gateway.pool.declare_lost)
+        supervisor = Supervisor(_worker_specs(settings.config, args), gateway.pool.declare_lost,
+                                gateway.pool.stuck_pid)
         supervisor.start()
     port = site._server.sockets[0].getsockname()[1] if site._server else gw.port  # type: ignore[union-attr]
     _announce(settings, gw.host, port, gateway.limits.beam_enabled)
@@ -91,20 +97,22 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     log.info("draining: no new requests; answering what is queued and in flight")
     gateway.draining = True
     await _drain(gateway, gw.drain_timeout_ms / 1000.0)
+    await runner.cleanup()  # stops listening, waits for every handler to write its answer, stops the pool
     if supervisor is not None:
-        gateway.pool.shutdown_workers("the gateway is stopping")
-        await supervisor.stop()
-    await runner.cleanup()
+        await supervisor.stop()  # SIGTERM: each worker drains what it holds and exits 0
     log.info("stopped")
     return 0
 
 
 async def _drain(gateway, timeout_s: float) -> None:
+    """Wait until nothing is queued or in flight (or `timeout_s`); the pool keeps serving meanwhile."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
     while not gateway.idle() and loop.time() < end:
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.05)  # let the last answers reach their clients
+        await asyncio.sleep(DRAIN_POLL_S)
+    if not gateway.idle():  # answer the rest now (503) rather than cut their connections later
+        log.warning("drain timeout after %.1f s: what is still queued or in flight gets 503", timeout_s)
+        await gateway.stop()
 
 
 def _worker_specs(config: DeploymentConfig, args: argparse.Namespace) -> list[WorkerSpec]:

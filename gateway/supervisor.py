@@ -1,8 +1,10 @@
 """Starts the deployment's worker processes and keeps them running (restart with back-off).
 
 A worker that exits is reported to the pool at once (its in-flight requests fail with 503
-worker_lost without waiting for the heartbeat timeout) and restarted after a back-off that doubles
-on each quick crash and resets once a worker has stayed up for a while.
+worker_lost) and restarted: at once the first time, then after a back-off that doubles on each quick
+crash and resets once a worker has stayed up for a while. A worker whose process runs but that the
+pool reports stuck (stalled in a call, or unreachable though alive, e.g. SIGSTOP) is killed with
+SIGKILL and so restarted. Nothing here ends silently: a failed start is logged and retried.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger("gateway.supervisor")
 FIRST_BACKOFF_S, MAX_BACKOFF_S, STABLE_S = 0.5, 15.0, 30.0
+STUCK_CHECK_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -36,39 +39,71 @@ class WorkerSpec:
 class Supervisor:
     """Owns the worker processes: start, watch, restart, and stop them (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, specs: list[WorkerSpec], on_exit: Callable[[str, str], None]) -> None:
+    def __init__(self, specs: list[WorkerSpec], on_exit: Callable[[str, str], None],
+                 stuck_pid: Callable[[str], int | None] = lambda endpoint: None) -> None:
         self.specs = specs
         self.restarts = {spec.endpoint: 0 for spec in specs}
         self._on_exit = on_exit
+        self._stuck_pid = stuck_pid
         self._processes: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._keep(spec), name=f"supervise {spec.endpoint}") for spec in self.specs]
+        self._tasks.append(asyncio.create_task(self._kill_stuck(), name="stuck workers"))
+        for task in self._tasks:
+            task.add_done_callback(self._ended)
 
     def pid(self, endpoint: str) -> int | None:
         process = self._processes.get(endpoint)
         return process.pid if process is not None and process.returncode is None else None
 
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not (self._stopping or task.cancelled()):  # the loops below catch everything: a bug
+            log.error("supervisor task %r ended: %r; its workers are no longer restarted", task.get_name(),
+                      task.exception(), exc_info=task.exception())
+
     async def _keep(self, spec: WorkerSpec) -> None:
-        backoff = FIRST_BACKOFF_S
+        backoff = 0.0  # the first restart is immediate: a crash after a good run is not a crash loop
         loop = asyncio.get_running_loop()
         while not self._stopping:
             started = loop.time()
-            process = await asyncio.create_subprocess_exec(*spec.argv())
-            self._processes[spec.endpoint] = process
-            log.info("started worker %s (pid %d)", spec.endpoint, process.pid)
-            code = await process.wait()
+            try:
+                why = await self._run_once(spec)
+            except Exception as exc:  # e.g. fork failed (out of memory): log and try again
+                log.exception("could not run worker %s", spec.endpoint)
+                why = f"its process could not be started: {type(exc).__name__}: {exc}"
             if self._stopping:
                 return
-            why = f"worker process {process.pid} exited with {_describe(code)}"
+            backoff = 0.0 if loop.time() - started > STABLE_S else backoff
             log.warning("%s; restarting in %.1f s", why, backoff)
             self._on_exit(spec.endpoint, why)
-            backoff = FIRST_BACKOFF_S if loop.time() - started > STABLE_S else backoff
             await asyncio.sleep(backoff)
-            backoff = min(MAX_BACKOFF_S, backoff * 2)
+            backoff = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, backoff * 2))
             self.restarts[spec.endpoint] += 1
+
+    async def _run_once(self, spec: WorkerSpec) -> str:
+        """Start the worker and wait for it to exit; returns what happened."""
+        process = await asyncio.create_subprocess_exec(*spec.argv())
+        self._processes[spec.endpoint] = process
+        log.info("started worker %s (pid %d)", spec.endpoint, process.pid)
+        code = await process.wait()
+        return f"worker process {process.pid} exited with {_describe(code)}"
+
+    async def _kill_stuck(self) -> None:
+        """SIGKILL a worker the pool reports stuck while its process runs (its exit restarts it)."""
+        while not self._stopping:
+            await asyncio.sleep(STUCK_CHECK_S)
+            for endpoint, process in list(self._processes.items()):
+                try:
+                    stuck = self._stuck_pid(endpoint)
+                    if stuck is not None and stuck == process.pid and process.returncode is None:
+                        log.warning("worker %s (pid %d) runs but does not answer; killing it to restart it",
+                                    endpoint, process.pid)
+                        process.kill()
+                except Exception:  # one worker's check must not stop the others'
+                    log.exception("checking worker %s for a stall failed", endpoint)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM every worker (they drain and exit 0), SIGKILL what is left after `timeout_s`."""

@@ -1,14 +1,17 @@
 """The gateway's connection to one worker: handshake, batches out, results and heartbeats in.
 
 A DEALER socket connects to the worker's ROUTER (shared/protocol.py). The link is `connecting`
-until the worker answers Hello with Ready, `ready` while it hears from the worker, `draining` after
-a Goodbye or a draining heartbeat, and `lost` when the worker has been silent for the timeout:
-then every batch in flight on it fails at once with 503 worker_lost, and Hello is repeated until
-a (restarted) worker answers again.
+until the worker answers Hello with Ready, `ready` until a Goodbye or a draining heartbeat makes it
+`draining`; it is `lost` when its connection closes (the worker's process is gone, or ZMTP
+heartbeats went unanswered: gateway/liveness.py) and `stalled` when a batch has run far past its
+prediction. Either way every batch in flight on it fails at once with 503 worker_lost; Hello goes
+out on every new connection (and is repeated while absent) so a restarted worker rejoins. A
+stalled worker comes back once its heartbeat shows it idle, or as a new connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +22,11 @@ import zmq.asyncio
 from gateway.errors import ApiError
 from gateway.job import SENT, Job
 from gateway.latency import CorrectedModel
+from gateway.liveness import CONNECTION_EVENTS, LivenessPolicy, watch_connection
 from shared import protocol as p
 
 log = logging.getLogger("gateway.worker")
-CONNECTING, READY, DRAINING, LOST = "connecting", "ready", "draining", "lost"
+CONNECTING, READY, DRAINING, LOST, STALLED = "connecting", "ready", "draining", "lost", "stalled"
 HELLO_REQUIRED = getattr(p.ErrorCode, "HELLO_REQUIRED", "hello_required")
 
 
@@ -50,29 +54,40 @@ class WorkerLink:
         self.worker_id = ""
         self.models: dict[str, CorrectedModel] = {}
         self.in_flight: dict[int, InFlight] = {}
-        self.last_seen = 0.0
         self.queue_depth = 0
+        self.out_of_service_since: float | None = None
+        """Loop time at which a worker that had been ready was declared lost or stalled."""
         self._clock = clock
         self._on_change = on_change
         self._observe_ms = observe_ms
         self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._awaiting_ready = False  # a Ready answers our Hello (else it is a refreshed profile)
 
-    def open(self, context: zmq.asyncio.Context) -> None:
+    def open(self, context: zmq.asyncio.Context, policy: LivenessPolicy) -> None:
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a batch for a worker that is not connected
+        policy.apply(sock)
+        self._monitor = sock.get_monitor_socket(CONNECTION_EVENTS)
         sock.connect(self.endpoint)
         self._socket = sock
 
     def close(self) -> None:
         if self._socket is not None:
+            if not self._socket.closed:
+                self._socket.disable_monitor()
             self._socket.close(linger=0)
             self._socket = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
 
     def serves(self, workload: str) -> bool:
         return self.state == READY and workload in self.models
 
     def hello(self) -> None:
+        self._awaiting_ready = True
         self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
 
     def shutdown(self, reason: str) -> None:
@@ -86,22 +101,29 @@ class WorkerLink:
         total = sum(b.predicted_ms for b in self.in_flight.values())
         return max(0.0, total - (now - first) * 1000.0)
 
-    def silence_allowance_s(self) -> float:
-        """Extra silence tolerated while batches are in flight: a CPU worker's compiled call holds the
-        GIL through its matrix multiplies, so no heartbeat leaves during a long batch. Twice the
-        longest predicted batch in flight; nothing when idle."""
-        if not self.in_flight:
-            return 0.0
-        return 2.0 * max(b.predicted_ms for b in self.in_flight.values()) / 1000.0
+    async def serve(self) -> str:
+        """Read messages and connection events until either stops; returns why it stopped."""
+        assert self._socket is not None and self._monitor is not None
+        reader = asyncio.ensure_future(self._receive_forever(self._socket))
+        events = asyncio.ensure_future(watch_connection(self._monitor, self._on_connected, self._on_disconnected))
+        try:
+            done, _ = await asyncio.wait((reader, events), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, events):
+                task.cancel()
+            await asyncio.gather(reader, events, return_exceptions=True)
+        ended = done.pop()
+        if ended.cancelled():  # pyzmq cancels a pending receive when its socket is closed under it
+            return "its socket was closed under its reader"
+        return ended.result()  # a reader that raised raises here, for the pool to log
 
-    async def receive_forever(self) -> None:
-        """Read and dispatch messages until the socket closes; bad frames are logged, never fatal."""
-        assert self._socket is not None
-        while self._socket is not None:
+    async def _receive_forever(self, sock: zmq.asyncio.Socket) -> str:
+        """Read and dispatch messages; bad frames are logged, never fatal. Returns why it stopped."""
+        while True:
             try:
-                frames = await self._socket.recv_multipart(copy=True)
-            except zmq.ZMQError:
-                return  # socket closed
+                frames = await sock.recv_multipart(copy=True)
+            except zmq.ZMQError as exc:
+                return f"its socket failed: {exc}"
             try:
                 self._dispatch(p.decode(frames))
             except p.ProtocolError as exc:
@@ -146,7 +168,6 @@ class WorkerLink:
     # ---- receiving -----------------------------------------------------------------------------
 
     def _dispatch(self, message: p.Message) -> None:
-        self.last_seen = self._clock()
         handler = _HANDLERS.get(type(message))
         if handler is not None:
             handler(self, message)
@@ -158,6 +179,19 @@ class WorkerLink:
             return
         if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone
             self.declare_lost(f"it restarted as pid {ready.pid}")
+        if not self._awaiting_ready and ready.pid == self.pid:  # a refreshed profile: state unchanged
+            self._adopt_models(ready)
+            log.info("worker %s refreshed its latency profile", self.endpoint)
+            return
+        self._awaiting_ready = False
+        self._adopt_models(ready)
+        self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
+        self.out_of_service_since = None
+        log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
+                 ",".join(ready.workloads))
+        self._on_change()
+
+    def _adopt_models(self, ready: p.Ready) -> None:
         bounds = ready.bounds
         items = {"score": bounds.get("max_samples_per_batch", 1),
                  "beam": bounds.get("max_beam_requests_per_batch", 1) * bounds.get("max_beam_width", 1)}
@@ -168,10 +202,6 @@ class WorkerLink:
         for workload, model in self.models.items():  # keep what was learnt across a reconnect
             if workload in old:
                 model.ratio, model.overhead_ms = old[workload].ratio, old[workload].overhead_ms
-        self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
-        log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
-                 ",".join(ready.workloads))
-        self._on_change()
 
     def _on_results(self, message: p.ScoreResults | p.BeamResults) -> None:
         batch = self.in_flight.pop(message.batch_id, None)
@@ -202,8 +232,8 @@ class WorkerLink:
         if beat.draining and self.state == READY:
             self.state = DRAINING
             self._on_change()
-        elif self.state == LOST:
-            self.hello()  # a worker that came back: ask for Ready again
+        elif self.state == LOST or (self.state == STALLED and beat.in_flight == 0 and beat.queue_depth == 0):
+            self.hello()  # a worker that came back (or finished what stalled it): ask for Ready again
 
     def _on_error(self, error: p.Error) -> None:
         if error.code == HELLO_REQUIRED:  # a restarted worker that does not know this gateway yet
@@ -223,17 +253,28 @@ class WorkerLink:
             self.state = DRAINING
             self._on_change()
 
-    def declare_lost(self, why: str) -> None:
+    def _on_connected(self) -> None:
+        """A new connection completed its handshake: introduce ourselves (the worker may be new)."""
+        self.state = CONNECTING if self.state == LOST else self.state
+        self.hello()
+
+    def _on_disconnected(self) -> None:
+        self.declare_lost("its connection closed: the process is gone, or ZMTP heartbeats went unanswered")
+
+    def declare_lost(self, why: str, state: str = LOST) -> None:
         """Fail everything in flight here at once (503 worker_lost) and stop sending to the worker."""
-        if self.state == LOST:
+        if self.state in (READY, DRAINING):
+            self.out_of_service_since = self._clock()
+        elif not self.in_flight:  # not serving already: nothing to fail, nothing to say
+            self.state = state if self.state != STALLED else self.state
             return
-        self.state = LOST
+        self.state = state
         batches, self.in_flight = self.in_flight, {}
         for batch in batches.values():
             for job in batch.jobs.values():
                 job.fail(ApiError("worker_lost", f"worker {self.endpoint} stopped answering ({why}) while "
                                                  "computing this request"))
-        log.warning("worker %s lost: %s (%d batches failed)", self.endpoint, why, len(batches))
+        log.warning("worker %s %s: %s (%d batches failed)", self.endpoint, state, why, len(batches))
         self._on_change()
 
 

@@ -1,8 +1,11 @@
 """All workers of the deployment: connection, liveness watchdog, least-loaded choice, predictions.
 
-The watchdog declares a worker lost when it has been silent for `worker_timeout_ms` (its batches
-fail at once with 503 worker_lost) and keeps saying Hello to workers that are not ready, so a
-restarted worker rejoins by itself.
+Each link runs under a keeper task: whatever stops its reader (a socket error, a bug) is logged,
+fails what was in flight there (503 worker_lost) and the link gets a new socket, so it reconnects.
+Liveness comes from the transport (gateway/liveness.py): a closed connection or unanswered ZMTP
+heartbeats declare a worker lost within `worker_timeout_ms`. The watchdog fails the batches of a
+worker that stalled (a batch far past its prediction) and keeps saying Hello to workers that are
+not ready, so a restarted worker rejoins by itself.
 """
 
 from __future__ import annotations
@@ -11,15 +14,16 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
 from gateway.latency import CorrectedModel
-from gateway.worker_link import CONNECTING, LOST, READY, WorkerLink
+from gateway.liveness import LivenessPolicy
+from gateway.worker_link import CONNECTING, LOST, READY, STALLED, WorkerLink
 
 log = logging.getLogger("gateway.pool")
-HELLO_INTERVAL_S = 0.2
+RELINK_DELAY_S = 0.1  # before a link whose reader stopped gets its new socket (no busy loop on a bug)
 
 
 class WorkerPool:
@@ -28,7 +32,7 @@ class WorkerPool:
     def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
                  observe_worker_ms: Callable[[float], None] = lambda ms: None) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
-        self.timeout_s = worker_timeout_ms / 1000.0
+        self.policy = LivenessPolicy.from_timeout(worker_timeout_ms)
         self.max_inflight_batches = max_inflight_batches
         self._loop = asyncio.get_running_loop()
         self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, observe_worker_ms)
@@ -50,16 +54,30 @@ class WorkerPool:
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
         for link in self.links:
-            link.open(self._context)
-            link.hello()
-            self._tasks.append(asyncio.create_task(link.receive_forever(), name=f"recv {link.endpoint}"))
-        self._tasks.append(asyncio.create_task(self._watch(), name="worker watchdog"))
+            self._spawn(lambda link=link: self._keep_link(link), f"link {link.endpoint}")
+        self._spawn(self._watch, "worker watchdog")
+
+    def _spawn(self, run: Callable[[], Awaitable[None]], name: str) -> None:
+        task = asyncio.create_task(run(), name=name)
+        task.add_done_callback(lambda done: self._ended(done, run))
+        self._tasks.append(task)
+
+    def _ended(self, task: asyncio.Task[None], run: Callable[[], Awaitable[None]]) -> None:
+        """A pool task ended: expected only when the pool stops; otherwise say why and start it again."""
+        self._tasks.remove(task)
+        if self._stopping or task.cancelled():
+            return
+        error = task.exception()
+        log.error("gateway task %r ended (%s); starting it again", task.get_name(),
+                  f"{type(error).__name__}: {error}" if error else "it returned", exc_info=error)
+        self._spawn(run, task.get_name())
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self._stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for link in self.links:
             if link.in_flight:
                 link.declare_lost("the gateway is stopping")
@@ -68,18 +86,40 @@ class WorkerPool:
             self._context.term()
             self._context = None
 
-    async def _watch(self) -> None:
-        period = min(self.timeout_s / 4, HELLO_INTERVAL_S)
+    async def _keep_link(self, link: WorkerLink) -> None:
+        """Keep `link` open and read: when its reader stops for any reason, say why, fail what was
+        in flight there and give it a new socket (a fresh connection, handshake and Hello)."""
+        assert self._context is not None
         while True:
-            await asyncio.sleep(period)
+            link.open(self._context, self.policy)
+            try:
+                why = await link.serve()
+            except Exception as exc:  # a bug below the reader: it must not end this link for good
+                log.exception("the reader of worker %s failed", link.endpoint)
+                why = f"its reader failed: {type(exc).__name__}: {exc}"
+            finally:
+                link.close()
+            log.error("the link to worker %s stopped (%s); reconnecting with a new socket", link.endpoint, why)
+            link.declare_lost(f"the gateway's link to it stopped: {why}")
+            await asyncio.sleep(RELINK_DELAY_S)
+
+    async def _watch(self) -> None:
+        """Fail the batches of stalled workers; say Hello to workers that are not ready."""
+        while True:
+            await asyncio.sleep(self.policy.check_period_s)
             now = self._loop.time()
             for link in self.links:
-                silent_s = now - link.last_seen
-                allowed_s = self.timeout_s + link.silence_allowance_s()
-                if link.state not in (CONNECTING, LOST) and silent_s > allowed_s and not self._stopping:
-                    link.declare_lost(f"no heartbeat for {silent_s * 1000:.0f} ms")
-                if link.state in (CONNECTING, LOST):
-                    link.hello()
+                try:
+                    self._check(link, now)
+                except Exception:  # one link's bug must not stop watching the others
+                    log.exception("checking worker %s failed", link.endpoint)
+
+    def _check(self, link: WorkerLink, now: float) -> None:
+        why = self.policy.stalled(link.in_flight.values(), now)
+        if why is not None and not self._stopping:
+            link.declare_lost(why, STALLED)
+        if link.state in (CONNECTING, LOST):
+            link.hello()
 
     def declare_lost(self, endpoint: str, why: str) -> None:
         """For the supervisor: a worker process it watches has exited."""
@@ -87,10 +127,17 @@ class WorkerPool:
             if link.endpoint == endpoint:
                 link.declare_lost(why)
 
-    def shutdown_workers(self, reason: str) -> None:
-        self._stopping = True  # workers going quiet from here on is expected, not a loss
+    def stuck_pid(self, endpoint: str) -> int | None:
+        """For the supervisor: the pid of the worker at `endpoint` if it was ready and is now stalled,
+        or lost for longer than the policy's stuck_restart_s (its process runs but does not answer)."""
+        now = self._loop.time()
         for link in self.links:
-            link.shutdown(reason)
+            since = link.out_of_service_since
+            if link.endpoint != endpoint or since is None or link.state == READY or not link.pid:
+                continue
+            if link.state == STALLED or now - since > self.policy.stuck_restart_s:
+                return link.pid
+        return None
 
     # ---- choice and prediction ---------------------------------------------------------------
 
