@@ -2,16 +2,15 @@
 
 A request that could never run (too long, a shared prefix over bounds.max_prefix_tokens, bad token
 ids) is refused alone and answered `error`; a batch whose totals exceed the bounds is refused whole
-with Error(out_of_bounds). Tokens count as computed: a shared prefix once, the static prefix not.
+with Error(out_of_bounds). A shared prefix counts once, as the node counts it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
-from shared.latency_model import computed_tokens
 from shared.protocol import BeamBatch, ErrorCode, ScoreBatch, unpack_ids
 
 
@@ -33,24 +32,17 @@ def prefix_bound(bounds: Mapping[str, int]) -> int:
     return int(bounds.get("max_prefix_tokens") or bounds["max_tokens_per_sample"])
 
 
-def request_computed_tokens(req, token_dtype: str, static_ids: Sequence[int]) -> int:
-    """Tokens the node computes for `req`: its prefix once, every suffix, static-prefix tokens not counted."""
-    ids = unpack_ids(req.input_ids, token_dtype)  # [prefix_len + sum(sample_lens)]
-    ends = np.cumsum((req.prefix_len, *req.sample_lens))
-    suffixes = [ids[start:end] for start, end in zip(ends[:-1], ends[1:])]
-    return computed_tokens(ids[: req.prefix_len], suffixes, static_ids)
-
-
-def _score_request_problem(req, token_dtype: str, b: Mapping[str, int], vocab_size: int, computed: int) -> str | None:
+def _score_request_problem(req, token_dtype: str, b: Mapping[str, int], vocab_size: int) -> str | None:
     longest = req.prefix_len + max(req.sample_lens)  # a whole sample: prefix + suffix
+    tokens = req.prefix_len + sum(req.sample_lens)  # the prefix once
     if len(req.sample_lens) > b["max_samples_per_batch"]:
         return f"{len(req.sample_lens)} samples; at most {b['max_samples_per_batch']} fit one batch"
     if longest > b["max_tokens_per_sample"]:
         return f"a sample of {longest} tokens; at most {b['max_tokens_per_sample']}"
     if req.prefix_len > prefix_bound(b):
         return f"a shared prefix of {req.prefix_len} tokens; bounds.max_prefix_tokens = {prefix_bound(b)}"
-    if computed > b["max_tokens_per_batch"]:
-        return f"{computed} computed tokens; at most {b['max_tokens_per_batch']} fit one batch"
+    if tokens > b["max_tokens_per_batch"]:
+        return f"{tokens} tokens (a shared prefix once); at most {b['max_tokens_per_batch']} fit one batch"
     if len(req.label_ids) > b["max_labels"]:
         return f"{len(req.label_ids)} label ids; at most {b['max_labels']}"
     if req.top_k > b["max_top_k"]:
@@ -62,24 +54,22 @@ def _score_request_problem(req, token_dtype: str, b: Mapping[str, int], vocab_si
     return None
 
 
-def check_score_batch(batch: ScoreBatch, bounds: Mapping[str, int], vocab_size: int,
-                      static_ids: Sequence[int] = ()) -> dict[int, str]:
+def check_score_batch(batch: ScoreBatch, bounds: Mapping[str, int], vocab_size: int) -> dict[int, str]:
     """Per-request refusals; raises BatchRefused when the accepted requests together exceed bounds.
 
-    Tokens are counted as the node computes them: a shared prefix once, the deployment's static
-    prefix (`static_ids`) not at all where a prefix or unshared sample starts with it."""
+    A request's tokens are those it sends: its shared prefix once, then its samples' suffixes (the
+    node's bound; the static prefix's tokens count, although the node reuses their keys/values)."""
     rejected, tokens, samples, labels = {}, 0, 0, set()
     for i, req in enumerate(batch.requests):
-        computed = request_computed_tokens(req, batch.token_dtype, static_ids)
-        problem = _score_request_problem(req, batch.token_dtype, bounds, vocab_size, computed)
+        problem = _score_request_problem(req, batch.token_dtype, bounds, vocab_size)
         if problem:
             rejected[i] = problem
             continue
-        tokens, samples = tokens + computed, samples + len(req.sample_lens)
+        tokens, samples = tokens + req.prefix_len + sum(req.sample_lens), samples + len(req.sample_lens)
         labels.update(req.label_ids)
     for what, value, limit in (
         ("samples", samples, "max_samples_per_batch"),
-        ("computed tokens", tokens, "max_tokens_per_batch"),
+        ("tokens", tokens, "max_tokens_per_batch"),
         ("distinct label ids", len(labels), "max_labels"),
     ):
         if value > bounds[limit]:

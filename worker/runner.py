@@ -1,9 +1,11 @@
 """Adapts protocol batches to compiled node calls and node outputs back to per-request results.
 
-ScoreRunner packs the live requests of a ScoreBatch into one call of the score node: all samples
-concatenated, the union of the requests' label ids, the largest top_k; each request then gets its
-own rows, its own label columns (label_probs renormalised over its own labels when the union
-differs) and its own first top_k columns. BeamRunner does the same for BeamBatch and the beam node.
+ScoreRunner packs the live requests of a ScoreBatch into one call of the score node: one group per
+request (its shared prefix, possibly empty, then its samples' suffixes), the union of the requests'
+label ids, the largest top_k; each request then gets its own rows, its own label columns
+(label_probs renormalised over its own labels when the union differs), its own first top_k columns
+and the node's count of its tokens that were reused rather than computed (cached_tokens).
+BeamRunner does the same for BeamBatch and the beam node.
 """
 
 from __future__ import annotations
@@ -35,16 +37,6 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-def _whole_samples(request, token_dtype: str) -> np.ndarray:
-    """The request's samples, each whole (prefix + suffix), concatenated. Interim: the compiled node
-    does not take shared prefixes yet, so a shared prefix is computed once per sample."""
-    ids = unpack_ids(request.input_ids, token_dtype)  # [prefix_len + sum(suffixes)]
-    if not request.prefix_len:
-        return ids
-    prefix, ends = ids[: request.prefix_len], np.cumsum((request.prefix_len, *request.sample_lens))
-    return np.concatenate([part for start, end in zip(ends[:-1], ends[1:]) for part in (prefix, ids[start:end])])
-
-
 class ScoreRunner:
     """Runs the live requests of a ScoreBatch as one packed call of the score node."""
 
@@ -53,15 +45,18 @@ class ScoreRunner:
 
     def run(self, batch: ScoreBatch, live: Sequence[int], lane: Lane) -> dict[int, ScoreResult]:
         requests = [batch.requests[i] for i in live]
-        input_ids = lane.stage_tokens([_whole_samples(r, batch.token_dtype) for r in requests])  # [T]
-        whole_lens = [r.prefix_len + n for r in requests for n in r.sample_lens]
-        sample_lens = torch.tensor(whole_lens, dtype=torch.int64)  # [B]
+        input_ids = lane.stage_tokens([unpack_ids(r.input_ids, batch.token_dtype) for r in requests])  # [T]
+        suffix_lens = [n for r in requests for n in r.sample_lens]
+        sample_lens = torch.tensor(suffix_lens, dtype=torch.int64)  # [B] each sample's tokens after its prefix
+        prefix_lens = torch.tensor([r.prefix_len for r in requests], dtype=torch.int64)  # [R]
+        group_sizes = torch.tensor([len(r.sample_lens) for r in requests], dtype=torch.int64)  # [R]
         labels = list(dict.fromkeys(t for r in requests for t in r.label_ids))
         column = {t: j for j, t in enumerate(labels)}
         top_k = max(r.top_k for r in requests)
         try:
             with lane.running():
-                out = self.node(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k)
+                out = self.node(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k,
+                                prefix_lens=prefix_lens, group_sizes=group_sizes)
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
         arrays = {
@@ -70,16 +65,19 @@ class ScoreRunner:
             "topk_logprobs": out.topk_logprobs.numpy(), "hidden": out.hidden.numpy(),  # [B, k], [B, H]
             "head": None if out.head is None else out.head.numpy(),  # [B, C]
         }
+        cached = out.cached_tokens.tolist()  # [R]
         results, row = {}, 0
-        for index, request in zip(live, requests):
+        for group, (index, request) in enumerate(zip(live, requests)):
             rows = slice(row, row + len(request.sample_lens))
             row = rows.stop
             cols = [column[t] for t in request.label_ids]
-            results[index] = self._result(request, rows, cols, cols == list(range(len(labels))), arrays)
+            results[index] = self._result(request, rows, cols, cols == list(range(len(labels))), arrays,
+                                          int(cached[group]))
         return results
 
     @staticmethod
-    def _result(request, rows: slice, cols: list[int], all_labels: bool, a: dict) -> ScoreResult:
+    def _result(request, rows: slice, cols: list[int], all_labels: bool, a: dict,
+                cached_tokens: int) -> ScoreResult:
         logits = a["logits"][rows][:, cols]  # [S, n]
         if not cols:
             probs = logits  # [S, 0]
@@ -97,6 +95,7 @@ class ScoreRunner:
             topk_logprobs=_f32(a["topk_logprobs"][rows, :k]),
             hidden=_f32(a["hidden"][rows]) if request.return_hidden else b"",
             head=b"" if a["head"] is None else _f32(a["head"][rows]),
+            cached_tokens=cached_tokens,
         )
 
 

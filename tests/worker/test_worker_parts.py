@@ -3,19 +3,19 @@ the profiling grid. No model needed."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from shared import protocol as p
 from shared.config import BoundsConfig, WorkerConfig
 from worker.batch_queue import BatchQueue, PendingBatch
-from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch, request_computed_tokens
+from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch
 from worker.profiler import MIN_POINTS, beam_grid, profile_workload, score_grid
 
 BOUNDS = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
                       max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
                       max_new_tokens=4, max_beam_requests_per_batch=2, max_prefix_tokens=32).resolved()
 VOCAB = 100
-STATIC = (7, 8, 9)
 
 
 def sreq(rid, lens, labels=(), top_k=0, deadline_ms=100.0, ids=None):
@@ -55,8 +55,7 @@ def test_score_batch_totals_beyond_bounds_refuse_the_batch(requests, what):
 
 
 def test_a_shared_prefix_counts_once_and_is_checked_against_its_bound():
-    fits = shared("fits", [1] * 30, [[2] * 20] * 6)  # 300 tokens submitted, 30 + 120 computed
-    assert request_computed_tokens(fits, "int32", ()) == 150
+    fits = shared("fits", [1] * 30, [[2] * 20] * 6)  # 300 tokens as whole samples, 30 + 120 sent
     over_prefix = shared("prefix", [1] * 33, [[2] * 4] * 2)
     over_sample = shared("sample", [1] * 30, [[2] * 35, [3]])  # prefix + suffix = 65 tokens
     batch = sbatch(fits, over_prefix, over_sample, shared("empty-suffix", [1] * 5, [[], [2]]))
@@ -64,22 +63,8 @@ def test_a_shared_prefix_counts_once_and_is_checked_against_its_bound():
     assert sorted(rejected) == [1, 2]
     assert "33 tokens" in rejected[1] and "max_prefix_tokens = 32" in rejected[1]
     assert "65 tokens" in rejected[2]
-    with pytest.raises(BatchRefused, match="batch has 278 computed tokens"):  # 150 + 128: over 256 together
+    with pytest.raises(BatchRefused, match="batch has 278 tokens"):  # 150 + 128: over 256 together
         check_score_batch(sbatch(fits, sreq("unshared", [64, 64])), BOUNDS, VOCAB)
-
-
-def test_static_prefix_tokens_are_not_counted_where_a_sample_or_prefix_starts_with_them():
-    whole = sreq("static", [64] * 4, ids=(list(STATIC) + [1] * 61) * 4)  # 256 tokens, 244 computed
-    assert request_computed_tokens(whole, "int32", STATIC) == 244
-    assert request_computed_tokens(whole, "int32", ()) == 256
-    batch = sbatch(whole, sreq("more", [10]))
-    assert check_score_batch(batch, BOUNDS, VOCAB, static_ids=STATIC) == {}
-    with pytest.raises(BatchRefused, match="266 computed tokens"):
-        check_score_batch(batch, BOUNDS, VOCAB)
-    assert request_computed_tokens(sreq("only-static", [3], ids=list(STATIC)), "int32", STATIC) == 3  # nothing after it
-    assert request_computed_tokens(sreq("other", [4], ids=[7, 8, 1, 2]), "int32", STATIC) == 4
-    prefix = shared("shared", list(STATIC) + [5, 5], [[1, 2], [3]])
-    assert request_computed_tokens(prefix, "int32", STATIC) == 2 + 3
 
 
 def test_beam_checks():
@@ -134,3 +119,26 @@ def test_profile_fits_the_measured_points_and_respects_the_budget():
     short = profile_workload(lambda batch: None, batches, config, deadline=0.0)
     assert len(short.samples) == MIN_POINTS  # budget spent: stop at the fewest points that fix the fit
     assert [s[:2] for s in short.samples] == [p[:2] for p in batches[:MIN_POINTS]]
+
+
+def test_the_computed_token_count_matches_the_nodes_layout():
+    """shared.latency_model.computed_tokens (what the gateway predicts with) equals what the node's
+    layout computes: submitted tokens less the node's cached_tokens, static prefix included."""
+    import torch
+
+    from compile.score.layout import plan_batch
+    from shared.latency_model import computed_tokens
+    from shared.prefix import longest_common_prefix
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        common = rng.integers(0, 4, size=int(rng.integers(0, 7))).tolist()
+        tails = [rng.integers(0, 4, size=int(rng.integers(0, 4))).tolist() for _ in range(rng.integers(1, 4))]
+        samples = [(common + tail) or [1] for tail in tails]
+        prefix_len = int(rng.integers(0, longest_common_prefix(samples) + 1))
+        static = samples[0][: int(rng.integers(1, 4))] if rng.random() < 0.7 else [3, 2]
+        suffixes = [s[prefix_len:] for s in samples]
+        ids = torch.tensor(samples[0][:prefix_len] + [t for s in suffixes for t in s], dtype=torch.int64)
+        layout = plan_batch(ids, [len(s) for s in suffixes], [prefix_len], [len(samples)], torch.tensor(static))
+        submitted = sum(map(len, samples))
+        assert computed_tokens(samples[0][:prefix_len], suffixes, static) == submitted - layout.cached_tokens[0]

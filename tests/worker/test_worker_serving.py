@@ -108,9 +108,11 @@ def test_shared_prefix_requests_equal_the_node_on_whole_samples(client, nodes):
     client.send(batch)
     reply = client.reply_to(batch.batch_id)
     assert isinstance(reply, p.ScoreResults), reply
-    for result, samples, labels, k in zip(reply.results, ([prefix + s for s in suffixes], unshared,
-                                                          [prefix[:6]] * 2), ((3, 7), (7, 11), (3,)), (4, 2, 1)):
+    wanted = (([prefix + s for s in suffixes], (3, 7), 4, 3 * 20), (unshared, (7, 11), 2, 0),
+              ([prefix[:6]] * 2, (3,), 1, 6))  # (whole samples, labels, top_k, cached tokens)
+    for result, (samples, labels, k, cached) in zip(reply.results, wanted):
         assert result.status == p.Status.OK and result.num_samples == len(samples), result
+        assert result.cached_tokens == cached  # the prefix's tokens, once per sample after the first
         want = direct(nodes.score, [t for s in samples for t in s], [len(s) for s in samples], labels, k)
         got = result.arrays()
         for name in ("label_logits", "label_logprobs", "label_probs", "topk_logprobs", "hidden"):
