@@ -2,8 +2,9 @@
 
 Jobs carry their deadline on the loop's monotonic clock and a future the request handler awaits.
 Whoever finishes a job first (result, expiry timer, lost worker) wins; later attempts are no-ops.
-A scoring job whose samples share a prefix counts it once in `tokens` (what the worker computes,
-what budgets, batch packing and latency predictions use) and sends it once (`wire_ids`).
+A scoring job whose samples share a prefix sends it once (`wire_ids`) and counts it once in `tokens`
+(what the queue budget and batch packing use, as the compiled bound does); `latency_tokens`, what
+latency predictions use, also leave out the static prefix's tokens the node reuses.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import ApiError
-from gateway.sharing import computed_tokens
+from gateway.sharing import computed_tokens, sent_tokens
 
 QUEUED, SENT, DONE = "queued", "sent", "done"
 
@@ -42,7 +43,7 @@ class Job:
     prefix_len: int = 0
     """score: the first prefix_len ids of every sample are the same and are sent and computed once."""
     static_ids: tuple[int, ...] = ()
-    """score: the deployment's static prefix, whose tokens the worker never computes."""
+    """score: the deployment's static prefix, whose keys/values the node reuses (not computed)."""
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     state: str = QUEUED
     enqueued_at: float = 0.0
@@ -53,19 +54,21 @@ class Job:
     prompt_tokens: int = field(init=False)
     """Tokens submitted: every sample whole."""
     tokens: int = field(init=False)
-    """Tokens the worker computes (the shared prefix once, no static-prefix tokens)."""
+    """Tokens sent to the worker: a shared prefix once, then each sample's suffix."""
     batch_items: int = field(init=False)
     """B of the latency model: samples for scoring, beams for beam search."""
     latency_tokens: int = field(init=False)
-    """Tokens summed over the latency model's items, so that L = latency_tokens / batch_items."""
+    """Tokens summed over the latency model's items, so that L = latency_tokens / batch_items
+    (score: tokens computed, static-prefix tokens the node reuses left out)."""
 
     def __post_init__(self) -> None:
         self.samples = len(self.token_ids)
         self.prompt_tokens = sum(map(len, self.token_ids))
-        self.tokens = computed_tokens(self.token_ids, self.prefix_len, self.static_ids)
+        self.tokens = sent_tokens(self.token_ids, self.prefix_len)
         beams = self.beam_key[0] if self.beam_key else 0
         self.batch_items = beams or self.samples
-        self.latency_tokens = beams * self.tokens if beams else self.tokens
+        self.latency_tokens = beams * self.tokens if beams else computed_tokens(self.token_ids, self.prefix_len,
+                                                                                 self.static_ids)
 
     def wire_ids(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """score: (ids int32 [prefix_len + sum of suffixes]: the prefix once, then each sample's
@@ -73,8 +76,7 @@ class Job:
         cut = self.prefix_len
         parts = [itertools.islice(self.token_ids[0], cut),
                  *(itertools.islice(ids, cut, None) for ids in self.token_ids)]
-        count = self.prompt_tokens - cut * (self.samples - 1)
-        flat = np.fromiter(itertools.chain.from_iterable(parts), dtype="<i4", count=count)
+        flat = np.fromiter(itertools.chain.from_iterable(parts), dtype="<i4", count=self.tokens)
         return flat, tuple(len(ids) - cut for ids in self.token_ids)
 
     def finish(self, result: Any) -> bool:

@@ -17,7 +17,7 @@ class Limits:
     max_samples_per_batch: int
     max_tokens_per_sample: int
     max_tokens_per_batch: int
-    """Computed tokens per batch (a shared prefix once, static-prefix tokens not at all)."""
+    """Tokens sent per batch (a shared prefix once)."""
     max_prefix_tokens: int
     """Longest shared prefix one request may send; a longer common prefix goes unshared."""
     min_shared_prefix_tokens: int

@@ -83,8 +83,7 @@ class ScoreService:
               deadline: float) -> list[Job]:
         limits = self._limits
         prefix_len = sharing.shared_prefix_len(token_ids, limits.min_shared_prefix_tokens, limits.max_prefix_tokens)
-        chunks = sharing.chunks(token_ids, prefix_len, limits.static_prefix_ids, limits.max_samples_per_batch,
-                                limits.max_tokens_per_batch)
+        chunks = sharing.chunks(token_ids, prefix_len, limits.max_samples_per_batch, limits.max_tokens_per_batch)
         return [
             Job(request_id if len(chunks) == 1 else f"{request_id}#{k}", "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",

@@ -4,9 +4,10 @@ Sharing is automatic and exact: the split is made on the token ids that would be
 A request with two or more samples whose longest common token prefix is at least
 `[score] min_shared_prefix_tokens` long (and at most `bounds.max_prefix_tokens`) is sent as that
 prefix, computed once, plus one suffix per sample; otherwise every sample goes whole. A prefix
-longer than its bound is never cut: the request goes unshared. Cost is counted as the worker
-computes it (shared.latency_model.computed_tokens): the prefix once per chunk, and none of the
-deployment's static prefix wherever the prefix (or, unshared, a sample) starts with it.
+longer than its bound is never cut: the request goes unshared. Batch bounds and budgets count the
+tokens sent (the prefix once per chunk, then the suffixes), as the compiled node's bound does;
+latency predictions count the tokens computed, which also leave out the deployment's static
+prefix wherever the node reuses it.
 """
 
 from __future__ import annotations
@@ -26,42 +27,33 @@ def shared_prefix_len(samples: Sequence[Sequence[int]], min_tokens: int, max_tok
     return length if min_tokens <= length <= max_tokens else 0
 
 
-def prefix_cost(samples: Sequence[Sequence[int]], prefix_len: int, static_ids: Sequence[int]) -> int:
-    """Computed tokens of the shared prefix itself (once per chunk; 0 when nothing is shared). For a
-    chunk of some of `samples` this is an upper bound (a sample equal to the prefix may cost the
-    static prefix's reuse for all; without it, a chunk may reuse it)."""
-    if not prefix_len:
-        return 0
-    every_sample_goes_on = all(len(s) > prefix_len for s in samples)
-    return prefix_len - shared_static_len(samples[0][:prefix_len], static_ids, every_sample_goes_on)
-
-
-def sample_cost(sample: Sequence[int], prefix_len: int, static_ids: Sequence[int]) -> int:
-    """Computed tokens of one sample beyond the shared prefix (its suffix; or the whole sample less
-    the static prefix when nothing is shared)."""
-    if prefix_len:
-        return len(sample) - prefix_len
-    return len(sample) - static_prefix_len(sample, static_ids)
+def sent_tokens(samples: Sequence[Sequence[int]], prefix_len: int) -> int:
+    """Token ids these whole samples take on the wire with `prefix_len` shared: the prefix once,
+    then each suffix. The compiled batch bound (max_tokens_per_batch) counts these."""
+    return prefix_len + sum(len(s) - prefix_len for s in samples)
 
 
 def computed_tokens(samples: Sequence[Sequence[int]], prefix_len: int, static_ids: Sequence[int]) -> int:
-    """Tokens the worker computes for these whole samples sent with `prefix_len` shared."""
-    return prefix_cost(samples, prefix_len, static_ids) + sum(sample_cost(s, prefix_len, static_ids) for s in samples)
+    """Tokens the node computes for them: sent tokens less the static prefix's, where the shared
+    prefix (or, unshared, a sample) reuses it (as shared.latency_model.computed_tokens counts)."""
+    if not prefix_len:
+        return sum(len(s) - static_prefix_len(s, static_ids) for s in samples)
+    every_sample_goes_on = all(len(s) > prefix_len for s in samples)
+    reused = shared_static_len(samples[0][:prefix_len], static_ids, every_sample_goes_on)
+    return sent_tokens(samples, prefix_len) - reused
 
 
-def chunks(samples: list[list[int]], prefix_len: int, static_ids: Sequence[int], max_samples: int,
-           max_tokens: int) -> list[list[list[int]]]:
+def chunks(samples: list[list[int]], prefix_len: int, max_samples: int, max_tokens: int) -> list[list[list[int]]]:
     """The samples in order, cut greedily into chunks of at most `max_samples` samples and
-    `max_tokens` computed tokens; every chunk carries the shared prefix again (counted once in it).
-    A single sample always fits (its computed tokens are at most its length, within the sample bound)."""
-    base = prefix_cost(samples, prefix_len, static_ids)
+    `max_tokens` sent tokens; every chunk carries the shared prefix again (counted once in it).
+    A single sample always fits (it is at most max_tokens_per_sample long)."""
     out: list[list[list[int]]] = [[]]
-    tokens = base
+    tokens = prefix_len
     for sample in samples:
-        cost = sample_cost(sample, prefix_len, static_ids)
+        cost = len(sample) - prefix_len
         if out[-1] and (len(out[-1]) == max_samples or tokens + cost > max_tokens):
             out.append([])
-            tokens = base
+            tokens = prefix_len
         out[-1].append(sample)
         tokens += cost
     return out

@@ -3,7 +3,8 @@
 The gateway finds the longest common token prefix of a request's samples and sends it once
 (ScoreRequest.prefix_len) when it is long enough and within its bound; the stand-in rebuilds every
 sample as prefix + suffix before answering, so a wrong split changes the answers. Usage and
-/metrics report the tokens submitted and those reused; budgets and batch packing count computed tokens.
+/metrics report the tokens submitted and those reused; budgets and batch packing count a shared
+prefix once, latency predictions also leave out the static prefix the node reuses.
 """
 
 from __future__ import annotations
@@ -129,29 +130,30 @@ async def test_a_request_over_one_batch_is_chunked_and_every_chunk_carries_the_p
         assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
 
 
-async def test_the_static_prefix_is_not_counted_where_samples_start_with_it(request_tokenizer):
+async def test_the_static_prefix_is_reused_where_samples_start_with_it(request_tokenizer):
     unshared = [[7, 8, 9, 1, 2], [7, 8, 9, 4], [1, 7, 8, 9], [7, 8, 9]]  # the first two start with it, and go on
     shared = [[7, 8, 9, 5, 5, 5, 1], [7, 8, 9, 5, 5, 5, 2, 3], [7, 8, 9, 5, 5, 5]]
     packed = [[7, 8, 9, i, i, i, i, i, i, i, i] for i in range(20, 24)]  # 11 tokens each, 8 computed
     async with serving(request_tokenizer, {"max_tokens_per_batch": 32, "max_tokens_per_sample": 32},
                        STATIC) as (stack, worker):
-        for samples, prefix_len, cached in ((unshared, 0, 6), (shared, 6, 2 * 6 + 3), (packed, 0, 12)):
+        # the batch bound counts tokens sent, static ones too (as the node does): `packed` needs two chunks
+        for samples, prefix_lens, cached in ((unshared, [0], 6), (shared, [6], 2 * 6 + 3), (packed, [0, 0], 12)):
             worker.requests.clear()
             status, answer, _ = await stack.post("/v1/score", ids_body(samples))
             assert status == 200, answer
             assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
             np.testing.assert_allclose(answer["scores"], want_logits(samples), rtol=1e-6)
-            assert [r.prefix_len for r in worker.requests] == [prefix_len]  # `packed`: 4 x 8 computed tokens, one batch
+            assert [r.prefix_len for r in worker.requests] == prefix_lens
 
 
-async def test_budgets_and_batches_count_computed_tokens(request_tokenizer):
+async def test_budgets_and_batches_count_a_shared_prefix_once(request_tokenizer):
     gate = threading.Event()
     async with serving(request_tokenizer, gate=gate, max_queue_tokens=50, max_inflight_batches_per_worker=1,
                        max_batch_wait_ms=0.0) as (stack, worker):
         batcher = stack.gateway.batchers["score"]
         blocker = asyncio.create_task(stack.post("/v1/score", ids_body([[1, 2]])))
         await until(lambda: len(worker.requests) == 1)  # held by the worker: the next requests queue
-        shared = [PREFIX + [i, i] for i in range(4)]  # 88 tokens submitted, 28 computed
+        shared = [PREFIX + [i, i] for i in range(4)]  # 88 tokens submitted, 28 sent
         first = asyncio.create_task(stack.post("/v1/score", ids_body(shared)))
         await until(lambda: batcher.queued_jobs == 1)
         assert batcher.queued_tokens == 28
@@ -231,5 +233,6 @@ async def test_job_tokens_and_wire_layout_agree_with_the_workers_count():
         request = p.ScoreRequest("r", 1.0, flat.tobytes(), suffix_lens, (), 0, False, prefix_len)
         assert wire_samples(p.decode(p.encode(p.ScoreBatch(1, "int32", (request,)))).requests[0]) == samples
         suffixes = [s[prefix_len:] for s in samples]
-        assert job.tokens == computed_tokens(samples[0][:prefix_len], suffixes, static)
-        assert job.prompt_tokens == sum(map(len, samples)) and job.latency_tokens == job.tokens
+        assert job.tokens == len(flat) == prefix_len + sum(map(len, suffixes))
+        assert job.latency_tokens == computed_tokens(samples[0][:prefix_len], suffixes, static)
+        assert job.prompt_tokens == sum(map(len, samples))
