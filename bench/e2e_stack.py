@@ -3,7 +3,9 @@
 The deployment config is written as TOML from a DeploymentConfig, the two processes are started
 with the same commands docker-compose.yml uses, and requests arrive at a fixed Poisson rate whatever
 the latency (open loop), so queueing shows in the figures. Latency is measured per request from its
-scheduled arrival time to the last byte of the answer.
+scheduled arrival time to the last byte of the answer; goodput counts the answers within the SLO
+per second of the offered window (so it can never exceed the offered rate), and the client's own
+lag behind the schedule is reported, so a saturated client shows.
 """
 
 from __future__ import annotations
@@ -95,44 +97,54 @@ class Stack:
                 process.kill()
 
 
-async def open_loop(url: str, route: str, bodies: list[dict], rate_per_s: float, seed: int = 0) -> dict:
-    """Send bodies at Poisson arrivals of `rate_per_s`; latency from scheduled arrival to answer."""
+def poisson_arrivals(count: int, rate_per_s: float, seed: int) -> tuple[list[float], float]:
+    """`count` Poisson arrivals at `rate_per_s`, conditioned to fall in a window of count / rate
+    seconds (uniform order statistics): (send times in s, the window in s). The offered rate is
+    then exactly count / window, so goodput over the same window can never exceed it."""
+    window_s = count / rate_per_s
     rng = random.Random(seed)
-    arrivals, t = [], 0.0
-    for _ in bodies:
-        arrivals.append(t)
-        t += rng.expovariate(rate_per_s)
-    outcomes: list[tuple[int, str, float]] = []
+    return sorted(rng.uniform(0.0, window_s) for _ in range(count)), window_s
+
+
+async def open_loop(url: str, route: str, bodies: list[dict], rate_per_s: float, seed: int, slo_ms: float) -> dict:
+    """Send bodies at Poisson arrivals of `rate_per_s`; latency from scheduled arrival to answer."""
+    arrivals, window_s = poisson_arrivals(len(bodies), rate_per_s, seed)
+    outcomes: list[tuple[int, str, float, float]] = []  # status, code, latency s, send lag s
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.perf_counter()
 
         async def one(body: dict, at: float) -> None:
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            lag = time.perf_counter() - start - at
             try:
                 async with session.post(url + route, json=body, timeout=aiohttp.ClientTimeout(total=60)) as r:
                     answer = await r.json()
                 code = "ok" if r.status == 200 else answer.get("error", {}).get("code", "?")
-                outcomes.append((r.status, code, time.perf_counter() - start - at))
+                outcomes.append((r.status, code, time.perf_counter() - start - at, lag))
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                outcomes.append((0, type(exc).__name__, time.perf_counter() - start - at))
+                outcomes.append((0, type(exc).__name__, time.perf_counter() - start - at, lag))
 
         await asyncio.gather(*(one(b, at) for b, at in zip(bodies, arrivals)))
-        elapsed = time.perf_counter() - start
-    return summarise(outcomes, len(bodies) / arrivals[-1] if arrivals[-1] > 0 else rate_per_s, elapsed)
+    return summarise(outcomes, window_s, slo_ms) | {"seed": seed}
 
 
-def summarise(outcomes: list[tuple[int, str, float]], offered_per_s: float, elapsed_s: float) -> dict:
-    ok = sorted(ms * 1e3 for status, _, ms in outcomes if status == 200)
+def summarise(outcomes: list[tuple[int, str, float, float]], window_s: float, slo_ms: float) -> dict:
+    """Goodput = answers (200) within the SLO per second of the offered window; latency of all 200s."""
+    ok = sorted(seconds * 1e3 for status, _, seconds, _ in outcomes if status == 200)
+    good = sum(1 for ms in ok if ms <= slo_ms)
+    lags = sorted(lag * 1e3 for *_, lag in outcomes)
     codes: dict[str, int] = {}
-    for _, code, _ in outcomes:
+    for _, code, _, _ in outcomes:
         codes[code] = codes.get(code, 0) + 1
-    pick = lambda q: ok[min(len(ok) - 1, int(q * len(ok)))] if ok else None  # noqa: E731
+    pick = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] if values else None  # noqa: E731
     return {
-        "requests": len(outcomes), "offered_per_s": offered_per_s, "answers": codes,
-        "goodput_per_s": len(ok) / elapsed_s, "mean_ms": statistics.fmean(ok) if ok else None,
-        "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": ok[-1] if ok else None,
+        "requests": len(outcomes), "window_s": window_s, "offered_per_s": len(outcomes) / window_s,
+        "slo_ms": slo_ms, "answers": codes, "ok_within_slo": good, "ok_late": len(ok) - good,
+        "goodput_per_s": good / window_s, "mean_ms": statistics.fmean(ok) if ok else None,
+        "p50_ms": pick(ok, 0.5), "p99_ms": pick(ok, 0.99), "max_ms": ok[-1] if ok else None,
+        "client_send_lag_p99_ms": pick(lags, 0.99),
     }
 
 
-def run_load(url: str, route: str, bodies: list[dict], rate_per_s: float) -> dict:
-    return asyncio.run(open_loop(url, route, bodies, rate_per_s))
+def run_load(url: str, route: str, bodies: list[dict], rate_per_s: float, seed: int, slo_ms: float) -> dict:
+    return asyncio.run(open_loop(url, route, bodies, rate_per_s, seed, slo_ms))

@@ -2,48 +2,58 @@
 
 For each model: a random-weight checkpoint of the real shape (written by transformers), both nodes
 (score, beam) compiled for the device with configs/compose-gpu.toml, parity with transformers
-(label logits; beam candidates against generate(num_beams=W)), the scoring node against
-transformers (15 samples per request, effective MFU), the beam node (W = 100, S = 4, short prompts)
-against generate, the end-to-end stack (python -m worker + python -m gateway, open-loop HTTP at the
-seed system's rates), and selective FP8 (compile/fp8.py: layers ranked by measured label-probability
-change on a calibration set, chosen under a budget; eager timing of the FP8 model against bf16; then
-the scoring node compiled with `[model] fp8` against the bf16 node: speed and label-probability change).
+(label logits against float32 on the same weights, within transformers' own bf16 error; beam
+candidates against generate(num_beams=W)), the scoring node against transformers careful and at its
+best (15 samples per request, executed MFU), the beam node (W = 100, S = 4, short prompts) against
+generate() one prompt per call and batched, the end-to-end stack (python -m worker + python -m
+gateway, open-loop Poisson HTTP load at the seed system's rates and at 0.5-2x the node's measured
+capacity, a different seed per point), and selective FP8 (compile/fp8.py; then the scoring node
+compiled with `[model] fp8` against the bf16 node: speed and label-probability change).
 
-    .venv/bin/python bench/gpu_suite.py                 # on one CUDA GPU, bf16 (meant for < 10 min)
+    .venv/bin/python bench/gpu_suite.py                 # on one CUDA GPU, bf16 (meant for <= 8 min)
     .venv/bin/python bench/gpu_suite.py --cpu-smoke     # the same steps on the CPU, 1 layer, small loads
 
 Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json), updated after every stage so a run
-cut short keeps what it measured; the last printed line is the JSON. Targets (seed system, one H200):
-scoring ≥ 100 req/s at mean < 20 ms, p99 < 70 ms; beam W=100 S=4 ≥ 300 req/s; scoring MFU ≥ 0.67.
+cut short keeps what it measured; the last printed line is the JSON; exits non-zero when a parity
+check fails. Goodput = answers within the SLO (70 ms, also each request's deadline) per second of
+the offered window, so it can never exceed the offered rate. Targets (the seed system on one H200,
+each one a perfect system meets): at 100 scoring requests/s offered, >= 95 % of them answered within
+the SLO and their mean < 20 ms; the same at 300 beam requests/s (W=100, S=4); scoring executed MFU
+>= 0.67 of the measured bf16 matmul peak (the seed quotes 67 % "effective" MFU, which counts more
+work than was executed, so this is the stricter reading).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 import traceback
 
 import torch
 
-from common import CACHE, QWEN25_05B, QWEN3_06B, RESULTS, ROOT, emit, shaped_checkpoint
+from common import CACHE, MODELS, ROOT, emit, matmul_peak_flops, shaped_checkpoint
+from provenance import RESULTS, provenance
 from e2e_stack import Stack, run_load
 from gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
-MODELS = {"qwen3-0.6b": ("qwen3", QWEN3_06B, 28), "qwen2.5-0.5b": ("qwen2", QWEN25_05B, 24)}
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+MAX_OFFERED_PER_S = 3000.0  # one asyncio client process; its send lag is reported beside each point
 
 
 def settings_for(args) -> Settings:
     if args.cpu_smoke:
         return Settings(device="cpu", dtype=torch.bfloat16, layers=args.layers or 1, sample_tokens=(16, 64),
                         score_requests=2, batch_requests=(1, 2), beam_prompts=(8, 24), beam_batches=(1, 2),
-                        e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, calibration_batches=2, repeats=1, fp8_budget=0.2,
+                        e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, load_multipliers=(0.5, 1.5), slo_ms=20_000.0,
+                        calibration_batches=2, repeats=1, fp8_budget=0.2,
                         bounds=dict(max_samples_per_batch=32, max_tokens_per_batch=2048, max_beam_width=100,
                                     max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam/module.py export
     return Settings(device="cuda", dtype=torch.bfloat16, layers=args.layers, sample_tokens=(32, 480),
                     score_requests=16, batch_requests=(1, 2, 4), beam_prompts=(8, 32), beam_batches=(1, 4, 8),
-                    e2e_seconds=10.0, score_rate=100.0, beam_rate=300.0, calibration_batches=4, repeats=5, fp8_budget=0.02,
+                    e2e_seconds=6.0, score_rate=100.0, beam_rate=300.0, load_multipliers=(0.5, 1.0, 1.5, 2.0),
+                    slo_ms=70.0, calibration_batches=4, repeats=5, fp8_budget=0.02,
                     bounds=dict(max_samples_per_batch=64, max_tokens_per_batch=32768, max_beam_width=128,
                                 max_beam_requests_per_batch=8, max_prompt_tokens=512))
 
@@ -70,49 +80,77 @@ def build(checkpoint, name: str, s: Settings, fp8_budget: float | None = None):
     return config, out, time.perf_counter() - start
 
 
+def refresh_peak(peak: dict, s: Settings) -> dict:
+    """Measure the peak again and keep the best figure seen (a busy moment must not lower it)."""
+    peak["measured_matmul_flops"] = max(peak["measured_matmul_flops"], peak_flops(s)["measured_matmul_flops"])
+    return peak
+
+
 def peak_flops(s: Settings) -> dict:
-    """Measured large-matmul FLOP/s of the dtype on the device, and the datasheet figure if known."""
-    size = 8192 if s.device == "cuda" else 2048
+    """Measured large-matmul FLOP/s of the dtype on the device (best of short bursts), and the
+    datasheet figure if known."""
+    if s.device != "cuda":
+        return {"device_name": "cpu", "measured_matmul_flops": matmul_peak_flops(s.dtype), "datasheet_bf16_flops": None}
+    size, best = 8192, 0.0
     a = torch.randn(size, size, dtype=s.dtype, device=s.device)
-    sync = torch.cuda.synchronize if s.device == "cuda" else (lambda: None)
-    torch.mm(a, a), sync()
-    runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 1.0:
-        torch.mm(a, a)
-        runs += 1
-    sync()
-    measured = 2 * size**3 * runs / (time.perf_counter() - start)
-    name = torch.cuda.get_device_name() if s.device == "cuda" else "cpu"
+    torch.mm(a, a), torch.cuda.synchronize()
+    for _ in range(3):
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.5:
+            torch.mm(a, a)
+            runs += 1
+        torch.cuda.synchronize()
+        best = max(best, 2 * size**3 * runs / (time.perf_counter() - start))
+    name = torch.cuda.get_device_name()
     sheet = next((v for k, v in DATASHEET_BF16.items() if k in name), None)
-    return {"device_name": name, "measured_matmul_flops": measured, "datasheet_bf16_flops": sheet}
+    return {"device_name": name, "measured_matmul_flops": best, "datasheet_bf16_flops": sheet}
 
 
-def e2e(config, artifacts, s: Settings, vocab: int, name: str) -> dict:
+def offered_rates(target: float, capacity: float | None, s: Settings) -> list[float]:
+    """The seed's rate and multiples of the node's measured capacity (capped for one client)."""
+    rates = {target} | {m * capacity for m in s.load_multipliers if capacity}
+    return sorted(min(r, MAX_OFFERED_PER_S) for r in rates)
+
+
+def e2e(config, artifacts, s: Settings, vocab: int, name: str, capacity: dict) -> dict:
+    """Per route, open-loop load at each offered rate for e2e_seconds, each point with its own seed."""
     from gpu_measure import beam_bodies, score_bodies
 
+    routes = (("/v1/score", s.score_rate, score_bodies, 100), ("/v1/generate", s.beam_rate, beam_bodies, 200))
     folder = CACHE / "e2e" / name
     with Stack(config, artifacts, s.device, folder) as stack:
         stack.wait_ready(600)
         result = {}
-        for route, rate, bodies in (("/v1/score", s.score_rate, score_bodies(s, vocab, int(s.score_rate * s.e2e_seconds))),
-                                    ("/v1/generate", s.beam_rate, beam_bodies(s, vocab, int(s.beam_rate * s.e2e_seconds)))):
-            run_load(stack.url, route, bodies[: max(4, len(bodies) // 10)], rate)  # warm the route
-            result[route] = run_load(stack.url, route, bodies, rate)
+        for route, target, make_bodies, seed in routes:
+            run_load(stack.url, route, make_bodies(s, vocab, 8, seed - 1), target, seed - 1, s.slo_ms)  # warm up
+            points = []
+            for i, rate in enumerate(offered_rates(target, capacity.get(route), s)):
+                bodies = make_bodies(s, vocab, max(8, int(rate * s.e2e_seconds)), seed + i)
+                points.append(run_load(stack.url, route, bodies, rate, seed + i, s.slo_ms) | {"target_rate": rate})
+            result[route] = {"target_offered_per_s": target, "capacity_requests_per_s": capacity.get(route),
+                             "points": points}
     return result
 
 
+def at_target(route: dict) -> dict | None:
+    return next((p for p in route.get("points", []) if p["target_rate"] == route["target_offered_per_s"]), None)
+
+
 def targets(model: dict, s: Settings) -> dict:
+    """Each target is one a perfect system meets: goodput is compared with the offered rate."""
     if s.device != "cuda":
         return {"applicable": False, "why": "targets are for one H200; this is the CPU smoke run"}
-    score, beam = model.get("e2e", {}).get("/v1/score", {}), model.get("e2e", {}).get("/v1/generate", {})
-    mfu = model.get("score", {}).get("best_effective_mfu_datasheet")
-    return {
-        "applicable": True,
-        "score_100rps_mean_lt_20ms_p99_lt_70ms": bool(score and score["goodput_per_s"] >= 100
-                                                      and (score["mean_ms"] or 1e9) < 20 and (score["p99_ms"] or 1e9) < 70),
-        "beam_300rps": bool(beam and beam["goodput_per_s"] >= 300),
-        "score_mfu_ge_0.67": bool(mfu is not None and mfu >= 0.67),
-    }
+    e2e = model.get("e2e", {})
+
+    def slo_met(route: str) -> bool:
+        point = at_target(e2e.get(route, {}))
+        return bool(point and point["goodput_per_s"] >= 0.95 * point["offered_per_s"] and point["mean_ms"] is not None
+                    and point["mean_ms"] < 20)
+
+    mfu = model.get("score", {}).get("executed_mfu")
+    return {"applicable": True, "score_100rps_95pct_within_70ms_mean_lt_20ms": slo_met("/v1/score"),
+            "beam_300rps_95pct_within_70ms_mean_lt_20ms": slo_met("/v1/generate"),
+            "score_executed_mfu_ge_0.67": bool(mfu is not None and mfu >= 0.67)}
 
 
 def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, skip: set[str]) -> None:
@@ -134,11 +172,14 @@ def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, sk
 
     nodes = load_nodes(artifacts, "cuda:0" if s.device == "cuda" else "cpu")
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=s.dtype).to(s.device).eval()
-    steps = [("parity", lambda: parity(nodes, hf, spec, s)), ("score", lambda: score_bench(nodes, hf, spec, s, peak)),
-             ("beam", lambda: beam_bench(nodes, hf, spec, s)),
+    capacity = lambda: {"/v1/score": entry.get("score", {}).get("capacity_requests_per_s"),  # noqa: E731
+                        "/v1/generate": entry.get("beam", {}).get("capacity_requests_per_s")}
+    steps = [("parity", lambda: parity(nodes, hf, reference_model(checkpoint, s), spec, s)),
+             ("score", lambda: score_bench(nodes, hf, spec, s, refresh_peak(peak, s))),
+             ("beam", lambda: beam_bench(nodes, hf, spec, s, refresh_peak(peak, s))),
              ("fp8", lambda: fp8_report(checkpoint, spec, s)),
              ("fp8_node", lambda: fp8_node_bench(nodes, spec, s, build(checkpoint, f"{key}-{layers}l-fp8", s, s.fp8_budget))),
-             ("e2e", lambda: e2e(config, artifacts, s, spec.vocab_size, key))]
+             ("e2e", lambda: e2e(config, artifacts, s, spec.vocab_size, key, capacity()))]
     for name, step in steps:
         if name in skip:
             continue
@@ -152,11 +193,33 @@ def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, sk
     entry["targets"] = targets(entry, s)
 
 
+def reference_model(checkpoint, s: Settings):
+    """transformers in float32 on the same weights: the reference parity bounds the bf16 sides by."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(s.device).eval()
+
+
 def save(result: dict, name: str) -> None:
+    """The result so far (a run cut short keeps what it measured)."""
     import json
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
+    partial = {**result, "run": provenance(result["quick"], torch.get_num_threads())}
+    (RESULTS / f"{name}.json").write_text(json.dumps(partial, indent=2, default=str))
+
+
+def failures(result: dict) -> list[str]:
+    """Parity checks that failed, and any goodput above its offered rate (a counting error)."""
+    found = []
+    for key, model in result["models"].items():
+        if model.get("parity", {}).get("ok") is False:
+            found.append(f"{key}: parity")
+        for route, load in model.get("e2e", {}).items():
+            if isinstance(load, dict):
+                found += [f"{key} {route}: goodput above offered" for p in load.get("points", [])
+                          if p["goodput_per_s"] > p["offered_per_s"] + 1e-9]
+    return found
 
 
 def main() -> None:
@@ -173,12 +236,16 @@ def main() -> None:
     torch.manual_seed(0)
     start = time.perf_counter()
     peak = peak_flops(s)
-    result = {"bench": "gpu_suite", "cpu_smoke": args.cpu_smoke, "device": peak["device_name"],
+    result = {"bench": "gpu_suite", "cpu_smoke": args.cpu_smoke, "quick": args.cpu_smoke or args.layers is not None,
+              "device": peak["device_name"], "slo_ms": s.slo_ms,
               "dtype": str(s.dtype).removeprefix("torch."), "torch": torch.__version__, "peak": peak, "models": {}}
     for key in args.models.split(","):
         run_model(key, s, peak, result, out_name, set(filter(None, args.skip.split(","))))
     result["total_seconds"] = round(time.perf_counter() - start, 1)
+    result["failures"] = failures(result)
     emit(out_name, result)
+    if result["failures"]:
+        sys.exit("gpu suite failed: " + ", ".join(result["failures"]))
 
 
 if __name__ == "__main__":

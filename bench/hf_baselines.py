@@ -15,10 +15,10 @@ import torch
 
 
 def left_padded(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [B, Lmax] with each row right-aligned, and the attention mask [B, Lmax]."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    """ids [B, Lmax] with each row right-aligned, and the attention mask [B, Lmax] (on the rows' device)."""
+    width, device = max(len(r) for r in rows), rows[0].device
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
     for row, tokens in enumerate(rows):
         ids[row, width - len(tokens):] = tokens
         mask[row, width - len(tokens):] = 1
