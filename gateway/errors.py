@@ -25,6 +25,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "worker_lost": (503, "the worker computing this request stopped answering"),
     "worker_error": (503, "the worker refused or failed the batch holding this request"),
     "draining": (503, "the gateway is shutting down and takes no new work"),
+    "batcher_stopped": (503, "the gateway's batching loop for this workload stopped; its log says why"),
     "deadline_exceeded": (504, "the deadline passed before the answer was ready; the work was dropped"),
 }
 

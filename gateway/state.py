@@ -61,10 +61,10 @@ class Gateway:
             "score": BatchBounds(limits.max_samples_per_batch, limits.max_tokens_per_batch, limits.max_labels),
             "beam": BatchBounds(limits.max_beam_requests_per_batch, 1 << 40, 0),
         }
-        margin = gw.admission_margin_ms
-        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics)
+        margin, predict = gw.admission_margin_ms, settings.admission_enabled and gw.admission
+        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, predict)
                     for w, b in bounds.items()}
-        admission = Admission(pool, gw.max_queue_tokens, margin, settings.admission_enabled and gw.admission)
+        admission = Admission(pool, gw.max_queue_tokens, margin, predict)
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
                              gw.tokenize_offload_chars)

@@ -228,7 +228,8 @@ class GatewayConfig:
     access_log: bool = True
     """One JSON line per request (id, route, status, milliseconds) on stderr."""
     admission: bool = True
-    """false: admit everything (no 429, no deadline_unmeetable), first come first served; for baselines."""
+    """false: no deadline predictions (no deadline_unmeetable, no predicted-late drop): first come first
+    served within max_queue_tokens, requests still expire at their deadline; for baselines."""
 
     def validate(self) -> None:
         _check_range("gateway.port", self.port, 0, 65535)
