@@ -1,0 +1,189 @@
+"""The scheduling policy driven with a fake clock: admission, batch formation, holds and drops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from shared.latency_correction import CorrectedModel
+from shared.latency_model import LatencyModel
+from shared.policy import (DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
+                           PoolView, Prediction, Refusal, Send, admit, busy_ms, chunk_bounds, form_batch,
+                           plan_batch, precheck, take_expired)
+
+SCORE = BatchBounds(max_jobs=8, max_tokens=100, max_labels=2)
+IDLE = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=0)
+SETTINGS = AdmissionSettings(max_queue_tokens=1000, margin_ms=1.0)
+
+
+@dataclass(eq=False)
+class FakeJob:
+    """The fields the policy reads, as gateway/job.py's Job has them."""
+
+    deadline: float
+    samples: int = 1
+    tokens: int = 10
+    label_ids: tuple[int, ...] = ()
+    beam_key: tuple[int, int, int] | None = None
+
+    @property
+    def batch_items(self) -> int:
+        return self.beam_key[0] if self.beam_key else self.samples
+
+    @property
+    def latency_tokens(self) -> int:
+        return self.batch_items * self.tokens if self.beam_key else self.tokens
+
+
+def model(ms_per_item: float = 1.0, fixed_ms: float = 2.0, verified: bool = True) -> CorrectedModel:
+    """T = fixed + ms_per_item * B; confirmed by three measured batches unless `verified` is False."""
+    corrected = CorrectedModel(LatencyModel(0.0, 0.0, ms_per_item, fixed_ms), 8, 100)
+    if verified:
+        for _ in range(3):
+            corrected.observe(4, 10, fixed_ms + 4 * ms_per_item, fixed_ms + 4 * ms_per_item)
+    return corrected
+
+
+def queue_of(*jobs: FakeJob) -> DeadlineQueue:
+    queue = DeadlineQueue()
+    for job in jobs:
+        queue.push(job)
+    return queue
+
+
+def test_the_queue_keeps_deadline_order_and_totals():
+    a, b, c = FakeJob(3.0, tokens=5), FakeJob(1.0, samples=2, tokens=7), FakeJob(3.0, tokens=1)
+    queue = queue_of(a, b, c)
+    assert list(queue.in_order()) == [b, a, c]           # equal deadlines keep arrival order
+    assert (queue.jobs, queue.tokens, queue.items) == (3, 13, 4)
+    assert queue.remove(a) and not queue.remove(a)       # a second removal is a no-op
+    assert a not in queue and c in queue and queue.earliest_deadline() == 1.0
+    assert (queue.jobs, queue.tokens, queue.items) == (2, 8, 3)
+
+
+def test_admit_predicts_the_finish_behind_the_queue():
+    queue = queue_of(FakeJob(10.0, samples=4))
+    busy = PoolView(ready_workers=1, soonest_free_ms=5.0, batches_in_flight=1)
+    decision = admit([FakeJob(1.0, samples=4)], queue, busy, model(), now_s=0.0, settings=SETTINGS,
+                     lateness=Lateness())
+    # 5 ms in flight, then 8 queued+new samples in one full batch (2 + 8 ms); service alone 2 + 4
+    assert isinstance(decision, Prediction)
+    assert decision.finish_at == pytest.approx(0.015) and decision.service_ms == pytest.approx(6.0)
+    assert decision.wait_ms == pytest.approx(9.0) and decision.budget_ms == pytest.approx(1000.0)
+
+
+def test_admit_refuses_a_deadline_it_cannot_meet_and_learnt_lateness_counts():
+    job = FakeJob(0.0065)                                 # 6.5 ms; alone it takes 3 ms + 1 ms margin
+    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, Lateness()), Prediction)
+    late = Lateness()
+    for _ in range(40):                                   # answers keep coming 10 ms after their prediction
+        late.observe(Prediction(0, 0, 0, finish_at=1.0), finished_at=1.010)
+    assert late.value == pytest.approx(40 * 0.25 * 0.9)  # climbs 0.225 ms a step towards the 10 ms
+    refused = admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late)
+    assert isinstance(refused, Refusal) and refused.reason == "deadline_unmeetable"
+    assert refused.code == "deadline_unmeetable" and "past the deadline" in refused.message
+
+
+def test_an_unconfirmed_profile_admits_a_probe_only_when_idle():
+    job = FakeJob(0.001)                                  # 1 ms: never meetable by the model
+    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(verified=False), 0.0, SETTINGS, Lateness()),
+                      Prediction)
+    busy = PoolView(1, 3.0, 1)
+    assert isinstance(admit([job], DeadlineQueue(), busy, model(verified=False), 0.0, SETTINGS, Lateness()),
+                      Refusal)
+    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, Lateness()), Refusal)
+
+
+def test_the_queue_budget_refuses_with_retry_after_but_never_an_empty_queue():
+    tight = AdmissionSettings(max_queue_tokens=15, margin_ms=0.0)
+    big = FakeJob(9.0, tokens=50)
+    assert isinstance(admit([big], DeadlineQueue(), IDLE, model(), 0.0, tight, Lateness()), Prediction)
+    refused = admit([big], queue_of(FakeJob(9.0, tokens=10)), IDLE, model(), 0.0, tight, Lateness())
+    assert isinstance(refused, Refusal) and refused.code == "queue_full"
+    assert refused.retry_after_s == pytest.approx(0.003)  # the queued job's 3 ms
+
+
+def test_precheck_refuses_on_the_queue_wait_alone():
+    queue = queue_of(*(FakeJob(9.0, samples=8) for _ in range(3)))   # 3 full batches of 10 ms
+    refusal = precheck(queue, IDLE, model(), deadline_s=0.025, now_s=0.0, settings=SETTINGS, lateness=Lateness())
+    assert isinstance(refusal, Refusal) and "queue wait of 30.0 ms" in refusal.message
+    assert precheck(queue, IDLE, model(), 0.040, 0.0, SETTINGS, Lateness()) is None
+
+
+def test_without_predictions_nothing_is_refused_for_its_deadline():
+    fcfs = AdmissionSettings(max_queue_tokens=15, margin_ms=1.0, predict=False)
+    queue = queue_of(*(FakeJob(9.0, samples=8) for _ in range(3)))
+    assert precheck(queue, IDLE, model(), 0.001, 0.0, fcfs, Lateness()) is None
+    assert isinstance(admit([FakeJob(0.001, tokens=1)], DeadlineQueue(), IDLE, model(), 0.0, fcfs, Lateness()),
+                      Prediction)
+    assert admit([FakeJob(0.001)], queue, IDLE, model(), 0.0, fcfs, Lateness()).reason == "queue_full"
+    plan = plan_batch(queue_of(FakeJob(0.001)), "score", SCORE, model(), 50.0, 60.0, 0.0, predict=False)
+    assert isinstance(plan, Send) and len(plan.live) == 1 and not plan.late
+
+
+def test_a_batch_takes_jobs_in_deadline_order_up_to_the_bounds():
+    jobs = [FakeJob(1.0, samples=3), FakeJob(2.0, samples=6), FakeJob(3.0, samples=5), FakeJob(4.0, samples=1)]
+    taken, full = form_batch(queue_of(*jobs), "score", SCORE)
+    assert taken == [jobs[0], jobs[2]] and full        # 6 does not fit beside 3; 5 does; then 8 samples
+    tokens = [FakeJob(1.0, tokens=60), FakeJob(2.0, tokens=60), FakeJob(3.0, tokens=30)]
+    assert form_batch(queue_of(*tokens), "score", SCORE)[0] == [tokens[0], tokens[2]]
+    labels = [FakeJob(1.0, label_ids=(1, 2)), FakeJob(2.0, label_ids=(3,)), FakeJob(3.0, label_ids=(2,))]
+    assert form_batch(queue_of(*labels), "score", SCORE)[0] == [labels[0], labels[2]]
+    taken, full = form_batch(queue_of(FakeJob(1.0), FakeJob(2.0)), "score", SCORE)
+    assert len(taken) == 2 and not full                # everything fits and no bound reached
+
+
+def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits():
+    beams = BatchBounds(max_jobs=4, max_tokens=1 << 40, max_labels=0)
+    first = FakeJob(0.5, beam_key=(4, 2, 1))
+    others = [FakeJob(1.0 + i, beam_key=(8, 2, 1)) for i in range(SCAN_LIMIT)]
+    last = FakeJob(99.0, beam_key=(4, 2, 1))
+    taken, full = form_batch(queue_of(first, *others, last), "beam", beams)
+    assert taken == [first] and full                   # the matching job past SCAN_LIMIT misfits is not seen
+    taken, _ = form_batch(queue_of(first, *others[:2], last), "beam", beams)
+    assert taken == [first, last]
+
+
+def test_a_partial_batch_holds_while_its_worker_is_busy_and_a_full_one_goes():
+    queue = queue_of(FakeJob(1.0, samples=2))
+    assert plan_batch(queue, "score", SCORE, model(), worker_busy_ms=10.0, max_wait_ms=2.0, now_s=0.0) == Hold(8.0)
+    plan = plan_batch(queue, "score", SCORE, model(), worker_busy_ms=1.5, max_wait_ms=2.0, now_s=0.0)
+    assert isinstance(plan, Send) and plan.predicted_ms == pytest.approx(4.0)
+    full = queue_of(FakeJob(1.0, samples=8))
+    assert isinstance(plan_batch(full, "score", SCORE, model(), 10.0, 2.0, 0.0), Send)
+
+
+def test_members_predicted_late_are_dropped_only_by_a_confirmed_model():
+    queue = queue_of(FakeJob(0.005), FakeJob(0.020))
+    plan = plan_batch(queue, "score", SCORE, model(), worker_busy_ms=3.0, max_wait_ms=5.0, now_s=0.0)
+    # 3 ms in flight + 2 + 2 ms: finishes at 7 ms, past the first deadline (5 ms), before the second
+    assert isinstance(plan, Send) and plan.finish_at == pytest.approx(0.007)
+    assert [j.deadline for j in plan.late] == [0.005] and [j.deadline for j in plan.live] == [0.020]
+    trusting = plan_batch(queue, "score", SCORE, model(verified=False), 3.0, 5.0, 0.0)
+    assert not trusting.late and len(trusting.live) == 2
+
+
+def test_expiry_takes_exactly_the_jobs_whose_deadline_passed():
+    jobs = [FakeJob(1.0), FakeJob(2.0), FakeJob(2.0), FakeJob(3.0)]
+    queue = queue_of(*jobs)
+    assert take_expired(queue, now_s=0.5) == []
+    assert take_expired(queue, now_s=2.0) == jobs[:3]
+    assert list(queue.in_order()) == [jobs[3]] and queue.jobs == 1
+
+
+def test_busy_ms_counts_work_in_flight_from_the_first_send():
+    assert busy_ms([], 5.0) == 0.0
+    assert busy_ms([(1.0, 10.0), (1.002, 5.0)], now_s=1.004) == pytest.approx(11.0)
+    assert busy_ms([(1.0, 10.0)], now_s=2.0) == 0.0
+
+
+def test_chunks_fit_one_batch_each_and_keep_every_sample():
+    assert chunk_bounds([10] * 20, max_samples=8, max_tokens=100) == [(0, 8), (8, 16), (16, 20)]
+    assert chunk_bounds([60, 60, 30, 200, 5], 8, 100) == [(0, 1), (1, 3), (3, 4), (4, 5)]
+    assert chunk_bounds([], 8, 100) == []
+
+
+def test_every_drop_reason_has_a_code():
+    assert set(DROP_CODES.values()) == {"queue_full", "deadline_unmeetable", "deadline_exceeded"}
+    assert {"expired_in_queue", "predicted_late", "expired_in_worker", "worker_overdue"} <= set(DROP_CODES)
