@@ -35,7 +35,7 @@ from loadgen.bodies import BodyFactory
 from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.result import RequestResult
 from loadgen.trace import Trace
-from loadgen.tuner import GATEWAY_KEYS, config_value
+from loadgen.tuner import GATEWAY_KEYS, apply_knobs, config_toml
 
 
 @dataclass(frozen=True)
@@ -97,35 +97,9 @@ def candidate_config(base_config: str | None, url: str, knobs: dict[str, Any]) -
     """TOML text: the base config with [gateway] host/port from the URL and the knobs written over."""
     raw: dict[str, Any] = tomllib.loads(Path(base_config).read_text()) if base_config else {}
     parsed = urlparse(url)
-    gateway = dict(raw.get("gateway", {}))
-    gateway.update(host=parsed.hostname or "127.0.0.1", port=parsed.port or 80)
-    gateway.update({k: config_value(k, v) for k, v in knobs.items()})
-    raw["gateway"] = gateway
-    return to_toml(raw)
-
-
-def to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    """A small TOML writer for config-shaped dicts (scalars, lists of scalars, nested tables)."""
-    scalars = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    tables = [(k, v) for k, v in data.items() if isinstance(v, dict)]
-    parts = ["\n".join(scalars)] if scalars else []
-    for key, table in tables:
-        name = f"{prefix}{key}"
-        parts.append(f"[{name}]\n" + to_toml(table, name + ".") if any(
-            not isinstance(v, dict) for v in table.values()) else to_toml(table, name + "."))
-    return "\n\n".join(p.rstrip("\n") for p in parts if p) + "\n"
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+    raw = apply_knobs(raw, knobs)
+    raw["gateway"] = {**raw.get("gateway", {}), "host": parsed.hostname or "127.0.0.1", "port": parsed.port or 80}
+    return config_toml(raw)
 
 
 async def wait_ready(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:

@@ -91,3 +91,18 @@ def goodput_vs_offered(rows: Sequence[dict[str, Any]], slo_ms: float, pct: float
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
     return _png(fig)
+
+
+def latency_cdf_pair(series: dict[str, Sequence[float]], slo_ms: float | None, title: str) -> bytes:
+    """CDFs of several latency samples on one axis (e.g. live against simulated)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, values in series.items():
+        lat = sorted(values)
+        if lat:
+            ax.plot(lat, [(i + 1) / len(lat) for i in range(len(lat))], label=f"{name} (ok, n={len(lat)})")
+    if slo_ms:
+        ax.axvline(slo_ms, color="red", linestyle="--", label=f"SLO {slo_ms:g} ms")
+    ax.set(xlabel="latency from scheduled send (ms)", ylabel="fraction of successful requests", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _png(fig)

@@ -122,3 +122,17 @@ def _histograms(samples: list[Sample], metric: str) -> dict[tuple[str, str], dic
 
 def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else factor * value
+
+
+def counter_diff(before: str | None, after: str | None, metric: str, label: str) -> dict[str, float]:
+    """{value of `label`: increase of counter `metric`} between two scrapes (a `_total` suffix on
+    either side of the name is accepted)."""
+    def totals(text: str | None) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for name, labels, value in parse(text):
+            if name in (metric, metric.removesuffix("_total"), metric + "_total") and label in labels:
+                out[labels[label]] += value
+        return out
+
+    then = totals(before)
+    return {key: value - then.get(key, 0.0) for key, value in totals(after).items() if value - then.get(key, 0.0)}

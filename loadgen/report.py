@@ -41,8 +41,8 @@ def write_report(out_dir: str | Path, run: ReplayRun, report: dict[str, Any], pl
     """report.json, results.jsonl, *.png and index.html under out_dir; returns the HTML path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(_clean(report), indent=2))
-    (out / "results.jsonl").write_text("".join(json.dumps(_clean(r.to_json())) + "\n" for r in run.results))
+    (out / "report.json").write_text(json.dumps(clean_json(report), indent=2))
+    (out / "results.jsonl").write_text("".join(json.dumps(clean_json(r.to_json())) + "\n" for r in run.results))
     images = render_plots(run.results, report) if plots else {}
     for name, png in images.items():
         (out / f"{name}.png").write_bytes(png)
@@ -66,11 +66,7 @@ def render_plots(results: list[RequestResult], report: dict[str, Any]) -> dict[s
 
 def html_page(report: dict[str, Any], images: dict[str, bytes], title: str = "boundserve load report") -> str:
     """A self-contained page: tables of the numbers and the plots inlined as data: URIs."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
-             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}"
-             ".warn{color:#b00;font-weight:bold}</style></head><body>", f"<h1>{title}</h1>"]
-    parts.append(_meta_table(report.get("meta", {})))
+    parts = [meta_table(report.get("meta", {}))]
     if "routes" in report:
         slo = report["routes"]["all"]["slo_ms"]
         note = f"<p>SLO: answered successfully within {slo:g} ms (goodput, attainment).</p>" if slo else ""
@@ -79,11 +75,22 @@ def html_page(report: dict[str, Any], images: dict[str, bytes], title: str = "bo
         parts.append(_sender_html(report["sender"]))
     if report.get("stages"):
         parts.append("<h2>Server stages</h2>" + _stages_html(report["stages"]))
-    for name, png in images.items():
-        data = base64.b64encode(png).decode()
-        parts.append(f"<h2>{html.escape(name.replace('_', ' '))}</h2><img src='data:image/png;base64,{data}'>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    parts += [image_html(name, png) for name, png in images.items()]
+    return page(title, parts)
+
+
+def page(title: str, parts: list[str]) -> str:
+    """A self-contained HTML page in the reports' one style."""
+    head = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}"
+            ".warn{color:#b00;font-weight:bold}</style></head><body>", f"<h1>{title}</h1>"]
+    return "\n".join(head + parts + ["</body></html>"])
+
+
+def image_html(name: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode()
+    return f"<h2>{html.escape(name.replace('_', ' '))}</h2><img src='data:image/png;base64,{data}'>"
 
 
 def routes_table(routes: dict[str, dict[str, Any]]) -> str:
@@ -92,16 +99,16 @@ def routes_table(routes: dict[str, dict[str, Any]]) -> str:
     rows = []
     for route, s in routes.items():
         lat = s["latency_ms"]
-        rows.append([route, s["sent"], s["ok"], _f(s["throughput_rps"]), _f(s["goodput_rps"]),
-                     _f(s["slo_attainment"], 3), *(_f(lat[k]) for k in ("p50", "p90", "p99", "p999", "mean")),
+        rows.append([route, s["sent"], s["ok"], fmt(s["throughput_rps"]), fmt(s["goodput_rps"]),
+                     fmt(s["slo_attainment"], 3), *(fmt(lat[k]) for k in ("p50", "p90", "p99", "p999", "mean")),
                      html.escape(", ".join(f"{k}: {v}" for k, v in s["outcomes"].items()))])
-    return _table(header, rows)
+    return table_html(header, rows)
 
 
 def _sender_html(sender: dict[str, Any]) -> str:
     lag = sender["lag_ms"]
-    text = (f"<h2>Sender</h2><p>lag behind schedule: p50 {_f(lag['p50'], 2)} ms, p99 {_f(lag['p99'], 2)} ms, "
-            f"max {_f(lag['max'], 2)} ms; {sender['late_sends']} sends later than "
+    text = (f"<h2>Sender</h2><p>lag behind schedule: p50 {fmt(lag['p50'], 2)} ms, p99 {fmt(lag['p99'], 2)} ms, "
+            f"max {fmt(lag['max'], 2)} ms; {sender['late_sends']} sends later than "
             f"{sender['late_threshold_ms']:g} ms.</p>")
     if sender["saturated"]:
         text += "<p class='warn'>The client was saturated: latencies include client delay.</p>"
@@ -113,35 +120,35 @@ def _stages_html(stages: dict[str, Any]) -> str:
     for source, groups in stages.items():
         for group, by_stage in groups.items():
             for stage, v in by_stage.items():
-                rows.append([source, group, stage, v["count"], _f(v.get("mean_ms"), 2),
-                             _f(v.get("p50_ms"), 2), _f(v.get("p99_ms"), 2)])
+                rows.append([source, group, stage, v["count"], fmt(v.get("mean_ms"), 2),
+                             fmt(v.get("p50_ms"), 2), fmt(v.get("p99_ms"), 2)])
     if not rows:
         return "<p>The server exposed no stage histograms or timing headers.</p>"
-    return _table(["source", "group", "stage", "count", "mean ms", "p50 ms", "p99 ms"], rows)
+    return table_html(["source", "group", "stage", "count", "mean ms", "p50 ms", "p99 ms"], rows)
 
 
-def _meta_table(meta: dict[str, Any]) -> str:
+def meta_table(meta: dict[str, Any]) -> str:
     rows = [[html.escape(str(k)), html.escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v))]
             for k, v in meta.items()]
-    return _table(["key", "value"], rows)
+    return table_html(["key", "value"], rows)
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
+def table_html(header: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _f(value: float | None, digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """NaN and infinity become null so the JSON stays standard."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value

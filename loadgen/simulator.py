@@ -1,52 +1,50 @@
-"""Offline discrete-event simulator of the gateway's admission and batching over N workers.
+"""Offline discrete-event replay of a trace through the gateway's own scheduling policy.
 
-It mirrors the gateway's policy (gateway/admission.py, gateway/batcher.py), driven by a
-service-time function T(route, B, L) (loadgen/service.py) and a trace's arrivals:
-  admission  queue_full (429) when the route's queue is not empty and its tokens plus this request's
-             would pass max_queue_tokens; deadline_unmeetable (503) when
-             soonest worker free + backlog(queued work)/workers + backlog(this request) + margin
-             is past the deadline. backlog(work) = T of that work cut into full batches.
-  queue      one earliest-deadline-first queue per route; a request still queued at its deadline is
-             answered deadline_exceeded (504) then.
-  batching   when a worker has a free slot (max_inflight_batches per worker), a batch is filled in
-             deadline order up to the caps and sent if it is full, if its oldest request has waited
-             max_batch_wait_ms, or if waiting longer would make its earliest deadline unmeetable
-             (deadline - T(batch) - margin). Members predicted to finish past their deadline with this
-             batch are answered deadline_exceeded instead of being sent.
-  workers    run their batches one after another (FIFO); a score request larger than a batch's caps
-             runs alone, as k equal consecutive batches. An answer that arrives after its deadline is
-             still a success, just a late one (it counts against the SLO).
-Routes share workers; each route's backlog estimate counts only its own queue, like the gateway's
-per-workload batchers. Results have the same shape as live ones (loadgen/result.py).
+Every decision comes from the functions the gateway calls (shared/policy.py): precheck and admit
+with probes and learnt lateness, the deadline-ordered queue, plan_batch (hold, send, predicted-late
+drops) and take_expired; predictions come from the gateway's CorrectedModel (gateway/latency.py),
+fed each simulated batch as the gateway feeds it the workers' answers. Only the world around the
+gateway is simulated (loadgen/sim_world.py):
+  clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
+            answer reaches the client as long after the gateway answers (HTTP, JSON, tokenizing);
+  workers   each runs its batches one after another (up to max_inflight_batches sent to it); a batch
+            takes service(route, B, L) + batch_overhead_ms; members whose deadline passed before it
+            starts are dropped there (expired_in_worker); no answer within worker_timeout_ms after
+            a deadline is answered 504 (worker_overdue), as the gateway's timer does.
+An answer after the deadline is still a success, only a late one. Results have the shape of live
+ones (loadgen/result.py); `drops` counts the policy's drop reasons.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import heapq
-import math
+import itertools
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from shared.latency_correction import CorrectedModel
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
-from loadgen.trace import Trace, TraceRecord
+from loadgen.sim_world import ROUTE_WORKLOAD, SimBatch, SimJob, SimWorker, initial_model, jobs_of
+from loadgen.trace import Trace
+from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness, PoolView, Prediction,
+                           Refusal, admit, plan_batch, precheck, take_expired)
 
-FILL_SCAN_LIMIT = 64
-"""Queued jobs looked at (in deadline order) when filling one batch, as the gateway's SCAN_LIMIT."""
-KNOBS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
-         "generate_deadline_ms", "max_batch_tokens", "max_batch_samples", "max_beam_requests", "workers",
-         "max_inflight_batches", "max_batch_requests", "request_overhead_ms")
+STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
+WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
 
 
 @dataclass(frozen=True)
 class SimSettings:
-    """The gateway settings the simulator honours ([gateway] names; caps from [bounds])."""
+    """The deployment the simulator replays: [gateway] names, caps from [bounds], and the world."""
 
     max_batch_wait_ms: float = 2.0
     max_queue_tokens: int = 65536
     admission_margin_ms: float = 1.0
+    admission: bool = True
+    """[gateway].admission: deadline predictions on (refusals, predicted-late drops) or off (FCFS)."""
     score_deadline_ms: float = 100.0
     generate_deadline_ms: float = 200.0
     max_batch_tokens: int = 4096
@@ -55,14 +53,19 @@ class SimSettings:
     """[bounds].max_samples_per_batch."""
     max_beam_requests: int = 4
     """[bounds].max_beam_requests_per_batch."""
+    max_beam_width: int = 128
+    max_labels: int = 32
     workers: int = 1
     max_inflight_batches: int = 2
     """Batches sent to one worker before its answer ([gateway].max_inflight_batches_per_worker)."""
     max_batch_requests: int = 0
     """Requests in one batch, 0 = no limit besides the caps (1 disables batching: Kingman's G/G/1)."""
+    worker_timeout_ms: float = 1000.0
+    """[gateway].worker_timeout_ms: the grace after a deadline before a missing answer is given up."""
     request_overhead_ms: float = 0.0
-    """Fixed time outside the worker (HTTP, JSON, tokenization, transport) added to every answer.
-    Calibrate it as a live replay's p50 at low load minus T of one request."""
+    """Time outside the gateway's queue and the workers (HTTP, JSON, tokenizing), half on the way in."""
+    batch_overhead_ms: float = 0.0
+    """Time per batch around the compute (messages, packing, waking the worker)."""
     default_beam_width: int = 16
 
     def with_knobs(self, knobs: dict[str, Any]) -> SimSettings:
@@ -74,54 +77,34 @@ class SimSettings:
     def deadline_ms(self, route: str) -> float:
         return self.score_deadline_ms if route == "score" else self.generate_deadline_ms
 
+    def bounds(self, workload: str) -> BatchBounds:
+        if workload == "score":
+            return BatchBounds(self.max_batch_samples, self.max_batch_tokens, self.max_labels, self.max_batch_requests)
+        return BatchBounds(self.max_beam_requests, 1 << 40, 0, self.max_batch_requests)
+
+    @classmethod
+    def from_config(cls, config, **world: Any) -> SimSettings:
+        """From a shared.config.DeploymentConfig, plus settings of the world (overheads, beam width)."""
+        g, b = config.gateway, config.bounds
+        return cls(max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
+                   admission_margin_ms=g.admission_margin_ms, admission=g.admission,
+                   score_deadline_ms=g.score_deadline_ms, generate_deadline_ms=g.generate_deadline_ms,
+                   max_batch_tokens=b.max_tokens_per_batch, max_batch_samples=b.max_samples_per_batch,
+                   max_beam_requests=b.max_beam_requests_per_batch, max_beam_width=b.max_beam_width,
+                   max_labels=b.max_labels, workers=len(config.worker.endpoints),
+                   max_inflight_batches=g.max_inflight_batches_per_worker,
+                   worker_timeout_ms=g.worker_timeout_ms, **world)
+
+
+KNOBS = tuple(f.name for f in dataclasses.fields(SimSettings))
+
 
 @dataclass
-class _Job:
-    index: int
-    route: str
-    arrival: float
-    deadline: float
-    size: int
-    """score: samples; generate: beams."""
-    tokens: int
-    """score: all tokens; generate: prompt tokens."""
-    alone_ms: float
-
-
-class _RouteQueue:
-    """Queued jobs of one route: a deadline-sorted list, and lazy-deleted arrival and deadline heaps."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[int, _Job] = {}
-        self.by_deadline: list[tuple[float, int]] = []
-        self.by_arrival: list[tuple[float, int]] = []
-        self.by_expiry: list[tuple[float, int]] = []
-        self.size = 0
-        self.tokens = 0
-
-    def push(self, job: _Job) -> None:
-        self.jobs[job.index] = job
-        bisect.insort(self.by_deadline, (job.deadline, job.index))
-        heapq.heappush(self.by_arrival, (job.arrival, job.index))
-        heapq.heappush(self.by_expiry, (job.deadline, job.index))
-        self.size += job.size
-        self.tokens += job.tokens
-
-    def remove(self, job: _Job) -> None:
-        del self.jobs[job.index]
-        del self.by_deadline[bisect.bisect_left(self.by_deadline, (job.deadline, job.index))]
-        self.size -= job.size
-        self.tokens -= job.tokens
-
-    def head(self, heap: list[tuple[float, int]]) -> tuple[float, int] | None:
-        if heap is self.by_deadline:
-            return heap[0] if heap else None
-        while heap and heap[0][1] not in self.jobs:
-            heapq.heappop(heap)
-        return heap[0] if heap else None
-
-    def in_deadline_order(self, limit: int) -> list[_Job]:
-        return [self.jobs[i] for _, i in self.by_deadline[:limit]]
+class _Request:
+    jobs: list[SimJob]
+    open_jobs: int
+    prediction: Prediction
+    done: bool = False
 
 
 class Simulator:
@@ -130,172 +113,159 @@ class Simulator:
     def __init__(self, settings: SimSettings, service: ServiceFn) -> None:
         self.settings = settings
         self.service = service
+        self.drops: Counter[str] = Counter()
+        self.reasons: dict[int, str] = {}
+        """Trace index -> the drop reason it was answered for (requests not dropped are absent)."""
 
     def run(self, trace: Trace) -> list[RequestResult]:
-        workers = self.settings.workers
-        self.now = 0.0
-        self.queues = {"score": _RouteQueue(), "generate": _RouteQueue()}
-        self.free_at = [0.0] * workers
-        self.inflight = [0] * workers
-        self.running: list[tuple[float, int, int, list[_Job]]] = []
+        s = self.settings
+        self.now, self.records, self._ids = 0.0, trace.records, itertools.count(1)
         self.results = [RequestResult(i, r.route, r.t_ms, sent_ms=r.t_ms) for i, r in enumerate(trace.records)]
-        records, nxt, batch_ids = trace.records, 0, 0
-        while nxt < len(records) or self.running or any(q.jobs for q in self.queues.values()):
-            arrival = records[nxt].t_ms if nxt < len(records) else math.inf
-            self.now = min(arrival, self._next_internal_event())
-            if math.isinf(self.now):
-                break
-            self._complete()
-            while nxt < len(records) and records[nxt].t_ms <= self.now:
-                self._admit(nxt, records[nxt])
-                nxt += 1
-            self._expire()
-            batch_ids = self._dispatch(batch_ids)
+        self.requests: dict[int, _Request] = {}
+        self.queues = {w: DeadlineQueue() for w in WORKLOAD_ROUTE}
+        self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
+        self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
+        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}) for i in range(s.workers)]
+        self._events: list[tuple[float, int, str, Any]] = []
+        self._wake_at: dict[str, float] = {}
+        for i, record in enumerate(trace.records):
+            self._at(record.t_ms / 1000.0 + s.request_overhead_ms / 2000.0, "arrive", i)
+        while self._events:
+            self.now, _, kind, payload = heapq.heappop(self._events)
+            getattr(self, f"_on_{kind}")(payload)
+            for workload in self.queues:
+                self._dispatch(workload)
         return self.results
 
-    # -- events -------------------------------------------------------------------------------
-    def _next_internal_event(self) -> float:
-        times = [self.running[0][0]] if self.running else []
-        slot = self._free_worker() is not None
-        for route, queue in self.queues.items():
-            if queue.jobs:
-                times.append(queue.head(queue.by_expiry)[0])
-                if slot:
-                    times.append(max(self.now, self._send_at(route, queue)))
-        return min(times, default=math.inf)
+    def _model(self, workload: str) -> CorrectedModel:
+        s = self.settings
+        items = s.max_batch_samples if workload == "score" else s.max_beam_requests * s.max_beam_width
+        tokens = s.max_batch_tokens if workload == "score" else 1 << 40
+        return CorrectedModel(initial_model(WORKLOAD_ROUTE[workload], self.service), items, tokens)
 
-    def _send_at(self, route: str, queue: _RouteQueue) -> float:
-        batch = self._fill(route, queue)
-        if self._is_full(route, queue, batch):
-            return self.now
-        oldest = min(j.arrival for j in batch)
-        urgent = min(j.deadline for j in batch)
-        return min(oldest + self.settings.max_batch_wait_ms,
-                   urgent - self._time(route, batch) - self.settings.admission_margin_ms)
+    def _at(self, when_s: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self._events, (when_s, next(self._ids), kind, payload))
 
-    def _complete(self) -> None:
-        while self.running and self.running[0][0] <= self.now:
-            finish, _, worker, jobs = heapq.heappop(self.running)
-            self.inflight[worker] -= 1
-            for job in jobs:
-                self._answer(job.index, finish, 200, "ok")
+    # -- requests: the gateway's scoring/generation services -------------------------------------
+    def _on_arrive(self, index: int) -> None:
+        record = self.records[index]
+        workload = ROUTE_WORKLOAD[record.route]
+        budget_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
+        deadline = self.now + budget_ms / 1000.0
+        jobs = jobs_of(index, record, deadline, self.settings.bounds(workload), self.settings.default_beam_width)
+        queue, view, model = self.queues[workload], self._view(), self._admission_model(workload)
+        decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload])
+        if decision is None:
+            decision = admit(jobs, queue, view, model, self.now, self.admission, self.lateness[workload])
+        if isinstance(decision, Refusal):
+            self.drops[decision.reason] += 1
+            self.reasons[index] = decision.reason
+            self._answer(index, decision.code)
+            return
+        self.requests[index] = _Request(jobs, len(jobs), decision)
+        for job in jobs:
+            queue.push(job)
+            self._at(job.deadline, "expire", (workload, job))
 
-    def _expire(self) -> None:
-        for queue in self.queues.values():
-            while (head := queue.head(queue.by_expiry)) is not None and head[0] <= self.now:
-                job = queue.jobs[head[1]]
-                queue.remove(job)
-                self._answer(job.index, self.now, 504, "deadline_exceeded")
+    def _fail(self, job: SimJob, reason: str, code: str = "deadline_exceeded") -> None:
+        job.done = True
+        request = self.requests[job.request]
+        if request.done:
+            return
+        request.done = True
+        self.drops[reason] += 1
+        self.reasons[job.request] = reason
+        for sibling in request.jobs:  # the gateway's wait_all: the other chunks are cancelled
+            self.queues[ROUTE_WORKLOAD[self.records[job.request].route]].remove(sibling)
+        self._answer(job.request, code)
 
-    def _dispatch(self, batch_id: int) -> int:
-        while (worker := self._free_worker()) is not None:
-            ready = [(q.head(q.by_deadline)[0], route) for route, q in self.queues.items()
-                     if q.jobs and self._send_at(route, q) <= self.now + 1e-9]
-            if not ready:
-                break
-            route = min(ready)[1]
-            batch = self._take_batch(route, self.queues[route])
-            if not batch:
-                continue
-            finish = max(self.now, self.free_at[worker]) + self._time(route, batch)
-            self.free_at[worker] = finish
-            self.inflight[worker] += 1
-            batch_id += 1
-            heapq.heappush(self.running, (finish, batch_id, worker, batch))
-        return batch_id
+    def _succeed(self, job: SimJob) -> None:
+        job.done = True
+        request = self.requests[job.request]
+        request.open_jobs -= 1
+        if request.open_jobs == 0 and not request.done:
+            request.done = True
+            self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]].observe(request.prediction, self.now)
+            self._answer(job.request, "ok")
 
-    def _free_worker(self) -> int | None:
-        slots = [w for w in range(self.settings.workers) if self.inflight[w] < self.settings.max_inflight_batches]
-        return min(slots, key=lambda w: self.free_at[w]) if slots else None
-
-    # -- policy -------------------------------------------------------------------------------
-    def _admit(self, index: int, record: TraceRecord) -> None:
-        job = self._job(index, record)
-        settings = self.settings
-        queue = self.queues[record.route]
-        if queue.jobs and queue.tokens + job.tokens > settings.max_queue_tokens:
-            return self._answer(index, self.now, 429, "queue_full")
-        soonest = min(max(0.0, t - self.now) for t in self.free_at)
-        wait = soonest + self._backlog_ms(record.route, queue.size, queue.tokens, len(queue.jobs)) / settings.workers
-        if self.now + wait + job.alone_ms + settings.admission_margin_ms > job.deadline:
-            return self._answer(index, self.now, 503, "deadline_unmeetable")
-        queue.push(job)
-
-    def _backlog_ms(self, route: str, size: int, tokens: int, requests: int) -> float:
-        """T of this much queued work cut into full batches (the gateway's backlog_ms)."""
-        if requests == 0:
-            return 0.0
-        if route == "score":
-            batches = max(1, math.ceil(size / self.settings.max_batch_samples),
-                          math.ceil(tokens / self.settings.max_batch_tokens))
-            return batches * self.service(route, size / batches, tokens / max(size, 1))
-        batches = max(1, math.ceil(requests / self.settings.max_beam_requests))
-        return batches * self.service(route, size / batches, tokens / requests)
-
-    def _take_batch(self, route: str, queue: _RouteQueue) -> list[_Job]:
-        """Take the batch out of the queue; members predicted late are answered 504 instead."""
-        batch = self._fill(route, queue)
-        finish = self.now + self._time(route, batch)
-        live = []
-        for job in batch:
-            queue.remove(job)
-            if finish > job.deadline:
-                self._answer(job.index, self.now, 504, "deadline_exceeded")
-            else:
-                live.append(job)
-        return live
-
-    def _fill(self, route: str, queue: _RouteQueue) -> list[_Job]:
-        batch: list[_Job] = []
-        for job in queue.in_deadline_order(FILL_SCAN_LIMIT):
-            if self._fits_batch(route, batch + [job]):
-                batch.append(job)
-            elif route == "generate" or sum(j.size for j in batch) >= self.settings.max_batch_samples:
-                break
-        return batch
-
-    def _fits_batch(self, route: str, jobs: list[_Job]) -> bool:
-        if len(jobs) == 1:
-            return True  # a request larger than a batch runs alone, split (see _time)
-        if 0 < self.settings.max_batch_requests < len(jobs):
-            return False
-        if route == "score":
-            return (sum(j.size for j in jobs) <= self.settings.max_batch_samples
-                    and sum(j.tokens for j in jobs) <= self.settings.max_batch_tokens)
-        return len(jobs) <= self.settings.max_beam_requests
-
-    def _is_full(self, route: str, queue: _RouteQueue, batch: list[_Job]) -> bool:
-        """Full when a queued job did not fit, or the batch reached a cap."""
-        if len(batch) < len(queue.jobs):
-            return True
-        if 0 < self.settings.max_batch_requests <= len(batch):
-            return True
-        if route == "score":
-            return (sum(j.size for j in batch) >= self.settings.max_batch_samples
-                    or sum(j.tokens for j in batch) >= self.settings.max_batch_tokens)
-        return len(batch) >= self.settings.max_beam_requests
-
-    def _time(self, route: str, jobs: list[_Job]) -> float:
-        if not jobs:
-            return 0.0
-        size = sum(j.size for j in jobs)
-        if route == "score":
-            tokens = sum(j.tokens for j in jobs)
-            splits = max(1, math.ceil(size / self.settings.max_batch_samples),
-                         math.ceil(tokens / self.settings.max_batch_tokens))
-            return splits * self.service(route, size / splits, tokens / size)
-        return self.service(route, size, sum(j.tokens for j in jobs) / len(jobs))
-
-    def _job(self, index: int, record: TraceRecord) -> _Job:
-        size, mean_tokens = record.shape(self.settings.default_beam_width)
-        tokens = record.total_tokens() if record.route == "score" else int(mean_tokens)
-        deadline_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
-        alone = self._backlog_ms(record.route, size, tokens, 1)
-        return _Job(index, record.route, record.t_ms, record.t_ms + deadline_ms, size, tokens, alone)
-
-    def _answer(self, index: int, done_ms: float, status: int, outcome: str) -> None:
+    def _answer(self, index: int, code: str) -> None:
         result = self.results[index]
-        result.done_ms, result.status, result.outcome = done_ms + self.settings.request_overhead_ms, status, outcome
+        result.done_ms = self.now * 1000.0 + self.settings.request_overhead_ms / 2.0
+        result.status, result.outcome = STATUS[code], code
+
+    # -- timers and answers ------------------------------------------------------------------------
+    def _on_expire(self, item: tuple[str, SimJob]) -> None:
+        workload, job = item
+        if job in self.queues[workload]:
+            for expired in take_expired(self.queues[workload], max(self.now, job.deadline)):
+                self._fail(expired, "expired_in_queue")
+
+    def _on_overdue(self, job: SimJob) -> None:
+        if not job.done:
+            self._fail(job, "worker_overdue")
+
+    def _on_wake(self, workload: str) -> None:
+        self._wake_at.pop(workload, None)
+
+    def _on_done(self, item: tuple[SimWorker, SimBatch]) -> None:
+        worker, batch = item
+        worker.finish(batch)
+        for job in batch.jobs:
+            if job.done:
+                continue
+            if job in batch.expired:
+                self._fail(job, "expired_in_worker")
+            else:
+                self._succeed(job)
+
+    # -- the batcher -------------------------------------------------------------------------------
+    def _dispatch(self, workload: str) -> None:
+        queue = self.queues[workload]
+        while queue:
+            worker = self._pick()
+            if worker is None:
+                return  # an answer (a freed slot) triggers the next look
+            plan = plan_batch(queue, workload, self.settings.bounds(workload), worker.models[workload],
+                              worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
+                              self.settings.admission)
+            if isinstance(plan, Hold):
+                self._wake(workload, self.now + plan.wait_ms / 1000.0)
+                return
+            for job in plan.late:
+                queue.remove(job)
+                self._fail(job, "predicted_late")
+            if plan.live:
+                self._send(worker, workload, plan.live, plan.predicted_ms)
+
+    def _send(self, worker: SimWorker, workload: str, jobs: list[SimJob], predicted_ms: float) -> None:
+        for job in jobs:
+            self.queues[workload].remove(job)
+        batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
+        worker.run(batch, WORKLOAD_ROUTE[workload], self.service, self.settings.batch_overhead_ms)
+        self._at(batch.finish_at, "done", (worker, batch))
+        grace_s = self.settings.worker_timeout_ms / 1000.0
+        for job in jobs:
+            if batch.finish_at > job.deadline + grace_s:
+                self._at(job.deadline + grace_s, "overdue", job)
+
+    def _wake(self, workload: str, when_s: float) -> None:
+        if when_s < self._wake_at.get(workload, float("inf")):
+            self._wake_at[workload] = when_s
+            self._at(when_s, "wake", workload)
+
+    # -- the pool ----------------------------------------------------------------------------------
+    def _pick(self) -> SimWorker | None:
+        """The least-loaded worker with a free slot (gateway/worker_pool.py's pick)."""
+        free = [w for w in self.workers if len(w.in_flight) < self.settings.max_inflight_batches]
+        return min(free, key=lambda w: (w.busy_ms(self.now), len(w.in_flight)), default=None)
+
+    def _view(self) -> PoolView:
+        return PoolView(len(self.workers), min(w.busy_ms(self.now) for w in self.workers),
+                        sum(len(w.in_flight) for w in self.workers))
+
+    def _admission_model(self, workload: str) -> CorrectedModel:
+        """The fastest worker's model, as the gateway's admission uses."""
+        return min((w.models[workload] for w in self.workers), key=lambda m: m.predict_ms(1, 64))
 
 
 def simulate(trace: Trace, settings: SimSettings, service: ServiceFn) -> list[RequestResult]:

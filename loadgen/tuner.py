@@ -10,9 +10,13 @@ grid order (earlier first). When none meets the SLO there is no recommendation, 
 from __future__ import annotations
 
 import itertools
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from loadgen.result import RequestResult
 from loadgen.stats import percentile, summarize
@@ -96,17 +100,43 @@ def pick_best(scored: Sequence[CandidateResult]) -> int | None:
     return min(eligible, key=lambda i: (-round(scored[i].goodput_rps, 9), scored[i].latency_pct_ms, i))
 
 
+def apply_knobs(raw: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a config as tomllib reads it, with the knobs written into [gateway] and [bounds]
+    (worker counts are hosts, not settings: they are left out)."""
+    out = {name: dict(value) if isinstance(value, Mapping) else value for name, value in raw.items()}
+    gateway = {k: config_value(k, v) for k, v in knobs.items() if k in GATEWAY_KEYS}
+    bounds = {BOUNDS_KEYS[k]: int(v) for k, v in knobs.items() if k in BOUNDS_KEYS}
+    if gateway:
+        out["gateway"] = {**out.get("gateway", {}), **gateway}
+    if bounds:
+        out["bounds"] = {**out.get("bounds", {}), **bounds}
+    return out
+
+
+def config_toml(raw: Mapping[str, Any]) -> str:
+    """TOML text of a deployment config (tomli-w), checked to load as one (names the bad field)."""
+    from shared.config import parse_config
+
+    text = tomli_w.dumps(dict(raw))
+    parse_config(tomllib.loads(text))
+    return text
+
+
+def recommended_config(base_config: str | Path, knobs: Mapping[str, Any]) -> str:
+    """The base deployment config with the recommended settings applied, as TOML."""
+    return config_toml(apply_knobs(tomllib.loads(Path(base_config).read_text()), knobs))
+
+
 def config_snippet(knobs: Mapping[str, Any]) -> str:
     """TOML for the recommended settings: [gateway] keys, and [bounds] caps as a reminder."""
-    lines = ["[gateway]"] + [f"{k} = {_toml_value(config_value(k, v))}" for k, v in knobs.items()
-                                 if k in GATEWAY_KEYS]
-    bounds = [(BOUNDS_KEYS[k], v) for k, v in knobs.items() if k in BOUNDS_KEYS]
+    parts = [tomli_w.dumps({"gateway": {k: config_value(k, v) for k, v in knobs.items() if k in GATEWAY_KEYS}})]
+    bounds = {BOUNDS_KEYS[k]: int(v) for k, v in knobs.items() if k in BOUNDS_KEYS}
     if bounds:
-        lines += ["", "[bounds]  # compiled into the packages: rebuild artifacts after changing"]
-        lines += [f"{k} = {_toml_value(int(v))}" for k, v in bounds]
+        parts.append("# [bounds] are compiled into the packages: rebuild the artifacts after changing them\n"
+                     + tomli_w.dumps({"bounds": bounds}))
     if "workers" in knobs:
-        lines += ["", f"# workers: {knobs['workers']} ([worker] endpoints and devices, one entry each)"]
-    return "\n".join(lines)
+        parts.append(f"# workers: {knobs['workers']} ([worker] endpoints and devices, one entry each)\n")
+    return "\n".join(parts).rstrip("\n")
 
 
 def table(result: TuneResult) -> str:
@@ -131,10 +161,3 @@ def config_value(key: str, value: Any) -> Any:
     """The value as shared/config.py types the key (integers stay integers)."""
     return int(round(value)) if key in INT_KEYS else float(value)
 
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return f"{value:.1f}"
-    return repr(value) if not isinstance(value, str) else f'"{value}"'

@@ -1,0 +1,130 @@
+"""What the simulator puts around the gateway's policy: jobs cut from trace records, and workers.
+
+Jobs have the fields the policy reads (shared/policy.py's Work), filled as the gateway fills them
+(gateway/job.py): score B = samples and L = tokens per sample, a request larger than one batch cut
+into chunks by the same rule (policy.chunk_bounds); beam B = beams, one job per request.
+A worker runs its batches one after another; it drops the members whose deadline passed before
+their batch starts (as worker/compute.py does) and takes service(route, B, L) + a fixed overhead
+per batch for the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.latency_correction import CorrectedModel
+from loadgen.service import ServiceFn
+from loadgen.trace import TraceRecord
+from shared.latency_model import LatencyModel
+from shared.policy import BatchBounds, busy_ms, chunk_bounds
+
+ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
+
+
+@dataclass(eq=False)
+class SimJob:
+    """One queued unit of a request (shared/policy.py's Work)."""
+
+    request: int
+    """Index of the trace record."""
+    deadline: float
+    """Absolute, simulated seconds."""
+    samples: int
+    tokens: int
+    batch_items: int
+    latency_tokens: int
+    label_ids: tuple[int, ...] = ()
+    beam_key: tuple[int, int, int] | None = None
+    done: bool = False
+    """Answered (computed, or failed): a late answer from a worker changes nothing."""
+
+
+def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds,
+            default_beam_width: int) -> list[SimJob]:
+    """The jobs the gateway would queue for this record."""
+    if record.route == "generate":
+        beams, prompt = record.shape(default_beam_width)
+        key = (beams, record.max_new_tokens or 0, record.num_return_sequences or 1)
+        tokens = int(prompt)
+        return [SimJob(index, deadline_s, 1, tokens, beams, beams * tokens, beam_key=key)]
+    lengths = record.sample_tokens or _lengths(record)
+    jobs = []
+    for start, end in chunk_bounds(lengths, bounds.max_jobs, bounds.max_tokens):
+        tokens = sum(lengths[start:end])
+        jobs.append(SimJob(index, deadline_s, end - start, tokens, end - start, tokens))
+    return jobs
+
+
+def _lengths(record: TraceRecord) -> tuple[int, ...]:
+    size, mean = record.shape()
+    return (max(1, round(mean)),) * size
+
+
+@dataclass
+class SimBatch:
+    """A batch sent to a simulated worker: what was sent, and what the worker will do with it."""
+
+    batch_id: int
+    workload: str
+    jobs: list[SimJob]
+    sent_at: float
+    predicted_ms: float
+    expired: list[SimJob] = field(default_factory=list)
+    """Members whose deadline had passed when the batch started: dropped uncomputed."""
+    started_at: float = 0.0
+    compute_ms: float = 0.0
+    finish_at: float = 0.0
+
+
+@dataclass
+class SimWorker:
+    """One worker: the gateway's corrected latency model of it, and its batches in flight (FIFO)."""
+
+    index: int
+    models: dict[str, CorrectedModel]
+    in_flight: dict[int, SimBatch] = field(default_factory=dict)
+    free_at: float = 0.0
+    """When it will have finished everything it was sent (simulated seconds)."""
+
+    def busy_ms(self, now_s: float) -> float:
+        """As the gateway predicts it (policy.busy_ms over what is in flight)."""
+        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s)
+
+    def run(self, batch: SimBatch, route: str, service: ServiceFn, overhead_ms: float) -> None:
+        """Accept `batch` at its send time: it starts when the worker is free, drops what has expired."""
+        start = batch.started_at = max(batch.sent_at, self.free_at)
+        live = [j for j in batch.jobs if j.deadline > start]
+        batch.expired = [j for j in batch.jobs if j.deadline <= start]
+        items = sum(j.batch_items for j in live)
+        batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
+        batch.finish_at = start + (batch.compute_ms + overhead_ms) / 1000.0
+        self.free_at = batch.finish_at
+        self.in_flight[batch.batch_id] = batch
+
+    def finish(self, batch: SimBatch) -> None:
+        """The answer is back: teach the model what the gateway would learn from it."""
+        del self.in_flight[batch.batch_id]
+        model = self.models[batch.workload]
+        items = sum(j.batch_items for j in batch.jobs)
+        if batch.compute_ms > 0:  # the gateway's service time: the round trip less the wait in the worker
+            model.observe(items, sum(j.latency_tokens for j in batch.jobs) / items, batch.compute_ms,
+                          (batch.finish_at - batch.started_at) * 1000.0)
+
+
+class ServiceCurve:
+    """A service-time function seen as one workload's latency model (what CorrectedModel wraps)."""
+
+    def __init__(self, route: str, service: ServiceFn) -> None:
+        self.route = route
+        self.service = service
+
+    def predict_ms(self, batch_items: float, tokens_per_item: float) -> float:
+        return self.service(self.route, batch_items, tokens_per_item)
+
+
+def initial_model(route: str, service: ServiceFn) -> LatencyModel | ServiceCurve:
+    """The start-up profile the worker would report: its fitted model when the service has one."""
+    models = getattr(service, "models", None)
+    if models is not None and ROUTE_WORKLOAD[route] in models:
+        return models[ROUTE_WORKLOAD[route]]
+    return ServiceCurve(route, service)

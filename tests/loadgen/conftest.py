@@ -1,0 +1,64 @@
+"""Loadgen fixtures: the real gateway (in this process, or as `python -m gateway`) in front of the
+stand-in worker of tests/gateway, which speaks the real protocol over real ZeroMQ."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests.gateway.conftest import endpoint, request_tokenizer, start_stack, tokenizer_dir  # noqa: F401 (fixtures)
+from tests.gateway.standin_worker import BOUNDS, StandInWorker
+
+
+@pytest.fixture(scope="session")
+def standin_artifacts(tokenizer_dir, request_tokenizer, tmp_path_factory) -> Path:  # noqa: F811
+    """An artifacts folder for `python -m gateway` in front of the stand-in: manifest and tokenizer."""
+    folder = tmp_path_factory.mktemp("standin-artifacts")
+    manifest = {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def deployment_toml(folder: Path, worker_endpoint: str, **gateway) -> Path:
+    """A deployment config for a gateway process in front of one stand-in worker."""
+    lines = ['name = "loadgen-test"', "[worker]", f'endpoints = ["{worker_endpoint}"]', 'devices = ["cpu"]',
+             "heartbeat_interval_ms = 50", "[gateway]", "access_log = false"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in gateway.items()]
+    path = folder / "deployment.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def standin(request_tokenizer):  # noqa: F811
+    """A stand-in worker on its own thread (5 ms per batch)."""
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, delay_ms=5.0).start()
+    yield worker
+    worker.stop()
+
+
+@contextlib.asynccontextmanager
+async def gated(request_tokenizer, **gateway):  # noqa: F811
+    """The gateway app over real HTTP in this process, before a stand-in worker that holds every
+    batch answer until the test sets `stack.workers[0].gate`; one batch in flight at a time."""
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, gate=threading.Event()).start()
+    stack = await start_stack(request_tokenizer, [worker], max_inflight_batches_per_worker=1, **gateway)
+    try:
+        yield stack
+    finally:
+        worker.gate.set()
+        await stack.client.close()
+        worker.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def gated_stack(request_tokenizer):  # noqa: F811
+    async with gated(request_tokenizer) as stack:
+        yield stack
