@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.latency_model import shared_static_len
-from shared.prefix import longest_common_prefix, static_prefix_len
+from shared.prefix import computed_tokens as request_computed_tokens
+from shared.prefix import longest_common_prefix
 
 
 def shared_prefix_len(samples: Sequence[Sequence[int]], min_tokens: int, max_tokens: int) -> int:
@@ -34,13 +34,10 @@ def sent_tokens(samples: Sequence[Sequence[int]], prefix_len: int) -> int:
 
 
 def computed_tokens(samples: Sequence[Sequence[int]], prefix_len: int, static_ids: Sequence[int]) -> int:
-    """Tokens the node computes for them: sent tokens less the static prefix's, where the shared
-    prefix (or, unshared, a sample) reuses it (as shared.latency_model.computed_tokens counts)."""
-    if not prefix_len:
-        return sum(len(s) - static_prefix_len(s, static_ids) for s in samples)
-    every_sample_goes_on = all(len(s) > prefix_len for s in samples)
-    reused = shared_static_len(samples[0][:prefix_len], static_ids, every_sample_goes_on)
-    return sent_tokens(samples, prefix_len) - reused
+    """Tokens the node computes for these whole samples with `prefix_len` shared: sent tokens less
+    the static prefix's, where the node reuses it (shared.prefix.computed_tokens)."""
+    return request_computed_tokens(samples[0][:prefix_len] if prefix_len else [],
+                                   [s[prefix_len:] for s in samples], static_ids)
 
 
 def chunks(samples: list[list[int]], prefix_len: int, max_samples: int, max_tokens: int) -> list[list[list[int]]]:

@@ -7,8 +7,8 @@ per-item cost and `delta` the fixed cost of one call. Pure Python/NumPy; no torc
 What B and L mean for each workload (the worker profiles with exactly these, the gateway must
 predict with them too):
   - "score": B = samples in the batch, L = mean computed tokens per sample (computed tokens / B).
-    Computed tokens (`computed_tokens`) count a request's shared prefix once and never count the
-    deployment's static prefix, whose keys/values the worker computed at load; the profile is
+    Computed tokens (shared.prefix.computed_tokens) count a request's shared prefix once and never count the
+    deployment's static prefix, whose keys/values were computed at build time; the profile is
     taken on unshared random batches, where computed tokens are all tokens.
   - "beam":  B = requests * num_beams (beams decoded together), L = mean prompt tokens per request.
     The decode steps are part of the per-workload constants (the profile is taken at the
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from shared.prefix import static_prefix_len
 
 WORKLOADS = ("score", "beam")
 COEFFICIENTS = ("alpha", "beta", "gamma", "delta")
@@ -110,23 +109,3 @@ class LatencyModel:
         if missing or extra:
             raise ValueError(f"latency model keys: missing {missing}, unexpected {extra}")
         return cls(*(raw[k] for k in COEFFICIENTS))
-
-
-def computed_tokens(prefix: Sequence[int], suffixes: Sequence[Sequence[int]], static_ids: Sequence[int] = ()) -> int:
-    """Tokens the score node computes for one request: its shared `prefix` once plus every suffix
-    (prefix empty: the suffixes are the whole samples), less the static prefix `static_ids` where
-    the node reuses it (shared_static_len; unshared: shared.prefix.static_prefix_len per sample)."""
-    if len(prefix):
-        every_suffix = all(len(s) for s in suffixes)
-        return len(prefix) - shared_static_len(prefix, static_ids, every_suffix) + sum(len(s) for s in suffixes)
-    return sum(len(s) - static_prefix_len(s, static_ids) for s in suffixes)
-
-
-def shared_static_len(prefix: Sequence[int], static_ids: Sequence[int], every_sample_goes_on: bool) -> int:
-    """Static-prefix tokens a shared prefix reuses: all len(static_ids) when the prefix starts with
-    them and either goes on after them or every sample goes on after the prefix (a sample must not
-    end inside the static prefix: its last token's output is computed); else 0."""
-    n = len(static_ids)
-    if n and len(prefix) >= n and list(prefix[:n]) == list(static_ids) and (len(prefix) > n or every_sample_goes_on):
-        return n
-    return 0

@@ -57,3 +57,23 @@ def static_prefix_len(sample: Sequence[int], static_ids: Sequence[int]) -> int:
     if n and len(sample) > n and list(sample[:n]) == list(static_ids):
         return n
     return 0
+
+
+def shared_static_len(prefix: Sequence[int], static_ids: Sequence[int], every_sample_goes_on: bool) -> int:
+    """Static-prefix tokens a shared prefix reuses: all len(static_ids) when the prefix starts with
+    them and either goes on after them or every sample goes on after the prefix (a sample must not
+    end inside the static prefix: its last token's output is computed); else 0."""
+    n = len(static_ids)
+    if n and len(prefix) >= n and list(prefix[:n]) == list(static_ids) and (len(prefix) > n or every_sample_goes_on):
+        return n
+    return 0
+
+
+def computed_tokens(prefix: Sequence[int], suffixes: Sequence[Sequence[int]], static_ids: Sequence[int] = ()) -> int:
+    """Tokens the score node computes for one request: its shared `prefix` once plus every suffix
+    (prefix empty: the suffixes are the whole samples), less the static prefix `static_ids` where
+    the node reuses it (shared_static_len; unshared: static_prefix_len per sample)."""
+    if len(prefix):
+        every_suffix = all(len(s) for s in suffixes)
+        return len(prefix) - shared_static_len(prefix, static_ids, every_suffix) + sum(len(s) for s in suffixes)
+    return sum(len(s) - static_prefix_len(s, static_ids) for s in suffixes)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.prefix import shared_static_len, static_prefix_len
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -77,10 +79,9 @@ def plan_batch(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: lis
 
 def _shared_group(builder: _Builder, prefix: torch.Tensor, suffixes, static_ids: torch.Tensor) -> None:
     """One segment for the prefix (over the static prefix when it starts with it), one per suffix."""
-    # The static prefix serves when the prefix starts with it and no sample ends inside it.
+    # (the first n + 1 ids say all the rule needs: whether the prefix starts with and goes on after them)
     n = len(static_ids)
-    starts = n and len(prefix) >= n and torch.equal(prefix[:n], static_ids)
-    reuse = n if starts and (len(prefix) > n or all(len(s) for s in suffixes)) else 0
+    reuse = shared_static_len(prefix[: n + 1].tolist(), static_ids.tolist(), all(len(s) for s in suffixes))
     if reuse == len(prefix):
         prefix_segment = 0  # the static segment itself; every sample goes on after it
     else:
@@ -95,7 +96,7 @@ def _shared_group(builder: _Builder, prefix: torch.Tensor, suffixes, static_ids:
 def _extends_static(ids: torch.Tensor, static_ids: torch.Tensor) -> int:
     """len(static_ids) when ids start with them and go on after them, else 0 (checked per sample)."""
     n = len(static_ids)
-    return n if n and len(ids) > n and torch.equal(ids[:n], static_ids) else 0
+    return static_prefix_len(ids[: n + 1].tolist(), static_ids.tolist()) if n else 0
 
 
 def _finish(builder: _Builder, cached: list[int], num_samples: int) -> Layout:

@@ -21,7 +21,8 @@ import numpy as np
 import zmq
 
 from shared import protocol as p
-from shared.latency_model import LatencyModel, computed_tokens
+from shared.latency_model import LatencyModel
+from shared.prefix import computed_tokens
 
 HIDDEN = 8
 BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 512, "max_tokens_per_batch": 4096,

@@ -19,7 +19,7 @@ import pytest
 from gateway.job import Job
 from shared import protocol as p
 from shared.config import ScoreConfig
-from shared.latency_model import computed_tokens
+from shared.prefix import computed_tokens
 from shared.prefix import longest_common_prefix
 from tests.gateway.conftest import endpoint, start_stack
 from tests.gateway.standin_worker import BOUNDS, StandInWorker, expected_label_logits, expected_logprobs

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from shared.latency_model import LatencyModel, computed_tokens
+from shared.latency_model import LatencyModel
+from shared.prefix import computed_tokens
 
 
 def grid(model, noise=0.0, seed=0):

@@ -127,7 +127,7 @@ def test_the_computed_token_count_matches_the_nodes_layout():
     import torch
 
     from compile.score.layout import plan_batch
-    from shared.latency_model import computed_tokens
+    from shared.prefix import computed_tokens
     from shared.prefix import longest_common_prefix
 
     rng = np.random.default_rng(0)
