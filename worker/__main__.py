@@ -1,7 +1,9 @@
 """`python -m worker --config configs/x.toml --artifacts artifacts/x [--endpoint E] [--device D]`.
 
 Endpoint and device default to entry --index of [worker] endpoints/devices. SIGTERM or SIGINT
-drains (finish and answer accepted batches) and exits 0.
+drains (finish and answer accepted batches) and exits 0. The last fitted latency profile is kept in
+--profile-cache (default $XDG_CACHE_HOME/boundserve/profiles, or ~/.cache/...), so a restart serves
+after a short warm-up and refits in the background; `--profile-cache none` always profiles first.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 
 from shared.config import ConfigError, load_config
 from worker.logs import JsonLog
@@ -23,6 +26,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", help="cpu or cuda:N (default: from config)")
     parser.add_argument("--index", type=int, default=0, help="which [worker] entry supplies the defaults")
     parser.add_argument("--worker-id", help="name in logs and heartbeats (default: worker-<pid>)")
+    parser.add_argument("--profile-cache", help="folder of the last fitted latency profiles, or `none` "
+                        "(default: $XDG_CACHE_HOME/boundserve/profiles)")
     parser.add_argument("--debug", action="store_true", help="debug-level logs")
     return parser.parse_args(argv)
 
@@ -47,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         device = args.device or config.worker.devices[entry]
         from worker.startup import build_server  # imports torch: after argument errors are reported
 
-        server = build_server(config, args.artifacts, device, endpoint, worker_id, log)
+        server = build_server(config, args.artifacts, device, endpoint, worker_id, log, _profile_folder(args))
     except (ConfigError, RuntimeError, ValueError, OSError) as exc:
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
         return 2
@@ -56,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stop["server"] = server
     return server.run()
+
+
+def _profile_folder(args: argparse.Namespace) -> Path | None:
+    from worker.profile_cache import default_folder
+
+    if args.profile_cache == "none":
+        return None
+    return Path(args.profile_cache) if args.profile_cache else default_folder(dict(os.environ))
 
 
 if __name__ == "__main__":

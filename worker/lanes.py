@@ -65,3 +65,12 @@ def make_lanes(device: str, config: WorkerConfig, bounds: Mapping[str, int]) -> 
     index = torch.device(device).index or 0
     streams = [torch.cuda.Stream(device=index) for _ in range(config.num_streams)]
     return [Lane(device, max_tokens, stream=s) for s in streams]
+
+
+def spare_lane(device: str, bounds: Mapping[str, int]) -> Lane:
+    """A lane of its own for work beside the served batches (the background profile refit), so it
+    never writes into a staging buffer a compute thread is reading."""
+    if device == "cpu":
+        return Lane(device, max_staged_tokens(bounds))
+    stream = torch.cuda.Stream(device=torch.device(device).index or 0)
+    return Lane(device, max_staged_tokens(bounds), stream=stream)

@@ -107,9 +107,13 @@ def profile_workload(run: Callable, batches: list[tuple[float, float, object]], 
     return Profile(model=model, rmse_ms=model.rmse_ms(samples), samples=tuple(samples))
 
 
-def profile_all(runners: Mapping[type, object], lane, bounds: Mapping[str, int], vocab_size: int,
-                config: WorkerConfig, seed: int = 0) -> dict[str, Profile]:
-    """Profiles of every workload this worker serves, sharing config.profile_budget_s."""
+Plan = tuple[object, list[tuple[float, float, object]]]
+"""A workload's runner and its grid: (B, L, batch) in the order they are timed."""
+
+
+def plan_batches(runners: Mapping[type, object], bounds: Mapping[str, int], vocab_size: int,
+                 seed: int = 0) -> dict[str, Plan]:
+    """The synthetic batches of every workload this worker serves, corners first."""
     rng = np.random.default_rng(seed)
     plans = {}
     if ScoreBatch in runners:
@@ -118,12 +122,33 @@ def profile_all(runners: Mapping[type, object], lane, bounds: Mapping[str, int],
     if BeamBatch in runners:
         plans["beam"] = (runners[BeamBatch], [(r * w, l, beam_batch(r, w, l, bounds, vocab_size, rng))
                                               for r, w, l in beam_grid(bounds)])
+    return plans
+
+
+def runs_on(runner, lane) -> Callable[[object], object]:
+    """run(batch): the whole synthetic batch through `runner` on `lane`, as a served batch runs."""
+    return lambda batch: runner.run(batch, list(range(len(batch.requests))), lane)
+
+
+def warm_up_smallest(plans: Mapping[str, Plan], lane, runs: int) -> None:
+    """First-call costs only (the smallest batch of each workload): what a restart must pay before
+    serving. The largest batch's first call is left to the background refit."""
+    for runner, batches in plans.values():
+        run = runs_on(runner, lane)
+        for _ in range(runs):
+            run(batches[0][2])
+
+
+def profile_all(runners: Mapping[type, object], lane, bounds: Mapping[str, int], vocab_size: int,
+                config: WorkerConfig, seed: int = 0) -> dict[str, Profile]:
+    """Profiles of every workload this worker serves, sharing config.profile_budget_s."""
+    return profile_plans(plan_batches(runners, bounds, vocab_size, seed), lane, config)
+
+
+def profile_plans(plans: Mapping[str, Plan], lane, config: WorkerConfig) -> dict[str, Profile]:
+    """Warm up and time each workload's grid, the workloads sharing config.profile_budget_s."""
     profiles, start = {}, time.monotonic()
     for i, (workload, (runner, batches)) in enumerate(plans.items()):
-        share = config.profile_budget_s / len(plans)
-        deadline = start + share * (i + 1)
-
-        def run(batch, runner=runner):
-            return runner.run(batch, list(range(len(batch.requests))), lane)
-        profiles[workload] = profile_workload(run, batches, config, deadline)
+        deadline = start + config.profile_budget_s / len(plans) * (i + 1)
+        profiles[workload] = profile_workload(runs_on(runner, lane), batches, config, deadline)
     return profiles

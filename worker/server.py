@@ -2,7 +2,9 @@
 
 Main loop: poll → receive (decode, check, queue or refuse at once) → forward replies from the
 compute threads → heartbeat every known gateway → when asked to stop, drain and return 0.
-Only this thread touches the ROUTER socket.
+Only this thread touches the ROUTER socket. Liveness does not depend on this loop: libzmq's I/O
+thread answers the gateways' ZMTP heartbeats even while a compiled call holds the GIL, and pings
+them in turn, dropping a connection whose gateway stopped answering.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -24,16 +27,20 @@ from worker.stats import WorkerStats
 
 MAX_PEERS = 1024
 MAX_RECV_PER_TURN = 256  # frames read before forwarding replies again, so neither side starves
+GATEWAY_SILENCE_MS = 10_000  # a gateway connection unanswered this long is dropped (libzmq's pings)
+REFIT_JOIN_S = 30.0  # at exit: let a background profile call in progress finish
 
 
 class WorkerServer:
     """Serves one device. Constructed with everything it needs; sockets open in run()."""
 
     def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, checks: dict, pool_factory,
-                 log: JsonLog) -> None:
+                 log: JsonLog, refit_factory: Callable | None = None) -> None:
         self.endpoint, self.config, self.ready, self.log = endpoint, config, ready, log
         self.checks = checks  # batch type -> check(batch) -> per-request refusals (raises BatchRefused)
         self.pool_factory = pool_factory  # (queue, stats, context, outbox) -> ComputePool
+        self.refit_factory = refit_factory  # (server) -> BackgroundRefit, after a start on a cached profile
+        self.refreshed: Ready | None = None  # set by the refit thread, sent by this loop
         self.limits = DecodeLimits(max_frame_bytes=config.max_message_bytes, max_bin_len=config.max_message_bytes)
         self.stats = WorkerStats()
         self.queue = BatchQueue(config.max_queued_batches)
@@ -54,6 +61,8 @@ class WorkerServer:
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sends to a vanished peer fail instead of vanishing
         router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         router.setsockopt(zmq.LINGER, 2000)
+        router.setsockopt(zmq.HEARTBEAT_IVL, self.config.heartbeat_interval_ms)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(GATEWAY_SILENCE_MS, 10 * self.config.heartbeat_interval_ms))
         outbox = f"inproc://worker-outbox-{os.getpid()}-{id(self)}"
         pull = context.socket(zmq.PULL)
         pull.bind(outbox)
@@ -65,8 +74,13 @@ class WorkerServer:
                 self.log.error("bind_failed", endpoint=self.endpoint, error=str(exc))
                 return 2
             pool.start()
+            refit = self.refit_factory(self) if self.refit_factory is not None else None
+            if refit is not None:
+                refit.start()
             self.log.info("serving", endpoint=self.endpoint, pid=os.getpid(), workloads=list(self.ready.workloads))
             self._loop(router, pull)
+            if refit is not None:
+                refit.join(REFIT_JOIN_S)
             pool.stop()
             self._forward_replies(router, pull, block_ms=0)
             self.log.info("stopped", counters=dataclasses.asdict(self.stats.counters()))
@@ -96,6 +110,8 @@ class WorkerServer:
             if time.monotonic() >= next_beat:
                 self._heartbeat(router)
                 next_beat = time.monotonic() + interval_s
+            if self.refreshed is not None and not self.draining:
+                self._announce_refreshed(router)
 
     # ---- receive side ---------------------------------------------------------------------------
 
@@ -193,6 +209,25 @@ class WorkerServer:
         frames = encode(beat)
         for peer in list(self.peers):
             self._send_frames(router, peer, frames)
+
+    def activity(self) -> tuple[int, int, int] | None:
+        """None while a batch is queued or computing; else a value that changes with every batch
+        served or refused (for the background refit to tell whether served work disturbed it)."""
+        if self.queue.depth or self.stats.in_flight:
+            return None
+        counters = self.stats.counters()
+        return counters.batches_computed, counters.errors, counters.requests_expired
+
+    def publish_latency(self, latency: dict, rmse_ms: dict) -> None:
+        """From the refit thread: a fresh Ready goes to every gateway on the next turn of the loop."""
+        self.refreshed = dataclasses.replace(self.ready, latency=latency, latency_rmse_ms=rmse_ms)
+
+    def _announce_refreshed(self, router: zmq.Socket) -> None:
+        self.ready, self.refreshed = self.refreshed, None
+        frames = encode(self.ready)
+        for peer in list(self.peers):
+            self._send_frames(router, peer, frames)
+        self.log.info("profile_announced", gateways=len(self.peers))
 
     def _begin_drain(self, router: zmq.Socket) -> None:
         self.draining = True

@@ -1,4 +1,10 @@
-"""Builds a ready-to-run WorkerServer: load artifacts, allocate lanes, warm up, profile, make Ready."""
+"""Builds a ready-to-run WorkerServer: load artifacts, allocate lanes, warm up, profile, make Ready.
+
+Fast restart: when the profile cache (worker/profile_cache.py) holds a profile of this build on this
+device, the worker warms up only the first call of each node and serves with that profile at once;
+it refits in the background (worker/refit.py). Without one it times the grid before serving and
+saves the result for the next start.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,11 @@ from shared.config import DeploymentConfig
 from shared.protocol import PROTOCOL_VERSION, BeamBatch, Ready, ScoreBatch
 from worker.bounds_check import check_beam_batch, check_score_batch
 from worker.compute import ComputePool
-from worker.lanes import make_lanes
+from worker import profile_cache
+from worker.lanes import make_lanes, spare_lane
 from worker.logs import JsonLog
-from worker.profiler import profile_all
+from worker.profiler import Plan, Profile, plan_batches, profile_plans, warm_up_smallest
+from worker.refit import BackgroundRefit
 from worker.runner import BeamRunner, ScoreRunner
 from worker.server import WorkerServer
 
@@ -22,8 +30,9 @@ MODEL_FACTS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads",
 
 
 def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, endpoint: str,
-                 worker_id: str, log: JsonLog) -> WorkerServer:
-    """Everything a worker does before serving; refuses artifacts built for another machine."""
+                 worker_id: str, log: JsonLog, profile_folder: Path | None = None) -> WorkerServer:
+    """Everything a worker does before serving; refuses artifacts built for another machine.
+    `profile_folder`: where the last fitted profile is kept (None: always profile before serving)."""
     nodes = load_nodes(artifacts, device)  # raises ArtifactMismatch for another machine
     manifest = nodes.manifest
     bounds = manifest["bounds"]
@@ -33,16 +42,26 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     static_ids = static_prefix_ids(manifest)
     if nodes.score is not None:
         runners[ScoreBatch] = ScoreRunner(nodes.score)
-        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size)
+        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size,
+                                               static_ids=static_ids)
     if nodes.beam is not None:
         runners[BeamBatch] = BeamRunner(nodes.beam)
         checks[BeamBatch] = functools.partial(check_beam_batch, bounds=bounds, vocab_size=vocab_size)
     log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes),
              workloads=[t.__name__ for t in runners])
-    profiles = profile_all(runners, lanes[0], bounds, vocab_size, config.worker)
-    for workload, profile in profiles.items():
-        log.info("profiled", workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
-                 **profile.model.to_dict())
+    plans = plan_batches(runners, bounds, vocab_size)
+    threads = config.worker.cpu_threads if device == "cpu" else len(lanes)
+    cache = profile_cache.cache_path(profile_folder, manifest, device, threads) if profile_folder else None
+    profiles, refit_factory = _cached_profiles(cache, plans, log), None
+    if profiles is not None:
+        warm_up_smallest(plans, lanes[0], max(1, config.worker.warmup_runs))
+        refit_factory = functools.partial(_make_refit, plans, spare_lane(device, bounds), config.worker, cache, log)
+    else:
+        profiles = profile_plans(plans, lanes[0], config.worker)
+        for workload, profile in profiles.items():
+            log.info("profiled", workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
+                     **profile.model.to_dict())
+        _save_profiles(cache, profiles, log)
     ready = Ready(
         protocol_version=PROTOCOL_VERSION, worker_id=worker_id, device=device, pid=os.getpid(),
         workloads=tuple(profiles), bounds={k: int(v) for k, v in bounds.items()},
@@ -53,7 +72,38 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
         heartbeat_interval_ms=config.worker.heartbeat_interval_ms, static_prefix_ids=static_ids,
     )
     pool_factory = functools.partial(_make_pool, lanes, runners, log)
-    return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log)
+    return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log, refit_factory)
+
+
+def _cached_profiles(cache: Path | None, plans: dict[str, Plan], log: JsonLog) -> dict[str, Profile] | None:
+    if cache is None or not cache.exists():
+        return None
+    try:
+        profiles = profile_cache.load(cache, tuple(plans))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("profile_cache_unusable", path=str(cache), error=f"{type(exc).__name__}: {exc}")
+        return None
+    for workload, profile in profiles.items():
+        log.info("profile_reused", workload=workload, path=str(cache), points=len(profile.samples),
+                 rmse_ms=round(profile.rmse_ms, 4), **profile.model.to_dict())
+    return profiles
+
+
+def _save_profiles(cache: Path | None, profiles: dict[str, Profile], log: JsonLog) -> None:
+    if cache is None:
+        return
+    try:
+        profile_cache.save(cache, profiles)
+    except OSError as exc:  # a read-only home costs the next start its fast path, nothing else
+        log.warning("profile_cache_unwritable", path=str(cache), error=str(exc))
+
+
+def _make_refit(plans, lane, config, cache, log, server: WorkerServer) -> BackgroundRefit:
+    def publish(profiles: dict[str, Profile]) -> None:
+        _save_profiles(cache, profiles, log)
+        server.publish_latency({w: p.model for w, p in profiles.items()}, {w: p.rmse_ms for w, p in profiles.items()})
+
+    return BackgroundRefit(plans, lane, config.profile_repeats, config.profile_budget_s, server.activity, publish, log)
 
 
 def static_prefix_ids(manifest: dict) -> tuple[int, ...]:

@@ -1,11 +1,14 @@
 """Worker lifecycle: SIGTERM and Shutdown drain (accepted batches answered, then exit 0); bad artifacts
-refused at start."""
+refused at start; a restart serves with the last fitted profile and refits in the background."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +126,77 @@ def test_artifacts_built_for_another_machine_are_refused(demo_artifacts, tmp_pat
     )
     assert result.returncode == 2
     assert "startup_failed" in result.stderr and "another machine" in result.stderr
+
+
+
+def cached_worker_argv(artifacts, folder) -> tuple[str, list[str]]:
+    """(endpoint, argv) of a worker keeping its profiles in folder/profiles."""
+    from tests.worker.conftest import write_config
+
+    endpoint = f"ipc://{folder}/worker.sock"
+    return endpoint, [sys.executable, "-m", "worker", "--config", str(write_config(folder, endpoint)),
+                      "--artifacts", str(artifacts), "--profile-cache", str(folder / "profiles")]
+
+
+@contextlib.contextmanager
+def serving(argv, endpoint, log_path, client_class):
+    """A worker process and a client that had its Ready; SIGTERM at the end must exit 0."""
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    client = client_class(endpoint)
+    try:
+        ready = client.hello()
+        assert isinstance(ready, p.Ready), log_path.read_text()
+        yield client, ready
+    finally:
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, log_path.read_text()
+
+
+def logged(path: Path, event: str, timeout_s: float = 0.0) -> list[dict]:
+    """The JSON log lines of `event` (waiting up to timeout_s for the first one)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+        found = [line for line in lines if line.get("event") == event]
+        if found or time.monotonic() >= end:
+            return found
+        time.sleep(0.05)
+
+
+def coefficients(line: dict) -> dict:
+    return {k: line[k] for k in ("alpha", "beta", "gamma", "delta")}
+
+
+def test_a_restart_serves_with_the_last_profile_and_refits_in_the_background(demo_artifacts, tmp_path,
+                                                                               client_class):
+    """First start: the grid is timed before serving and saved. Second start: the saved profile is
+    used at once, refitted in the background, and the refit is what Ready carries from then on."""
+    endpoint, argv = cached_worker_argv(demo_artifacts, tmp_path)
+    cold, warm = tmp_path / "cold.log", tmp_path / "warm.log"
+    with serving(argv, endpoint, cold, client_class):
+        (saved,) = (tmp_path / "profiles").iterdir()
+        cached = json.loads(saved.read_text())["profiles"]["score"]["model"]
+    with serving(argv, endpoint, warm, client_class):
+        assert logged(warm, "profile_announced", timeout_s=120), warm.read_text()
+        refitted = coefficients(logged(warm, "profile_refitted")[0])
+        fresh = client_class(endpoint, gateway_id="gw-after-refit")
+        try:
+            assert fresh.hello().latency["score"].to_dict() == refitted
+        finally:
+            fresh.close()
+    assert logged(cold, "profiled") and not logged(cold, "profile_reused")
+    (reused,) = logged(warm, "profile_reused")
+    assert coefficients(reused) == cached and not logged(warm, "profiled")
+    assert json.loads(saved.read_text())["profiles"]["score"]["model"] == refitted  # saved for the next start
+
+
+def test_an_unreadable_profile_cache_costs_only_the_fast_path(demo_artifacts, tmp_path, client_class):
+    endpoint, argv = cached_worker_argv(demo_artifacts, tmp_path)
+    with serving(argv, endpoint, tmp_path / "first.log", client_class):
+        (saved,) = (tmp_path / "profiles").iterdir()
+    saved.write_text("{not json")
+    with serving(argv, endpoint, tmp_path / "second.log", client_class):
+        pass
+    assert logged(tmp_path / "second.log", "profile_cache_unusable") and logged(tmp_path / "second.log", "profiled")
