@@ -1,4 +1,4 @@
-"""Admission control: the shell around shared/policy.py's precheck and admit for the gateway.
+"""Admission control: the shell around shared/policy's precheck and admit for the gateway.
 
 It reads the pool (ready workers, the soonest-free worker's work in flight, the fastest worker's
 corrected latency model) and the batcher's queue, asks the policy, and raises the refusal as an

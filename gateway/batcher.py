@@ -1,4 +1,4 @@
-"""Deadline-ordered micro-batching: the async shell around shared/policy.py's batch plan and drops.
+"""Deadline-ordered micro-batching: the async shell around shared/policy's batch plan and drops.
 
 One Batcher per workload. Its loop asks the pool for the least-loaded worker with a free slot, and
 the policy what to do with the head of the queue (`plan_batch`): hold a partial batch while that

@@ -1,4 +1,4 @@
-"""`python -m loadgen replay|sweep|tune|import|synth ...`: the only place that reads argv."""
+"""`python -m loadgen replay|sweep|tune|validate|import|synth ...`: the only place that reads argv."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ HANDLERS = {
     "replay": commands.cmd_replay,
     "sweep": commands.cmd_sweep,
     "tune": commands.cmd_tune,
+    "validate": commands.cmd_validate,
 }
 
 

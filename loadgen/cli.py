@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     _replay(sub.add_parser("replay", help="open-loop replay against a live gateway, with a report"))
     _sweep(sub.add_parser("sweep", help="offered-load sweep: highest rate meeting the SLO"))
     _tune(sub.add_parser("tune", help="search gateway settings for the best goodput within the SLO"))
+    _validate(sub.add_parser("validate", help="replay a trace live and simulated on a local stack; compare"))
     return parser
 
 
@@ -87,7 +88,10 @@ def _offline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="deployment TOML: base [gateway] settings and [bounds]")
     p.add_argument("--workers", type=int, default=None, help="offline: worker count (default: the config's)")
     p.add_argument("--overhead-ms", type=float, default=0.0,
-                   help="offline: fixed per-request time outside the worker (HTTP, tokenizing, transport)")
+                   help="offline: fixed per-request time outside the gateway's queue and the workers (HTTP, "
+                        "tokenizing); `loadgen validate` measures it")
+    p.add_argument("--batch-overhead-ms", type=float, default=0.0,
+                   help="offline: fixed time per batch around the compute (messages, packing); validate measures it")
 
 
 def _replay(p: argparse.ArgumentParser) -> None:
@@ -125,5 +129,20 @@ def _tune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--startup-timeout-s", type=float, default=60.0)
     p.add_argument("--warmup-s", type=float, default=1.0, help="live: seconds of trace sent and discarded first")
     p.add_argument("--out", default=None, help="write the table and recommendation as JSON here")
+    p.add_argument("--write-config", default=None,
+                   help="write the recommended deployment config here (TOML: --config with the settings applied)")
     _offline(p)
     _target(p)
+
+
+def _validate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True)
+    p.add_argument("--config", required=True, help="deployment TOML of the stack to start")
+    p.add_argument("--artifacts", required=True, help="compiled artifacts folder (python -m compile)")
+    p.add_argument("--levels", default="0.5,1,2", help="load levels as fractions of capacity, comma-separated")
+    p.add_argument("--duration-s", type=float, default=20.0, help="seconds of trace replayed per level")
+    p.add_argument("--slo-ms", type=float, default=None,
+                   help="goodput counts successes within this (default: the config's deadline for the route)")
+    p.add_argument("--calibration-requests", type=int, default=300)
+    p.add_argument("--label-token-ids", default="10,11", help="score: comma-separated label token ids")
+    p.add_argument("--out-dir", default="loadgen-validate")

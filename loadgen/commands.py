@@ -106,11 +106,51 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         print(f"\nrecommended (goodput {best.goodput_rps:.1f}/s, p{args.pct:g} {best.latency_pct_ms:.1f} ms):\n")
         print(config_snippet(best.knobs))
+        if args.write_config:
+            _write_config(args, best.knobs)
     if args.capacity:
         report["capacity"] = _capacity(args, trace, best.knobs if best else {})
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     return 0
+
+
+def _write_config(args: argparse.Namespace, knobs: dict[str, Any]) -> None:
+    from loadgen.tuner import recommended_config
+
+    if not args.config:
+        raise ValueError("--write-config needs --config (the deployment the settings are applied to)")
+    Path(args.write_config).write_text(recommended_config(args.config, knobs))
+    print(f"wrote {args.write_config} ({args.config} with the recommended settings)")
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from loadgen.validate import ValidateOptions, validate
+
+    options = ValidateOptions(
+        trace_path=args.trace, config_path=args.config, artifacts=args.artifacts,
+        levels=tuple(float(x) for x in args.levels.split(",") if x.strip()), duration_s=args.duration_s,
+        slo_ms=args.slo_ms, calibration_requests=args.calibration_requests,
+        label_token_ids=tuple(int(x) for x in args.label_token_ids.split(",") if x.strip()),
+    )
+    summary = validate(options, args.out_dir)
+    for row in summary["levels"]:
+        print(f"load {row['load']:g}: goodput live {row['live_goodput_rps']:.1f}/s sim {row['sim_goodput_rps']:.1f}/s, "
+              f"p99 live {row['live_p99_ms']} ms sim {row['sim_p99_ms']} ms", file=sys.stderr)
+    print(f"report: {Path(args.out_dir) / 'index.html'}", file=sys.stderr)
+    print(json.dumps(_short(summary)))
+    return 0
+
+
+def _short(summary: dict[str, Any]) -> dict[str, Any]:
+    """The last line of `validate`: the levels' headline figures and the largest relative error."""
+    from loadgen.report import clean_json
+
+    keys = ("load", "offered_rps", "live_goodput_rps", "sim_goodput_rps", "live_p99_ms", "sim_p99_ms",
+            "goodput_rel_err", "p99_rel_err")
+    levels = [{k: row[k] for k in keys} for row in summary["levels"]]
+    return clean_json({"levels": levels, "max_rel_err": summary["max_rel_err"],
+                       "capacity_rps": summary["capacity_rps"], "slo_ms": summary["slo_ms"]})
 
 
 def parse_grid(items: list[str]) -> dict[str, list[float]]:
@@ -135,20 +175,14 @@ def default_grid(trace: Trace, slo_ms: float, offline: bool) -> dict[str, list[f
 
 
 def base_settings(args: argparse.Namespace) -> SimSettings:
-    settings = SimSettings(default_beam_width=args.beam_width)
+    world = {"default_beam_width": args.beam_width, "request_overhead_ms": args.overhead_ms,
+             "batch_overhead_ms": args.batch_overhead_ms}
     if args.config:
         from shared.config import load_config
 
-        config = load_config(args.config)
-        g, b = config.gateway, config.bounds
-        settings = SimSettings(
-            max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
-            admission_margin_ms=g.admission_margin_ms, score_deadline_ms=g.score_deadline_ms,
-            generate_deadline_ms=g.generate_deadline_ms, max_batch_tokens=b.max_tokens_per_batch,
-            max_batch_samples=b.max_samples_per_batch, max_beam_requests=b.max_beam_requests_per_batch,
-            workers=len(config.worker.endpoints), default_beam_width=args.beam_width,
-        )
-    settings = settings.with_knobs({"request_overhead_ms": args.overhead_ms})
+        settings = SimSettings.from_config(load_config(args.config), **world)
+    else:
+        settings = SimSettings(**world)
     return settings.with_knobs({"workers": args.workers}) if args.workers else settings
 
 

@@ -36,6 +36,9 @@ class ReplayOptions:
     progress: bool = True
     scrape_metrics: bool = True
     headers: tuple[tuple[str, str], ...] = ()
+    id_prefix: str | None = None
+    """When set, request i carries `X-Request-Id: <id_prefix><i>` (the gateway logs it; its workers
+    name it in their batch lines)."""
 
 
 def run_replay(trace: Trace, bodies: BodyFactory, options: ReplayOptions) -> ReplayRun:
@@ -113,8 +116,10 @@ class _Sender:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         result.sent_ms = self._now_ms()
         url = self.options.url.rstrip("/") + PATHS[result.route]
+        prefix = self.options.id_prefix
+        headers = None if prefix is None else {"X-Request-Id": f"{prefix}{result.index}"}
         try:
-            async with self.session.post(url, data=self.payloads[result.index]) as response:
+            async with self.session.post(url, data=self.payloads[result.index], headers=headers) as response:
                 raw = await response.read()
                 result.done_ms = self._now_ms()
                 result.status = response.status

@@ -41,7 +41,8 @@ def load_service_model(spec: str) -> ServiceModel:
     """From a JSON file or inline JSON: {"score": {alpha..delta}, "beam": {...}}, a single
     {alpha..delta} (used for every route), or "alpha,beta,gamma,delta" (every route).
     A file may also nest the models under "latency_models" or "profiles" (worker profile dumps), or
-    be a gateway/worker log of JSON lines: its last "profiled" event per workload is used."""
+    be a gateway/worker log of JSON lines: the last profile a worker logged per workload is used
+    ("profiled" at start-up, "profile_reused" from its cache, "profile_refitted" in the background)."""
     text = spec.strip()
     if not text.startswith("{") and Path(text).exists():
         text = Path(text).read_text()
@@ -77,16 +78,19 @@ def service_model_from_dict(raw: Mapping[str, Any]) -> ServiceModel:
     return ServiceModel(models)
 
 
+PROFILE_EVENTS = ("profiled", "profile_reused", "profile_refitted")
+
+
 def _profiled_events(text: str) -> dict[str, dict[str, float]]:
     """{workload: coefficients} from log lines like {"event": "profiled", "workload": "score", "alpha": ...}."""
     found: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
-        if '"profiled"' not in line:
+        if not any(f'"{name}"' in line for name in PROFILE_EVENTS):
             continue
         try:
             event = json.loads(line[line.index("{"):])
         except (ValueError, json.JSONDecodeError):
             continue
-        if event.get("event") == "profiled" and isinstance(event.get("workload"), str):
+        if event.get("event") in PROFILE_EVENTS and isinstance(event.get("workload"), str):
             found[event["workload"]] = {k: event[k] for k in ("alpha", "beta", "gamma", "delta") if k in event}
     return found

@@ -1,15 +1,16 @@
 """What the simulator puts around the gateway's policy: jobs cut from trace records, and workers.
 
-Jobs have the fields the policy reads (shared/policy.py's Work), filled as the gateway fills them
+Jobs have the fields the policy reads (shared/policy's Work), filled as the gateway fills them
 (gateway/job.py): score B = samples and L = tokens per sample, a request larger than one batch cut
 into chunks by the same rule (policy.chunk_bounds); beam B = beams, one job per request.
-A worker runs its batches one after another; it drops the members whose deadline passed before
-their batch starts (as worker/compute.py does) and takes service(route, B, L) + a fixed overhead
-per batch for the rest.
+A worker computes its batches one after another; it drops the members whose deadline passed before
+their batch starts (as worker/compute.py does) and takes service(route, B, L) for the rest; a fixed
+overhead per batch delays each batch on its way there and back without keeping the worker busy.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from shared.latency_correction import CorrectedModel
@@ -23,7 +24,7 @@ ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
 
 @dataclass(eq=False)
 class SimJob:
-    """One queued unit of a request (shared/policy.py's Work)."""
+    """One queued unit of a request (shared/policy's Work)."""
 
     request: int
     """Index of the trace record."""
@@ -84,21 +85,28 @@ class SimWorker:
     models: dict[str, CorrectedModel]
     in_flight: dict[int, SimBatch] = field(default_factory=dict)
     free_at: float = 0.0
-    """When it will have finished everything it was sent (simulated seconds)."""
+    """When it will have computed everything it was sent (simulated seconds)."""
+    overhead_ms: float = 0.0
+    """Per batch, on the way there and back (half each way)."""
+    jitter: Jitter | None = None
 
     def busy_ms(self, now_s: float) -> float:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
         return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s)
 
-    def run(self, batch: SimBatch, route: str, service: ServiceFn, overhead_ms: float) -> None:
-        """Accept `batch` at its send time: it starts when the worker is free, drops what has expired."""
-        start = batch.started_at = max(batch.sent_at, self.free_at)
+    def run(self, batch: SimBatch, route: str, service: ServiceFn) -> None:
+        """Accept `batch` at its send time. The overhead is time on the way there and back (messages,
+        packing, waking up), half each way; the worker is busy only while it computes, one batch
+        after another, and drops the members whose deadline passed before theirs starts."""
+        start = batch.started_at = max(batch.sent_at + self.overhead_ms / 2000.0, self.free_at)
         live = [j for j in batch.jobs if j.deadline > start]
         batch.expired = [j for j in batch.jobs if j.deadline <= start]
         items = sum(j.batch_items for j in live)
         batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
-        batch.finish_at = start + (batch.compute_ms + overhead_ms) / 1000.0
-        self.free_at = batch.finish_at
+        if self.jitter is not None:
+            batch.compute_ms *= self.jitter.draw()
+        self.free_at = start + batch.compute_ms / 1000.0
+        batch.finish_at = self.free_at + self.overhead_ms / 2000.0
         self.in_flight[batch.batch_id] = batch
 
     def finish(self, batch: SimBatch) -> None:
@@ -107,8 +115,20 @@ class SimWorker:
         model = self.models[batch.workload]
         items = sum(j.batch_items for j in batch.jobs)
         if batch.compute_ms > 0:  # the gateway's service time: the round trip less the wait in the worker
+            waited_ms = (batch.started_at - batch.sent_at) * 1000.0 - self.overhead_ms / 2.0
             model.observe(items, sum(j.latency_tokens for j in batch.jobs) / items, batch.compute_ms,
-                          (batch.finish_at - batch.started_at) * 1000.0)
+                          (batch.finish_at - batch.sent_at) * 1000.0 - waited_ms)
+
+
+class Jitter:
+    """Factors drawn at random (seeded) from measured ratios; always 1 when there are none."""
+
+    def __init__(self, ratios: tuple[float, ...], seed: int) -> None:
+        self.ratios = ratios
+        self._random = random.Random(seed)
+
+    def draw(self) -> float:
+        return self._random.choice(self.ratios) if self.ratios else 1.0
 
 
 class ServiceCurve:

@@ -1,14 +1,16 @@
 """Offline discrete-event replay of a trace through the gateway's own scheduling policy.
 
-Every decision comes from the functions the gateway calls (shared/policy.py): precheck and admit
+Every decision comes from the functions the gateway calls (shared/policy): precheck and admit
 with probes and learnt lateness, the deadline-ordered queue, plan_batch (hold, send, predicted-late
 drops) and take_expired; predictions come from the gateway's CorrectedModel (gateway/latency.py),
 fed each simulated batch as the gateway feeds it the workers' answers. Only the world around the
 gateway is simulated (loadgen/sim_world.py):
   clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
             answer reaches the client as long after the gateway answers (HTTP, JSON, tokenizing);
-  workers   each runs its batches one after another (up to max_inflight_batches sent to it); a batch
-            takes service(route, B, L) + batch_overhead_ms; members whose deadline passed before it
+  workers   each computes its batches one after another (up to max_inflight_batches sent to it) for
+            service(route, B, L) each (times a measured jitter, if given); batch_overhead_ms delays a batch on its way there and back
+            without keeping the worker busy (the gateway's predictions start from
+            `profile`, what the workers reported at start-up, and learn the rest); members whose deadline passed before it
             starts are dropped there (expired_in_worker); no answer within worker_timeout_ms after
             a deadline is answered 504 (worker_overdue), as the gateway's timer does.
 An answer after the deadline is still a success, only a late one. Results have the shape of live
@@ -27,7 +29,7 @@ from typing import Any
 from shared.latency_correction import CorrectedModel
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
-from loadgen.sim_world import ROUTE_WORKLOAD, SimBatch, SimJob, SimWorker, initial_model, jobs_of
+from loadgen.sim_world import ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, initial_model, jobs_of
 from loadgen.trace import Trace
 from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness, PoolView, Prediction,
                            Refusal, admit, plan_batch, precheck, take_expired)
@@ -65,7 +67,11 @@ class SimSettings:
     request_overhead_ms: float = 0.0
     """Time outside the gateway's queue and the workers (HTTP, JSON, tokenizing), half on the way in."""
     batch_overhead_ms: float = 0.0
-    """Time per batch around the compute (messages, packing, waking the worker)."""
+    """Time per batch around the compute (messages, packing, waking the worker), half each way."""
+    compute_jitter: tuple[float, ...] = ()
+    """Measured compute / the model's prediction, one value per measured batch: each simulated batch
+    takes the model's time x one of these, drawn at random (seeded); empty = exactly the model's."""
+    seed: int = 0
     default_beam_width: int = 16
 
     def with_knobs(self, knobs: dict[str, Any]) -> SimSettings:
@@ -110,9 +116,12 @@ class _Request:
 class Simulator:
     """Runs a trace through the policy above; `run` returns one RequestResult per record."""
 
-    def __init__(self, settings: SimSettings, service: ServiceFn) -> None:
+    def __init__(self, settings: SimSettings, service: ServiceFn, profile: ServiceFn | None = None) -> None:
         self.settings = settings
         self.service = service
+        self.profile = profile or service
+        """What the workers report at start-up, where the gateway's predictions start (default: the
+        service time itself, an exact profile)."""
         self.drops: Counter[str] = Counter()
         self.reasons: dict[int, str] = {}
         """Trace index -> the drop reason it was answered for (requests not dropped are absent)."""
@@ -125,7 +134,9 @@ class Simulator:
         self.queues = {w: DeadlineQueue() for w in WORKLOAD_ROUTE}
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
         self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
-        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}) for i in range(s.workers)]
+        jitter = Jitter(s.compute_jitter, s.seed)
+        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms,
+                                  jitter=jitter) for i in range(s.workers)]
         self._events: list[tuple[float, int, str, Any]] = []
         self._wake_at: dict[str, float] = {}
         for i, record in enumerate(trace.records):
@@ -141,7 +152,7 @@ class Simulator:
         s = self.settings
         items = s.max_batch_samples if workload == "score" else s.max_beam_requests * s.max_beam_width
         tokens = s.max_batch_tokens if workload == "score" else 1 << 40
-        return CorrectedModel(initial_model(WORKLOAD_ROUTE[workload], self.service), items, tokens)
+        return CorrectedModel(initial_model(WORKLOAD_ROUTE[workload], self.profile), items, tokens)
 
     def _at(self, when_s: float, kind: str, payload: Any) -> None:
         heapq.heappush(self._events, (when_s, next(self._ids), kind, payload))
@@ -241,7 +252,7 @@ class Simulator:
         for job in jobs:
             self.queues[workload].remove(job)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
-        worker.run(batch, WORKLOAD_ROUTE[workload], self.service, self.settings.batch_overhead_ms)
+        worker.run(batch, WORKLOAD_ROUTE[workload], self.service)
         self._at(batch.finish_at, "done", (worker, batch))
         grace_s = self.settings.worker_timeout_ms / 1000.0
         for job in jobs:
@@ -268,6 +279,7 @@ class Simulator:
         return min((w.models[workload] for w in self.workers), key=lambda m: m.predict_ms(1, 64))
 
 
-def simulate(trace: Trace, settings: SimSettings, service: ServiceFn) -> list[RequestResult]:
+def simulate(trace: Trace, settings: SimSettings, service: ServiceFn,
+             profile: ServiceFn | None = None) -> list[RequestResult]:
     """Convenience: one simulator run."""
-    return Simulator(settings, service).run(trace)
+    return Simulator(settings, service, profile).run(trace)

@@ -1,0 +1,144 @@
+"""A local boundserve stack for live checks: `python -m gateway --spawn-workers` started and owned here.
+
+The deployment config is the user's, written again (tomli-w) with the gateway on a free local port
+and each worker on its own ipc endpoint in a scratch folder, so a check never collides with a
+running deployment. Everything the gateway and its workers print goes to one log file; the workers'
+structured lines there tell the latency model each reported ("profiled") and what each batch cost
+("batch_done").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.live import stop, wait_ready
+
+SETTLED = ("profiled", "profile_refitted", "profile_refit_failed", "profile_refit_stopped")
+"""Worker log events after which its profile no longer changes (and no refit holds its lane)."""
+from loadgen.service import ServiceModel, load_service_model
+from loadgen.tuner import apply_knobs, config_toml
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One `batch_done` line of a worker: milliseconds it waited in the worker and computed."""
+
+    queue_ms: float
+    compute_ms: float
+    request_ids: tuple[str, ...]
+    """As the client sent them (X-Request-Id), without the gateway's `~n` and chunk `#k` suffixes."""
+    expired: tuple[str, ...]
+
+
+class LocalStack:
+    """Starts on `start()`, stops on `stop()` (SIGTERM to its process group: the workers go too)."""
+
+    def __init__(self, config_path: str | Path, artifacts: str | Path, folder: str | Path,
+                 knobs: dict[str, Any] | None = None, startup_timeout_s: float = 180.0) -> None:
+        self.folder = Path(folder)
+        self.artifacts = Path(artifacts)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = self.folder / "stack.toml"
+        self.log_path = self.folder / "stack.log"
+        self.startup_timeout_s = startup_timeout_s
+        raw = apply_knobs(tomllib.loads(Path(config_path).read_text()), knobs or {})
+        self.raw_config = _local(raw, self.folder, self.port)
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> LocalStack:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_toml(self.raw_config))
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "--config", str(self.config_path), "--artifacts",
+                 str(self.artifacts), "--spawn-workers"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            asyncio.run(wait_ready(self.url, self.startup_timeout_s, self._process))
+            self._wait_profiles()
+        except (RuntimeError, TimeoutError) as exc:
+            self.stop()
+            raise RuntimeError(f"the local stack did not start: {exc}; its log:\n{self.log_tail()}") from None
+        return self
+
+    def _wait_profiles(self) -> None:
+        """Until every worker's profile is settled: measured at start-up, or, after a start on a cached
+        profile, measured again by its background refit (which holds the compute lane while it runs)."""
+        workers = len(self.raw_config["worker"]["endpoints"])
+        end = time.monotonic() + self.startup_timeout_s
+        while True:
+            settled = {e.get("worker") for name in SETTLED for e in _events(self.log_path, name)}
+            if len(settled) >= workers:
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(f"{workers - len(settled)} worker(s) never settled their latency profile")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            stop(self._process, 30.0)
+            self._process = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def reported_model(self) -> ServiceModel:
+        """The latency model the workers reported at start-up (their "profiled" log lines)."""
+        return load_service_model(str(self.log_path))
+
+    def batch_lines(self) -> list[BatchLine]:
+        """Every batch the workers have answered so far, in log order."""
+        lines = []
+        for event in _events(self.log_path, "batch_done"):
+            lines.append(BatchLine(float(event.get("queue_ms", 0.0)), float(event.get("compute_ms", 0.0)),
+                                   tuple(map(_client_id, event.get("request_ids", ()))),
+                                   tuple(map(_client_id, event.get("expired", ())))))
+        return lines
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local(raw: dict[str, Any], folder: Path, port: int) -> dict[str, Any]:
+    """The config on 127.0.0.1:port, its workers on endpoints in `folder`, no access log."""
+    out = dict(raw)
+    worker = dict(out.get("worker", {}))
+    count = len(worker.get("endpoints", ["one"]))
+    worker["endpoints"] = [f"ipc://{folder}/worker-{i}" for i in range(count)]
+    worker["devices"] = list(worker.get("devices", ["cpu"] * count))
+    out["worker"] = worker
+    out["gateway"] = {**out.get("gateway", {}), "host": "127.0.0.1", "port": port, "access_log": False}
+    return out
+
+
+def _client_id(wire_id: str) -> str:
+    return wire_id.split("~")[0]
+
+
+def _events(path: Path, name: str):
+    marker = f'"event":"{name}"'
+    for line in path.read_text(errors="replace").splitlines():
+        if marker not in line:
+            continue
+        try:
+            yield json.loads(line[line.index("{"):])
+        except (ValueError, json.JSONDecodeError):
+            continue

@@ -1,0 +1,202 @@
+"""`python -m loadgen validate`: how closely the simulator predicts the live stack, measured.
+
+One local stack (loadgen/stack.py: gateway + workers, started and stopped here) serves the whole
+check: a calibration replay (loadgen/calibrate.py), then the trace live at each load level, one
+after another. A level is a fraction of capacity: the first `rate x duration_s` requests of the
+trace, its clock scaled to that rate. The simulator then replays the very same sequence -
+calibration, then each level, separated by idle gaps - with the latency model the workers reported
+and the measured overheads, starting like the gateway from an unconfirmed profile, so the state
+learnt from level to level is carried alike. The simulated workers compute at the speed they
+reported for the calibration batches; the gateway's predictions start from their start-up profile
+(as live). Per level: goodput, p50/p99 of successes, outcomes and drops by reason, live and
+simulated, and the relative errors of goodput and p99; and, for comparison, the simulator's figures
+when the start-up profile is taken as the workers' true speed (what an offline tune without a
+calibration would see).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.bodies import BodyFactory, BodyOptions
+from loadgen.calibrate import Calibration, calibrate, capacity_rps
+from loadgen.prometheus import counter_diff
+from loadgen.replayer import ReplayOptions, run_replay
+from loadgen.result import ReplayRun, RequestResult
+from loadgen.service import ServiceModel
+from loadgen.simulator import SimSettings, Simulator
+from loadgen.stack import LocalStack
+from loadgen.stats import summarize
+from loadgen.sweep import at_rate
+from loadgen.trace import Trace, make_trace, read_trace
+from shared.policy import DROP_CODES
+
+IDLE_GAP_MS = 1000.0
+"""Idle time between segments of the simulated sequence, past the longest deadline."""
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What to validate and how long to replay each level."""
+
+    trace_path: str
+    config_path: str
+    artifacts: str
+    levels: tuple[float, ...] = (0.5, 1.0, 2.0)
+    duration_s: float = 20.0
+    slo_ms: float | None = None
+    """Goodput counts successes within it; default: the config's deadline for the trace's route."""
+    calibration_requests: int = 300
+    calibration_load: float = 0.5
+    """The calibration replays the trace's first requests at this fraction of the capacity the start-up
+    profile predicts (the worker measured under load, as it will serve)."""
+    label_token_ids: tuple[int, ...] = (10, 11)
+
+
+@dataclass
+class LiveSide:
+    """What the live half produced."""
+
+    profile: ServiceModel
+    """What the workers reported at start-up."""
+    calibration: Calibration
+    capacity_rps: float
+    segments: list[Trace]
+    """The calibration trace, then one per level."""
+    runs: list[ReplayRun]
+    log_path: Path
+
+
+def level_trace(trace: Trace, rate_rps: float, duration_s: float) -> Trace:
+    """The first rate x duration requests of the trace, its clock scaled to `rate_rps`."""
+    count = max(2, round(rate_rps * duration_s))
+    if count > len(trace.records):
+        raise ValueError(f"the trace holds {len(trace.records)} requests; {rate_rps:.1f}/s for {duration_s:g} s "
+                         f"needs {count} (shorten --duration-s or use a longer trace)")
+    start = trace.records[0].t_ms
+    piece = make_trace([dataclasses.replace(r, t_ms=r.t_ms - start) for r in trace.records[:count]], trace.meta)
+    return at_rate(piece, rate_rps)
+
+
+def run_live(options: ValidateOptions, trace: Trace, settings: SimSettings, scratch: Path) -> LiveSide:
+    """Start the stack, calibrate, replay every level; the stack is stopped whatever happens."""
+    bodies = BodyFactory(BodyOptions(tokenizer_path=str(Path(options.artifacts) / "tokenizer.json"),
+                                     label_token_ids=options.label_token_ids))
+    with LocalStack(options.config_path, options.artifacts, scratch) as stack:
+        profile = stack.reported_model()
+        rate = options.calibration_load * capacity_rps(trace, settings, profile)
+        warm = level_trace(trace, rate, options.calibration_requests / rate)
+        warm_run = run_replay(warm, bodies, ReplayOptions(url=stack.url, progress=False, id_prefix="cal-"))
+        calibration = calibrate(warm_run, warm, stack.batch_lines(), profile, settings, "cal-")
+        capacity = capacity_rps(trace, with_overheads(settings, calibration), calibration.model)
+        segments, runs = [warm], [warm_run]
+        for k, load in enumerate(options.levels):
+            segments.append(level_trace(trace, load * capacity, options.duration_s))
+            runs.append(run_replay(segments[-1], bodies, ReplayOptions(url=stack.url, progress=False,
+                                                                      id_prefix=f"level{k}-")))
+    return LiveSide(profile, calibration, capacity, segments, runs, stack.log_path)
+
+
+def with_overheads(settings: SimSettings, calibration: Calibration) -> SimSettings:
+    """The world the calibration measured: overheads, and the workers' jitter around their model."""
+    return settings.with_knobs({"request_overhead_ms": calibration.request_overhead_ms,
+                                "batch_overhead_ms": calibration.batch_overhead_ms,
+                                "compute_jitter": calibration.jitter})
+
+
+def simulate_segments(segments: list[Trace], settings: SimSettings, model: ServiceModel, profile: ServiceModel
+                      ) -> list[tuple[list[RequestResult], Counter[str]]]:
+    """One simulated run of all segments in sequence; results and drop reasons per segment, with
+    each segment's times from its own start (as a live replay has them)."""
+    gap_ms = max(settings.score_deadline_ms, settings.generate_deadline_ms) + IDLE_GAP_MS
+    records, spans, offset = [], [], 0.0
+    for segment in segments:
+        spans.append((len(records), len(records) + len(segment.records), offset))
+        records += [dataclasses.replace(r, t_ms=r.t_ms + offset) for r in segment.records]
+        offset += segment.duration_ms() + gap_ms
+    simulator = Simulator(settings, model, profile)
+    results = simulator.run(make_trace(records))
+    out = []
+    for start, end, shift in spans:
+        part = [dataclasses.replace(r, index=r.index - start, scheduled_ms=r.scheduled_ms - shift,
+                                    sent_ms=r.sent_ms - shift, done_ms=r.done_ms - shift) for r in results[start:end]]
+        out.append((part, Counter(simulator.reasons[i] for i in range(start, end) if i in simulator.reasons)))
+    return out
+
+
+def live_drops(run: ReplayRun) -> dict[str, int]:
+    """Drops by policy reason from the gateway's /metrics (expired_in_worker: the 504s left over)."""
+    counts = counter_diff(run.metrics_before, run.metrics_after, "boundserve_drops_total", "reason")
+    drops = {reason: int(counts.get(reason, 0)) for reason in DROP_CODES if reason != "expired_in_worker"}
+    dropped_504 = sum(1 for r in run.results if r.outcome == "deadline_exceeded")
+    named = sum(n for reason, n in drops.items() if DROP_CODES[reason] == "deadline_exceeded")
+    drops["expired_in_worker"] = max(0, dropped_504 - named)
+    return {k: v for k, v in drops.items() if v}
+
+
+def compare(load: float, live: ReplayRun, sim: tuple[list[RequestResult], Counter[str]],
+            profile_only: list[RequestResult], slo_ms: float) -> dict[str, Any]:
+    """One level's row: live and simulated figures side by side, and the relative errors; also the
+    simulator's figures with the start-up profile taken as the workers' true speed."""
+    window = live.window_s or None
+    a, b = summarize(live.results, slo_ms, window), summarize(sim[0], slo_ms, window)
+    c = summarize(profile_only, slo_ms, window)["routes"]["all"]
+    la, lb = a["routes"]["all"], b["routes"]["all"]
+    row = {"load": load, "offered_rps": la["offered_rps"],
+           "live_goodput_rps": la["goodput_rps"], "sim_goodput_rps": lb["goodput_rps"],
+           "live_p50_ms": la["latency_ms"]["p50"], "sim_p50_ms": lb["latency_ms"]["p50"],
+           "live_p99_ms": la["latency_ms"]["p99"], "sim_p99_ms": lb["latency_ms"]["p99"],
+           "live_outcomes": la["outcomes"], "sim_outcomes": lb["outcomes"],
+           "live_drops": live_drops(live), "sim_drops": dict(sorted(sim[1].items())),
+           "live_sender_saturated": a["sender"]["saturated"], "live_sender_lag_p99_ms": a["sender"]["lag_ms"]["p99"],
+           "profile_sim_goodput_rps": c["goodput_rps"], "profile_sim_p99_ms": c["latency_ms"]["p99"]}
+    row["goodput_rel_err"] = rel_err(row["live_goodput_rps"], row["sim_goodput_rps"])
+    row["p99_rel_err"] = rel_err(row["live_p99_ms"], row["sim_p99_ms"])
+    return row
+
+
+def rel_err(live: float | None, sim: float | None) -> float | None:
+    """|sim - live| / live; None when either is missing, 0 when both are 0."""
+    if live is None or sim is None:
+        return None
+    if live == 0:
+        return 0.0 if sim == 0 else float("inf")
+    return abs(sim - live) / abs(live)
+
+
+def validate(options: ValidateOptions, out_dir: str | Path) -> dict[str, Any]:
+    """The whole check (see module docstring); writes the report under out_dir and returns its summary."""
+    from shared.config import load_config
+
+    trace = read_trace(options.trace_path)
+    config = load_config(options.config_path)
+    settings = SimSettings.from_config(config)
+    slo_ms = options.slo_ms or settings.deadline_ms(trace.records[0].route)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="loadgen-validate-") as scratch:
+        try:
+            live = run_live(options, trace, settings, Path(scratch))
+        finally:
+            for log in Path(scratch).glob("stack.log"):
+                shutil.copy(log, out / "stack.log")
+    world = with_overheads(settings, live.calibration)
+    simulated = simulate_segments(live.segments, world, live.calibration.model, live.profile)
+    profile_only = simulate_segments(live.segments, world, live.profile, live.profile)
+    levels = [compare(load, run, sim, other[0], slo_ms)
+              for load, run, sim, other in zip(options.levels, live.runs[1:], simulated[1:], profile_only[1:])]
+    errors = [e for row in levels for e in (row["goodput_rel_err"], row["p99_rel_err"])]
+    summary = {"levels": levels, "max_rel_err": None if None in errors else max(errors, default=0.0),
+               "capacity_rps": live.capacity_rps, "slo_ms": slo_ms, "duration_s": options.duration_s,
+               "calibration": live.calibration.to_json(), "startup_profile": live.profile.to_dict(),
+               "trace": options.trace_path, "config": options.config_path, "artifacts": options.artifacts}
+    from loadgen.validate_report import write_validation
+
+    write_validation(out, summary, live.runs[1:], [s for s, _ in simulated[1:]])
+    return summary
