@@ -12,14 +12,17 @@ ROOT = Path(__file__).resolve().parent.parent
 # package -> top-level modules it must never import (statically, anywhere in its files)
 FORBIDDEN = {
     "shared": {"torch", "aiohttp", "transformers", "gateway", "worker", "compile", "loadgen"},
-    "gateway": {"torch", "transformers", "worker", "compile"},
-    "worker": {"aiohttp", "gateway", "loadgen"},
+    "gateway": {"torch", "transformers", "worker", "compile", "loadgen"},
+    "worker": {"aiohttp", "gateway", "loadgen", "transformers"},
     "compile": {"aiohttp", "gateway", "worker", "loadgen"},
-    "loadgen": {"torch", "transformers", "worker", "compile"},
+    "loadgen": {"torch", "transformers", "worker", "compile", "gateway"},
 }
+# Import machinery that would hide an import from the checks above.
+DYNAMIC_IMPORTS = {"importlib", "__import__", "imp"}
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Top-level modules a file imports, plus any dynamic-import machinery it names."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names = set()
     for node in ast.walk(tree):
@@ -27,6 +30,8 @@ def imported_modules(path: Path) -> set[str]:
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Name) and node.id == "__import__":
+            names.add("__import__")
     return names
 
 
@@ -34,7 +39,7 @@ def imported_modules(path: Path) -> set[str]:
 def test_package_imports_respect_layering(package):
     offenders = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        bad = imported_modules(path) & FORBIDDEN[package]
+        bad = imported_modules(path) & (FORBIDDEN[package] | DYNAMIC_IMPORTS)
         if bad:
             offenders.append(f"{path.relative_to(ROOT)} imports {', '.join(sorted(bad))}")
     assert not offenders, "layering violated:\n" + "\n".join(offenders)
@@ -61,6 +66,25 @@ def test_importing_every_module_never_loads_torch(package):
         f"for m in {modules!r}: importlib.import_module(m)\n"
         "loaded = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not loaded, loaded\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_checks_see_dynamic_imports(tmp_path):
+    tricky = tmp_path / "tricky.py"
+    tricky.write_text("import importlib\nmod = importlib.import_module('torch')\nt = __import__('torch')\n")
+    assert {"importlib", "__import__"} <= imported_modules(tricky)
+
+
+def test_a_worker_never_loads_transformers_or_the_build_chain():
+    """The worker's whole import graph (compile.runtime and the nodes) stays clear of transformers
+    and of the offline build chain (export, AOTInductor compile, FP8 calibration)."""
+    code = (
+        "import sys\n"
+        "import worker.__main__, worker.server, worker.startup, compile.runtime\n"
+        "bad = sorted(m for m in ('transformers', 'compile.build', 'compile.fp8', 'aiohttp') if m in sys.modules)\n"
+        "assert not bad, bad\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
