@@ -20,6 +20,7 @@ from aiohttp import web
 from gateway.deadline import resolve_deadline_ms
 from gateway.errors import ApiError, error_response
 from gateway.generate_request import parse_generate
+from gateway.http_answers import Health, Ready, WorkerState, encode_json
 from gateway.openapi import openapi_document
 from gateway.score_request import parse_score
 from gateway.state import Gateway, Settings
@@ -30,7 +31,6 @@ SETTINGS = web.AppKey("settings", Settings)
 REQUEST_ID = web.RequestKey("request_id", str)
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
-JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -127,7 +127,8 @@ def _http_error(exc: web.HTTPException) -> ApiError:
     return ApiError("invalid_request", f"HTTP {exc.status}: {exc.reason}")
 
 
-async def _read_json(request: web.Request) -> object:
+async def _read_body(request: web.Request) -> bytes:
+    """The raw JSON body (decoded by its route's types): 413 over max_body_bytes, 400 when empty."""
     limit = request.app[SETTINGS].config.gateway.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise ApiError("too_large", f"the body is {request.content_length} bytes; the limit is {limit} bytes")
@@ -137,10 +138,7 @@ async def _read_json(request: web.Request) -> object:
         raise ApiError("too_large", f"the body is over the limit of {limit} bytes") from None
     if not raw:
         raise ApiError("invalid_request", "the body is empty; send a JSON object")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError("invalid_request", f"the body is not valid JSON: {exc}") from None
+    return raw
 
 
 def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrived: float) -> float:
@@ -157,44 +155,45 @@ def _accepting(gateway: Gateway) -> float:
     return gateway.pool.clock()
 
 
-def _json(body: object, request: web.Request) -> web.Response:
-    return web.Response(body=orjson.dumps(body, option=JSON_OPTIONS), content_type="application/json")
+def _json(body: object) -> web.Response:
+    """An answer (one of gateway/http_types.py's Structs, or the OpenAPI document) as JSON."""
+    return web.Response(body=encode_json(body), content_type="application/json")
 
 
 async def score(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     arrived = _accepting(gateway)
-    spec = parse_score(await _read_json(request), gateway.limits)
+    spec = parse_score(await _read_body(request), gateway.limits)
     deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.score_deadline_ms, arrived)
     answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
     if spec.dialect != "sglang":
-        answer["id"] = request[REQUEST_ID]
-    return _json(answer, request)
+        answer.id = request[REQUEST_ID]
+    return _json(answer)
 
 
 async def generate(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     arrived = _accepting(gateway)
-    spec = parse_generate(await _read_json(request), gateway.limits)
+    spec = parse_generate(await _read_body(request), gateway.limits)
     deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.generate_deadline_ms, arrived)
     answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
-    answer["id"] = request[REQUEST_ID]
-    return _json(answer, request)
+    answer.id = request[REQUEST_ID]
+    return _json(answer)
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return _json({"status": "ok"}, request)
+    return _json(Health())
 
 
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    workers = [{"endpoint": link.endpoint, "state": link.state, "pid": link.pid, "workloads": sorted(link.models),
-                "in_flight_batches": len(link.in_flight)} for link in gateway.pool.links]
+    workers = [WorkerState(link.endpoint, link.state, link.pid, sorted(link.models), len(link.in_flight))
+               for link in gateway.pool.links]
     if gateway.draining:
         raise ApiError("draining", "the gateway is draining")
     if gateway.pool.ready_count() == 0:
-        raise ApiError("no_workers", f"no worker is ready yet: {orjson.dumps(workers).decode()}")
-    return _json({"status": "ready", "workers": workers}, request)
+        raise ApiError("no_workers", f"no worker is ready yet: {encode_json(workers).decode()}")
+    return _json(Ready(workers=workers))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -203,4 +202,4 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return _json(openapi_document(request.app[GATEWAY].limits), request)
+    return _json(openapi_document(request.app[GATEWAY].limits))

@@ -7,8 +7,9 @@ status this table gives for the code. Handlers raise `ApiError`; a middleware tu
 from __future__ import annotations
 
 import math
+from typing import Literal
 
-import orjson
+import msgspec
 from aiohttp import web
 
 # code -> (HTTP status, one-line meaning for /openapi.json and the README)
@@ -30,6 +31,20 @@ ERRORS: dict[str, tuple[int, str]] = {
 }
 
 
+class ErrorDetail(msgspec.Struct):
+    """What went wrong: the code (the table above), a message naming the field and the fix, the request id."""
+
+    code: Literal[tuple(ERRORS)]
+    message: str
+    request_id: str
+
+
+class ErrorAnswer(msgspec.Struct):
+    """Every non-success answer of the gateway."""
+
+    error: ErrorDetail
+
+
 class ApiError(Exception):
     """A request answered with an error from the table; `retry_after_s` sets Retry-After."""
 
@@ -48,10 +63,10 @@ class ApiError(Exception):
 
 def error_response(error: ApiError, request_id: str) -> web.Response:
     """The JSON answer for `error`, with Retry-After when the error carries one."""
-    body = {"error": {"code": error.code, "message": error.message, "request_id": request_id}}
+    body = ErrorAnswer(ErrorDetail(error.code, error.message, request_id))
     headers = {"X-Request-Id": request_id}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
     return web.Response(
-        status=error.status, body=orjson.dumps(body), content_type="application/json", headers=headers
+        status=error.status, body=msgspec.json.encode(body), content_type="application/json", headers=headers
     )

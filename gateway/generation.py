@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.generate_request import GenerateSpec
+from gateway.http_answers import Candidate, GenerateAnswer, GenerateUsage
 from gateway.job import Job, wait_all
 from gateway.limits import Limits
 from gateway.metrics import Metrics
@@ -27,7 +27,7 @@ class GenerateService:
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
 
-    async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> dict[str, Any]:
+    async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
         started = self._loop.time()
         self._admission.precheck(self._batcher, deadline, started)
         prompt = self._tokenizer.encode([spec.prompt])[0]
@@ -47,10 +47,10 @@ class GenerateService:
         self._admission.observe("beam", prediction, self._loop.time())
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 
-    def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> dict[str, Any]:
+    def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> GenerateAnswer:
         sequences = [row[: int(n)].tolist() for row, n in zip(arrays["sequences"], arrays["lengths"])]
         texts = self._tokenizer.decode_batch(sequences)
-        candidates = [{"text": text, "token_ids": ids, "score": float(score)}
+        candidates = [Candidate(text, ids, float(score))
                       for text, ids, score in zip(texts, sequences, arrays["scores"])]
-        return {"id": request_id, "object": "generation", "candidates": candidates,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sum(len(s) for s in sequences)}}
+        return GenerateAnswer(id=request_id, candidates=candidates,
+                              usage=GenerateUsage(prompt_tokens, sum(len(s) for s in sequences)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from typing import Any
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from gateway import sharing
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
+from gateway.http_answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
 from gateway.job import Job, wait_all
 from gateway.limits import Limits
 from gateway.metrics import Metrics
@@ -42,14 +42,14 @@ class ScoreService:
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
         self._loop = asyncio.get_running_loop()
 
-    async def score(self, spec: ScoreSpec, request_id: str, deadline: float) -> dict[str, Any]:
+    async def score(self, spec: ScoreSpec, request_id: str, deadline: float) -> ScoreAnswer | SglangScoreAnswer:
         self._active += 1
         try:
             return await self._score(spec, request_id, deadline)
         finally:
             self._active -= 1
 
-    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float) -> dict[str, Any]:
+    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float) -> ScoreAnswer | SglangScoreAnswer:
         self._admission.precheck(self._batcher, deadline, self._loop.time())
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
@@ -99,29 +99,24 @@ def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _answer(spec: ScoreSpec, label_ids: tuple[int, ...], arrays: dict[str, np.ndarray], tokens: tuple[int, int],
-            request_id: str, tokenizer: RequestTokenizer) -> dict[str, Any]:
+            request_id: str, tokenizer: RequestTokenizer) -> ScoreAnswer | SglangScoreAnswer:
     """The response body; `tokens` = (prompt tokens submitted, tokens the workers reused)."""
     prompt, cached = tokens
-    details = {"cached_tokens": cached}
+    details = TokenDetails(cached)
     if spec.dialect == "sglang":
         scores = arrays["label_probs"] if spec.output == "probs" else np.exp(arrays["label_logprobs"])
-        usage = {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt,
-                 "prompt_tokens_details": details}
-        return {"scores": scores, "model": spec.model, "usage": usage, "object": "scoring"}
-    answer: dict[str, Any] = {"id": request_id, "object": "score", "output": spec.output,
-                              "usage": {"samples": len(spec.samples), "prompt_tokens": prompt,
-                                        "prompt_tokens_details": details}}
+        return SglangScoreAnswer(scores=scores, model=spec.model, usage=SglangUsage(prompt, 0, prompt, details))
+    answer = ScoreAnswer(id=request_id, output=spec.output, usage=ScoreUsage(len(spec.samples), prompt, details))
     if spec.output in ("probs", "logprobs", "logits"):
-        answer["label_token_ids"] = list(label_ids)
-        answer["scores"] = arrays[{"probs": "label_probs", "logprobs": "label_logprobs",
-                                   "logits": "label_logits"}[spec.output]]
+        answer.label_token_ids = list(label_ids)
+        answer.scores = arrays[{"probs": "label_probs", "logprobs": "label_logprobs",
+                                "logits": "label_logits"}[spec.output]]
     elif spec.output == "topk":
         ids = np.ascontiguousarray(arrays["topk_ids"][:, : spec.top_k])
         logprobs = np.ascontiguousarray(arrays["topk_logprobs"][:, : spec.top_k])
-        answer["topk"] = {"token_ids": ids, "logprobs": logprobs,
-                          "tokens": [tokenizer.token_texts(row) for row in ids]}
+        answer.topk = TopK(ids, logprobs, [tokenizer.token_texts(row) for row in ids])
     else:
-        answer["embeddings"] = arrays["hidden"]
+        answer.embeddings = arrays["hidden"]
         if "head" in arrays:
-            answer["head"] = arrays["head"]
+            answer.head = arrays["head"]
     return answer
