@@ -1,0 +1,269 @@
+"""The generated /openapi.json and the gateway's request decoders agree.
+
+Valid: every body schemathesis generates from the document is accepted. Invalid: a generated body
+is mutated at one place (a value replaced, a list grown past a bound, a field added or removed);
+the document itself (jsonschema) says whether the result is still valid, and the parser must say
+the same: accepted, or refused with 400 (413 exactly when only a compiled bound is exceeded) and a
+message naming the mutated field's path (or a parent's), e.g. `$.samples[3].input_ids[0]`.
+
+JSON Schema can state every rule of these bodies but two, both tested here by hand:
+num_return_sequences <= beam_width, and that an integer is written as one (JSON Schema counts 2.0
+as an integer; the gateway, as before, refuses it and says where).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from gateway.errors import ApiError
+from gateway.generate_request import parse_generate
+from gateway.http_types import MAX_TEXT_CHARS, request_types
+from gateway.limits import Limits
+from gateway.openapi import openapi_document
+from gateway.score_request import parse_score
+from tests.gateway.conftest import deployment, endpoint
+from tests.gateway.standin_worker import BOUNDS
+
+VOCAB = 1024
+PLAIN = Limits.from_manifest(deployment([endpoint()]), {"bounds": BOUNDS}, VOCAB)
+LIMITS = [PLAIN, dataclasses.replace(PLAIN, constraints="catalog", max_samples_per_request=8, max_labels=3)]
+PARSERS = {"POST /v1/score": parse_score, "POST /v1/generate": parse_generate}
+PATH = re.compile(r"\$(?:\.[A-Za-z_]\w*|\[\d+\])*")
+SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "database": None}
+
+
+class Contract:
+    """One deployment's document, its operations, and validators for each request type."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.doc = openapi_document(limits)
+        schema = schemathesis.openapi.from_dict(self.doc)
+        self.operations = {op.label: op for op in (r.ok() for r in schema.get_all_operations())}
+        self.full = {name: self._validator(name, self.doc["components"]) for name in self._requests()}
+        fields_only = copy.deepcopy(self.doc["components"])
+        for struct in request_types(limits).structs:  # without the rules across fields
+            for key in struct.RULES:
+                del fields_only["schemas"][struct.__name__][key]
+        self.fields_only = {name: self._validator(name, fields_only) for name in self._requests()}
+
+    @staticmethod
+    def _requests() -> tuple[str, ...]:
+        return ("ScoreRequest", "SglangScoreRequest", "GenerateRequest")
+
+    @staticmethod
+    def _validator(name: str, components: dict) -> Draft202012Validator:
+        return Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": components})
+
+    @staticmethod
+    def request_type(label: str, body: object) -> str:
+        """Which type the parser decodes `body` as (it tells the /v1/score shapes apart by key)."""
+        if label == "POST /v1/generate":
+            return "GenerateRequest"
+        is_sglang = isinstance(body, dict) and "items" in body and "samples" not in body
+        return "SglangScoreRequest" if is_sglang else "ScoreRequest"
+
+
+CONTRACTS = [Contract(limits) for limits in LIMITS]
+
+
+def integers_as_integers(value):
+    """JSON Schema's integers include 2.0; the gateway takes integers written as integers."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integers_as_integers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: integers_as_integers(v) for k, v in value.items()}
+    return value
+
+
+def over_beam_width(label: str, body: object, limits: Limits) -> bool:
+    """num_return_sequences > beam_width: the one rule JSON Schema cannot state (parser: 400)."""
+    if label != "POST /v1/generate" or not isinstance(body, dict):
+        return False
+    width = body.get("beam_width") or min(4, limits.max_beam_width)
+    returns = body.get("num_return_sequences") or 1
+    return all(type(v) is int for v in (width, returns)) and returns > width
+
+
+def parse(label: str, body: object, limits: Limits):
+    return PARSERS[label](json.dumps(body).encode(), limits)
+
+
+@pytest.mark.parametrize("contract", CONTRACTS, ids=["plain", "constraints"])
+@pytest.mark.parametrize("label", PARSERS)
+def test_every_body_the_schema_allows_is_accepted(contract, label):
+    @given(case=contract.operations[label].as_strategy())
+    @settings(max_examples=150, **SETTINGS)
+    def run(case):
+        body = integers_as_integers(case.body)
+        assert contract.full[contract.request_type(label, body)].is_valid(body), body
+        assume(not over_beam_width(label, body, contract.limits))
+        parse(label, body, contract.limits)  # an ApiError here is a disagreement
+
+    run()
+
+
+def locations(value, steps=()):
+    """Every (path steps, value) inside a JSON value, the root included."""
+    yield steps, value
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        yield from locations(child, (*steps, key))
+
+
+def path_text(steps) -> str:
+    return "$" + "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps)
+
+
+def replacement_values(limits: Limits):
+    edges = [-1, 0, 1, 2, 4, 5, VOCAB - 1, VOCAB, limits.max_top_k + 1, limits.max_beam_width + 1,
+             limits.max_deadline_ms + 1, 2**63, 2**70, -(2**70)]
+    return st.one_of(st.none(), st.booleans(), st.sampled_from(edges), st.integers(),
+                     st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
+                     st.text(min_size=1, max_size=5), st.just([]), st.just({}),
+                     st.lists(st.integers(-2, VOCAB + 1), min_size=1, max_size=3))
+
+
+@st.composite
+def mutated(draw, body, limits: Limits):
+    """(path steps of the mutation, the mutated body)."""
+    steps, value = draw(st.sampled_from(list(locations(body))))
+    kinds = ["replace"] + (["grow"] if isinstance(value, list) and value else []) + (
+        ["add", "remove"] if isinstance(value, dict) else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "replace":
+        new = draw(replacement_values(limits))
+    elif kind == "grow":
+        sizes = {limits.max_labels + 1, limits.max_samples_per_request + 1, limits.max_tokens_per_sample + 1}
+        new = [value[0]] * draw(st.sampled_from(sorted(sizes)))
+    else:
+        new = dict(value)
+        if kind == "add" or not value:
+            name = draw(st.sampled_from(["colour", "samples", "items", "labels", "label_token_ids", "output",
+                                         "top_k", "query", "text", "input_ids", "prompt", "model"]))
+            new[name] = draw(replacement_values(limits))
+        else:
+            name = draw(st.sampled_from(sorted(value)))
+            del new[name]
+        steps = (*steps, name)
+    return steps, _put(body, list(steps[: len(steps) - (kind in ("add", "remove"))]), new)
+
+
+def _put(body, steps, new):
+    if not steps:
+        return new
+    copied = copy.copy(body)
+    copied[steps[0]] = _put(body[steps[0]], steps[1:], new)
+    return copied
+
+
+def bound_only(error) -> bool:
+    """Whether a jsonschema error is only a compiled bound exceeded (x-compiled-bound)."""
+    if error.validator in ("maximum", "maxItems"):
+        return "x-compiled-bound" in error.schema
+    if error.validator in ("anyOf", "oneOf") and error.context:
+        relevant = [e for e in error.context if e.validator != "type"]
+        return bool(relevant) and all(bound_only(e) for e in relevant)
+    return False
+
+
+def related(a: str, b: str) -> bool:
+    """One path is the other or inside it."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((short + ".", short + "["))
+
+
+@pytest.mark.parametrize("contract", CONTRACTS, ids=["plain", "constraints"])
+@pytest.mark.parametrize("label", PARSERS)
+def test_a_body_mutated_at_one_field_is_judged_as_the_schema_judges_it(contract, label):
+    limits = contract.limits
+
+    @given(case=contract.operations[label].as_strategy(), data=st.data())
+    @settings(max_examples=300, **SETTINGS)
+    def run(case, data):
+        steps, body = data.draw(mutated(integers_as_integers(case.body), limits))
+        kind = contract.request_type(label, body)
+        errors = list(contract.full[kind].iter_errors(body))
+        if not errors and not over_beam_width(label, body, limits):
+            parse(label, body, limits)
+            return
+        with pytest.raises(ApiError) as refused:
+            parse(label, body, limits)
+        message = refused.value.message
+        assert refused.value.status == (413 if errors and all(map(bound_only, errors)) else 400), message
+        named = PATH.findall(message)
+        assert named, message
+        if not contract.fields_only[kind].is_valid(body):  # a field's own limits: that field is named
+            assert any(related(p, path_text(steps)) for p in named), (path_text(steps), message)
+
+    run()
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b'{"samples": ["x"], "output": "topk", "top_k": 2.0}', ["$.top_k", "2.0", "integer"]),
+    (b'{"samples": [{"input_ids": [1, true]}], "label_token_ids": [1]}', ["$.samples[0].input_ids[1]", "true"]),
+    (b'{"samples": ["x"], "output": "topk", "top_k": 1e999}', ["$.top_k", "integer"]),
+    (b'{"samples": ["x"], "labels": ["a"], "deadline_ms": NaN}', ["not valid JSON"]),
+    (b'{"samples": ["x"], "labels": ["a"], "deadline_ms": Infinity}', ["not valid JSON"]),
+    (b'{"samples": ["\\ud800"], "labels": ["a"]}', ["not valid JSON", "surrogate"]),
+    (b'{"samples": ["x"], "labels": ["a"], "deadline_ms": 123456789012345678901234567890}',
+     ["$.deadline_ms", "between 1 and"]),
+    (b'{"samples": [' + b"[" * 5000 + b"]" * 5000 + b'], "labels": ["a"]}', ["$.samples[0]"]),
+    (b'{"samples": ["x"], "labels": ["a"], "colour": ' + b"[" * 5000 + b"]" * 5000 + b"}", ["colour"]),
+    (b'{"samples": [], "labels": ["a"]}', ["$.samples", "non-empty list"]),
+    (b'{"samples": ["x"], "labels": []}', ["$.labels", "non-empty list"]),
+    (b'{"items": [], "label_token_ids": [1]}', ["$.items", "non-empty list"]),
+    (b'{"samples": ["x"], "label_token_ids": [1, 1024]}', ["$.label_token_ids[1] = 1024", "1023"]),
+    (b'{"samples": [{"input_ids": [1], "query": "q"}], "label_token_ids": [1]}', ["$.samples[0]", "input_ids"]),
+    (b'[1, 2]', ["the request body ($)", "object"]),
+    (b'"text"', ["the request body ($)", "object"]),
+])
+def test_malformed_bodies_get_400_naming_the_field(raw, words):
+    with pytest.raises(ApiError) as refused:
+        parse_score(raw, PLAIN)
+    assert refused.value.status == 400, refused.value.message
+    for word in words:
+        assert word in refused.value.message, refused.value.message
+
+
+def test_generate_beam_rules_and_constraints():
+    with pytest.raises(ApiError) as refused:
+        parse_generate(b'{"prompt": "x", "beam_width": 2, "num_return_sequences": 3}', PLAIN)
+    assert refused.value.status == 400 and "$.num_return_sequences = 3" in refused.value.message
+    with pytest.raises(ApiError) as refused:
+        parse_generate(b'{"prompt": "x", "constraints": "catalog"}', PLAIN)
+    assert "$.constraints" in refused.value.message and "no constraint set" in refused.value.message
+    assert parse_generate(b'{"prompt": "x", "constraints": "catalog"}', LIMITS[1]).prompt == "x"
+
+
+def test_one_declaration_of_each_limit_serves_parser_and_schema():
+    """The hand-written schema said 4096 characters and 64 query ids while the parser took 1 MiB and
+    any number; now the document shows what the decoder enforces."""
+    schemas = openapi_document(PLAIN)["components"]["schemas"]
+    query = schemas["SglangScoreRequest"]["properties"]["query"]["anyOf"]
+    assert {"type": "string", "maxLength": MAX_TEXT_CHARS} in query
+    ids = next(s for s in query if s.get("type") == "array")
+    assert ids["maxItems"] == PLAIN.max_tokens_per_sample and ids["x-compiled-bound"] == "max_tokens_per_sample"
+    def sglang(item: str) -> bytes:
+        return json.dumps({"items": [item], "query": "x", "label_token_ids": [1]}).encode()
+
+    assert parse_score(sglang("é" * MAX_TEXT_CHARS), PLAIN).samples == ["x" + "é" * MAX_TEXT_CHARS]
+    with pytest.raises(ApiError) as refused:
+        parse_score(sglang("q" * (MAX_TEXT_CHARS + 1)), PLAIN)
+    assert refused.value.status == 400 and "$.items[0]" in refused.value.message
+    query_ids = json.dumps({"items": [[1]], "query": [2] * (PLAIN.max_tokens_per_sample + 1),
+                            "label_token_ids": [1]}).encode()
+    with pytest.raises(ApiError) as refused:
+        parse_score(query_ids, PLAIN)
+    assert refused.value.status == 413 and "$.query" in refused.value.message
