@@ -93,8 +93,8 @@ def pick_settings(node, hf, ct2, request, is_bf16: bool) -> tuple[int, tuple[str
 
     Returns the micro-batch, the CTranslate2 setting, the sweep tables and, for a bf16 run,
     CTranslate2's float32 outputs on that request (they check the converted model itself)."""
-    contenders = Contenders(node, hf, ct2, SAMPLES, None)
-    interleaved_round(contenders.for_request(request))  # warm-up of ours and hf_careful
+    warm_up = Contenders(node, hf, ct2, SAMPLES, None).for_request(request)
+    interleaved_round({name: warm_up[name] for name in ("ours", "hf_careful")})
     fns = {m: (lambda m=m: hf_side.best(hf, request, PAD_ID, m)) for m in HF_MICRO_BATCHES}
     micro_batch, hf_table, _ = sweep(fns)
     report = {"hf_best_micro_batch_ms": hf_table}

@@ -2,7 +2,9 @@
 
 Starts `python -m worker` once per stream count (num_streams = 1 is the baseline of the same run),
 keeps its queue full with 15-sample x 256-token batches and reports batches/s and the ratio to one
-stream. On a CPU device the worker always runs one lane, so the ratio is ~1 by construction.
+stream. The one-stream baseline runs first and again last, and the spread of those two runs is
+reported as the noise floor: a ratio inside it is no gain. A ratio is only reported between runs
+that used different numbers of lanes; a CPU worker always runs one lane, so there it is null.
 
     python bench/worker_streams.py --device cuda:0 [--streams 1,2,4] [--artifacts DIR] [--quick]
 
@@ -28,6 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared import protocol as p  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from provenance import write_result  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache" / "worker_streams"
 SAMPLES, TOKENS = 15, 256
@@ -79,8 +84,10 @@ def drive(sock: zmq.Socket, ready: p.Ready, total: int, window: int) -> dict:
             compute.append(message.compute_ms)
         elif isinstance(message, p.Error) and message.code == p.ErrorCode.OVERLOADED:
             resent += 1
+        elif isinstance(message, p.Error):
+            raise RuntimeError(f"the worker refused a batch: {message}")
         else:
-            continue
+            continue  # heartbeats and other status messages
         template = batches[next_id % window]
         sock.send_multipart(p.encode(p.ScoreBatch(next_id, "int32", template.requests)))
         next_id += 1
@@ -131,15 +138,25 @@ def main() -> None:
     out = {"bench": "worker_streams", "device": args.device, "samples": SAMPLES, "tokens_per_sample": TOKENS,
            "batches": total, "streams": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in counts:
-            out["streams"][str(n)] = run_worker(artifacts, args.device, n, total, Path(tmp))
-            print(f"streams={n}: {out['streams'][str(n)]}", file=sys.stderr)
-    base = out["streams"]["1"]["batches_per_s"]
-    out["ratio_vs_1_stream"] = {n: round(r["batches_per_s"] / base, 3) for n, r in out["streams"].items()}
-    results = ROOT / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "worker_streams.json").write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
+        for n in [*counts, 1]:  # the baseline again at the end: its spread is the noise floor
+            key = str(n) if str(n) not in out["streams"] else f"{n} (again)"
+            out["streams"][key] = run_worker(artifacts, args.device, n, total, Path(tmp))
+            print(f"streams={key}: {out['streams'][key]}", file=sys.stderr)
+    out |= ratios(out["streams"])
+    write_result("worker_streams" + ("-quick" if args.quick else ""), out, quick=args.quick)
+
+
+def ratios(runs: dict) -> dict:
+    """batches/s over the one-stream baseline (mean of its two runs), only where the lanes differ."""
+    first, again = runs["1"]["batches_per_s"], runs["1 (again)"]["batches_per_s"]
+    base, lanes = (first + again) / 2, runs["1"]["lanes"]
+    noise = abs(first - again) / base
+    ratio = {n: (round(r["batches_per_s"] / base, 3) if r["lanes"] != lanes else None)
+             for n, r in runs.items() if n not in ("1", "1 (again)")}
+    note = None
+    if all(r["lanes"] == lanes for r in runs.values()):
+        note = f"every run used {lanes} lane(s): the stream count changes nothing on this device"
+    return {"baseline_spread": round(noise, 3), "ratio_vs_1_stream": ratio, "note": note}
 
 
 if __name__ == "__main__":
