@@ -35,6 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.gateway.standin_worker import BOUNDS  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from provenance import write_result  # noqa: E402
+
 WORDS = ("red blue running shoe phone case cheap premium free shipping review rating coffee tea book laptop "
          "camera watch bag hotel flight city beach summer winter best top near me how why search click").split()
 
@@ -239,10 +242,7 @@ def main() -> None:
                 process.terminate()
             for process in processes:
                 process.wait(timeout=15)
-    out = ROOT / "bench" / "results" / "gateway_overhead.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_result("gateway_overhead" + ("-quick" if args.quick else ""), result, quick=args.quick)
 
 
 if __name__ == "__main__":

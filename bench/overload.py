@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gateway_overhead import Client, free_port, post, sequential, wait_ready  # noqa: E402
+from provenance import write_result  # noqa: E402
 
 WORDS = "red blue shoe phone case cheap premium coffee tea book laptop hotel city beach best top".split()
 MAX_CONNECTIONS = 400
@@ -174,10 +174,7 @@ def main() -> None:
     args = parser.parse_args()
     args.seconds = args.seconds or (8.0 if args.quick else 30.0)
     result = asyncio.run(measure(args))
-    out = ROOT / "bench" / "results" / "overload.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    write_result("overload" + ("-quick" if args.quick else ""), result, quick=args.quick)
 
 
 if __name__ == "__main__":

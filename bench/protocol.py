@@ -13,7 +13,6 @@ send) -> receive -> decode result. Timed per round trip over ipc:// and tcp://, 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import tempfile
@@ -27,6 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shared import protocol as p  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from provenance import write_result  # noqa: E402
 
 SAMPLES, TOKENS, LABELS, TOP_K, HIDDEN = 15, 300, 2, 5, 1024
 
@@ -160,10 +162,7 @@ def main() -> None:
     out["target_overhead_us"] = 100
     out["meets_target_vs_raw_transport"] = out["protocol_overhead_ipc_p50_us"] < 100
     out["meets_target_vs_memcpy"] = out["ipc_p50_us"] - out["memcpy_p50_us"] < 100
-    results = ROOT / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "protocol.json").write_text(json.dumps(out, indent=2))
-    print(json.dumps(out))
+    write_result("protocol" + ("-quick" if args.quick else ""), out, quick=args.quick)
 
 
 if __name__ == "__main__":

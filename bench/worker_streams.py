@@ -15,7 +15,6 @@ device kind (cached in bench/.cache/worker_streams/).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
