@@ -11,7 +11,7 @@ ARTIFACTS ?= artifacts/$(NAME)
 DEMO_MODEL := models/demo
 SERVE_MODEL = $(if $(MODEL),$(MODEL),$(DEMO_MODEL))
 
-.PHONY: serve test venv compile demo-model bench clean
+.PHONY: serve test venv compile demo-model bench bench-venv bench-build bench-serving clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,42 @@ serve: compile
 
 test: venv
 	$(PY) -m pytest
+
+# Benchmarks need the peer engine (CTranslate2), which `make test` never installs.
+bench-venv: $(VENV)/.bench-installed
+
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	touch $@
+
+# The headline set: full-depth scoring (Qwen2.5-0.5B 24 layers, Qwen3-0.6B 28 layers; fp32 and
+# bf16) and beam search (Qwen2.5-0.5B, W=100, S=4, 256-token prompts), each against transformers
+# and CTranslate2 in the same run. Results land in bench/results/. Run it from one commit on a
+# quiet machine; `make bench-build` first does the compiling (cached in bench/.cache), so that the
+# timed runs are all `make bench` does.
+SCORE_REQUESTS ?= 2
+SCORE := $(PY) bench/score_node.py
+BEAM  := $(PY) bench/beam_node.py
+
+bench-build: bench-venv
+	$(SCORE) --model qwen2.5-0.5b --dtype fp32 --build-only
+	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --build-only
+	$(SCORE) --model qwen3-0.6b --dtype fp32 --build-only
+	$(SCORE) --model qwen3-0.6b --dtype bf16 --build-only
+	$(BEAM) --model qwen2.5-0.5b --build-only
+
+bench: bench-build
+	$(SCORE) --model qwen2.5-0.5b --dtype fp32 --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen3-0.6b --dtype fp32 --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen3-0.6b --dtype bf16 --requests $(SCORE_REQUESTS)
+	$(BEAM) --model qwen2.5-0.5b
+
+# Serving-path benchmarks on the tiny demo model (the CPU's share of a request outside the model).
+bench-serving: bench-venv
+	$(PY) bench/protocol.py
+	$(PY) bench/gateway_overhead.py
+	$(PY) bench/overload.py
 
 clean:
 	rm -rf artifacts models .pytest_cache

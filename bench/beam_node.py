@@ -162,6 +162,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     parser.add_argument("--sweep", action="store_true", help="add our node's latency over W x prompt length")
+    parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
+                        "it for CTranslate2 (all cached in bench/.cache) and stop")
     return parser.parse_args()
 
 
@@ -186,56 +188,71 @@ def summary(singles: dict, batched: dict) -> dict:
     return out
 
 
-def main() -> None:
-    args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    family, shape, depth = MODELS[args.model]
-    layers = args.layers or (2 if args.quick else depth)
-    length = args.prompt_tokens or (64 if args.quick else 256)
-    quick = args.quick or layers != depth or length != 256
+def prepare(args):
+    """(spec, compiled nodes, transformers or None with --build-only, CTranslate2 or None, layers)."""
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
     from ct2_baseline import Ct2Model
 
+    family, shape, depth = MODELS[args.model]
+    layers = args.layers or (2 if args.quick else depth)
     checkpoint = shaped_checkpoint(family, shape, layers, torch.float32)
-    spec = read_spec(checkpoint)
     nodes = build_node(checkpoint, f"beam-{args.model}-{layers}l", 400)
-    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, spec.vocab_size, (length,), generator=g) for _ in range(4)]
-    contenders = Contenders(nodes.beam, hf, ct2)
+    hf = None if args.build_only else AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    return read_spec(checkpoint), nodes, hf, ct2, layers
+
+
+def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
+    """Singles then batched calls, interleaved, with the fp32 peak measured before and after."""
     peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec, tokens=W))
     peak_before = matmul_peak_flops(torch.float32, peak_shapes)
     warm_up(contenders, prompts[0])
-    singles, single_outputs = run_singles(contenders, prompts[: args.singles])
-    sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if ct2 is not None else {})
-    batched, batched_outputs = run_batched(contenders, prompts, sizes)
+    single_s, single_outputs = run_singles(contenders, prompts[:singles])
+    sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {})
+    batched_s, batched_outputs = run_batched(contenders, prompts, sizes)
     peak_after = matmul_peak_flops(torch.float32, peak_shapes)
-    peak = max(peak_before, peak_after)
-    found = checks(single_outputs + batched_outputs)
-    sides = summary(singles, batched)
-    ours_best = sides["ours"]["best_batch"]
-    emit(f"beam_node-{args.model}-{layers}l-{length}t" + ("-quick" if args.quick else ""), {
-        "bench": "beam_node", "model": args.model, "layers": layers, "dtype": "fp32", "quick": quick,
-        "W": W, "S": S, "k": K, "prompt_tokens": length, "singles": args.singles,
-        **speedups(sides),
-        "identical_to_hf": all(c["identical"] for c in found if c["check"].startswith("ours") and c["check"].endswith("hf")),
-        "executed_mfu_single": executed_mfu(beam_flops(spec, [length], W, S), singles["ours"], peak),
-        "executed_mfu_batched": executed_mfu(beam_flops(spec, [length] * ours_best, W, S),
-                                             ours_best / sides["ours"]["best_requests_per_s"], peak),
-        "sides": sides,
+    return {"sides": summary(single_s, batched_s), "checks": checks(single_outputs + batched_outputs),
+            "peaks": (peak_before, peak_after)}
+
+
+def report(args, spec, layers: int, length: int, m: dict) -> dict:
+    """The result JSON: the stable keys first, then what they were computed from."""
+    sides, found, peak = m["sides"], m["checks"], max(m["peaks"])
+    ours_vs_hf = [c for c in found if c["check"].startswith("ours") and c["check"].endswith("vs hf")]
+    best = sides["ours"]["best_batch"]
+    return {
+        "bench": "beam_node", "model": args.model, "layers": layers, "dtype": "fp32", "prompt_tokens": length,
+        "quick": args.quick or layers != MODELS[args.model][2] or length != 256, **speedups(sides),
+        "identical_to_hf": bool(ours_vs_hf) and all(c["identical"] for c in ours_vs_hf),
+        "executed_mfu_single": executed_mfu(beam_flops(spec, [length], W, S), 1e-3 * sides["ours"]["single_ms"], peak),
+        "executed_mfu_batched": executed_mfu(beam_flops(spec, [length] * best, W, S),
+                                             best / sides["ours"]["best_requests_per_s"], peak),
+        "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
         "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
-        "peak_gflops_before_after": [peak_before / 1e9, peak_after / 1e9],
-        "parity_ok": parity.all_ok(found), "parity": found,
-        "sweep": sweep_ours(nodes.beam, spec.vocab_size, (8, 32, 100, 400), (64, 256, 480)) if args.sweep else None,
-    })
-    if not parity.all_ok(found):
-        sys.exit("parity failed: " + ", ".join(c["check"] for c in found if not c["ok"]))
+        "peak_gflops_before_after": [p / 1e9 for p in m["peaks"]], "parity": found,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec, nodes, hf, ct2, layers = prepare(args)
+    if args.build_only:
+        return
+    length = args.prompt_tokens or (64 if args.quick else 256)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, spec.vocab_size, (length,), generator=g) for _ in range(4)]
+    result = report(args, spec, layers, length, measure(Contenders(nodes.beam, hf, ct2), prompts, args.singles, spec))
+    if args.sweep:
+        result["sweep"] = sweep_ours(nodes.beam, spec.vocab_size, (8, 32, 100, 400), (64, 256, 480))
+    emit(f"beam_node-{args.model}-{layers}l-{length}t" + ("-quick" if args.quick else ""), result)
+    if not result["parity_ok"]:
+        sys.exit("parity failed: " + ", ".join(c["check"] for c in result["parity"] if not c["ok"]))
 
 
 if __name__ == "__main__":

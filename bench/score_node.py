@@ -163,66 +163,109 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out (speedup_vs_ct2 is null)")
+    parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
+                        "it for CTranslate2 (all cached in bench/.cache) and stop")
     return parser.parse_args()
+
+
+@dataclasses.dataclass
+class Run:
+    """What one benchmark run measures: its settings and the prepared contenders."""
+
+    args: argparse.Namespace
+    layers: int
+    quick: bool
+    sample_tokens: tuple[int, int]
+    checkpoint: object
+    spec: object
+    node: object = None
+    hf: object = None
+    ct2: object = None
+
+
+def prepare(args) -> Run:
+    """Checkpoint, compiled node and CTranslate2 conversion (cached); transformers unless --build-only."""
+    from compile.checkpoint import read_spec
+    from transformers import AutoModelForCausalLM
+
+    from ct2_baseline import Ct2Model
+
+    family, shape, depth = MODELS[args.model]
+    layers = args.layers or (2 if args.quick else depth)
+    dtype = DTYPES[args.dtype]
+    checkpoint = shaped_checkpoint(family, shape, layers, dtype)
+    run = Run(args, layers, args.quick or layers != depth, (32, 160 if args.quick else 480), checkpoint,
+              read_spec(checkpoint))
+    run.node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.model}-{args.dtype}-{layers}l")
+    run.ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
+    if not args.build_only:
+        run.hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
+    return run
+
+
+def measure(run: Run, requests) -> dict:
+    """Sweep the baselines' batching, time every contender interleaved, measure the peak around it."""
+    dtype = DTYPES[run.args.dtype]
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(run.spec))
+    peak_before = matmul_peak_flops(dtype, peak_shapes)
+    micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(run.node, run.hf, run.ct2, requests[0],
+                                                                run.args.dtype == "bf16")
+    seconds, outputs = time_requests(Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting), requests)
+    peak_after = matmul_peak_flops(dtype, peak_shapes)
+    if run.args.dtype == "fp32":
+        checks = fp32_checks(outputs)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        fp32 = AutoModelForCausalLM.from_pretrained(run.checkpoint, dtype=torch.float32).eval()
+        checks = bf16_checks(outputs[0], hf_side.careful(fp32, requests[0], PAD_ID), ct2_setting and ct2_setting[0],
+                             ct2_sweep)
+    return {"seconds": seconds, "micro_batch": micro_batch, "ct2": ct2_setting, "sweeps": sweeps, "checks": checks,
+            "peaks": (peak_before, peak_after)}
+
+
+def report(run: Run, requests, m: dict) -> dict:
+    """The result JSON: the stable keys first, then what they were computed from."""
+    seconds, checks, ct2 = m["seconds"], m["checks"], m["ct2"]
+    peak, count = max(m["peaks"]), len(requests)
+    flops = sum(score_flops(run.spec, [len(s) for s in r]) for r in requests) / count
+    ratio = lambda name: seconds[name] / seconds["ours"] if name in seconds else None  # noqa: E731
+    ours_checks = [c for c in checks if c["check"].startswith("ours_") and "label" in c["check"]]
+    return {
+        "bench": "score_node", "model": run.args.model, "layers": run.layers, "dtype": run.args.dtype,
+        "quick": run.quick, "executed_mfu": executed_mfu(flops, seconds["ours"], peak),
+        "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
+        "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
+        "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
+        "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if run.args.dtype == "fp32"
+                                     else "label logits against transformers in float32 on the same weights"),
+        "parity_ok": parity.all_ok(checks),
+        "hidden": run.spec.hidden_size, "heads": run.spec.num_heads, "head_dim": run.spec.head_dim,
+        "vocab": run.spec.vocab_size, "samples_per_request": SAMPLES, "sample_tokens": list(run.sample_tokens),
+        "requests": count, "mean_tokens_per_request": sum(len(s) for r in requests for s in r) / count,
+        "ms_per_request": {name: 1e3 * s for name, s in seconds.items()},
+        "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
+                     "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
+                     "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}"},
+        "sweeps_ms": m["sweeps"], "executed_gflop_per_request": flops / 1e9,
+        "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
+        "peak_gflops_before_after": [p / 1e9 for p in m["peaks"]], "parity": checks,
+    }
 
 
 def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    family, shape, depth = MODELS[args.model]
-    layers = args.layers or (2 if args.quick else depth)
-    quick = args.quick or layers != depth
-    high, count = (160, args.requests or 1) if args.quick else (480, args.requests or 3)
-    dtype = DTYPES[args.dtype]
-    from compile.checkpoint import read_spec
-    from transformers import AutoModelForCausalLM
-
-    from ct2_baseline import Ct2Model
-
-    checkpoint = shaped_checkpoint(family, shape, layers, dtype)
-    spec = read_spec(checkpoint)
-    node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.model}-{args.dtype}-{layers}l")
-    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
-    ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
-    requests = make_requests(count, SAMPLES, 32, high, spec.vocab_size)
-    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec))
-    peak_before = matmul_peak_flops(dtype, peak_shapes)
-    micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(node, hf, ct2, requests[0], args.dtype == "bf16")
-    seconds, outputs = time_requests(Contenders(node, hf, ct2, micro_batch, ct2_setting), requests)
-    peak_after = matmul_peak_flops(dtype, peak_shapes)
-    peak = max(peak_before, peak_after)
-    if args.dtype == "fp32":
-        checks = fp32_checks(outputs)
-    else:
-        reference = hf_side.careful(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval(),
-                                    requests[0], PAD_ID)
-        checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
-    flops = sum(score_flops(spec, [len(s) for s in r]) for r in requests) / count
-    tokens = sum(len(s) for r in requests for s in r) / count
-    ratio = lambda name: seconds[name] / seconds["ours"] if name in seconds else None  # noqa: E731
-    emit(f"score_node-{args.model}-{args.dtype}-{layers}l" + ("-quick" if args.quick else ""), {
-        "bench": "score_node", "model": args.model, "layers": layers, "dtype": args.dtype, "quick": quick,
-        "hidden": spec.hidden_size, "heads": spec.num_heads, "head_dim": spec.head_dim, "vocab": spec.vocab_size,
-        "samples_per_request": SAMPLES, "sample_tokens": [32, high], "requests": count,
-        "mean_tokens_per_request": tokens,
-        "executed_mfu": executed_mfu(flops, seconds["ours"], peak),
-        "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
-        "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2_setting and ct2_setting[0],
-        "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in checks
-                                  if c["check"].startswith("ours_") and "label" in c["check"]),
-        "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if args.dtype == "fp32"
-                                     else "label logits against transformers in float32 on the same weights"),
-        "ms_per_request": {name: 1e3 * s for name, s in seconds.items()},
-        "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
-                     "hf_best": f"length-sorted micro-batches of {micro_batch}",
-                     "ct2": ct2_setting and f"max_batch_size={ct2_setting[1]} (sorted by length), {ct2_setting[0]}"},
-        "sweeps_ms": sweeps, "executed_gflop_per_request": flops / 1e9,
-        "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
-        "peak_gflops_before_after": [peak_before / 1e9, peak_after / 1e9], "parity_ok": parity.all_ok(checks), "parity": checks,
-    })
-    if not parity.all_ok(checks):
-        sys.exit("parity failed: " + ", ".join(c["check"] for c in checks if not c["ok"]))
+    run = prepare(args)
+    if args.build_only:
+        return
+    requests = make_requests(args.requests or (1 if args.quick else 3), SAMPLES, *run.sample_tokens,
+                             run.spec.vocab_size)
+    result = report(run, requests, measure(run, requests))
+    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l" + ("-quick" if args.quick else ""), result)
+    if not result["parity_ok"]:
+        sys.exit("parity failed: " + ", ".join(c["check"] for c in result["parity"] if not c["ok"]))
 
 
 if __name__ == "__main__":
