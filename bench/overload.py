@@ -1,22 +1,29 @@
-"""Overload: goodput at 2x capacity with deadline-aware admission versus first-come-first-served.
+"""Overload: goodput and p99 of deadline-aware admission against two fair ablations, at 1x-2x capacity.
 
 With the tiny demo model compiled for this CPU (configs/test.toml bounds) behind the real gateway
-and one real worker: (1) measure capacity (requests/s, closed loop, no deadlines); (2) offer
-open-loop Poisson load at 2x that for `--seconds` with an SLO deadline (both on a fresh stack each,
-capacity re-measured just before, as this machine's speed drifts), twice: admission on
-(requests carry deadline_ms = SLO: refused early, dropped when late) and admission off (the same
-stack, everything admitted, nothing dropped: FIFO, like SGLang and vLLM). Goodput = answers within
-the SLO per second, measured by the client from each request's scheduled send time.
+and one real worker: capacity is measured once (requests/s, closed loop, no deadlines, on a fresh
+stack) and shared by every policy. Each policy then gets a fresh stack and open-loop Poisson load
+at 1x, 1.5x and 2x that capacity for `--seconds` each:
+  admission      [gateway] admission on, deadline = SLO: refused early (503) when the predicted
+                 finish misses it, dropped (504) when predicted late or expired;
+  fcfs_expiry    admission off (first come, first served), deadline = SLO: nothing refused, a
+                 request still queued at its deadline is answered 504 (Triton's queue timeout);
+  bounded_queue  admission off, no deadline, a queue budget of `--queue-factor` x (what the worker
+                 drains within the SLO at capacity): beyond it 429 at once (a bounded FIFO).
+Goodput = answers within the SLO per second, measured by the client from each request's scheduled
+send time; p99 is over successful answers.
 
-    python bench/overload.py [--quick] [--artifacts DIR] [--seconds 30] [--slo-ms MS]
+    python bench/overload.py [--quick] [--artifacts DIR] [--seconds 20] [--slo-ms 100]
 
-Prints one JSON object as its last line and writes it to bench/results/overload.json.
+Prints one JSON object as its last line and writes it to bench/results/overload.json (quick runs:
+overload-quick.json), with its provenance (bench/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import subprocess
@@ -34,6 +41,9 @@ from provenance import write_result  # noqa: E402
 
 WORDS = "red blue shoe phone case cheap premium coffee tea book laptop hotel city beach best top".split()
 MAX_CONNECTIONS = 400
+LOADS = (1.0, 1.5, 2.0)
+SAMPLES_PER_REQUEST = 4  # ~20-30 tokens each: two requests fill one compiled batch (8 samples, 256 tokens)
+RELAXED_MS = 60_000
 
 
 def artifacts_folder(given: str | None) -> Path:
@@ -49,20 +59,36 @@ def artifacts_folder(given: str | None) -> Path:
     return out
 
 
-SAMPLES_PER_REQUEST = 4  # ~20-30 tokens each: two requests fill one compiled batch (8 samples, 256 tokens)
-
-
 def bodies(count: int = 64) -> list[dict]:
     rng = random.Random(0)
     return [{"samples": [" ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 25)))
                          for _ in range(SAMPLES_PER_REQUEST)], "labels": ["yes", "no"]} for _ in range(count)]
 
 
-def start_gateway(folder: Path, artifacts: Path, port: int, admission: bool) -> subprocess.Popen:
+def tokens_per_request(artifacts: Path) -> float:
+    """Mean tokens a request of bodies() queues (its samples, as the served tokenizer counts them)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(artifacts / "tokenizer.json"))
+    counts = [sum(len(tokenizer.encode(s, add_special_tokens=False).ids) for s in b["samples"]) for b in bodies()]
+    return sum(counts) / len(counts)
+
+
+def policies(slo_ms: float, capacity_rps: float, request_tokens: float, queue_factor: float) -> dict[str, dict]:
+    """[gateway] settings of each policy (see module docstring)."""
+    bound = int(queue_factor * capacity_rps * slo_ms / 1000.0 * request_tokens)
+    return {
+        "admission": {"admission": True, "score_deadline_ms": int(slo_ms), "max_queue_tokens": 10**8},
+        "fcfs_expiry": {"admission": False, "score_deadline_ms": int(slo_ms), "max_queue_tokens": 10**8},
+        "bounded_queue": {"admission": False, "score_deadline_ms": RELAXED_MS, "max_queue_tokens": max(1, bound)},
+    }
+
+
+def start_gateway(folder: Path, artifacts: Path, port: int, gateway: dict) -> subprocess.Popen:
     config = (ROOT / "configs/test.toml").read_text().replace(
         'endpoints = ["ipc:///tmp/boundserve-test-worker-0"]', f'endpoints = ["ipc://{folder}/w-{port}"]')
-    config += (f"\n[gateway]\nport = {port}\naccess_log = false\nadmission = {str(admission).lower()}\n"
-               "score_deadline_ms = 60000\nmax_queue_tokens = 100000000\n")
+    config += f"\n[gateway]\nport = {port}\naccess_log = false\n"
+    config += "".join(f"{k} = {json.dumps(v)}\n" for k, v in gateway.items())
     path = folder / f"gateway-{port}.toml"
     path.write_text(config)
     return subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(path), "--artifacts", str(artifacts),
@@ -89,9 +115,9 @@ async def capacity(port: int, requests: list[bytes], seconds: float, concurrency
     return done / (time.perf_counter() - start)
 
 
-async def open_loop(port: int, requests: list[bytes], rate: float, seconds: float, slo_ms: float) -> dict:
+async def open_loop(port: int, requests: list[bytes], rate: float, seconds: float, slo_ms: float, seed: int) -> dict:
     """Poisson arrivals at `rate`; latency counts from each request's scheduled time."""
-    rng = random.Random(1)
+    rng = random.Random(seed)
     idle: list[Client] = []
     slots = asyncio.Semaphore(MAX_CONNECTIONS)
     outcomes: list[tuple[int, float]] = []
@@ -115,6 +141,10 @@ async def open_loop(port: int, requests: list[bytes], rate: float, seconds: floa
     await asyncio.gather(*tasks)
     for client in idle:
         client.writer.close()
+    return _summary(outcomes, seconds, slo_ms)
+
+
+def _summary(outcomes: list[tuple[int, float]], seconds: float, slo_ms: float) -> dict:
     good = sum(1 for status, ms in outcomes if status == 200 and ms <= slo_ms)
     answered_ms = sorted(ms for status, ms in outcomes if status == 200) or [0.0]
     refused_ms = sorted(ms for status, ms in outcomes if status != 200) or [0.0]
@@ -127,20 +157,36 @@ async def open_loop(port: int, requests: list[bytes], rate: float, seconds: floa
             "refused_p50_ms": round(refused_ms[len(refused_ms) // 2], 2)}
 
 
-async def run_phase(folder: Path, artifacts: Path, admission: bool, args) -> dict:
-    """A fresh stack: warm up, measure capacity (closed loop), then 2x that, open loop, with the SLO."""
+async def measure_capacity(folder: Path, artifacts: Path, args) -> dict:
+    """Once, on a fresh stack with relaxed deadlines: warm up, unloaded latency, closed-loop capacity."""
     port = free_port()
-    gateway = start_gateway(folder, artifacts, port, admission)
+    gateway = start_gateway(folder, artifacts, port, {"score_deadline_ms": RELAXED_MS, "max_queue_tokens": 10**8})
     try:
         await wait_ready(port, timeout_s=180)
-        relaxed = [post("/v1/score", {**b, "deadline_ms": 60000}) for b in bodies()]
+        relaxed = [post("/v1/score", b) for b in bodies()]
         await sequential(port, relaxed[:50])  # warm-up
         unloaded = sorted(await sequential(port, relaxed * 2))
         cap = await capacity(port, relaxed, 3.0 if args.quick else 10.0)
-        deadline = int(args.slo_ms) if admission else 60000  # FIFO: nothing refused, nothing dropped
-        requests = [post("/v1/score", {**b, "deadline_ms": deadline}) for b in bodies()]
-        result = await open_loop(port, requests, 2 * cap, args.seconds, args.slo_ms)
-        return {"capacity_rps": round(cap, 1), "unloaded_p50_ms": round(unloaded[len(unloaded) // 2], 3), **result}
+        return {"capacity_rps": round(cap, 1), "unloaded_p50_ms": round(unloaded[len(unloaded) // 2], 3)}
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=60)
+
+
+async def run_policy(folder: Path, artifacts: Path, gateway_settings: dict, cap: float, args) -> dict:
+    """A fresh stack with the policy; warm-up, then each load in turn (1 s apart, queues drained)."""
+    port = free_port()
+    gateway = start_gateway(folder, artifacts, port, gateway_settings)
+    try:
+        await wait_ready(port, timeout_s=180)
+        requests = [post("/v1/score", b) for b in bodies()]
+        await sequential(port, requests[:20])
+        rows = {}
+        for k, load in enumerate(LOADS):
+            row = await open_loop(port, requests, load * cap, args.seconds, args.slo_ms, seed=1 + k)
+            rows[f"{load:g}x"] = {**row, "goodput_over_capacity": round(row["goodput_rps"] / cap, 3)}
+            await asyncio.sleep(1.0)
+        return {"gateway": gateway_settings, "loads": rows}
     finally:
         gateway.terminate()
         gateway.wait(timeout=60)
@@ -148,31 +194,37 @@ async def run_phase(folder: Path, artifacts: Path, admission: bool, args) -> dic
 
 async def measure(args) -> dict:
     artifacts = artifacts_folder(args.artifacts)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as scratch:
         folder = Path(scratch)
-        with_admission = await run_phase(folder, artifacts, True, args)
-        fifo = await run_phase(folder, artifacts, False, args)
-    cap = (with_admission["capacity_rps"] + fifo["capacity_rps"]) / 2
+        base = await measure_capacity(folder, artifacts, args)
+        cap = base["capacity_rps"]
+        results = {name: await run_policy(folder, artifacts, settings, cap, args) for name, settings in
+                   policies(args.slo_ms, cap, tokens_per_request(artifacts), args.queue_factor).items()}
+    at_2x = {name: r["loads"]["2x"]["goodput_rps"] for name, r in results.items()}
+    best_ablation = max(at_2x["fcfs_expiry"], at_2x["bounded_queue"])
     return {
-        "bench": "overload", "capacity_rps": round(cap, 1), "slo_ms": args.slo_ms, "seconds": args.seconds,
-        "goodput_admission_rps": with_admission["goodput_rps"], "goodput_fifo_rps": fifo["goodput_rps"],
-        "goodput_admission_over_capacity": round(with_admission["goodput_rps"] / with_admission["capacity_rps"], 3),
-        "goodput_fifo_over_capacity": round(fifo["goodput_rps"] / fifo["capacity_rps"], 3),
-        "admission": with_admission, "fifo": fifo, "samples_per_request": SAMPLES_PER_REQUEST,
+        "bench": "overload", **base, "slo_ms": args.slo_ms, "seconds": args.seconds, "loads": list(LOADS),
+        "queue_factor": args.queue_factor, "goodput_at_2x_rps": at_2x,
+        "admission_at_2x_over_capacity": round(at_2x["admission"] / cap, 3),
+        "admission_at_2x_over_best_ablation": round(at_2x["admission"] / best_ablation, 3) if best_ablation else None,
+        "policies": results, "samples_per_request": SAMPLES_PER_REQUEST,
         "model": "tiny demo (configs/test.toml), 1 CPU worker", "cpus": os.cpu_count(),
-        "load_average": os.getloadavg()[0],
-        "note": "each phase offers 2x the capacity measured just before it, on a fresh stack",
+        "load_average": os.getloadavg()[0], "wall_s": round(time.perf_counter() - started, 1),
+        "note": "capacity measured once (closed loop, fresh stack) and shared; each policy on its own fresh stack",
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 s phases instead of 30 s")
+    parser.add_argument("--quick", action="store_true", help="6 s per load and a 3 s capacity run")
     parser.add_argument("--artifacts", help="compiled artifacts (default: build the demo model with configs/test.toml)")
-    parser.add_argument("--seconds", type=float, help="length of each overload phase (default 30, quick 8)")
+    parser.add_argument("--seconds", type=float, help="length of each load (default 20, quick 6)")
     parser.add_argument("--slo-ms", type=float, default=100.0, help="the SLO deadline in ms (default 100)")
+    parser.add_argument("--queue-factor", type=float, default=0.8,
+                        help="bounded_queue: its token budget as a fraction of what drains within the SLO")
     args = parser.parse_args()
-    args.seconds = args.seconds or (8.0 if args.quick else 30.0)
+    args.seconds = args.seconds or (6.0 if args.quick else 20.0)
     result = asyncio.run(measure(args))
     write_result("overload" + ("-quick" if args.quick else ""), result, quick=args.quick)
 
