@@ -121,6 +121,9 @@ def _tune(p: argparse.ArgumentParser) -> None:
                    help="NAME=v1,v2,... (repeatable): max_batch_wait_ms, max_queue_tokens, admission_margin_ms, "
                         "score_deadline_ms, generate_deadline_ms (offline also max_batch_tokens, "
                         "max_batch_samples, max_beam_requests, workers)")
+    p.add_argument("--headroom", type=float, default=None,
+                   help="a candidate meets the SLO when its percentile is within headroom x SLO (default: 0.85 "
+                        "offline, room for the simulator's error as loadgen validate measures it; 1 live)")
     p.add_argument("--capacity", action="store_true", help="also estimate the workers needed (offline)")
     p.add_argument("--max-workers", type=int, default=32)
     p.add_argument("--gateway-cmd", default=None,

@@ -15,6 +15,10 @@ from loadgen.simulator import KNOBS, SimSettings, simulate
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import Trace, read_trace, write_trace
 
+OFFLINE_HEADROOM = 0.85
+"""Offline, a candidate's simulated percentile must stay within this x the SLO (the simulator's target
+error against live, as `loadgen validate` measures it)."""
+
 
 def cmd_synth(args: argparse.Namespace) -> int:
     spec = SynthSpec(
@@ -95,14 +99,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     candidates = grid(axes)
     print(f"tuning {len(candidates)} candidates ({'simulated' if args.offline else 'live'})", file=sys.stderr)
     evaluate = _candidate_evaluator(args, trace)
-    result = tune(candidates, evaluate, args.slo_ms, args.pct,
+    headroom = args.headroom if args.headroom is not None else (OFFLINE_HEADROOM if args.offline else 1.0)
+    if not 0 < headroom <= 1:
+        raise ValueError(f"--headroom {headroom} must be in (0, 1]")
+    result = tune(candidates, evaluate, args.slo_ms, args.pct, headroom=headroom,
                   on_result=lambda c: print(f"  {c.knobs}: goodput {c.goodput_rps:.1f}/s", file=sys.stderr))
     print(table(result))
     best = result.best_candidate()
     report: dict[str, Any] = {"candidates": [c.row() for c in result.candidates], "slo_ms": args.slo_ms,
-                              "pct": args.pct, "best": None if best is None else best.knobs}
+                              "pct": args.pct, "headroom": headroom, "best": None if best is None else best.knobs}
     if best is None:
-        print(f"\nno candidate kept p{args.pct:g} within {args.slo_ms:g} ms; widen the grid or add workers")
+        print(f"\nno candidate kept p{args.pct:g} within {headroom:g} x {args.slo_ms:g} ms; widen the grid or add "
+              "workers")
     else:
         print(f"\nrecommended (goodput {best.goodput_rps:.1f}/s, p{args.pct:g} {best.latency_pct_ms:.1f} ms):\n")
         print(config_snippet(best.knobs))

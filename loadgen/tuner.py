@@ -3,8 +3,10 @@
 A candidate is a dict of setting -> value. An evaluator turns a candidate into per-request results:
 the offline one simulates (loadgen/simulator.py), the live one restarts a gateway with the candidate
 and replays a window of the trace (loadgen/live.py). Ranking: candidates whose pct-th latency
-percentile over successful answers is within the SLO, by goodput, then by lower percentile, then by
-grid order (earlier first). When none meets the SLO there is no recommendation, only the table.
+percentile over successful answers is within the SLO (times `headroom`), by goodput, then by lower
+percentile, then by grid order (earlier first). When none meets the SLO there is no recommendation,
+only the table. Offline, headroom below 1 leaves room for the simulator's error (`loadgen validate`
+measures it): a candidate simulated just under the SLO is as likely to miss it live as to meet it.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def score_candidate(knobs: dict[str, Any], results: list[RequestResult], slo_ms: float,
-                    pct: float, window_s: float | None = None) -> CandidateResult:
+                    pct: float, window_s: float | None = None, headroom: float = 1.0) -> CandidateResult:
     summary = summarize(results, slo_ms, window_s)["routes"]["all"]
     ok = [r.done_ms - r.scheduled_ms for r in results if r.outcome == "ok"]
     value = percentile(ok, pct)
@@ -77,16 +79,17 @@ def score_candidate(knobs: dict[str, Any], results: list[RequestResult], slo_ms:
         knobs=dict(knobs), goodput_rps=summary["goodput_rps"] or 0.0,
         throughput_rps=summary["throughput_rps"] or 0.0, latency_pct_ms=value,
         attainment=summary["slo_attainment"] or 0.0, outcomes=summary["outcomes"],
-        meets_slo=value is not None and value <= slo_ms,
+        meets_slo=value is not None and value <= headroom * slo_ms,
     )
 
 
 def tune(candidates: Sequence[dict[str, Any]], evaluate: Evaluator, slo_ms: float, pct: float = 99.0,
-         window_s: float | None = None, on_result: Callable[[CandidateResult], None] | None = None) -> TuneResult:
+         window_s: float | None = None, on_result: Callable[[CandidateResult], None] | None = None,
+         headroom: float = 1.0) -> TuneResult:
     """Evaluate every candidate and pick the best (see module docstring)."""
     scored = []
     for knobs in candidates:
-        result = score_candidate(knobs, evaluate(dict(knobs)), slo_ms, pct, window_s)
+        result = score_candidate(knobs, evaluate(dict(knobs)), slo_ms, pct, window_s, headroom)
         scored.append(result)
         if on_result is not None:
             on_result(result)

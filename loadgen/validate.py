@@ -84,16 +84,29 @@ def level_trace(trace: Trace, rate_rps: float, duration_s: float) -> Trace:
     return at_rate(piece, rate_rps)
 
 
+def stack_bodies(artifacts: str | Path, label_token_ids: tuple[int, ...] = (10, 11)) -> BodyFactory:
+    """Bodies of exact token lengths drawn from the served tokenizer's ordinary vocabulary."""
+    return BodyFactory(BodyOptions(tokenizer_path=str(Path(artifacts) / "tokenizer.json"),
+                                   label_token_ids=label_token_ids))
+
+
+def calibrate_stack(stack: LocalStack, trace: Trace, settings: SimSettings, bodies: BodyFactory,
+                    requests: int = 300, load: float = 0.5) -> tuple[ServiceModel, Calibration, ReplayRun, Trace]:
+    """The workers' start-up profile, and a calibration replay of the trace's first `requests` at
+    `load` x the capacity that profile predicts (with the run and the trace it replayed)."""
+    profile = stack.reported_model()
+    rate = load * capacity_rps(trace, settings, profile)
+    warm = level_trace(trace, rate, requests / rate)
+    warm_run = run_replay(warm, bodies, ReplayOptions(url=stack.url, progress=False, id_prefix="cal-"))
+    return profile, calibrate(warm_run, warm, stack.batch_lines(), profile, settings, "cal-"), warm_run, warm
+
+
 def run_live(options: ValidateOptions, trace: Trace, settings: SimSettings, scratch: Path) -> LiveSide:
     """Start the stack, calibrate, replay every level; the stack is stopped whatever happens."""
-    bodies = BodyFactory(BodyOptions(tokenizer_path=str(Path(options.artifacts) / "tokenizer.json"),
-                                     label_token_ids=options.label_token_ids))
+    bodies = stack_bodies(options.artifacts, options.label_token_ids)
     with LocalStack(options.config_path, options.artifacts, scratch) as stack:
-        profile = stack.reported_model()
-        rate = options.calibration_load * capacity_rps(trace, settings, profile)
-        warm = level_trace(trace, rate, options.calibration_requests / rate)
-        warm_run = run_replay(warm, bodies, ReplayOptions(url=stack.url, progress=False, id_prefix="cal-"))
-        calibration = calibrate(warm_run, warm, stack.batch_lines(), profile, settings, "cal-")
+        profile, calibration, warm_run, warm = calibrate_stack(stack, trace, settings, bodies,
+                                                               options.calibration_requests, options.calibration_load)
         capacity = capacity_rps(trace, with_overheads(settings, calibration), calibration.model)
         segments, runs = [warm], [warm_run]
         for k, load in enumerate(options.levels):

@@ -36,6 +36,32 @@ def deployment_toml(folder: Path, worker_endpoint: str, **gateway) -> Path:
     return path
 
 
+HEAVY_BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 128, "max_tokens_per_batch": 1024}
+"""Batches of up to 1024 tokens: a few tens of requests per second fill the tiny demo model, so the
+load generator keeps up with the load levels of the live checks on a small, shared machine."""
+
+
+@pytest.fixture(scope="session")
+def heavy_deployment(demo_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
+    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, and the demo checkpoint compiled for it."""
+    import dataclasses
+    import tomllib
+
+    import tomli_w
+
+    from tests.conftest import ROOT, build_artifacts
+
+    raw = tomllib.loads((ROOT / "configs" / "test.toml").read_text())
+    raw["bounds"] = {**raw["bounds"], **HEAVY_BOUNDS}
+    raw["model"]["path"] = str(demo_checkpoint)
+    config = tmp_path_factory.mktemp("heavy") / "heavy.toml"
+    config.write_text(tomli_w.dumps(raw))
+    from shared.config import load_config
+
+    bounds = dataclasses.replace(load_config(config).bounds)
+    return config, build_artifacts(demo_checkpoint, "loadgen-heavy", bounds=bounds)
+
+
 @pytest.fixture
 def standin(request_tokenizer):  # noqa: F811
     """A stand-in worker on its own thread (5 ms per batch)."""

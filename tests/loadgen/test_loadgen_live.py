@@ -58,14 +58,14 @@ def test_a_recommendation_the_config_refuses_is_an_error_naming_the_field(tmp_pa
 
 def test_live_tuning_restarts_the_real_gateway_per_candidate(tmp_path, standin, standin_artifacts):
     # A 1 ms default deadline cannot be met by a worker taking 5 ms: only the start-up probes are
-    # answered; with 500 ms every request is. The SLO (100 ms) is met by both; goodput decides.
+    # answered; with 500 ms every request is. The SLO (a generous 1 s) is met by both; goodput decides.
     url = f"http://127.0.0.1:{free_port()}"
     base = deployment_toml(tmp_path, standin.endpoint)
     trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=40, duration_s=0.5, samples=2, tokens_per_sample=4))
     live = LiveOptions(command_template=_gateway_cmd(standin_artifacts), base_config=str(base), url=url,
                        startup_timeout_s=60, warmup_s=0.1, log_dir=str(tmp_path))
     evaluate = LiveEvaluator(trace, BodyFactory(), live, ReplayOptions(url=url, progress=False))
-    result = tune(grid({"score_deadline_ms": [1, 500]}), evaluate, slo_ms=100.0)
+    result = tune(grid({"score_deadline_ms": [1, 500]}), evaluate, slo_ms=1000.0)
     assert evaluate.runs == 2
     tight, relaxed = result.candidates
     assert relaxed.outcomes == {"ok": 20}
