@@ -3,17 +3,19 @@ it does not fit: 400 invalid_request or 413 too_large, naming the field path and
 
 msgspec validates while it parses, at C speed, and stops at the first problem with its path
 (`$.samples[3].input_ids[0]`). A body is decoded against its type with the compiled bounds; only
-when that fails is it decoded again without them, which tells a malformed body (400) from one over
-a compiled bound (413). The message is written from the type at that path (its limits, its 413
-text) and the value the caller sent there, e.g. `$.samples[0].input_ids[1] = -4 must be an integer
-token id between 0 and 151935`.
+when that fails is it decoded again without them, which tells a malformed body from one over a
+compiled bound. Order of answers: a malformed field (400), then a rule across fields (400), then a
+compiled bound exceeded (413). The message is written from the type at that path (its limits, its
+413 text) and the value the caller sent there, e.g. `$.samples[0].input_ids[1] = -4 must be an
+integer token id between 0 and 151935`.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
@@ -25,36 +27,44 @@ _AT = re.compile(r"(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?", re.DOTALL)
 _STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]")
 _FIELD = re.compile(r"Object (?P<kind>contains unknown|missing required) field `(?P<name>[^`]*)`")
 _MISSING: Any = object()  # the value at a path could not be read back from the body
+T = TypeVar("T")
 
 
-class BodyDecoder:
-    """JSON bytes -> one request Struct of one deployment, or an ApiError naming the field."""
+class BodyDecoder(Generic[T]):
+    """JSON bytes -> one request of one deployment (its Struct, then `build`'s spec), or an ApiError."""
 
-    def __init__(self, bounded: type, lenient: type) -> None:
-        """`bounded`: the type with the compiled bounds; `lenient`: the same type without them."""
-        self._bounded, self._lenient = bounded, lenient
+    def __init__(self, bounded: type, lenient: type, build: Callable[[Any], T]) -> None:
+        """`bounded`: the type with the compiled bounds; `lenient`: the same type without them;
+        `build`: the checks across fields (raising ApiError) and what the handler needs."""
+        self._bounded, self._lenient, self._build = bounded, lenient, build
         self._decoder = msgspec.json.Decoder(bounded)
         self._lenient_decoder = msgspec.json.Decoder(lenient)
 
-    def decode(self, raw: bytes) -> Any:
+    def decode(self, raw: bytes) -> T:
         try:
-            return self._decoder.decode(raw)
+            body = self._decoder.decode(raw)
         except msgspec.ValidationError as error:
             raise self._refusal(raw, str(error)) from None
         except msgspec.DecodeError as error:
             raise not_json(raw, error) from None
         except RecursionError:
             raise too_deep() from None
+        return self._build(body)
 
     def _refusal(self, raw: bytes, bounded_error: str) -> ApiError:
+        """400 when the body is malformed (its fields, or the rules across them), else 413."""
         try:
-            self._lenient_decoder.decode(raw)
+            body = self._lenient_decoder.decode(raw)
         except msgspec.ValidationError as error:
             return ApiError("invalid_request", invalid_message(_info(self._lenient), str(error), raw))
         except msgspec.DecodeError as error:
             return not_json(raw, error)
         except RecursionError:
             return too_deep()
+        try:
+            self._build(body)
+        except ApiError as error:
+            return error
         return ApiError("too_large", too_large_message(_info(self._bounded), bounded_error, raw))
 
 

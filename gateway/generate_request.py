@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.decoding import BodyDecoder
 from gateway.errors import ApiError
@@ -30,8 +31,9 @@ class GenerateSpec:
 
 
 @functools.lru_cache(maxsize=16)
-def _decoder(limits: Limits) -> BodyDecoder:
-    return BodyDecoder(request_types(limits).generate, request_types(limits, compiled_bounds=False).generate)
+def _decoder(limits: Limits) -> BodyDecoder[GenerateSpec]:
+    return BodyDecoder(request_types(limits).generate, request_types(limits, compiled_bounds=False).generate,
+                       functools.partial(_spec, limits=limits))
 
 
 def parse_generate(raw: bytes, limits: Limits) -> GenerateSpec:
@@ -39,7 +41,11 @@ def parse_generate(raw: bytes, limits: Limits) -> GenerateSpec:
     if not limits.beam_enabled:
         raise ApiError("not_found", "this deployment serves no beam search (beam.enabled is false in its config, "
                                     "or its artifacts hold no beam node)")
-    body = _decoder(limits).decode(raw)
+    return _decoder(limits).decode(raw)
+
+
+def _spec(body: Any, limits: Limits) -> GenerateSpec:
+    """The rules across fields, and the defaults."""
     if (body.prompt is None) == (body.input_ids is None):
         raise ApiError("invalid_request", "give exactly one of $.prompt (a string) or $.input_ids (a list of "
                                           "token ids)")

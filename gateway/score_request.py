@@ -52,9 +52,10 @@ _SHAPE = msgspec.json.Decoder(_Shape)
 
 
 @functools.lru_cache(maxsize=16)
-def _decoders(limits: Limits) -> tuple[BodyDecoder, BodyDecoder]:
+def _decoders(limits: Limits) -> tuple[BodyDecoder[ScoreSpec], BodyDecoder[ScoreSpec]]:
     bounded, lenient = request_types(limits), request_types(limits, compiled_bounds=False)
-    return BodyDecoder(bounded.score, lenient.score), BodyDecoder(bounded.sglang_score, lenient.sglang_score)
+    return (BodyDecoder(bounded.score, lenient.score, functools.partial(_ours, limits=limits)),
+            BodyDecoder(bounded.sglang_score, lenient.sglang_score, functools.partial(_sglang, limits=limits)))
 
 
 def parse_score(raw: bytes, limits: Limits) -> ScoreSpec:
@@ -63,12 +64,12 @@ def parse_score(raw: bytes, limits: Limits) -> ScoreSpec:
     try:
         shape = _SHAPE.decode(raw)
     except (msgspec.DecodeError, RecursionError):  # not an object, not JSON, too deep: the decoder says which
-        return _ours(ours.decode(raw), limits)
+        return ours.decode(raw)
     if shape.items and not shape.samples:
-        return _sglang(sglang.decode(raw), limits)
+        return sglang.decode(raw)
     if not shape.samples:
         raise invalid("missing required field $.samples (or $.items, for SGLang's /v1/score schema)")
-    return _ours(ours.decode(raw), limits)
+    return ours.decode(raw)
 
 
 def invalid(message: str) -> ApiError:

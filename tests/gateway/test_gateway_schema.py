@@ -3,8 +3,8 @@
 Valid: every body schemathesis generates from the document is accepted. Invalid: a generated body
 is mutated at one place (a value replaced, a list grown past a bound, a field added or removed);
 the document itself (jsonschema) says whether the result is still valid, and the parser must say
-the same: accepted, or refused with 400 (413 exactly when only a compiled bound is exceeded) and a
-message naming the mutated field's path (or a parent's), e.g. `$.samples[3].input_ids[0]`.
+the same: accepted, or refused with 400 (413 exactly when nothing but a compiled bound is exceeded)
+and a message naming the mutated field's path (or a parent's), e.g. `$.samples[3].input_ids[0]`.
 
 JSON Schema can state every rule of these bodies but two, both tested here by hand:
 num_return_sequences <= beam_width, and that an integer is written as one (JSON Schema counts 2.0
@@ -201,10 +201,14 @@ def test_a_body_mutated_at_one_field_is_judged_as_the_schema_judges_it(contract,
         with pytest.raises(ApiError) as refused:
             parse(label, body, limits)
         message = refused.value.message
-        assert refused.value.status == (413 if errors and all(map(bound_only, errors)) else 400), message
+        over_bound_only = errors and all(map(bound_only, errors)) and not over_beam_width(label, body, limits)
+        assert refused.value.status == (413 if over_bound_only else 400), message  # malformed first: 400
         named = PATH.findall(message)
         assert named, message
-        if not contract.fields_only[kind].is_valid(body):  # a field's own limits: that field is named
+        # A malformed field is answered first, naming it; then a rule across fields (naming those
+        # fields); then a compiled bound exceeded (413), naming the field again.
+        malformed = any(not bound_only(e) for e in contract.fields_only[kind].iter_errors(body))
+        if malformed or refused.value.status == 413:
             assert any(related(p, path_text(steps)) for p in named), (path_text(steps), message)
 
     run()
@@ -235,6 +239,17 @@ def test_malformed_bodies_get_400_naming_the_field(raw, words):
     assert refused.value.status == 400, refused.value.message
     for word in words:
         assert word in refused.value.message, refused.value.message
+
+
+def test_a_rule_across_fields_is_answered_400_before_a_compiled_bound_413():
+    body = json.dumps({"samples": ["x"], "labels": ["yes"], "top_k": PLAIN.max_top_k + 1}).encode()
+    with pytest.raises(ApiError) as refused:
+        parse_score(body, PLAIN)  # top_k is over its bound, and not used with output 'probs' at all
+    assert refused.value.status == 400 and "$.top_k is only used with output 'topk'" in refused.value.message
+    body = json.dumps({"prompt": "x", "beam_width": 2, "num_return_sequences": PLAIN.max_beam_width + 1}).encode()
+    with pytest.raises(ApiError) as refused:
+        parse_generate(body, PLAIN)
+    assert refused.value.status == 400 and "must not exceed $.beam_width = 2" in refused.value.message
 
 
 def test_generate_beam_rules_and_constraints():
