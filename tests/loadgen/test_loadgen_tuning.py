@@ -6,7 +6,7 @@ import pytest
 
 from loadgen.capacity import capacity_report, kingman_latency_ms, kingman_wait_ms, workload_facts
 from loadgen.service import load_service_model
-from loadgen.simulator import SimSettings, simulate
+from loadgen.simulator import SimSettings, Simulator, simulate
 from loadgen.sweep import sweep
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import TraceRecord, make_trace
@@ -129,3 +129,26 @@ def test_service_model_from_a_worker_log(tmp_path):
     assert model("score", 3, 100) == pytest.approx(7.0)            # the last profile wins
     with pytest.raises(ValueError, match="no latency model for route 'generate'"):
         model("generate", 1, 1)
+
+
+def test_without_admission_requests_wait_first_come_first_served_and_expire_in_the_queue():
+    # Twice what one worker serves, 30 ms deadlines, admission off: nothing is refused, what waits
+    # past its deadline is answered 504, and what was sent just in time is answered late.
+    trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=1000, duration_s=1, samples=1, tokens_per_sample=10))
+    settings = SimSettings(**SIMPLE, admission=False, score_deadline_ms=30.0, max_batch_samples=4)
+    simulator = Simulator(settings, _batch_cost)
+    results = simulator.run(trace)
+    assert {r.outcome for r in results} == {"ok", "deadline_exceeded"}
+    assert set(simulator.drops) <= {"expired_in_queue", "expired_in_worker"} and simulator.drops["expired_in_queue"]
+    assert max(r.latency_ms for r in results if r.outcome == "ok") > 30.0
+
+
+def test_a_partial_batch_waits_while_its_worker_is_busy_longer_than_max_batch_wait():
+    # Request 0 keeps the worker busy for 7 ms; 1 arrives at 1 ms and 2 at 5 ms. With no lead time
+    # request 1 waits in the gateway for companions and goes with 2; with 20 ms it goes at once.
+    records = [TraceRecord(t_ms=t, route="score", sample_tokens=(10,)) for t in (0.0, 1.0, 5.0)]
+    base = SimSettings(admission_margin_ms=0.0, max_inflight_batches=2)
+    held = simulate(make_trace(records), base.with_knobs({"max_batch_wait_ms": 0.0}), _batch_cost)
+    assert held[1].done_ms == held[2].done_ms == pytest.approx(7.0 + 8.0)
+    eager = simulate(make_trace(records), base.with_knobs({"max_batch_wait_ms": 20.0}), _batch_cost)
+    assert eager[1].done_ms == pytest.approx(14.0) and eager[2].done_ms == pytest.approx(21.0)
