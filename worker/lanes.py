@@ -5,11 +5,17 @@ CUDA: one lane per configured stream, each driven by its own thread. A lane stag
 its own pinned host buffer, so the host-to-device copy is asynchronous on the lane's stream and
 overlaps the compute of other lanes' batches. A lane reuses its buffer only after its previous
 batch has been synchronised (finish()), so no copy can read a buffer being rewritten.
+
+All lanes of a worker take turns for the node call itself (`turn`): an AOTInductor package runs one
+call at a time and waits for a second one while holding the GIL, and its calls into the Python
+custom operators (compile/ops.py) need the GIL, so two threads calling at once deadlock. The turn
+is held only while the call is issued; a CUDA lane synchronises its stream after releasing it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -21,9 +27,11 @@ from shared.config import WorkerConfig
 class Lane:
     """One in-flight batch slot: a device, an optional CUDA stream, and a token staging buffer."""
 
-    def __init__(self, device: str, max_tokens: int, stream: torch.cuda.Stream | None = None) -> None:
+    def __init__(self, device: str, max_tokens: int, stream: torch.cuda.Stream | None = None,
+                 turn: threading.Lock | None = None) -> None:
         self.device = device
         self.stream = stream
+        self.turn = turn or threading.Lock()  # shared by every lane calling the same packages
         pin = stream is not None
         self.token_buffer = torch.empty(max_tokens, dtype=torch.int64, pin_memory=pin)  # [T_max]
 
@@ -41,10 +49,11 @@ class Lane:
     def running(self) -> Iterator[None]:
         """Make the lane's stream current for the node call, and wait for it before returning."""
         if self.stream is None:
-            yield
+            with self.turn:
+                yield
             return
         try:
-            with torch.cuda.stream(self.stream):
+            with torch.cuda.stream(self.stream), self.turn:
                 yield
         finally:  # also after a failure: the staging buffer may be rewritten only once the stream is idle
             self.stream.synchronize()
@@ -64,13 +73,12 @@ def make_lanes(device: str, config: WorkerConfig, bounds: Mapping[str, int]) -> 
         return [Lane(device, max_tokens)]
     index = torch.device(device).index or 0
     streams = [torch.cuda.Stream(device=index) for _ in range(config.num_streams)]
-    return [Lane(device, max_tokens, stream=s) for s in streams]
+    turn = threading.Lock()
+    return [Lane(device, max_tokens, stream=s, turn=turn) for s in streams]
 
 
-def spare_lane(device: str, bounds: Mapping[str, int]) -> Lane:
-    """A lane of its own for work beside the served batches (the background profile refit), so it
-    never writes into a staging buffer a compute thread is reading."""
-    if device == "cpu":
-        return Lane(device, max_staged_tokens(bounds))
-    stream = torch.cuda.Stream(device=torch.device(device).index or 0)
-    return Lane(device, max_staged_tokens(bounds), stream=stream)
+def spare_lane(sibling: Lane, bounds: Mapping[str, int]) -> Lane:
+    """A lane of its own for work beside the served batches (the background profile refit): its own
+    staging buffer (and stream), taking turns with `sibling`'s lanes for the node call."""
+    stream = None if sibling.stream is None else torch.cuda.Stream(device=sibling.stream.device)
+    return Lane(sibling.device, max_staged_tokens(bounds), stream=stream, turn=sibling.turn)

@@ -5,9 +5,8 @@ measures the grid afresh on a lane of its own, only while no batch is queued or 
 keeps a measurement only if no served batch came or went during it (a served batch is never held
 back to protect a measurement; a disturbed one is simply taken again). When the grid is done it
 publishes the new profiles: the server sends a fresh Ready to its gateways and the cache is
-rewritten. A served batch that arrives during a measurement waits at most that one call (on a CPU
-the compiled package runs one call at a time); the largest grid point is the deployment's largest
-batch.
+rewritten. A served batch that arrives during a measurement waits at most that one call (lanes take
+turns for the node call: worker/lanes.py); the largest grid point is the deployment's largest batch.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     profiles, refit_factory = _cached_profiles(cache, plans, log), None
     if profiles is not None:
         warm_up_smallest(plans, lanes[0], max(1, config.worker.warmup_runs))
-        refit_factory = functools.partial(_make_refit, plans, spare_lane(device, bounds), config.worker, cache, log)
+        refit_factory = functools.partial(_make_refit, plans, spare_lane(lanes[0], bounds), config.worker, cache, log)
     else:
         profiles = profile_plans(plans, lanes[0], config.worker)
         for workload, profile in profiles.items():

@@ -76,7 +76,16 @@ async def one_request(session, url: str) -> tuple[int, str]:
 
 async def load(session, url: str, stop_event: asyncio.Event, outcomes: list) -> None:
     while not stop_event.is_set():
-        outcomes.append((url, time.monotonic(), *await one_request(session, url)))
+        sent = time.monotonic()
+        outcomes.append((url, sent, *await one_request(session, url)))
+
+
+async def served(outcomes: list, urls, since: float, count: int, what: str) -> None:
+    """Wait until every gateway answered `count` requests sent after `since` with 200."""
+    end = time.monotonic() + READY_TIMEOUT_S
+    while any(sum(1 for u, t, s, _ in outcomes if u == url and t > since and s == 200) < count for url in urls):
+        assert time.monotonic() < end, f"fewer than {count} answers per gateway {what}"
+        await asyncio.sleep(0.02)
 
 
 async def test_two_gateways_share_workers_and_survive_a_worker_restart(demo_artifacts, tmp_path):
@@ -94,15 +103,15 @@ async def test_two_gateways_share_workers_and_survive_a_worker_restart(demo_arti
             await wait_workers(session, urls, 2, processes, logs)
             stop_event = asyncio.Event()
             loops = [asyncio.create_task(load(session, url, stop_event, outcomes)) for url in urls for _ in range(3)]
-            await asyncio.sleep(2.0)
+            await served(outcomes, urls, 0.0, 10, "before the kill")
             killed_at = time.monotonic()
             os.kill(processes[0].pid, signal.SIGKILL)
             processes[0].wait()
-            await asyncio.sleep(1.0)
+            await served(outcomes, urls, killed_at, 10, "by the other worker")
             processes[0] = start(worker_argv[0], logs[0])
             await wait_workers(session, urls, 2, processes, logs)
             restarted_at = time.monotonic()
-            await asyncio.sleep(2.0)
+            await served(outcomes, urls, restarted_at, 10, "after the restart")
             stop_event.set()
             await asyncio.gather(*loops)  # a hung request fails here with its client timeout
             for url in urls:  # both gateways serve after the restart

@@ -192,34 +192,48 @@ async def test_kill_9_of_a_worker_under_load(demo_artifacts, tmp_path):
         assert gateway.wait(timeout=60) == 0
 
 
+async def ready_pids(http, url: str) -> list[int]:
+    try:
+        async with http.get(url + "/readyz") as response:
+            body = await response.json()
+    except aiohttp.ClientError:
+        return []
+    return [w["pid"] for w in body.get("workers", []) if w["state"] == "ready"]
+
+
 async def wait_workers(http, url: str, count: int, timeout_s: float = 120) -> list[int]:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        try:
-            async with http.get(url + "/readyz") as response:
-                body = await response.json()
-            pids = [w["pid"] for w in body.get("workers", []) if w["state"] == "ready"]
-            if len(pids) == count:
-                return pids
-        except aiohttp.ClientError:
-            pass
+        pids = await ready_pids(http, url)
+        if len(pids) == count:
+            return pids
         await asyncio.sleep(0.1)
     raise AssertionError(f"{count} workers never became ready")
 
 
 async def load_while_killing(http, url: str, victim: int) -> list[int]:
+    """Six clients send back to back; the victim is killed after 20 answers, and the load ends 40
+    answers after the gateway has seen it gone."""
     statuses: list[int] = []
-    stop_at = time.monotonic() + 3.0
+    enough, done = asyncio.Event(), asyncio.Event()
 
     async def client(k: int) -> None:
-        while time.monotonic() < stop_at:
+        while not done.is_set():
             body = {"samples": [f"{TEXTS[k % 4]} {len(statuses)}"] * 4, "labels": ["yes", "no"], "deadline_ms": 3000}
             async with http.post(url + "/v1/score", json=body) as response:
                 statuses.append(response.status)
+            if len(statuses) >= 20:
+                enough.set()
 
     async def killer() -> None:
-        await asyncio.sleep(1.0)
+        await enough.wait()
         os.kill(victim, signal.SIGKILL)
+        while victim in await ready_pids(http, url):
+            await asyncio.sleep(0.01)
+        seen_at = len(statuses)
+        while len(statuses) < seen_at + 40:
+            await asyncio.sleep(0.01)
+        done.set()
 
     await asyncio.gather(killer(), *(client(k) for k in range(6)))
     return statuses
