@@ -6,9 +6,10 @@ after another. A level is a fraction of capacity: the first `rate x duration_s` 
 trace, its clock scaled to that rate. The simulator then replays the very same sequence -
 calibration, then each level, separated by idle gaps - with the latency model the workers reported
 and the measured overheads, starting like the gateway from an unconfirmed profile, so the state
-learnt from level to level is carried alike. The simulated workers compute at the speed they
-reported for the calibration batches; the gateway's predictions start from their start-up profile
-(as live). Per level: goodput, p50/p99 of successes, outcomes and drops by reason, live and
+learnt from level to level is carried alike; each request reaches the simulated gateway when the
+live client really sent it (latency counts from the scheduled time in both). The simulated workers
+compute at the speed they reported for the calibration batches; the gateway's predictions start
+from their start-up profile (as live). Per level: goodput, p50/p99 of successes, outcomes and drops by reason, live and
 simulated, and the relative errors of goodput and p99; and, for comparison, the simulator's figures
 when the start-up profile is taken as the workers' true speed (what an offline tune without a
 calibration would see).
@@ -123,24 +124,38 @@ def with_overheads(settings: SimSettings, calibration: Calibration) -> SimSettin
                                 "compute_jitter": calibration.jitter})
 
 
-def simulate_segments(segments: list[Trace], settings: SimSettings, model: ServiceModel, profile: ServiceModel
-                      ) -> list[tuple[list[RequestResult], Counter[str]]]:
+def simulate_segments(segments: list[Trace], settings: SimSettings, model: ServiceModel, profile: ServiceModel,
+                      runs: list[ReplayRun] | None = None) -> list[tuple[list[RequestResult], Counter[str]]]:
     """One simulated run of all segments in sequence; results and drop reasons per segment, with
-    each segment's times from its own start (as a live replay has them)."""
+    each segment's times from its own start (as a live replay has them). With the live `runs`, each
+    request reaches the simulated gateway when the live client really sent it (a client that fell
+    behind delayed the server's arrivals too); latency still counts from the scheduled time."""
     gap_ms = max(settings.score_deadline_ms, settings.generate_deadline_ms) + IDLE_GAP_MS
     records, spans, offset = [], [], 0.0
-    for segment in segments:
+    for k, segment in enumerate(segments):
         spans.append((len(records), len(records) + len(segment.records), offset))
-        records += [dataclasses.replace(r, t_ms=r.t_ms + offset) for r in segment.records]
-        offset += segment.duration_ms() + gap_ms
+        sent = _send_times(segment, runs[k] if runs else None)
+        records += [dataclasses.replace(r, t_ms=t + offset) for r, t in zip(segment.records, sent)]
+        offset += max(sent, default=0.0) + gap_ms
     simulator = Simulator(settings, model, profile)
     results = simulator.run(make_trace(records))
     out = []
-    for start, end, shift in spans:
-        part = [dataclasses.replace(r, index=r.index - start, scheduled_ms=r.scheduled_ms - shift,
-                                    sent_ms=r.sent_ms - shift, done_ms=r.done_ms - shift) for r in results[start:end]]
+    for (start, end, shift), segment in zip(spans, segments):
+        part = [dataclasses.replace(r, index=r.index - start, scheduled_ms=record.t_ms, sent_ms=r.sent_ms - shift,
+                                    done_ms=r.done_ms - shift) for r, record in zip(results[start:end], segment.records)]
         out.append((part, Counter(simulator.reasons[i] for i in range(start, end) if i in simulator.reasons)))
     return out
+
+
+def _send_times(segment: Trace, run: ReplayRun | None) -> list[float]:
+    """Each record's arrival: its scheduled time, or when the live client sent it if later (kept in
+    order, so the simulated trace lists the records as the segment does)."""
+    times, last = [], 0.0
+    for i, record in enumerate(segment.records):
+        sent = run.results[i].sent_ms if run is not None else float("nan")
+        last = max(last, record.t_ms, sent if sent == sent else record.t_ms)  # NaN: never sent
+        times.append(last)
+    return times
 
 
 def live_drops(run: ReplayRun) -> dict[str, int]:
@@ -200,8 +215,8 @@ def validate(options: ValidateOptions, out_dir: str | Path) -> dict[str, Any]:
             for log in Path(scratch).glob("stack.log"):
                 shutil.copy(log, out / "stack.log")
     world = with_overheads(settings, live.calibration)
-    simulated = simulate_segments(live.segments, world, live.calibration.model, live.profile)
-    profile_only = simulate_segments(live.segments, world, live.profile, live.profile)
+    simulated = simulate_segments(live.segments, world, live.calibration.model, live.profile, live.runs)
+    profile_only = simulate_segments(live.segments, world, live.profile, live.profile, live.runs)
     levels = [compare(load, run, sim, other[0], slo_ms)
               for load, run, sim, other in zip(options.levels, live.runs[1:], simulated[1:], profile_only[1:])]
     errors = [e for row in levels for e in (row["goodput_rel_err"], row["p99_rel_err"])]
