@@ -18,6 +18,7 @@ calibration would see).
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import tempfile
 from collections import Counter
@@ -153,7 +154,7 @@ def _send_times(segment: Trace, run: ReplayRun | None) -> list[float]:
     times, last = [], 0.0
     for i, record in enumerate(segment.records):
         sent = run.results[i].sent_ms if run is not None else float("nan")
-        last = max(last, record.t_ms, sent if sent == sent else record.t_ms)  # NaN: never sent
+        last = max(last, record.t_ms, record.t_ms if math.isnan(sent) else sent)  # NaN: never sent
         times.append(last)
     return times
 
