@@ -16,7 +16,8 @@ CACHE = ROOT / "bench" / ".cache"
 from provenance import RESULTS, write_result  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 __all__ = ["CACHE", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
-           "interleaved_times", "matmul_peak_flops", "median", "model_gemm_shapes", "shaped_checkpoint", "time_calls"]
+           "interleaved_times", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "peak_by_library",
+           "shaped_checkpoint", "time_calls"]
 
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
@@ -50,22 +51,50 @@ def model_gemm_shapes(spec, tokens: int = 4096) -> tuple[tuple[int, int, int], .
     return (tokens, h, 2 * i), (tokens, i, h)
 
 
+def _best_rate(fn, flops: float, bursts: int, seconds: float) -> float:
+    """The best FLOP/s of fn over `bursts` bursts of `seconds` each (after one untimed call)."""
+    fn()
+    best = 0.0
+    for _ in range(bursts):
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            fn()
+            runs += 1
+        best = max(best, flops * runs / (time.perf_counter() - start))
+    return best
+
+
+def matmul_peaks(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 4096)), bursts: int = 5,
+                 seconds: float = 0.3) -> dict[str, float]:
+    """This machine's best FLOP/s on large matrix multiplies of `dtype`, per library: torch.mm
+    (MKL for float32 on x86) and oneDNN (what torch uses for bfloat16, and on AMD CPUs the faster
+    float32 GEMM: MKL runs an AVX2 path there). The best of several short bursts over a few shapes
+    (pass the model's own GEMM shapes too), so that a moment of contention from other processes
+    does not pass for the peak."""
+    peaks = {"torch.mm": 0.0}
+    onednn = torch.backends.mkldnn.is_available()
+    if onednn:
+        peaks["onednn"] = 0.0
+    for m, k, n in shapes:
+        a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+        flops = 2 * m * k * n
+        peaks["torch.mm"] = max(peaks["torch.mm"], _best_rate(lambda: torch.mm(a, w.t()), flops, bursts, seconds))
+        if onednn:
+            a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
+            rate = _best_rate(lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None), flops, bursts, seconds)
+            peaks["onednn"] = max(peaks["onednn"], rate)
+    return peaks
+
+
 def matmul_peak_flops(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 4096)), bursts: int = 5,
                       seconds: float = 0.3) -> float:
-    """This machine's throughput (FLOP/s) on large matrix multiplies of `dtype`: the best of several
-    short bursts over a few shapes (pass the model's own GEMM shapes too), so that a moment of
-    contention from other processes does not pass for the peak."""
-    best = 0.0
-    for m, k, n in shapes:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        torch.mm(a, b)
-        for _ in range(bursts):
-            runs, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
-                torch.mm(a, b)
-                runs += 1
-            best = max(best, 2 * m * k * n * runs / (time.perf_counter() - start))
-    return best
+    """The peak MFU is measured against: the best of matmul_peaks over its libraries."""
+    return max(matmul_peaks(dtype, shapes, bursts, seconds).values())
+
+
+def peak_by_library(measurements: tuple[dict[str, float], ...]) -> dict[str, list[float]]:
+    """library -> GFLOP/s of each peak measurement (before and after the timed part)."""
+    return {lib: [round(m[lib] / 1e9, 1) for m in measurements] for lib in measurements[0]}
 
 
 def interleaved_round(fns: dict) -> dict[str, tuple[float, object]]:

@@ -27,7 +27,8 @@ import torch
 
 import hf_baselines as hf_side
 import parity
-from common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint
+from common import (CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peaks, model_gemm_shapes, peak_by_library,
+                    shaped_checkpoint)
 from flops import executed_mfu, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -109,7 +110,8 @@ def pick_settings(node, hf, ct2, request, is_bf16: bool) -> tuple[int, tuple[str
         return micro_batch, (types[0], batch), report, {}
     for t in types[1:]:
         ct2.score(t, rows[:2], 1)  # warm-up
-    compute_type, report["ct2_compute_type_ms"], outs = sweep({t: (lambda t=t: ct2.score(t, rows, batch)) for t in types})
+    by_type = {t: (lambda t=t: ct2.score(t, rows, batch)) for t in types}
+    compute_type, report["ct2_compute_type_ms"], outs = sweep(by_type)
     return micro_batch, (compute_type, batch), report, outs
 
 
@@ -133,7 +135,8 @@ def fp32_checks(outputs: list[dict]) -> list[dict]:
         careful = out["hf_careful"]
         checks.append(parity.close_check(f"ours_vs_hf_careful_label_logits[{r}]", out["ours"].label_logits,
                                          careful[:, LABELS], parity.FP32_ABS))
-        checks.append(parity.close_check(f"hf_best_vs_hf_careful_logits[{r}]", out["hf_best"], careful, parity.FP32_ABS))
+        checks.append(parity.close_check(f"hf_best_vs_hf_careful_logits[{r}]", out["hf_best"], careful,
+                                         parity.FP32_ABS))
         checks.append(parity.top1_check(f"ours_top1_vs_hf_careful[{r}]", out["ours"].topk_ids[:, 0],
                                         out["ours"].topk_logprobs[:, 0], careful, parity.FP32_ABS))
         if "ct2" in out:
@@ -207,11 +210,11 @@ def measure(run: Run, requests) -> dict:
     """Sweep the baselines' batching, time every contender interleaved, measure the peak around it."""
     dtype = DTYPES[run.args.dtype]
     peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(run.spec))
-    peak_before = matmul_peak_flops(dtype, peak_shapes)
+    peak_before = matmul_peaks(dtype, peak_shapes)
     micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(run.node, run.hf, run.ct2, requests[0],
                                                                 run.args.dtype == "bf16")
     seconds, outputs = time_requests(Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting), requests)
-    peak_after = matmul_peak_flops(dtype, peak_shapes)
+    peak_after = matmul_peaks(dtype, peak_shapes)
     if run.args.dtype == "fp32":
         checks = fp32_checks(outputs)
     else:
@@ -227,7 +230,7 @@ def measure(run: Run, requests) -> dict:
 def report(run: Run, requests, m: dict) -> dict:
     """The result JSON: the stable keys first, then what they were computed from."""
     seconds, checks, ct2 = m["seconds"], m["checks"], m["ct2"]
-    peak, count = max(m["peaks"]), len(requests)
+    peak, count = max(max(p.values()) for p in m["peaks"]), len(requests)
     flops = sum(score_flops(run.spec, [len(s) for s in r]) for r in requests) / count
     ratio = lambda name: seconds[name] / seconds["ours"] if name in seconds else None  # noqa: E731
     ours_checks = [c for c in checks if c["check"].startswith("ours_") and "label" in c["check"]]
@@ -249,7 +252,7 @@ def report(run: Run, requests, m: dict) -> dict:
                      "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}"},
         "sweeps_ms": m["sweeps"], "executed_gflop_per_request": flops / 1e9,
         "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
-        "peak_gflops_before_after": [p / 1e9 for p in m["peaks"]], "parity": checks,
+        "peak_gflops_by_library": peak_by_library(m["peaks"]), "parity": checks,
     }
 
 
