@@ -1,40 +1,16 @@
-"""Structured logs: one JSON object per line on stderr, with the worker id and request ids."""
+"""The worker's logs: shared.logs' JSON event lines, each carrying the worker's id."""
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
-from typing import IO, Any
+import logging
 
-import orjson
+from shared.logs import EventLog, setup_logging
 
 
-class JsonLog:
-    """Writes `{"ts": ..., "worker": ..., "event": ..., **fields}` lines; safe across threads."""
+class JsonLog(EventLog):
+    """Writes {"ts", "level", "logger": "worker", "event", "worker": <id>, **fields} lines to stderr."""
 
-    def __init__(self, worker_id: str, stream: IO[str] | None = None, debug: bool = False) -> None:
+    def __init__(self, worker_id: str, debug: bool = False) -> None:
+        setup_logging(logging.DEBUG if debug else logging.INFO)
+        super().__init__("worker", worker=worker_id)
         self.worker_id = worker_id
-        self.stream = stream or sys.stderr
-        self.debug_enabled = debug
-        self._lock = threading.Lock()
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._write("info", event, fields)
-
-    def warning(self, event: str, **fields: Any) -> None:
-        self._write("warning", event, fields)
-
-    def error(self, event: str, **fields: Any) -> None:
-        self._write("error", event, fields)
-
-    def debug(self, event: str, **fields: Any) -> None:
-        if self.debug_enabled:
-            self._write("debug", event, fields)
-
-    def _write(self, level: str, event: str, fields: dict[str, Any]) -> None:
-        record = {"ts": round(time.time(), 6), "level": level, "worker": self.worker_id, "event": event, **fields}
-        line = orjson.dumps(record, default=str).decode()
-        with self._lock:
-            self.stream.write(line + "\n")
-            self.stream.flush()

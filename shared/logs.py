@@ -1,0 +1,73 @@
+"""Structured logs for every process: one JSON object per line on stderr.
+
+One formatter for the standard `logging` module. A record logged with `extra={"fields": {...}}` is
+an event: {"ts", "level", "logger", "event": <message>, **fields} (what tools grep for, e.g. a
+worker's "profiled" and "batch_done" lines); any other record is {"ts", "level", "logger",
+"message"}, plus "exception" when it carries one. Records of `passthrough` loggers are already JSON
+(the gateway's access lines) and are written as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import orjson
+
+
+class JsonLines(logging.Formatter):
+    """Formats a record as one JSON object (see the module docstring)."""
+
+    def __init__(self, passthrough: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.passthrough = passthrough
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.name in self.passthrough:
+            return message
+        line: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname.lower(), "logger": record.name}
+        fields = getattr(record, "fields", None)
+        if fields is None:
+            line["message"] = message
+        else:
+            line["event"] = message
+            line.update(fields)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+def setup_logging(level: int = logging.INFO, passthrough: frozenset[str] = frozenset()) -> None:
+    """Every logger of this process writes JSON lines to stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines(passthrough))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class EventLog:
+    """Events with fields on one logger: log.info("batch_done", batch_id=3, ...); the fields given at
+    construction (e.g. the worker's id) go on every line. Thread-safe (logging's handler lock)."""
+
+    def __init__(self, name: str, **common: Any) -> None:
+        self._logger = logging.getLogger(name)
+        self._common = common
+
+    def _log(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, event, extra={"fields": {**self._common, **fields}})
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._log(logging.ERROR, event, fields)
