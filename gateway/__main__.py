@@ -84,8 +84,9 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     gateway = app[GATEWAY]
     supervisor = None
     if args.spawn_workers:
-        supervisor = Supervisor(_worker_specs(settings.config, args), gateway.pool.declare_lost,
-                                gateway.pool.stuck_pid)
+        pool = gateway.pool
+        supervisor = Supervisor(_worker_specs(settings.config, args), pool.declare_lost, pool.stuck_pid,
+                                pool.ready_pid, standby=True)
         supervisor.start()
     port = site._server.sockets[0].getsockname()[1] if site._server else gw.port  # type: ignore[union-attr]
     _announce(settings, gw.host, port, gateway.limits.beam_enabled)

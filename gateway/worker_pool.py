@@ -127,6 +127,10 @@ class WorkerPool:
             if link.endpoint == endpoint:
                 link.declare_lost(why)
 
+    def ready_pid(self, endpoint: str) -> int:
+        """For the supervisor: the pid of the worker ready at `endpoint` now, else 0."""
+        return next((link.pid for link in self.links if link.endpoint == endpoint and link.state == READY), 0)
+
     def stuck_pid(self, endpoint: str) -> int | None:
         """For the supervisor: the pid of the worker at `endpoint` if it was ready and is now stalled,
         or lost for longer than the policy's stuck_restart_s (its process runs but does not answer)."""

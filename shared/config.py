@@ -209,8 +209,9 @@ class GatewayConfig:
     max_queue_tokens: int = 65536
     """Token budget of the queue per worker pool; beyond it requests get 429."""
     worker_timeout_ms: int = 1000
-    """A worker silent for this long is declared lost (plus twice the longest predicted batch it has
-    in flight: a CPU worker cannot heartbeat during a compiled call)."""
+    """Liveness bound: a worker whose connection stops answering ZeroMQ's own heartbeats (libzmq
+    answers them, not Python, so a long compiled call does not count) is declared lost within this
+    long; a request sent to a worker that never answers gets 504 this long after its deadline."""
     max_body_bytes: int = 4 << 20
     auth_token_env: str | None = None
     """Name of an environment variable holding a bearer token; unset means no auth."""

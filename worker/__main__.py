@@ -4,11 +4,14 @@ Endpoint and device default to entry --index of [worker] endpoints/devices. SIGT
 drains (finish and answer accepted batches) and exits 0. The last fitted latency profile is kept in
 --profile-cache (default $XDG_CACHE_HOME/boundserve/profiles, or ~/.cache/...), so a restart serves
 after a short warm-up and refits in the background; `--profile-cache none` always profiles first.
+`--standby` does the imports a start spends its first seconds on, then waits for one JSON line on
+stdin naming its endpoint, device and index (the supervisor's spare for a fast restart; EOF: exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -28,6 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--worker-id", help="name in logs and heartbeats (default: worker-<pid>)")
     parser.add_argument("--profile-cache", help="folder of the last fitted latency profiles, or `none` "
                         "(default: $XDG_CACHE_HOME/boundserve/profiles)")
+    parser.add_argument("--standby", action="store_true", help="import, then wait for an assignment on stdin")
     parser.add_argument("--debug", action="store_true", help="debug-level logs")
     return parser.parse_args(argv)
 
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.standby and not _assigned(args, log):
+        return 0
     try:
         config = load_config(args.config)
         entry = args.index if 0 <= args.index < len(config.worker.endpoints) else 0
@@ -61,6 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stop["server"] = server
     return server.run()
+
+
+def _assigned(args: argparse.Namespace, log: JsonLog) -> bool:
+    """As a standby: import and probe now, then take endpoint, device and index from stdin (False on EOF)."""
+    import torch._inductor.package  # noqa: F401  (the package loader: about a second of imports)
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    import worker.startup  # noqa: F401  (torch and the runtime)
+
+    pick_vec_isa()  # every package load asks for the CPU's vector ISA: 1-3 s of probing, cached per process
+
+    log.info("standby")
+    line = sys.stdin.readline()
+    if not line:
+        return False
+    assignment = json.loads(line)
+    args.endpoint, args.device, args.index = assignment["endpoint"], assignment["device"], assignment["index"]
+    log.info("assigned", endpoint=args.endpoint, device=args.device, index=args.index)
+    return True
 
 
 def _profile_folder(args: argparse.Namespace) -> Path | None:

@@ -1,9 +1,13 @@
 """The supervisor with real child processes: an exit is reported and restarted at once, a process the
-pool reports stuck is killed (and so restarted), and stop ends everything it started."""
+pool reports stuck is killed (and so restarted), a restart takes the standby when one waits, and
+stop ends everything it started."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import signal
 import sys
 
 from gateway.supervisor import Supervisor, WorkerSpec
@@ -17,6 +21,21 @@ class Sleeper(WorkerSpec):
     def argv(self) -> list[str]:
         return [sys.executable, "-c", "import signal, sys, time\n"
                 "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+                "while True: time.sleep(1)"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SleeperWithStandby(Sleeper):
+    """Its standby writes the assignment it reads on stdin to `record`, then sleeps as a worker would."""
+
+    record: str = ""
+
+    def standby_argv(self) -> list[str]:
+        return [sys.executable, "-c", "import signal, sys, time\n"
+                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+                "line = sys.stdin.readline()\n"
+                "if not line: sys.exit(0)\n"
+                f"open({self.record!r}, 'w').write(line)\n"
                 "while True: time.sleep(1)"]
 
 
@@ -57,3 +76,28 @@ async def test_a_process_that_cannot_start_is_reported_and_retried_not_dropped(t
         assert all("could not be started" in why and "no-such-program" in why for why in exits), exits
     finally:
         await supervisor.stop(timeout_s=1)
+
+
+async def test_a_restart_takes_the_waiting_standby_and_a_new_one_is_prepared(tmp_path):
+    record = tmp_path / "assignment.json"
+    worker = SleeperWithStandby("unused.toml", "unused", "ipc:///tmp/boundserve-standby-test", "cpu", 3,
+                                str(record))
+    exits: list[str] = []
+    # "ready" as the pool would say: the process is up (a standby is prepared only behind a ready worker)
+    supervisor = Supervisor([worker], lambda endpoint, why: exits.append(why),
+                            ready_pid=lambda endpoint: supervisor.pid(endpoint) or 0, standby=True)
+    standby = supervisor._standby
+    supervisor.start()
+    try:
+        await until(lambda: supervisor.pid(worker.endpoint) is not None and standby.process is not None,
+                    what="a worker and a standby behind it")
+        first, spare = supervisor.pid(worker.endpoint), standby.process.pid
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: supervisor.pid(worker.endpoint) == spare, what="the standby taking over")
+        await until(lambda: record.exists() and record.read_text().endswith("\n"), what="the assignment read")
+        assert json.loads(record.read_text()) == {"endpoint": worker.endpoint, "device": "cpu", "index": 3}
+        assert exits == [f"worker process {first} exited with signal SIGKILL"]
+        await until(lambda: standby.process is not None and standby.process.pid != spare, what="a new standby")
+    finally:
+        await supervisor.stop(timeout_s=10)
+    assert supervisor.pid(worker.endpoint) is None
