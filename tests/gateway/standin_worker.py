@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class StandInWorker:
     gate: threading.Event | None = None
     """When given, batch answers are held (heartbeats go on) until the test sets it."""
     _held: list[list[bytes]] = field(default_factory=list)
+    spin: bool = False
+    """Compute by spinning with the GIL held, as a CPU worker's compiled call does (own process only)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -134,7 +137,9 @@ class StandInWorker:
 
     def _compute(self, count: int) -> float:
         self.batch_sizes.append(count)
-        if self.delay_ms:
+        if self.delay_ms and self.spin:
+            _spin_holding_the_gil(self.delay_ms / 1000)
+        elif self.delay_ms:
             time.sleep(self.delay_ms / 1000)
         return max(self.delay_ms, 0.01)
 
@@ -186,13 +191,31 @@ class StandInWorker:
         return p.BeamResults(batch.batch_id, tuple(results), 0.0, compute_ms)
 
 
+def _spin_holding_the_gil(seconds: float) -> None:
+    """Busy for `seconds` without letting another Python thread run (libzmq's threads still do)."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 1.0)
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+    finally:
+        sys.setswitchinterval(switch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--vocab-size", type=int, default=1000)
+    parser.add_argument("--spin", action="store_true", help="compute by spinning with the GIL held")
+    parser.add_argument("--predicted-ms", type=float, help="the latency profile it announces: this per batch")
     args = parser.parse_args()
-    StandInWorker(args.endpoint, args.vocab_size, args.delay_ms).serve()
+    latency = LatencyModel(0.0, 0.0, 0.0, args.predicted_ms) if args.predicted_ms is not None else None
+    worker = StandInWorker(args.endpoint, args.vocab_size, args.delay_ms, spin=args.spin)
+    if latency is not None:
+        worker.latency = latency
+    worker.serve()
 
 
 if __name__ == "__main__":
