@@ -24,7 +24,7 @@ import torch
 
 import hf_baselines as hf_side
 import parity
-from common import (CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peaks, median, model_gemm_shapes,
+from common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, median, model_gemm_shapes,
                     peak_by_library, shaped_checkpoint, time_calls)
 from flops import beam_flops, executed_mfu
 
@@ -206,15 +206,19 @@ def prepare(args):
 
 def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     """Singles then batched calls, interleaved, with the fp32 peak measured before and after."""
-    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec, tokens=W))
+    peak_shapes, clock = ((2048, 2048, 2048), *model_gemm_shapes(spec, tokens=W)), Clock()
     peak_before = matmul_peaks(torch.float32, peak_shapes)
     warm_up(contenders, prompts[0])
+    clock.lap("peak_before_and_warm_up")
     single_s, single_outputs = run_singles(contenders, prompts[:singles])
+    clock.lap("singles")
     sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {})
     batched_s, batched_outputs = run_batched(contenders, prompts, sizes)
+    clock.lap("batched")
     peak_after = matmul_peaks(torch.float32, peak_shapes)
+    clock.lap("peak_after")
     return {"sides": summary(single_s, batched_s), "checks": checks(single_outputs + batched_outputs),
-            "peaks": (peak_before, peak_after)}
+            "peaks": (peak_before, peak_after), "phase_seconds": clock.laps}
 
 
 def report(args, spec, layers: int, length: int, m: dict) -> dict:
@@ -233,7 +237,7 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
         "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
-        "peak_gflops_by_library": peak_by_library(m["peaks"]), "parity": found,
+        "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": found,
     }
 
 
@@ -241,13 +245,17 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = Clock()
     spec, nodes, hf, ct2, layers = prepare(args)
     if args.build_only:
         return
+    clock.lap("prepare")
     length = args.prompt_tokens or (64 if args.quick else 256)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, spec.vocab_size, (length,), generator=g) for _ in range(4)]
-    result = report(args, spec, layers, length, measure(Contenders(nodes.beam, hf, ct2), prompts, args.singles, spec))
+    measured = measure(Contenders(nodes.beam, hf, ct2), prompts, args.singles, spec)
+    measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
+    result = report(args, spec, layers, length, measured)
     if args.sweep:
         result["sweep"] = sweep_ours(nodes.beam, spec.vocab_size, (8, 32, 100, 400), (64, 256, 480))
     emit(f"beam_node-{args.model}-{layers}l-{length}t" + ("-quick" if args.quick else ""), result)

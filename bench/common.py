@@ -15,7 +15,7 @@ CACHE = ROOT / "bench" / ".cache"
 
 from provenance import RESULTS, write_result  # noqa: E402  (bench/ is on sys.path when run as a script)
 
-__all__ = ["CACHE", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
+__all__ = ["CACHE", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
            "interleaved_times", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "peak_by_library",
            "shaped_checkpoint", "time_calls"]
 
@@ -95,6 +95,19 @@ def matmul_peak_flops(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896
 def peak_by_library(measurements: tuple[dict[str, float], ...]) -> dict[str, list[float]]:
     """library -> GFLOP/s of each peak measurement (before and after the timed part)."""
     return {lib: [round(m[lib] / 1e9, 1) for m in measurements] for lib in measurements[0]}
+
+
+class Clock:
+    """Wall seconds of a run's phases, for scheduling runs: lap(name) records the time since the last lap."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 1)
+        self._last = now
 
 
 def interleaved_round(fns: dict) -> dict[str, tuple[float, object]]:
