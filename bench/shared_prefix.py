@@ -6,8 +6,8 @@ one sample per item (fixed seed). Contenders, timed interleaved request by reque
   shared      our node, the request as its context once + 15 suffixes (what the gateway sends);
   unshared    our node, the 15 full samples packed (no padding computed; the context 15 times);
   hf_careful  transformers on the 15 full samples as one left-padded batch, last position projected.
-Outputs must agree (bench/parity.py tolerances; shared against unshared 1e-4 in fp32) or the run exits
-non-zero. flop_bound = FLOPs executed unshared / FLOPs executed shared on the same requests: the
+Outputs must agree (bench/parity.py tolerances; shared against unshared 1e-4 in fp32; in bf16 each
+against transformers in float32 within the bf16 bound) or the run exits non-zero. flop_bound = FLOPs executed unshared / FLOPs executed shared on the same requests: the
 speed-up a perfect implementation would reach (bench/flops.py counts). executed_mfu is the shared
 node's executed FLOPs / time / the matmul peak of the dtype measured in the same run.
 
@@ -90,20 +90,22 @@ def time_requests(node, hf, requests) -> tuple[dict, list[dict]]:
 
 
 def checks_for(outputs: list[dict], is_bf16: bool, reference: list[torch.Tensor] | None) -> list[dict]:
+    """fp32: shared equals unshared (SHARED_ABS, same top-1) and transformers (FP32_ABS). bf16: a changed
+    summation order moves bf16 results by more than any fixed bound, so shared and unshared are each
+    held to the bf16 bound against transformers in float32 (1.5x transformers' own bf16 error + 0.02)."""
     checks = []
     for r, out in enumerate(outputs):
         shared, unshared, careful = out["shared"], out["unshared"], out["hf_careful"][:, LABELS]
-        checks.append(parity.close_check(f"shared_vs_unshared_label_logits[{r}]", shared.label_logits,
-                                         unshared.label_logits, parity.BF16_ABS if is_bf16 else SHARED_ABS))
-        checks.append({"check": f"shared_vs_unshared_top1[{r}]", "ok": torch.equal(shared.topk_ids, unshared.topk_ids)}
-                      if not is_bf16 else parity.close_check(f"shared_vs_unshared_top1_logprob[{r}]",
-                                                             shared.topk_logprobs, unshared.topk_logprobs, parity.BF16_ABS))
         if is_bf16:
-            checks.append(parity.bf16_check(f"shared_label_logits_vs_fp32[{r}]", shared.label_logits, careful,
-                                            reference[r][:, LABELS]))
-        else:
-            checks.append(parity.close_check(f"shared_vs_hf_careful_label_logits[{r}]", shared.label_logits, careful,
-                                             parity.FP32_ABS))
+            for name, side in (("shared", shared), ("unshared", unshared)):
+                checks.append(parity.bf16_check(f"{name}_label_logits_vs_fp32[{r}]", side.label_logits, careful,
+                                                reference[r][:, LABELS]))
+            continue
+        checks.append(parity.close_check(f"shared_vs_unshared_label_logits[{r}]", shared.label_logits,
+                                         unshared.label_logits, SHARED_ABS))
+        checks.append({"check": f"shared_vs_unshared_top1[{r}]", "ok": torch.equal(shared.topk_ids, unshared.topk_ids)})
+        checks.append(parity.close_check(f"shared_vs_hf_careful_label_logits[{r}]", shared.label_logits, careful,
+                                         parity.FP32_ABS))
     return checks
 
 
