@@ -177,7 +177,8 @@ def main() -> None:
 
         result["e2e"] = measure_e2e(config, CACHE / "artifacts" / artifacts_name, timed[: args.e2e_requests]
                                     if len(timed) >= args.e2e_requests else requests[: args.e2e_requests])
-    emit(f"shared_prefix-{args.model}-{args.dtype}-{layers}l{'-quick' if args.quick else ''}", result)
+    threads = f"-{args.threads}t" if args.threads else ""
+    emit(f"shared_prefix-{args.model}-{args.dtype}-{layers}l{threads}{'-quick' if args.quick else ''}", result)
     failed = [c["check"] for c in checks if not c["ok"]]
     if failed:
         raise SystemExit(f"parity failed: {failed}")
