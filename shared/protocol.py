@@ -1,7 +1,8 @@
-"""The gateway <-> worker wire protocol: every message, its msgpack encoding and bounded decoding.
+"""The gateway <-> worker wire protocol: every message declared once as a msgspec Struct, bounded decoding.
 
-A message travels as two ZeroMQ frames: one byte naming its type, then a msgpack array holding the
-dataclass fields in declaration order (nested dataclasses likewise). The worker binds a ROUTER
+A message travels as two ZeroMQ frames: one byte naming its type (the union's tag: `TYPE` of each
+message class), then a msgpack array of the message's fields in declaration order (nested records
+likewise; `Ready.latency` values are maps of their four coefficients). The worker binds a ROUTER
 socket, gateways connect DEALER sockets, so on the worker side a peer identity frame comes first.
 
 Conversation:
@@ -13,27 +14,35 @@ Deadlines are relative budgets in milliseconds remaining when the message is sen
 converts them to its own monotonic clock. Token ids and tensors are raw little-endian bytes:
 batches name their token dtype (int32 or int64); results use float32 and int32 (see each field).
 
-`decode` treats its input as untrusted: frame count and size, string/bytes/array/map lengths and
-nesting depth are bounded, every field is type-checked, and any failure is a ProtocolError naming
-the problem. It never raises anything else.
+`decode` treats its input as untrusted: the frame count and body size are bounded, msgspec checks
+every field's type and declared constraint in C (array lengths, id lengths, signs, enumerations),
+the checks below add what spans fields (lengths against token counts, duplicates), and any failure
+is a ProtocolError naming the field. It never raises anything else. Constructing a message checks
+nothing: only what crosses the process boundary is validated.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
-import msgpack
+import msgspec
 import numpy as np
+from msgspec import Meta
 
 from shared.latency_model import LatencyModel
-from shared.wire_codec import FieldError, record_decoder, to_wire
 
-PROTOCOL_VERSION = 2  # 2: shared prefixes (ScoreRequest.prefix_len, ScoreResult.cached_tokens, Ready.static_prefix_ids)
+PROTOCOL_VERSION = 3  # 3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
+MAX_ID_CHARS = 256
+MAX_ITEMS = 1 << 16
+"""Longest array a message may hold (requests, samples, label ids, results)."""
 
 
 class ProtocolError(ValueError):
@@ -42,18 +51,30 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class DecodeLimits:
-    """Upper bounds applied before and while decoding untrusted frames."""
+    """Upper bounds applied before and while decoding untrusted frames (array and id lengths are
+    declared on the message types)."""
 
     max_frame_bytes: int = 64 << 20
-    """Largest body frame accepted (msgpack max buffer)."""
-    max_str_len: int = 1 << 16
+    """Largest body frame accepted, checked before decoding."""
     max_bin_len: int = 64 << 20
-    max_array_len: int = 1 << 16
-    max_map_len: int = 256
+    """Largest bytes field (token ids, result arrays)."""
 
 
 DEFAULT_LIMITS = DecodeLimits()
 Scalar = int | float | str | bool
+RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
+NonNegative = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+TokenIds = Annotated[tuple[NonNegative, ...], Meta(max_length=MAX_ITEMS)]
+TokenDtype = Literal["int32", "int64"]
+ResultStatus = Literal["ok", "expired", "error"]
+
+
+class Record(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True, gc=False):
+    """A message, or a record inside one: a msgpack array of its fields in declaration order.
+
+    gc=False: records hold only scalars, bytes, tuples and dicts of those, never a cycle.
+    """
 
 
 # ---- Error codes and statuses ---------------------------------------------------------------
@@ -72,7 +93,7 @@ class ErrorCode:
 
 
 class Status:
-    """Values of ScoreResult.status / BeamResult.status."""
+    """Values of ScoreResult.status / BeamResult.status (the ResultStatus literal)."""
 
     OK = "ok"
     EXPIRED = "expired"  # deadline passed before compute; never computed
@@ -81,8 +102,7 @@ class Status:
 
 # ---- Messages ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(Record):
     """Gateway -> worker: first message of a connection; answered by Ready or Error."""
 
     TYPE: ClassVar[int] = 1
@@ -90,8 +110,7 @@ class Hello:
     gateway_id: str
 
 
-@dataclass(frozen=True)
-class Ready:
+class Ready(Record):
     """Worker -> gateway: the worker's bounds, model facts and fitted latency model per workload."""
 
     TYPE: ClassVar[int] = 2
@@ -111,49 +130,46 @@ class Ready:
     max_queued_batches: int
     num_streams: int
     heartbeat_interval_ms: int
-    static_prefix_ids: tuple[int, ...] = ()
+    static_prefix_ids: TokenIds = ()
     """The deployment's static prefix (tokens of the template header whose keys/values the worker
     computed at load): a sample or shared prefix that starts with them (and is longer) costs them
     nothing. Empty when the deployment has none."""
 
 
-@dataclass(frozen=True)
-class ScoreRequest:
+class ScoreRequest(Record):
     """One scoring request inside a ScoreBatch: its samples, packed."""
 
-    request_id: str
+    request_id: RequestId
     deadline_ms: float
     """Budget remaining when the batch was sent (ms); <= 0 means already expired."""
     input_ids: bytes
     """All samples' token ids concatenated, little-endian in the batch's token_dtype."""
-    sample_lens: tuple[int, ...]
-    label_ids: tuple[int, ...]
+    sample_lens: Annotated[tuple[NonNegative, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
+    label_ids: TokenIds
     """Label tokens whose logits/logprobs/probs are returned for every sample (may be empty)."""
-    top_k: int
+    top_k: NonNegative
     """0 = no top-k tokens."""
     return_hidden: bool = False
-    prefix_len: int = 0
+    prefix_len: NonNegative = 0
     """The first prefix_len ids of input_ids are the samples' shared prefix, computed once; then
     sample_lens are the suffix lengths (0 allowed: that sample is the prefix) and sample i is
     prefix + suffix i. 0 = no shared prefix: every sample is whole and has >= 1 token."""
 
 
-@dataclass(frozen=True)
-class ScoreBatch:
+class ScoreBatch(Record):
     """Gateway -> worker: scoring requests to run as one packed forward pass."""
 
     TYPE: ClassVar[int] = 3
     batch_id: int
-    token_dtype: str
-    requests: tuple[ScoreRequest, ...]
+    token_dtype: TokenDtype
+    requests: Annotated[tuple[ScoreRequest, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
 
 
-@dataclass(frozen=True)
-class ScoreResult:
+class ScoreResult(Record):
     """One request's answer. Arrays are float32 / int32 little-endian, row-major [samples, ...]."""
 
     request_id: str
-    status: str
+    status: ResultStatus
     error: str = ""
     num_samples: int = 0
     label_logits: bytes = b""  # float32 [S, N]
@@ -163,7 +179,7 @@ class ScoreResult:
     topk_logprobs: bytes = b""  # float32 [S, k]
     hidden: bytes = b""  # float32 [S, H], only when return_hidden
     head: bytes = b""  # float32 [S, C], only when the model has an MLP head
-    cached_tokens: int = 0
+    cached_tokens: NonNegative = 0
     """Tokens of this request whose keys/values were reused rather than computed (a shared prefix
     after its first use, the deployment's static prefix): submitted tokens - computed tokens."""
 
@@ -183,48 +199,45 @@ _SCORE_ARRAYS = {
 }
 
 
-@dataclass(frozen=True)
-class ScoreResults:
+class ScoreResults(Record):
     """Worker -> gateway: one ScoreResult per request of a ScoreBatch, in the same order."""
 
     TYPE: ClassVar[int] = 4
     batch_id: int
-    results: tuple[ScoreResult, ...]
+    results: Annotated[tuple[ScoreResult, ...], Meta(max_length=MAX_ITEMS)]
     queue_ms: float
     """Time the batch waited in the worker before compute."""
     compute_ms: float
     """Time of the model call (0 when every request expired)."""
 
 
-@dataclass(frozen=True)
-class BeamRequest:
+class BeamRequest(Record):
     """One beam-search request inside a BeamBatch."""
 
-    request_id: str
+    request_id: RequestId
     deadline_ms: float
     prompt_ids: bytes
     """Little-endian in the batch's token_dtype."""
 
 
-@dataclass(frozen=True)
-class BeamBatch:
+class BeamBatch(Record):
     """Gateway -> worker: beam requests sharing one (num_beams, max_new_tokens, k) setting."""
 
     TYPE: ClassVar[int] = 5
     batch_id: int
-    token_dtype: str
-    num_beams: int
-    max_new_tokens: int
-    num_return_sequences: int
-    requests: tuple[BeamRequest, ...]
+    token_dtype: TokenDtype
+    num_beams: Positive
+    max_new_tokens: Positive
+    num_return_sequences: Positive
+    """At most num_beams."""
+    requests: Annotated[tuple[BeamRequest, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
 
 
-@dataclass(frozen=True)
-class BeamResult:
+class BeamResult(Record):
     """One request's best k continuations: int32 [k, S] tokens (pad after EOS), float32 [k] scores."""
 
     request_id: str
-    status: str
+    status: ResultStatus
     error: str = ""
     sequences: bytes = b""  # int32 [k, S], new tokens only
     scores: bytes = b""  # float32 [k]
@@ -242,19 +255,17 @@ class BeamResult:
         }
 
 
-@dataclass(frozen=True)
-class BeamResults:
+class BeamResults(Record):
     """Worker -> gateway: one BeamResult per request of a BeamBatch, in the same order."""
 
     TYPE: ClassVar[int] = 6
     batch_id: int
-    results: tuple[BeamResult, ...]
+    results: Annotated[tuple[BeamResult, ...], Meta(max_length=MAX_ITEMS)]
     queue_ms: float
     compute_ms: float
 
 
-@dataclass(frozen=True)
-class WorkerCounters:
+class WorkerCounters(Record):
     """Monotone counters since the worker started."""
 
     batches_computed: int = 0
@@ -266,8 +277,7 @@ class WorkerCounters:
     """Batches refused because the queue was full or the worker was draining."""
 
 
-@dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(Record):
     """Worker -> every known gateway, every heartbeat_interval_ms: liveness and load."""
 
     TYPE: ClassVar[int] = 7
@@ -279,8 +289,7 @@ class Heartbeat:
     counters: WorkerCounters
 
 
-@dataclass(frozen=True)
-class Error:
+class Error(Record):
     """Worker -> gateway: a batch (batch_id) or frame (batch_id None) that was not served."""
 
     TYPE: ClassVar[int] = 8
@@ -289,16 +298,14 @@ class Error:
     batch_id: int | None = None
 
 
-@dataclass(frozen=True)
-class Shutdown:
+class Shutdown(Record):
     """Gateway -> worker: drain (finish and answer what is queued) and exit."""
 
     TYPE: ClassVar[int] = 9
     reason: str = ""
 
 
-@dataclass(frozen=True)
-class Goodbye:
+class Goodbye(Record):
     """Either way: the sender leaves. A worker sends it when it starts draining."""
 
     TYPE: ClassVar[int] = 10
@@ -327,17 +334,29 @@ def unpack_ids(raw: bytes, token_dtype: str) -> np.ndarray:
 
 # ---- Encoding and decoding --------------------------------------------------------------------
 
+def _plain_number(obj: Any) -> Any:
+    """Encoder hook: numpy scalars (a batch id, a length taken from an array) travel as plain numbers."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} in a protocol message")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain_number)
+_TYPE_FRAMES = {t: bytes([t]) for t in MESSAGE_TYPES}
+_DECODERS = {t: msgspec.msgpack.Decoder(cls) for t, cls in MESSAGE_TYPES.items()}
+
+
 def encode(message: Message) -> list[bytes]:
     """Frames [type byte, msgpack body] for a message."""
-    return [_TYPE_FRAMES[message.TYPE], msgpack.packb(message, default=to_wire)]
+    return [_TYPE_FRAMES[message.TYPE], _ENCODER.encode(message)]
 
 
-_TYPE_FRAMES = {t: bytes([t]) for t in MESSAGE_TYPES}
-_DECODERS = {cls: record_decoder(cls) for cls in MESSAGE_TYPES.values()}
+class _FieldError(Exception):
+    """A check below failed: `path` locates the value inside the message (e.g. requests[3].sample_lens)."""
 
-
-def _reject_ext(code: int, data: bytes) -> Any:
-    raise FieldError("", f"msgpack extension type {code} is not allowed")
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(path, problem)
+        self.path, self.problem = path, problem
 
 
 def decode(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> Message:
@@ -345,25 +364,58 @@ def decode(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> Me
     if len(frames) != 2:
         raise ProtocolError(f"expected 2 frames (type, body), got {len(frames)}")
     type_frame, body = frames
-    if len(type_frame) != 1 or type_frame[0] not in MESSAGE_TYPES:
+    if len(type_frame) != 1 or type_frame[0] not in _DECODERS:
         raise ProtocolError(f"unknown message type frame {bytes(type_frame[:8])!r}")
     cls = MESSAGE_TYPES[type_frame[0]]
     if len(body) > limits.max_frame_bytes:
         raise ProtocolError(f"{cls.__name__} body of {len(body)} bytes exceeds {limits.max_frame_bytes}")
     try:
-        raw = msgpack.unpackb(
-            body, use_list=False, raw=False, strict_map_key=True, ext_hook=_reject_ext,
-            max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
-            max_array_len=limits.max_array_len, max_map_len=limits.max_map_len, max_ext_len=0,
-        )  # nesting depth is bounded by msgpack's own stack (StackError) and then by the schema
-        message = _DECODERS[cls](raw)
+        message = _DECODERS[type_frame[0]].decode(body)
         _CHECKS.get(cls, _no_check)(message)
-    except FieldError as exc:
-        where = f" at {exc.path.lstrip('.')}" if exc.path else ""
-        raise ProtocolError(f"invalid {cls.__name__}{where}: {exc.problem}") from None
-    except Exception as exc:  # msgpack raises several types; none may escape as a crash
+        if len(body) > limits.max_bin_len:  # only then can a bytes field be longer
+            _check_bin_len(message, limits.max_bin_len, "")
+    except msgspec.ValidationError as exc:
+        problem, _, where = str(exc).partition(" - at `")
+        path = _field_path(cls, where.rstrip("`"))
+        raise ProtocolError(f"invalid {cls.__name__}{' at ' + path if path else ''}: {problem}") from None
+    except _FieldError as exc:
+        raise ProtocolError(f"invalid {cls.__name__} at {exc.path}: {exc.problem}") from None
+    except Exception as exc:  # malformed msgpack (DecodeError) and anything else: never a crash
         raise ProtocolError(f"invalid {cls.__name__}: {type(exc).__name__}: {exc}") from None
     return message
+
+
+_PATH_STEP = re.compile(r"\[(\d+|\.\.\.)\]|\.(\w+)")
+
+
+def _field_path(cls: type, where: str) -> str:
+    """msgspec's path into the arrays (`$[2][0][7]`) named by fields (`requests[0].prefix_len`)."""
+    info, parts = _type_info(cls), []
+    for index, key in _PATH_STEP.findall(where):
+        if isinstance(info, msgspec.inspect.StructType):
+            field = info.fields[int(index)]
+            parts.append("." + field.name)
+            info = field.type
+        elif isinstance(info, (msgspec.inspect.VarTupleType, msgspec.inspect.DictType)):
+            parts.append(f"[{index}]")
+            info = getattr(info, "item_type", None) or info.value_type
+        else:  # a dataclass inside (LatencyModel) travels as a map: msgspec names the key
+            parts.append(f"[{index}]" if index else "." + key)
+    return "".join(parts).lstrip(".")
+
+
+@functools.cache
+def _type_info(cls: type) -> msgspec.inspect.Type:
+    return msgspec.inspect.type_info(cls)
+
+
+class _BatchHead(msgspec.Struct, array_like=True):
+    """The first field of a ScoreBatch or BeamBatch; the rest of the array is skipped."""
+
+    batch_id: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+_BATCH_HEAD = msgspec.msgpack.Decoder(_BatchHead)
 
 
 def peek_batch_id(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> int | None:
@@ -376,34 +428,28 @@ def peek_batch_id(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS
             return None
         if len(frames[1]) > limits.max_frame_bytes:
             return None
-        raw = msgpack.unpackb(frames[1], use_list=False, raw=False, ext_hook=_reject_ext, max_ext_len=0,
-                              max_str_len=limits.max_str_len, max_bin_len=limits.max_bin_len,
-                              max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
-        batch_id = raw[0] if isinstance(raw, tuple) and raw else None
-        return batch_id if type(batch_id) is int and -(2**63) <= batch_id < 2**63 else None
+        return _BATCH_HEAD.decode(frames[1]).batch_id
     except Exception:
         return None
 
 
-# ---- Semantic checks (shape consistency; deployment bounds are the worker's to enforce) --------
-
-MAX_ID_CHARS = 256
-
+# ---- Checks that span fields (types, signs and lengths are declared on the messages) ----------
 
 def _require(ok: bool, path: str, problem: str) -> None:
     if not ok:
-        raise FieldError(path, problem)
+        raise _FieldError(path, problem)
 
 
-def _check_request_ids(requests: Sequence[Any]) -> None:
-    _require(len(requests) > 0, ".requests", "a batch needs at least one request")
+def _require_finite(value: float, path: str) -> None:
+    _require(math.isfinite(value), path, "expected a finite number")
+
+
+def _check_requests(requests: Sequence[ScoreRequest | BeamRequest]) -> None:
     seen = set()
     for i, req in enumerate(requests):
-        rid = req.request_id
-        _require(0 < len(rid) <= MAX_ID_CHARS, f".requests[{i}].request_id",
-                 f"must be 1..{MAX_ID_CHARS} characters")
-        _require(rid not in seen, f".requests[{i}].request_id", f"duplicate request id {rid!r}")
-        seen.add(rid)
+        _require(req.request_id not in seen, f"requests[{i}].request_id", f"duplicate request id {req.request_id!r}")
+        seen.add(req.request_id)
+        _require_finite(req.deadline_ms, f"requests[{i}].deadline_ms")
 
 
 def _token_count(raw: bytes, token_dtype: str, path: str) -> int:
@@ -413,44 +459,45 @@ def _token_count(raw: bytes, token_dtype: str, path: str) -> int:
 
 
 def _check_score_batch(batch: ScoreBatch) -> None:
-    _require(batch.token_dtype in TOKEN_DTYPES, ".token_dtype", f"must be one of {sorted(TOKEN_DTYPES)}")
-    _check_request_ids(batch.requests)
+    _check_requests(batch.requests)
     for i, req in enumerate(batch.requests):
-        path = f".requests[{i}]"
+        path = f"requests[{i}]"
         tokens = _token_count(req.input_ids, batch.token_dtype, path + ".input_ids")
-        _require(len(req.sample_lens) > 0, path + ".sample_lens", "a request needs at least one sample")
-        _require(req.prefix_len >= 0, path + ".prefix_len", "must be >= 0")
-        if req.prefix_len:
-            _require(min(req.sample_lens) >= 0, path + ".sample_lens", "suffix lengths must be >= 0")
-        else:
+        if not req.prefix_len:
             _require(min(req.sample_lens) >= 1, path + ".sample_lens", "every sample needs >= 1 token")
         _require(req.prefix_len + sum(req.sample_lens) == tokens, path + ".sample_lens",
                  f"prefix_len {req.prefix_len} + sum {sum(req.sample_lens)} != {tokens} tokens in input_ids")
-        _require(req.top_k >= 0, path + ".top_k", "must be >= 0")
-        _require(all(t >= 0 for t in req.label_ids), path + ".label_ids", "token ids must be >= 0")
 
 
 def _check_beam_batch(batch: BeamBatch) -> None:
-    _require(batch.token_dtype in TOKEN_DTYPES, ".token_dtype", f"must be one of {sorted(TOKEN_DTYPES)}")
-    _check_request_ids(batch.requests)
-    _require(batch.num_beams >= 1, ".num_beams", "must be >= 1")
-    _require(batch.max_new_tokens >= 1, ".max_new_tokens", "must be >= 1")
-    _require(1 <= batch.num_return_sequences <= batch.num_beams, ".num_return_sequences",
+    _check_requests(batch.requests)
+    _require(batch.num_return_sequences <= batch.num_beams, "num_return_sequences",
              "must be between 1 and num_beams")
     for i, req in enumerate(batch.requests):
-        tokens = _token_count(req.prompt_ids, batch.token_dtype, f".requests[{i}].prompt_ids")
-        _require(tokens >= 1, f".requests[{i}].prompt_ids", "a prompt needs at least one token")
+        tokens = _token_count(req.prompt_ids, batch.token_dtype, f"requests[{i}].prompt_ids")
+        _require(tokens >= 1, f"requests[{i}].prompt_ids", "a prompt needs at least one token")
 
 
 def _check_results(message: ScoreResults | BeamResults) -> None:
-    for i, result in enumerate(message.results):
-        _require(result.status in (Status.OK, Status.EXPIRED, Status.ERROR), f".results[{i}].status",
-                 f"unknown status {result.status!r}")
-        _require(getattr(result, "cached_tokens", 0) >= 0, f".results[{i}].cached_tokens", "must be >= 0")
+    _require_finite(message.queue_ms, "queue_ms")
+    _require_finite(message.compute_ms, "compute_ms")
 
 
 def _check_ready(ready: Ready) -> None:
-    _require(all(t >= 0 for t in ready.static_prefix_ids), ".static_prefix_ids", "token ids must be >= 0")
+    for workload, rmse_ms in ready.latency_rmse_ms.items():
+        _require_finite(rmse_ms, f"latency_rmse_ms[{workload!r}]")
+
+
+def _check_bin_len(value: Any, limit: int, path: str) -> None:
+    """Every bytes field inside `value` is at most `limit` bytes long."""
+    if isinstance(value, bytes):
+        _require(len(value) <= limit, path.lstrip("."), f"{len(value)} bytes exceed max_bin_len {limit}")
+    elif isinstance(value, Record):
+        for name in value.__struct_fields__:
+            _check_bin_len(getattr(value, name), limit, f"{path}.{name}")
+    elif isinstance(value, tuple):
+        for i, item in enumerate(value):
+            _check_bin_len(item, limit, f"{path}[{i}]")
 
 
 def _no_check(message: Any) -> None:

@@ -9,11 +9,11 @@ them in turn, dropping a connection whose gateway stopped answering.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
 
+import msgspec
 import zmq
 
 from shared.config import WorkerConfig
@@ -83,7 +83,7 @@ class WorkerServer:
                 refit.join(REFIT_JOIN_S)
             pool.stop()
             self._forward_replies(router, pull, block_ms=0)
-            self.log.info("stopped", counters=dataclasses.asdict(self.stats.counters()))
+            self.log.info("stopped", counters=msgspec.structs.asdict(self.stats.counters()))
             return 0
         finally:
             router.close()
@@ -220,7 +220,7 @@ class WorkerServer:
 
     def publish_latency(self, latency: dict, rmse_ms: dict) -> None:
         """From the refit thread: a fresh Ready goes to every gateway on the next turn of the loop."""
-        self.refreshed = dataclasses.replace(self.ready, latency=latency, latency_rmse_ms=rmse_ms)
+        self.refreshed = msgspec.structs.replace(self.ready, latency=latency, latency_rmse_ms=rmse_ms)
 
     def _announce_refreshed(self, router: zmq.Socket) -> None:
         self.ready, self.refreshed = self.refreshed, None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 from shared.protocol import WorkerCounters
@@ -13,7 +12,7 @@ class WorkerStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = {f.name: 0 for f in dataclasses.fields(WorkerCounters)}
+        self._counts = dict.fromkeys(WorkerCounters.__struct_fields__, 0)
         self._in_flight = 0
 
     def add(self, **deltas: int) -> None:
