@@ -21,6 +21,8 @@ from gateway.deadline import resolve_deadline_ms
 from gateway.errors import ApiError, error_response
 from gateway.generate_request import parse_generate
 from gateway.http_answers import Health, Ready, WorkerState, encode_json
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.metrics import drop_reason
 from gateway.openapi import openapi_document
 from gateway.score_request import parse_score
 from gateway.state import Gateway, Settings
@@ -72,34 +74,35 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
     given = request.headers.get("X-Request-Id", "")
     request_id = given if REQUEST_ID_PATTERN.fullmatch(given) else uuid.uuid4().hex
     request[REQUEST_ID] = request_id
+    error: ApiError | None = None
     try:
         _authorize(request)
         response = await handler(request)
-        code = "ok"
-    except ApiError as error:
-        response, code = error_response(error, request_id), error.code
+    except ApiError as exc:
+        error = exc
     except web.HTTPException as exc:
         error = _http_error(exc)
-        response, code = error_response(error, request_id), error.code
     except Exception:
         logging.getLogger("gateway").exception("request %s failed", request_id)
         error = ApiError("internal", f"the gateway failed on request {request_id}; see its log")
-        response, code = error_response(error, request_id), error.code
+    if error is not None:
+        response = error_response(error, request_id)
     response.headers["X-Request-Id"] = request_id
     gateway = request.app.get(GATEWAY)
     if gateway is not None:
-        _account(request, gateway, response.status, code, started)
+        _account(request, gateway, response.status, error, started)
     return response
 
 
-def _account(request: web.Request, gateway: Gateway, status: int, code: str, started: float) -> None:
+def _account(request: web.Request, gateway: Gateway, status: int, error: ApiError | None, started: float) -> None:
     elapsed_ms = (time.monotonic() - started) * 1000.0
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
-    gateway.metrics.count_request(route, code)
-    if request.path.startswith("/v1/"):
+    code = "ok" if error is None else error.code
+    work = request.path.startswith("/v1/")
+    drop = drop_reason(code, error.drop_reason) if work and error is not None else None
+    gateway.metrics.count_request(route, code, drop)
+    if work:
         gateway.metrics.observe_stage("total", elapsed_ms)
-        if code != "ok":
-            gateway.metrics.count_drop(code)
     if gateway.settings.config.gateway.access_log:
         log.info(orjson.dumps({"ts": round(time.time(), 6), "event": "request", "request_id": request[REQUEST_ID],
                                "method": request.method, "path": request.path, "status": status,
@@ -197,8 +200,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app[GATEWAY].metrics.render()
-    return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(body=request.app[GATEWAY].metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -74,15 +74,14 @@ class Batcher:
     def _expire(self, job: Job) -> None:
         # a timer may fire a hair before its time: the job's own deadline has passed by definition
         for expired in take_expired(self.queue, max(self._loop.time(), job.deadline)):
-            self._metrics.count_drop("expired_in_queue")
             expired.fail(ApiError("deadline_exceeded", "the deadline passed while the request waited in the "
-                                                       "queue; it was never sent to a worker"))
+                                                       "queue; it was never sent to a worker",
+                                  drop_reason="expired_in_queue"))
 
     def _overdue(self, job: Job) -> None:
         job.expiry = None
-        if job.fail(ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
-                                                  "after the deadline")):
-            self._metrics.count_drop("worker_overdue")
+        job.fail(ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
+                                               "after the deadline", drop_reason="worker_overdue"))
 
     async def run(self) -> None:
         """The batching loop; whatever ends it is logged and answered (see module docstring)."""
@@ -137,9 +136,9 @@ class Batcher:
     def _send(self, link, plan: Send[Job], now: float) -> None:
         for job in plan.late:
             self.queue.remove(job)
-            self._metrics.count_drop("predicted_late")
             job.fail(ApiError("deadline_exceeded", f"the request would finish {(plan.finish_at - now) * 1000:.1f} ms "
-                                                   "from now, past its deadline; it was dropped before any compute"))
+                                                   "from now, past its deadline; it was dropped before any compute",
+                              drop_reason="predicted_late"))
         if not plan.live:
             return
         if not link.send_batch(self._pool.next_batch_id(), self.workload, plan.live, plan.predicted_ms):

@@ -46,15 +46,18 @@ class ErrorAnswer(msgspec.Struct):
 
 
 class ApiError(Exception):
-    """A request answered with an error from the table; `retry_after_s` sets Retry-After."""
+    """A request answered with an error from the table; `retry_after_s` sets Retry-After; `drop_reason`
+    names the policy's reason when accepted work is dropped (gateway/metrics.py counts it)."""
 
-    def __init__(self, code: str, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, code: str, message: str, retry_after_s: float | None = None,
+                 drop_reason: str | None = None) -> None:
         if code not in ERRORS:
             raise KeyError(f"unknown error code {code!r}; add it to gateway.errors.ERRORS")
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+        self.drop_reason = drop_reason
 
     @property
     def status(self) -> int:

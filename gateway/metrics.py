@@ -1,112 +1,119 @@
-"""Prometheus text-format metrics: counters, per-stage latency histograms and gauges, no dependency.
+"""The gateway's Prometheus metrics (prometheus_client), one registry per gateway.
 
-Exposed on GET /metrics: requests by route and outcome, latency per stage (admission, tokenize,
-queue, worker, total), queue depth, batch fill, workers ready, drops by reason, and the prompt
-tokens of answered scoring requests with those the workers reused instead of computing (shared
-prefixes, the static prefix).
+Exposed on GET /metrics: requests by route and outcome, latency per stage in seconds (admission,
+tokenize, queue, worker, total), queue depth, batch fill, workers ready, batches in flight, drops
+by reason, the prompt tokens of answered scoring requests with those the workers reused instead of
+computing (shared prefixes, the static prefix), and the process's own CPU, memory and file
+descriptors. Gauges read the gateway's state when scraped (`Gauge.set_function`), so nothing is
+updated per request for them. Each gateway has its own registry (never prometheus_client's global
+one), so several gateways can live in one process (tests).
+
+A drop is work the gateway took and then did not serve, counted once per request by the policy's
+reason (shared.policy.DROP_CODES, plus worker_lost); client errors (400, 401, 413, ...) are only
+requests by outcome.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import defaultdict
-from collections.abc import Callable
+import prometheus_client
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               PlatformCollector, ProcessCollector, generate_latest)
 
-LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+from shared.policy import DROP_CODES
+
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 STAGES = ("admission", "tokenize", "queue", "worker", "total")
+WORKLOADS = ("score", "beam")
+DROP_REASONS = (*DROP_CODES, "worker_lost")
+"""The policy's drop reasons, and a worker lost with the request in flight (answered 503 worker_lost)."""
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# `*_created` series (one timestamp per labelled counter) double the page for nothing a dashboard uses
+prometheus_client.disable_created_metrics()
 
 
-class Histogram:
-    """Cumulative-bucket histogram of one labelled series."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        out, running = [], 0
-        sep = "," if labels else ""
-        for bound, count in zip((*self.buckets, "+Inf"), self.counts):
-            running += count
-            out.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}')
-        out.append(f"{name}_sum{{{labels}}} {self.total:.6g}")
-        out.append(f"{name}_count{{{labels}}} {running}")
-        return out
+def drop_reason(code: str, reason: str | None) -> str | None:
+    """The drop reason of an answer with error `code` (None: not a drop). `reason` is the one the
+    failing part named; a 504 without one is the worker's own expiry (it answered `expired`)."""
+    if reason is not None:
+        return reason
+    if code == "deadline_exceeded":
+        return "expired_in_worker"
+    return code if code in DROP_REASONS else None
 
 
 class Metrics:
-    """All gateway metrics; `render()` gives the Prometheus text exposition."""
+    """All gateway metrics on one registry; `render()` gives the text exposition (bytes)."""
 
     def __init__(self) -> None:
-        self.requests: dict[tuple[str, str], int] = defaultdict(int)
-        self.drops: dict[str, int] = defaultdict(int)
-        self.stage_ms = {stage: Histogram(LATENCY_BUCKETS_MS) for stage in STAGES}
-        self.batch_fill: dict[str, Histogram] = defaultdict(lambda: Histogram(FILL_BUCKETS))
-        self.batches: dict[str, int] = defaultdict(int)
-        self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
-        self.score_tokens = {"prompt": 0, "cached": 0}
-        self.shared_requests = {"true": 0, "false": 0}
+        self.registry = registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        self.requests = Counter("boundserve_requests", "HTTP requests by route and outcome (ok or error code).",
+                                ("route", "outcome"), registry=registry)
+        self.drops = Counter("boundserve_drops", "Requests taken and not served, by reason, once each: refused by "
+                             "admission, expired in the queue or at the worker, predicted late, overdue, worker lost.",
+                             ("reason",), registry=registry)
+        stage = Histogram("boundserve_stage_latency_seconds", "Seconds spent per request in each stage.",
+                          ("stage",), registry=registry, buckets=LATENCY_BUCKETS_S)
+        fill = Histogram("boundserve_batch_fill_ratio", "Fraction of the compiled batch bound a sent batch used.",
+                         ("workload",), registry=registry, buckets=FILL_BUCKETS)
+        self._stage = {name: stage.labels(name) for name in STAGES}  # children looked up once, not per request
+        self._fill = {name: fill.labels(name) for name in WORKLOADS}
+        for reason in DROP_REASONS:
+            self.drops.labels(reason)  # every reason shows from the start, at 0
+        self._declare_score_tokens()
+        self._declare_gauges()
 
-    def count_request(self, route: str, outcome: str) -> None:
-        self.requests[(route, outcome)] += 1
+    def _declare_score_tokens(self) -> None:
+        self.score_prompt_tokens = Counter(
+            "boundserve_score_prompt_tokens", "Prompt tokens of answered scoring requests (samples whole).",
+            registry=self.registry)
+        self.score_cached_tokens = Counter(
+            "boundserve_score_cached_tokens", "Tokens of answered scoring requests whose keys/values the workers "
+            "reused instead of computing (a shared prefix after its first use, the static prefix).",
+            registry=self.registry)
+        shared = Counter("boundserve_score_shared_requests", "Answered scoring requests, by whether their samples "
+                         "were sent as one shared prefix plus suffixes.", ("shared",), registry=self.registry)
+        self._shared = {True: shared.labels("true"), False: shared.labels("false")}
 
-    def count_drop(self, reason: str) -> None:
-        self.drops[reason] += 1
+    def _declare_gauges(self) -> None:
+        r = self.registry
+        self.queue_jobs = Gauge("boundserve_queue_jobs", "Jobs waiting in a workload's queue.", ("workload",),
+                                registry=r)
+        self.queue_tokens = Gauge("boundserve_queue_tokens", "Tokens waiting in a workload's queue.", ("workload",),
+                                  registry=r)
+        self.admission_lateness = Gauge(
+            "boundserve_admission_lateness_seconds", "Learnt 90th percentile of how much later than predicted "
+            "admitted requests finish (added to predictions).", ("workload",), registry=r)
+        self.workers_ready = Gauge("boundserve_workers_ready", "Workers ready to take batches.", registry=r)
+        self.batches_in_flight = Gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.",
+                                       registry=r)
+
+    def count_request(self, route: str, outcome: str, drop: str | None = None) -> None:
+        """One answered HTTP request; `drop` names its drop reason when it was one."""
+        self.requests.labels(route, outcome).inc()
+        if drop is not None:
+            self.drops.labels(drop).inc()
 
     def observe_stage(self, stage: str, ms: float) -> None:
-        self.stage_ms[stage].observe(ms)
+        """Time one request spent in `stage`, in milliseconds (kept in seconds)."""
+        self._stage[stage].observe(ms / 1000.0)
 
     def observe_batch(self, workload: str, fill: float) -> None:
-        self.batches[workload] += 1
-        self.batch_fill[workload].observe(fill)
+        self._fill[workload].observe(fill)
 
     def count_score_tokens(self, prompt: int, cached: int, shared: bool) -> None:
         """An answered scoring request: tokens submitted, tokens reused, and whether it was sent shared."""
-        self.score_tokens["prompt"] += prompt
-        self.score_tokens["cached"] += cached
-        self.shared_requests["true" if shared else "false"] += 1
+        self.score_prompt_tokens.inc(prompt)
+        self.score_cached_tokens.inc(cached)
+        self._shared[shared].inc()
 
-    def gauge(self, name: str, help_text: str, read: Callable[[], float]) -> None:
-        self.gauges[name] = (help_text, read)
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample, 0 when it was never set (e.g. value("boundserve_drops_total",
+        reason="queue_full"))."""
+        return self.registry.get_sample_value(name, labels) or 0.0
 
-    def render(self) -> str:
-        lines = ["# HELP boundserve_requests_total HTTP requests by route and outcome (ok or error code).",
-                 "# TYPE boundserve_requests_total counter"]
-        for (route, outcome), n in sorted(self.requests.items()):
-            lines.append(f'boundserve_requests_total{{route="{route}",outcome="{outcome}"}} {n}')
-        lines += ["# HELP boundserve_drops_total Requests refused or dropped, by reason.",
-                  "# TYPE boundserve_drops_total counter"]
-        lines += [f'boundserve_drops_total{{reason="{r}"}} {n}' for r, n in sorted(self.drops.items())]
-        lines += ["# HELP boundserve_stage_latency_ms Milliseconds spent per request in each stage.",
-                  "# TYPE boundserve_stage_latency_ms histogram"]
-        for stage, hist in self.stage_ms.items():
-            lines += hist.lines("boundserve_stage_latency_ms", f'stage="{stage}"')
-        lines += ["# HELP boundserve_batch_fill Fraction of the compiled batch bound a sent batch used.",
-                  "# TYPE boundserve_batch_fill histogram"]
-        for workload, hist in sorted(self.batch_fill.items()):
-            lines += hist.lines("boundserve_batch_fill", f'workload="{workload}"')
-        lines += self._score_token_lines()
-        for name, (help_text, read) in sorted(self.gauges.items()):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {read():.6g}"]
-        return "\n".join(lines) + "\n"
-
-    def _score_token_lines(self) -> list[str]:
-        return [
-            "# HELP boundserve_score_prompt_tokens_total Prompt tokens of answered scoring requests (samples whole).",
-            "# TYPE boundserve_score_prompt_tokens_total counter",
-            f"boundserve_score_prompt_tokens_total {self.score_tokens['prompt']}",
-            "# HELP boundserve_score_cached_tokens_total Tokens of answered scoring requests whose keys/values the "
-            "workers reused instead of computing (a shared prefix after its first use, the static prefix).",
-            "# TYPE boundserve_score_cached_tokens_total counter",
-            f"boundserve_score_cached_tokens_total {self.score_tokens['cached']}",
-            "# HELP boundserve_score_shared_requests_total Answered scoring requests, by whether their samples "
-            "were sent as one shared prefix plus suffixes.",
-            "# TYPE boundserve_score_shared_requests_total counter",
-            *(f'boundserve_score_shared_requests_total{{shared="{k}"}} {n}' for k, n in self.shared_requests.items()),
-        ]
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

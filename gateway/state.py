@@ -74,17 +74,15 @@ class Gateway:
         return gateway
 
     def _register_gauges(self) -> None:
+        """The gauges read live state at each scrape."""
         m = self.metrics
         for workload, batcher in self.batchers.items():
-            m.gauge(f"boundserve_queue_jobs_{workload}", f"Jobs waiting in the {workload} queue.",
-                    lambda b=batcher: b.queued_jobs)
-            m.gauge(f"boundserve_queue_tokens_{workload}", f"Tokens waiting in the {workload} queue.",
-                    lambda b=batcher: b.queued_tokens)
+            m.queue_jobs.labels(workload).set_function(lambda b=batcher: b.queued_jobs)
+            m.queue_tokens.labels(workload).set_function(lambda b=batcher: b.queued_tokens)
         for workload, tracker in self.admission.lateness_ms.items():
-            m.gauge(f"boundserve_admission_lateness_ms_{workload}", "Learnt 90th percentile of how much later "
-                    "than predicted admitted requests finish (added to predictions).", lambda t=tracker: t.value)
-        m.gauge("boundserve_workers_ready", "Workers ready to take batches.", lambda: self.pool.ready_count())
-        m.gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.", self.pool.in_flight_batches)
+            m.admission_lateness.labels(workload).set_function(lambda t=tracker: t.value / 1000.0)
+        m.workers_ready.set_function(lambda: self.pool.ready_count())
+        m.batches_in_flight.set_function(self.pool.in_flight_batches)
 
     async def start(self) -> None:
         for batcher in self.batchers.values():

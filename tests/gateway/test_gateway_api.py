@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.gateway.metrics_page import sample, scrape
 from tests.gateway.standin_worker import expected_beam, expected_label_logits, expected_logprobs, expected_topk
 
 SAMPLES = ["good shoe", "bad phone case for the summer", "cheap red coffee"]
@@ -113,10 +114,10 @@ async def test_probes_metrics_and_openapi(stack):
         response = await stack.client.get(path)
         assert response.status == 200, path
     await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"]})
-    text = await (await stack.client.get("/metrics")).text()
-    assert 'boundserve_requests_total{route="/v1/score",outcome="ok"} 1' in text
-    assert 'boundserve_stage_latency_ms_count{stage="tokenize"}' in text
-    assert "boundserve_workers_ready 1" in text
+    text = await scrape(stack)
+    assert sample(text, "boundserve_requests_total", route="/v1/score", outcome="ok") == 1
+    assert sample(text, "boundserve_stage_latency_seconds_count", stage="tokenize") == 1
+    assert sample(text, "boundserve_workers_ready") == 1
 
 
 async def test_large_requests_are_tokenized_off_the_event_loop(request_tokenizer):

@@ -62,7 +62,12 @@ def close(got, want) -> None:
 
 
 def shared_requests(client) -> int:
-    return client.app[GATEWAY].metrics.shared_requests["true"]
+    return client.app[GATEWAY].metrics.value("boundserve_score_shared_requests_total", shared="true")
+
+
+def score_batches(metrics) -> float:
+    """Scoring batches sent so far (each one observed once in the batch-fill histogram)."""
+    return metrics.value("boundserve_batch_fill_ratio_count", workload="score")
 
 
 async def test_our_shape_with_token_ids_equals_transformers(client, hf):
@@ -124,13 +129,13 @@ async def test_shared_and_unshared_requests_in_one_batch_equal_transformers(clie
     want = {"shared": reference(hf, shared)["logits"], "unshared": reference(hf, unshared)["logits"]}
     metrics = client.app[GATEWAY].metrics
     for _ in range(5):  # the two go in one batch when both are queued before the blocker is answered
-        batches = metrics.batches["score"]
+        batches = score_batches(metrics)
         answers = await asyncio.gather(*(post(client, {"samples": [{"input_ids": s} for s in samples],
                                                        "label_token_ids": LABELS, "output": "logits"})
                                          for samples in (blocker, shared, unshared)))
         close(answers[1]["scores"], want["shared"])
         close(answers[2]["scores"], want["unshared"])
-        if metrics.batches["score"] - batches == 2:
+        if score_batches(metrics) - batches == 2:
             return
     pytest.fail("the shared and the unshared request were never computed in one batch")
 

@@ -81,7 +81,8 @@ async def _held_then_burst(stack):
                         for _ in range(5)])
     run_task = asyncio.create_task(replay(burst, BodyFactory(), _options(stack)))
     await until(lambda: stack.gateway.batchers["score"].queued_jobs == 2, what="two requests queued")
-    await until(lambda: run_task.done() or stack.gateway.metrics.drops.get("queue_full", 0) == 3,
+    queue_full = {"reason": "queue_full"}
+    await until(lambda: run_task.done() or stack.gateway.metrics.value("boundserve_drops_total", **queue_full) == 3,
                 what="three refused")
     stack.workers[0].gate.set()
     run, _ = await run_task, await held
