@@ -1,5 +1,6 @@
 """Deployment config: every shipped config decodes; bad values are refused with the field named."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,15 @@ def test_shipped_configs_are_valid(path):
     ({"worker": {"endpoints": ["http://x"], "devices": ["cpu"]}}, "must start with tcp:// or ipc://"),
     ({"score": {"mlp_head": {"weights": "h.safetensors"}}}, "missing required key\\(s\\): score.mlp_head.layer_sizes"),
     ({"score": {"enabled": False}, "beam": {"enabled": False}}, "at least one of score.enabled and beam.enabled"),
+    ({"bounds": {"max_prefix_tokens": 0}}, "bounds.max_prefix_tokens = 0 must be >= 1"),
+    ({"bounds": {"max_prefix_tokens": 600}}, "bounds.max_prefix_tokens = 600 must be between 1 and bounds.max_tokens_per_sample"),
+    ({"bounds": {"max_labels": True}}, "bounds.max_labels must be int, got True"),
+    ({"gateway": {"max_batch_wait_ms": -0.5}}, "gateway.max_batch_wait_ms = -0.5 must be >= 0"),
+    ({"worker": {"devices": ["cpu", 3], "endpoints": ["ipc://a", "ipc://b"]}}, "worker.devices\\[1\\] must be a string, got 3"),
+    ({"score": {"mlp_head": {"weights": "h", "layer_sizes": [4, 2], "act": "relu"}}}, "unknown key\\(s\\) score.mlp_head.act in score.mlp_head; known keys: activation"),
+    ({"score": {"mlp_head": {"weights": "h", "layer_sizes": [4, 2], "activation": "elu"}}}, "score.mlp_head.activation = 'elu' is not one of"),
+    ({"gateway": []}, "gateway must be a table"),
+    ({"beam": {"enabled": True}, "name": 5}, "name must be a string, got 5"),
 ])
 def test_bad_values_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -32,3 +42,23 @@ def test_bad_values_name_the_field(raw, message):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_numbers_and_lists_take_their_declared_types():
+    config = parse_config({"worker": {"profile_budget_s": 2, "endpoints": ["tcp://h:1"], "devices": ["cuda:0"]}})
+    assert config.worker.profile_budget_s == 2.0 and isinstance(config.worker.profile_budget_s, float)
+    assert config.worker.endpoints == ("tcp://h:1",) and config.worker.devices == ("cuda:0",)
+
+
+def test_resolved_bounds_fill_the_unset_prefix_bound():
+    config = parse_config({"bounds": {"max_tokens_per_sample": 100}})
+    assert config.bounds.resolved()["max_prefix_tokens"] == 100 and config.bounds.max_prefix_tokens is None
+
+
+def test_replace_checks_ranges_and_cross_field_rules_again():
+    config = parse_config({})
+    assert config.replace(gateway=dataclasses.replace(config.gateway, port=9)).gateway.port == 9
+    with pytest.raises(ConfigError, match="bounds.max_beam_width = 0 must be between 1 and 400"):
+        config.replace(bounds=dataclasses.replace(config.bounds, max_beam_width=0))
+    with pytest.raises(ConfigError, match="must not exceed bounds.max_tokens_per_batch"):
+        config.replace(bounds=dataclasses.replace(config.bounds, max_tokens_per_batch=8))
