@@ -1,21 +1,21 @@
-"""The gateway's /metrics (Prometheus text): fetch, parse defensively, and diff stage histograms.
+"""The gateway's /metrics: fetch, parse with prometheus_client's text parser, diff stage histograms.
 
 The per-stage breakdown of a run is the difference of the stage histograms
-(`boundserve_stage_latency_seconds{stage=...}`, or `boundserve_stage_latency_ms`) scraped before and after it: count,
-mean, and p50/p99 interpolated inside the buckets as Prometheus' histogram_quantile does. Lines
-that do not parse are skipped; a missing metric gives an empty breakdown, never an error.
+(`boundserve_stage_latency_seconds{stage=...}`) scraped before and after it: count, mean, and
+p50/p99 interpolated inside the buckets as Prometheus' histogram_quantile does, reported in
+milliseconds. A page that does not parse as a whole is read line by line, skipping the lines that
+do not parse; a missing metric gives an empty breakdown, never an error.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 
-STAGE_METRICS = (("boundserve_stage_latency_seconds", 1000.0), ("boundserve_stage_latency_ms", 1.0))
-"""Stage histogram names tried in order, with milliseconds per unit of each."""
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
+
+STAGE_METRIC = "boundserve_stage_latency_seconds"
+MS_PER_S = 1000.0
 
 Sample = tuple[str, dict[str, str], float]
 
@@ -33,34 +33,29 @@ async def fetch_metrics(session, url: str, timeout_s: float = 5.0) -> str | None
 
 
 def parse(text: str | None) -> list[Sample]:
-    """(name, labels, value) for every sample line that parses."""
-    samples = []
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match.group(4))
-        except ValueError:
-            continue
-        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(match.group(3) or "")}
-        samples.append((match.group(1), labels, value))
-    return samples
+    """(name, labels, value) for every sample that parses."""
+    try:
+        return _samples(text or "")
+    except ValueError:  # a broken page: keep what each line on its own gives
+        samples: list[Sample] = []
+        for line in (text or "").splitlines():
+            try:
+                samples += _samples(line)
+            except ValueError:
+                continue
+        return samples
+
+
+def _samples(text: str) -> list[Sample]:
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def stage_breakdown(before: str | None, after: str | None) -> dict[str, dict]:
     """{group: {stage: {count, mean_ms, p50_ms, p99_ms}}} for the requests between two scrapes.
 
     `group` joins the histogram's labels other than stage and le ("all" when there are none)."""
-    samples_after, samples_before = parse(after), parse(before)
-    for metric, ms_per_unit in STAGE_METRICS:
-        now = _histograms(samples_after, metric)
-        if now:
-            return _diff(now, _histograms(samples_before, metric), ms_per_unit)
-    return {}
+    now = _histograms(parse(after), STAGE_METRIC)
+    return _diff(now, _histograms(parse(before), STAGE_METRIC), MS_PER_S) if now else {}
 
 
 def _diff(now: dict, then: dict, ms_per_unit: float) -> dict[str, dict]:
