@@ -7,7 +7,11 @@ the policy's reason; client errors are never drops.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+from pathlib import Path
+
+import yaml
 
 from gateway.metrics import DROP_REASONS, LATENCY_BUCKETS_S, STAGES, Metrics
 from shared.latency_model import LatencyModel
@@ -17,6 +21,7 @@ from tests.gateway.standin_worker import StandInWorker
 from tests.gateway.waiting import until
 
 SCORE = "/v1/score"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def drops(text: str) -> dict[str, float]:
@@ -110,6 +115,19 @@ async def test_a_predicted_late_drop_is_counted_once_by_its_reason(request_token
     finally:
         await stack.client.close()
         worker.stop()
+
+
+async def test_every_series_the_prometheus_rules_name_is_on_the_page(stack):
+    config = yaml.safe_load((ROOT / "configs/prometheus.yml").read_text())
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "./configs/prometheus-rules.yml:/etc/prometheus/rules.yml:ro" in compose["services"]["prometheus"]["volumes"]
+    assert config["rule_files"] == ["/etc/prometheus/rules.yml"]
+    rules = yaml.safe_load((ROOT / "configs/prometheus-rules.yml").read_text())
+    named = {name for group in rules["groups"] for rule in group["rules"]
+             for name in re.findall(r"\bboundserve_[a-z_]+", rule["expr"])}
+    assert (await stack.post(SCORE, {"samples": ["x"], "labels": ["yes"]}))[0] == 200
+    on_page = {s.name for family in families(await scrape(stack)).values() for s in family.samples}
+    assert named and named <= on_page, named - on_page
 
 
 def test_each_gateway_has_its_own_registry():
