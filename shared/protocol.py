@@ -66,8 +66,7 @@ RequestId = Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
 NonNegative = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
 TokenIds = Annotated[tuple[NonNegative, ...], Meta(max_length=MAX_ITEMS)]
-TokenDtype = Literal["int32", "int64"]
-ResultStatus = Literal["ok", "expired", "error"]
+TokenDtype = Literal[tuple(TOKEN_DTYPES)]
 
 
 class Record(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True, gc=False):
@@ -93,11 +92,14 @@ class ErrorCode:
 
 
 class Status:
-    """Values of ScoreResult.status / BeamResult.status (the ResultStatus literal)."""
+    """Values of ScoreResult.status / BeamResult.status."""
 
     OK = "ok"
     EXPIRED = "expired"  # deadline passed before compute; never computed
     ERROR = "error"  # this request alone was rejected; `error` says why
+
+
+ResultStatus = Literal[Status.OK, Status.EXPIRED, Status.ERROR]
 
 
 # ---- Messages ---------------------------------------------------------------------------------
