@@ -18,6 +18,7 @@ import time
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.stack import ROOT, free_port, start, stop, tail
 
@@ -46,9 +47,9 @@ async def workers_ready(session: aiohttp.ClientSession, url: str) -> int:
             text = await response.text()
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return -1
-    for line in text.splitlines():
-        if line.startswith("boundserve_workers_ready "):
-            return int(float(line.split()[1]))
+    for family in text_string_to_metric_families(text):
+        if family.name == "boundserve_workers_ready":
+            return int(family.samples[0].value)
     return -1
 
 
