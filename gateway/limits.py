@@ -58,7 +58,7 @@ class Limits:
             max_new_tokens=int(bounds["max_new_tokens"]),
             max_beam_requests_per_batch=int(bounds["max_beam_requests_per_batch"]),
             max_deadline_ms=config.gateway.max_deadline_ms,
-            score_enabled=config.score.enabled,
+            score_enabled=config.score.enabled and (not nodes or "score" in nodes),
             beam_enabled=config.beam.enabled and (not nodes or "beam" in nodes),
             has_head=config.score.mlp_head is not None,
             prompt_template=config.score.prompt_template,

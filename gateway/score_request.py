@@ -59,7 +59,10 @@ def _decoders(limits: Limits) -> tuple[BodyDecoder[ScoreSpec], BodyDecoder[Score
 
 
 def parse_score(raw: bytes, limits: Limits) -> ScoreSpec:
-    """Decode a /v1/score body of either shape; raises ApiError (400/413) naming the field."""
+    """Decode a /v1/score body of either shape; raises ApiError (400/404/413) naming the field."""
+    if not limits.score_enabled:
+        raise ApiError("not_found", "this deployment serves no scoring (score.enabled is false in its config, "
+                                    "or its artifacts hold no score node)")
     ours, sglang = _decoders(limits)
     try:
         shape = _SHAPE.decode(raw)
