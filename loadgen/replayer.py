@@ -124,7 +124,6 @@ class _Sender:
                 result.done_ms = self._now_ms()
                 result.status = response.status
                 result.outcome = outcome_of(response.status, raw)
-                result.server_ms = server_timing(response.headers)
         except asyncio.TimeoutError:
             result.done_ms, result.outcome = self._now_ms(), "client_timeout"
         except aiohttp.ClientError as exc:
@@ -152,28 +151,6 @@ def outcome_of(status: int, raw: bytes) -> str:
         pass
     return f"http_{status}"
 
-
-def server_timing(headers) -> dict[str, float]:
-    """Per-stage milliseconds from a Server-Timing header (`queue;dur=1.2, worker;dur=3.4`) or from
-    X-Boundserve-<stage>-Ms headers, when the gateway sends them; {} otherwise."""
-    stages: dict[str, float] = {}
-    for entry in headers.get("Server-Timing", "").split(","):
-        name, _, params = entry.strip().partition(";")
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key == "dur" and name:
-                try:
-                    stages[name] = float(value)
-                except ValueError:
-                    pass
-    for key, value in headers.items():
-        low = key.lower()
-        if low.startswith("x-boundserve-") and low.endswith("-ms"):
-            try:
-                stages[low[len("x-boundserve-"):-len("-ms")]] = float(value)
-            except ValueError:
-                pass
-    return stages
 
 
 def _progress_bar(total: int):

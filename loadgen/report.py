@@ -6,7 +6,6 @@ import base64
 import html
 import json
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,9 @@ def build_report(run: ReplayRun, slo_ms: float | None, meta: dict[str, Any], bin
     report.update(summarize(run.results, slo_ms, run.window_s or None))
     report["stages"] = {
         "from_metrics": stage_breakdown(run.metrics_before, run.metrics_after),
-        "from_headers": header_stages(run.results),
     }
     report["timeseries"] = {"bin_s": bin_s, "bins": timeseries(run.results, bin_s)}
     return report
-
-
-def header_stages(results: list[RequestResult]) -> dict[str, dict[str, dict[str, float]]]:
-    """Mean per-stage milliseconds per route from response headers ({} when the server sends none)."""
-    sums: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in results:
-        for stage, ms in r.server_ms.items():
-            sums[r.route][stage].append(ms)
-    return {route: {stage: {"count": len(v), "mean_ms": sum(v) / len(v)} for stage, v in stages.items()}
-            for route, stages in sums.items()}
 
 
 def write_report(out_dir: str | Path, run: ReplayRun, report: dict[str, Any], plots: bool = True) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -16,7 +16,6 @@ class RequestResult:
     done_ms: float = float("nan")
     status: int = 0
     outcome: str = "not_sent"
-    server_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def latency_ms(self) -> float:
@@ -28,7 +27,7 @@ class RequestResult:
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("index", "route", "scheduled_ms", "sent_ms", "done_ms",
-                                               "status", "outcome", "server_ms")}
+                                               "status", "outcome")}
 
 
 @dataclass
