@@ -23,6 +23,7 @@ nothing: only what crosses the process boundary is validated.
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 import re
@@ -78,7 +79,7 @@ class Record(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
 
 # ---- Error codes and statuses ---------------------------------------------------------------
 
-class ErrorCode:
+class ErrorCode(enum.StrEnum):
     """Values of Error.code."""
 
     MALFORMED = "malformed"  # frames that are not a valid message
@@ -91,7 +92,7 @@ class ErrorCode:
     INTERNAL = "internal"  # the worker failed while computing; the batch was not served
 
 
-class Status:
+class Status(enum.StrEnum):
     """Values of ScoreResult.status / BeamResult.status."""
 
     OK = "ok"
@@ -99,7 +100,7 @@ class Status:
     ERROR = "error"  # this request alone was rejected; `error` says why
 
 
-ResultStatus = Literal[Status.OK, Status.EXPIRED, Status.ERROR]
+ResultStatus = Status
 
 
 # ---- Messages ---------------------------------------------------------------------------------
@@ -295,7 +296,7 @@ class Error(Record):
     """Worker -> gateway: a batch (batch_id) or frame (batch_id None) that was not served."""
 
     TYPE: ClassVar[int] = 8
-    code: str
+    code: ErrorCode
     message: str
     batch_id: int | None = None
 

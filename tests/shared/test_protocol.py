@@ -109,7 +109,8 @@ BAD = [
     ([b"\x01", body("1", "gw")], "at protocol_version: Expected `int`, got `str`"),
     ([b"\x01", body(True, "gw")], "protocol_version: Expected `int`, got `bool`"),
     ([b"\x01", body(1, "gw") + b"\x00"], "trailing characters"),
-    ([b"\x08", body("x", "y", 1.5)], "batch_id"),
+    ([b"\x08", body("internal", "y", 1.5)], "batch_id"),
+    ([b"\x08", body("x", "y", 1)], "code"),  # not an ErrorCode
     ([b"\x03", body(1, "int16", [["r", 1.0, b"\x00\x00", [1], [], 0, False, 0]])], "token_dtype"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00\x00\x00", [1], [], 0, False, 0]])], "whole number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0]])], "sum 1 != 2"),
