@@ -19,14 +19,17 @@ Application heartbeats still carry queue depth and counters; their silence no lo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
+import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 CONNECTION_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+_monitor_names = itertools.count()
 
 
 class Batch(Protocol):
@@ -87,6 +90,28 @@ class LivenessPolicy:
             return None
         return (f"no answer to a batch after {waited_s:.1f} s, over {allowed_s:.1f} s allowed "
                 f"({self.stall_multiple:g}x the {predicted_s * 1000:.0f} ms predicted for its work in flight)")
+
+
+def connect_monitored(context: zmq.asyncio.Context, endpoint: str,
+                      policy: LivenessPolicy) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+    """A DEALER to `endpoint` with the policy's heartbeats, and the PAIR socket reporting its connection
+    events. Nothing is left open on failure (an open socket blocks the context's term() for good)."""
+    sock = context.socket(zmq.DEALER)
+    monitor = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a batch for a worker that is not connected
+        policy.apply(sock)
+        # A name of its own: pyzmq's default names the monitor after the file descriptor, which a
+        # replacement socket may reuse while the old monitor's endpoint is still bound.
+        monitor = sock.get_monitor_socket(CONNECTION_EVENTS, f"inproc://link-monitor-{next(_monitor_names)}")
+        sock.connect(endpoint)
+    except zmq.ZMQError:
+        for opened in (monitor, sock):
+            if opened is not None:
+                opened.close(linger=0)
+        raise
+    return sock, monitor
 
 
 async def watch_connection(monitor: zmq.Socket, on_connected: Callable[[], None],

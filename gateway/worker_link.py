@@ -22,7 +22,7 @@ import zmq.asyncio
 from gateway.errors import ApiError
 from gateway.job import SENT, Job
 from gateway.latency import CorrectedModel
-from gateway.liveness import CONNECTION_EVENTS, LivenessPolicy, watch_connection
+from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol as p
 
 log = logging.getLogger("gateway.worker")
@@ -65,13 +65,7 @@ class WorkerLink:
         self._awaiting_ready = False  # a Ready answers our Hello (else it is a refreshed profile)
 
     def open(self, context: zmq.asyncio.Context, policy: LivenessPolicy) -> None:
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a batch for a worker that is not connected
-        policy.apply(sock)
-        self._monitor = sock.get_monitor_socket(CONNECTION_EVENTS)
-        sock.connect(self.endpoint)
-        self._socket = sock
+        self._socket, self._monitor = connect_monitored(context, self.endpoint, policy)
 
     def close(self) -> None:
         if self._socket is not None:
@@ -89,9 +83,6 @@ class WorkerLink:
     def hello(self) -> None:
         self._awaiting_ready = True
         self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
-
-    def shutdown(self, reason: str) -> None:
-        self._send(p.Shutdown(reason=reason))
 
     def busy_ms(self, now: float) -> float:
         """Predicted milliseconds until everything in flight here is done."""

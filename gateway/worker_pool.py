@@ -91,12 +91,12 @@ class WorkerPool:
         in flight there and give it a new socket (a fresh connection, handshake and Hello)."""
         assert self._context is not None
         while True:
-            link.open(self._context, self.policy)
             try:
+                link.open(self._context, self.policy)
                 why = await link.serve()
-            except Exception as exc:  # a bug below the reader: it must not end this link for good
-                log.exception("the reader of worker %s failed", link.endpoint)
-                why = f"its reader failed: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug below the reader, or no socket: it must not end this link for good
+                log.exception("the link to worker %s failed", link.endpoint)
+                why = f"{type(exc).__name__}: {exc}"
             finally:
                 link.close()
             log.error("the link to worker %s stopped (%s); reconnecting with a new socket", link.endpoint, why)

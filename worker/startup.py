@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from compile.runtime import load_nodes
-from shared.config import DeploymentConfig
+from shared.config import DeploymentConfig, WorkerConfig
 from shared.protocol import PROTOCOL_VERSION, BeamBatch, Ready, ScoreBatch
 from worker.bounds_check import check_beam_batch, check_score_batch
 from worker.compute import ComputePool
@@ -52,16 +53,7 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     plans = plan_batches(runners, bounds, vocab_size)
     threads = config.worker.cpu_threads if device == "cpu" else len(lanes)
     cache = profile_cache.cache_path(profile_folder, manifest, device, threads) if profile_folder else None
-    profiles, refit_factory = _cached_profiles(cache, plans, log), None
-    if profiles is not None:
-        warm_up_smallest(plans, lanes[0], max(1, config.worker.warmup_runs))
-        refit_factory = functools.partial(_make_refit, plans, spare_lane(lanes[0], bounds), config.worker, cache, log)
-    else:
-        profiles = profile_plans(plans, lanes[0], config.worker)
-        for workload, profile in profiles.items():
-            log.info("profiled", workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
-                     **profile.model.to_dict())
-        _save_profiles(cache, profiles, log)
+    profiles, refit_factory = _profiles(plans, lanes, bounds, config.worker, cache, log)
     ready = Ready(
         protocol_version=PROTOCOL_VERSION, worker_id=worker_id, device=device, pid=os.getpid(),
         workloads=tuple(profiles), bounds={k: int(v) for k, v in bounds.items()},
@@ -73,6 +65,22 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     )
     pool_factory = functools.partial(_make_pool, lanes, runners, log)
     return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log, refit_factory)
+
+
+def _profiles(plans: dict[str, Plan], lanes: list, bounds: dict, config: WorkerConfig, cache: Path | None,
+              log: JsonLog) -> tuple[dict[str, Profile], Callable | None]:
+    """(profiles, refit factory): the cached profiles after a short warm-up, refitted later in the
+    background; else the grid timed now (and saved), with nothing to refit."""
+    profiles = _cached_profiles(cache, plans, log)
+    if profiles is not None:
+        warm_up_smallest(plans, lanes[0], max(1, config.warmup_runs))
+        return profiles, functools.partial(_make_refit, plans, spare_lane(lanes[0], bounds), config, cache, log)
+    profiles = profile_plans(plans, lanes[0], config)
+    for workload, profile in profiles.items():
+        log.info("profiled", workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
+                 **profile.model.to_dict())
+    _save_profiles(cache, profiles, log)
+    return profiles, None
 
 
 def _cached_profiles(cache: Path | None, plans: dict[str, Plan], log: JsonLog) -> dict[str, Profile] | None:

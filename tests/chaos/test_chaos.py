@@ -109,20 +109,8 @@ async def test_chaos(demo_artifacts, tmp_path):
             stalled = await stalled_client("127.0.0.1", port)
 
             pids = {e: pid for e, (_, pid) in (await watch.workers()).items()}
-            marks["kill"] = time.monotonic()
-            os.kill(pids[w0], signal.SIGKILL)  # (a)
-            marks["kill_seen"] = await watch.until(lambda ws: not ready(ws, w0, pids[w0]), "the kill seen")
-            marks["back"] = await watch.until(lambda ws: ready(ws, w0) and ws[w0][1] != pids[w0], "a new worker")
-            await watch.answers(load, marks["back"], 20, "after the restart")
-
-            os.kill(pids[w1], signal.SIGSTOP)  # (b)
-            marks["stop"] = time.monotonic()
-            marks["stop_seen"] = await watch.until(lambda ws: not ready(ws, w1), "the stop seen")
-            await watch.answers(load, marks["stop_seen"], 20, "while one worker is frozen")
-            os.kill(pids[w1], signal.SIGCONT)
-            marks["resumed"] = await watch.until(lambda ws: ready(ws, w1), "the frozen worker back")
-            await watch.answers(load, marks["resumed"], 20, "after the resume")
-
+            await kill_and_replace(watch, load, w0, pids[w0], marks)  # (a)
+            await freeze_and_resume(watch, load, w1, pids[w1], marks)  # (b)
             resumed_pid = (await watch.workers())[w1][1]
             marks["term"] = time.monotonic()
             gateway.send_signal(signal.SIGTERM)  # (d), under load
@@ -138,6 +126,27 @@ async def test_chaos(demo_artifacts, tmp_path):
     for pid in (pids[w1], resumed_pid):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # the workers stopped with the gateway
+
+
+async def kill_and_replace(watch: Watch, load: OpenLoop, endpoint: str, pid: int, marks: dict) -> None:
+    """(a) SIGKILL: seen, replaced by a new process, which serves."""
+    marks["kill"] = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    marks["kill_seen"] = await watch.until(lambda ws: not ready(ws, endpoint, pid), "the kill seen")
+    marks["back"] = await watch.until(lambda ws: ready(ws, endpoint) and ws[endpoint][1] != pid, "a new worker")
+    await watch.answers(load, marks["back"], 20, "after the restart")
+
+
+async def freeze_and_resume(watch: Watch, load: OpenLoop, endpoint: str, pid: int, marks: dict) -> None:
+    """(b) SIGSTOP: seen as lost while the other worker serves; SIGCONT: back (in place, or restarted
+    by the supervisor if it stayed frozen past its patience on a slow machine)."""
+    os.kill(pid, signal.SIGSTOP)
+    marks["stop"] = time.monotonic()
+    marks["stop_seen"] = await watch.until(lambda ws: not ready(ws, endpoint), "the stop seen")
+    await watch.answers(load, marks["stop_seen"], 20, "while one worker is frozen")
+    os.kill(pid, signal.SIGCONT)
+    marks["resumed"] = await watch.until(lambda ws: ready(ws, endpoint), "the frozen worker back")
+    await watch.answers(load, marks["resumed"], 20, "after the resume")
 
 
 def check_outcomes(load: OpenLoop, term: float) -> None:
