@@ -10,6 +10,7 @@ latency predictions use, also leave out the static prefix's tokens the node reus
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,16 @@ import numpy as np
 from gateway.errors import ApiError
 from gateway.sharing import computed_tokens, sent_tokens
 
-QUEUED, SENT, DONE = "queued", "sent", "done"
+
+class JobState(enum.StrEnum):
+    """Where a job is: in the gateway's queue, sent to a worker, or finished (answered or failed)."""
+
+    QUEUED = "queued"
+    SENT = "sent"
+    DONE = "done"
+
+
+QUEUED, SENT, DONE = JobState
 
 
 @dataclass(eq=False)
@@ -45,7 +55,7 @@ class Job:
     static_ids: tuple[int, ...] = ()
     """score: the deployment's static prefix, whose keys/values the node reuses (not computed)."""
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    state: str = QUEUED
+    state: JobState = QUEUED
     enqueued_at: float = 0.0
     sent_at: float = 0.0
     expiry: asyncio.TimerHandle | None = None
