@@ -62,7 +62,6 @@ class WorkerLink:
         self._observe_ms = observe_ms
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
-        self._awaiting_ready = False  # a Ready answers our Hello (else it is a refreshed profile)
 
     def open(self, context: zmq.asyncio.Context, policy: LivenessPolicy) -> None:
         self._socket, self._monitor = connect_monitored(context, self.endpoint, policy)
@@ -81,7 +80,6 @@ class WorkerLink:
         return self.state == READY and workload in self.models
 
     def hello(self) -> None:
-        self._awaiting_ready = True
         self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
 
     def busy_ms(self, now: float) -> float:
@@ -170,11 +168,6 @@ class WorkerLink:
             return
         if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone
             self.declare_lost(f"it restarted as pid {ready.pid}")
-        if not self._awaiting_ready and ready.pid == self.pid:  # a refreshed profile: state unchanged
-            self._adopt_models(ready)
-            log.info("worker %s refreshed its latency profile", self.endpoint)
-            return
-        self._awaiting_ready = False
         self._adopt_models(ready)
         self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
         self.out_of_service_since = None

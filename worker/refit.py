@@ -4,7 +4,7 @@ A restarted worker serves with its last cached profile (worker/profile_cache.py)
 measures the grid afresh on a lane of its own, only while no batch is queued or computing, and
 keeps a measurement only if no served batch came or went during it (a served batch is never held
 back to protect a measurement; a disturbed one is simply taken again). When the grid is done it
-publishes the new profiles: the server sends a fresh Ready to its gateways and the cache is
+publishes the new profiles: the Ready that answers every later Hello carries them and the cache is
 rewritten. A served batch that arrives during a measurement waits at most that one call (lanes take
 turns for the node call: worker/lanes.py); the largest grid point is the deployment's largest batch.
 """

@@ -40,7 +40,6 @@ class WorkerServer:
         self.checks = checks  # batch type -> check(batch) -> per-request refusals (raises BatchRefused)
         self.pool_factory = pool_factory  # (queue, stats, context, outbox) -> ComputePool
         self.refit_factory = refit_factory  # (server) -> BackgroundRefit, after a start on a cached profile
-        self.refreshed: Ready | None = None  # set by the refit thread, sent by this loop
         self.limits = DecodeLimits(max_frame_bytes=config.max_message_bytes, max_bin_len=config.max_message_bytes)
         self.stats = WorkerStats()
         self.queue = BatchQueue(config.max_queued_batches)
@@ -110,8 +109,6 @@ class WorkerServer:
             if time.monotonic() >= next_beat:
                 self._heartbeat(router)
                 next_beat = time.monotonic() + interval_s
-            if self.refreshed is not None and not self.draining:
-                self._announce_refreshed(router)
 
     # ---- receive side ---------------------------------------------------------------------------
 
@@ -219,15 +216,10 @@ class WorkerServer:
         return counters.batches_computed, counters.errors, counters.requests_expired
 
     def publish_latency(self, latency: dict, rmse_ms: dict) -> None:
-        """From the refit thread: a fresh Ready goes to every gateway on the next turn of the loop."""
-        self.refreshed = msgspec.structs.replace(self.ready, latency=latency, latency_rmse_ms=rmse_ms)
-
-    def _announce_refreshed(self, router: zmq.Socket) -> None:
-        self.ready, self.refreshed = self.refreshed, None
-        frames = encode(self.ready)
-        for peer in list(self.peers):
-            self._send_frames(router, peer, frames)
-        self.log.info("profile_announced", gateways=len(self.peers))
+        """From the refit thread: the Ready that answers every Hello from now on carries the refit
+        (one reference swap; gateways already connected keep correcting their model online)."""
+        self.ready = msgspec.structs.replace(self.ready, latency=latency, latency_rmse_ms=rmse_ms)
+        self.log.info("profile_adopted")
 
     def _begin_drain(self, router: zmq.Socket) -> None:
         self.draining = True

@@ -179,7 +179,7 @@ def test_a_restart_serves_with_the_last_profile_and_refits_in_the_background(dem
         (saved,) = (tmp_path / "profiles").iterdir()
         cached = json.loads(saved.read_text())["profiles"]["score"]["model"]
     with serving(argv, endpoint, warm, client_class):
-        assert logged(warm, "profile_announced", timeout_s=120), warm.read_text()
+        assert logged(warm, "profile_adopted", timeout_s=120), warm.read_text()
         refitted = coefficients(logged(warm, "profile_refitted")[0])
         fresh = client_class(endpoint, gateway_id="gw-after-refit")
         try:
