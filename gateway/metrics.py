@@ -61,6 +61,7 @@ class Metrics:
                          ("workload",), registry=registry, buckets=FILL_BUCKETS)
         self._stage = {name: stage.labels(name) for name in STAGES}  # children looked up once, not per request
         self._fill = {name: fill.labels(name) for name in WORKLOADS}
+        self._requests: dict[tuple[str, str], Counter] = {}
         for reason in DROP_REASONS:
             self.drops.labels(reason)  # every reason shows from the start, at 0
         self._declare_score_tokens()
@@ -93,7 +94,10 @@ class Metrics:
 
     def count_request(self, route: str, outcome: str, drop: str | None = None) -> None:
         """One answered HTTP request; `drop` names its drop reason when it was one."""
-        self.requests.labels(route, outcome).inc()
+        child = self._requests.get((route, outcome))
+        if child is None:  # labels() takes a lock and builds a key: once per (route, outcome), not per request
+            child = self._requests[(route, outcome)] = self.requests.labels(route, outcome)
+        child.inc()
         if drop is not None:
             self.drops.labels(drop).inc()
 
