@@ -168,6 +168,8 @@ class WorkerLink:
             return
         if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone
             self.declare_lost(f"it restarted as pid {ready.pid}")
+        if self.state == READY and ready.pid == self.pid:
+            return  # the answer to a Hello repeated before the first answer came
         self._adopt_models(ready)
         self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
         self.out_of_service_since = None

@@ -74,7 +74,8 @@ def _profiles(plans: dict[str, Plan], lanes: list, bounds: dict, config: WorkerC
     profiles = _cached_profiles(cache, plans, log)
     if profiles is not None:
         warm_up_smallest(plans, lanes[0], max(1, config.warmup_runs))
-        return profiles, functools.partial(_make_refit, plans, spare_lane(lanes[0], bounds), config, cache, log)
+        return profiles, functools.partial(_make_refit, plans, profiles, spare_lane(lanes[0], bounds), config, cache,
+                                           log)
     profiles = profile_plans(plans, lanes[0], config)
     for workload, profile in profiles.items():
         log.info("profiled", workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
@@ -106,12 +107,13 @@ def _save_profiles(cache: Path | None, profiles: dict[str, Profile], log: JsonLo
         log.warning("profile_cache_unwritable", path=str(cache), error=str(exc))
 
 
-def _make_refit(plans, lane, config, cache, log, server: WorkerServer) -> BackgroundRefit:
+def _make_refit(plans, cached, lane, config, cache, log, server: WorkerServer) -> BackgroundRefit:
     def publish(profiles: dict[str, Profile]) -> None:
         _save_profiles(cache, profiles, log)
         server.publish_latency({w: p.model for w, p in profiles.items()}, {w: p.rmse_ms for w, p in profiles.items()})
 
-    return BackgroundRefit(plans, lane, config.profile_repeats, config.profile_budget_s, server.activity, publish, log)
+    return BackgroundRefit(plans, cached, lane, config.profile_repeats, config.profile_budget_s, server.activity,
+                           publish, log)
 
 
 def static_prefix_ids(manifest: dict) -> tuple[int, ...]:
