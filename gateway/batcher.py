@@ -18,7 +18,7 @@ from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.metrics import Metrics
 from gateway.worker_pool import WorkerPool
-from shared.policy import BatchBounds, DeadlineQueue, Hold, Send, plan_batch, take_expired
+from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Send, plan_batch, take_expired
 
 __all__ = ["BatchBounds", "Batcher"]
 log = logging.getLogger("gateway.batcher")
@@ -76,12 +76,12 @@ class Batcher:
         for expired in take_expired(self.queue, max(self._loop.time(), job.deadline)):
             expired.fail(ApiError("deadline_exceeded", "the deadline passed while the request waited in the "
                                                        "queue; it was never sent to a worker",
-                                  drop_reason="expired_in_queue"))
+                                  drop_reason=DropReason.EXPIRED_IN_QUEUE))
 
     def _overdue(self, job: Job) -> None:
         job.expiry = None
         job.fail(ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
-                                               "after the deadline", drop_reason="worker_overdue"))
+                                               "after the deadline", drop_reason=DropReason.WORKER_OVERDUE))
 
     async def run(self) -> None:
         """The batching loop; whatever ends it is logged and answered (see module docstring)."""
@@ -138,7 +138,7 @@ class Batcher:
             self.queue.remove(job)
             job.fail(ApiError("deadline_exceeded", f"the request would finish {(plan.finish_at - now) * 1000:.1f} ms "
                                                    "from now, past its deadline; it was dropped before any compute",
-                              drop_reason="predicted_late"))
+                              drop_reason=DropReason.PREDICTED_LATE))
         if not plan.live:
             return
         if not link.send_batch(self._pool.next_batch_id(), self.workload, plan.live, plan.predicted_ms):

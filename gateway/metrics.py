@@ -9,7 +9,7 @@ updated per request for them. Each gateway has its own registry (never prometheu
 one), so several gateways can live in one process (tests).
 
 A drop is work the gateway took and then did not serve, counted once per request by the policy's
-reason (shared.policy.DROP_CODES, plus worker_lost); client errors (400, 401, 413, ...) are only
+reason (shared.policy.DropReason); client errors (400, 401, 413, ...) are only
 requests by outcome.
 """
 
@@ -19,14 +19,13 @@ import prometheus_client
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
-from shared.policy import DROP_CODES
+from shared.policy import DropReason
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 STAGES = ("admission", "tokenize", "queue", "worker", "total")
 WORKLOADS = ("score", "beam")
-DROP_REASONS = (*DROP_CODES, "worker_lost")
-"""The policy's drop reasons, and a worker lost with the request in flight (answered 503 worker_lost)."""
+DROP_REASONS = tuple(DropReason)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # `*_created` series (one timestamp per labelled counter) double the page for nothing a dashboard uses
@@ -39,7 +38,7 @@ def drop_reason(code: str, reason: str | None) -> str | None:
     if reason is not None:
         return reason
     if code == "deadline_exceeded":
-        return "expired_in_worker"
+        return DropReason.EXPIRED_IN_WORKER
     return code if code in DROP_REASONS else None
 
 

@@ -31,8 +31,8 @@ from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
 from loadgen.sim_world import ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, initial_model, jobs_of
 from loadgen.trace import Trace
-from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness, PoolView, Prediction,
-                           Refusal, admit, plan_batch, precheck, take_expired)
+from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView,
+                           Prediction, Refusal, admit, plan_batch, precheck, take_expired)
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -209,11 +209,11 @@ class Simulator:
         workload, job = item
         if job in self.queues[workload]:
             for expired in take_expired(self.queues[workload], max(self.now, job.deadline)):
-                self._fail(expired, "expired_in_queue")
+                self._fail(expired, DropReason.EXPIRED_IN_QUEUE)
 
     def _on_overdue(self, job: SimJob) -> None:
         if not job.done:
-            self._fail(job, "worker_overdue")
+            self._fail(job, DropReason.WORKER_OVERDUE)
 
     def _on_wake(self, workload: str) -> None:
         self._wake_at.pop(workload, None)
@@ -225,7 +225,7 @@ class Simulator:
             if job.done:
                 continue
             if job in batch.expired:
-                self._fail(job, "expired_in_worker")
+                self._fail(job, DropReason.EXPIRED_IN_WORKER)
             else:
                 self._succeed(job)
 
@@ -244,7 +244,7 @@ class Simulator:
                 return
             for job in plan.late:
                 queue.remove(job)
-                self._fail(job, "predicted_late")
+                self._fail(job, DropReason.PREDICTED_LATE)
             if plan.live:
                 self._send(worker, workload, plan.live, plan.predicted_ms)
 

@@ -17,7 +17,7 @@ event loop, so a setting tuned offline means the same thing live. queue.py holds
   batching   one deadline-ordered queue per workload; a batch takes jobs in deadline order up to
              the compiled bounds, looking past at most SCAN_LIMIT jobs that do not fit; a partial
              batch waits while its worker is predicted busy for longer than max_batch_wait_ms.
-  drops      one set of reasons (DROP_CODES); expired_in_queue, predicted_late (the batch would
+  drops      one set of reasons (DropReason, answered with DROP_CODES); expired_in_queue, predicted_late (the batch would
              finish past a member's deadline behind the worker's work in flight), the worker's
              expired_in_worker and worker_overdue (no answer within the grace after the deadline)
              are all answered 504 deadline_exceeded.
@@ -30,8 +30,11 @@ from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Pred
                                      precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, busy_ms, chunk_bounds,
                                     form_batch, plan_batch, take_expired)
-from shared.policy.queue import DROP_CODES, CostModel, DeadlineQueue, Refusal, Work
+from shared.policy.queue import DROP_CODES, CostModel, DeadlineQueue, DropReason, Refusal, Work
 
-__all__ = ["DROP_CODES", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds", "CostModel", "DeadlineQueue",
-           "Hold", "Lateness", "PoolView", "Prediction", "Refusal", "Send", "Work", "admit", "busy_ms", "chunk_bounds",
-           "finish_ms", "form_batch", "is_probe", "plan_batch", "precheck", "take_expired"]
+__all__ = [
+    "DROP_CODES", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds", "CostModel",
+    "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "Refusal", "Send", "Work", "admit",
+    "busy_ms", "chunk_bounds", "finish_ms", "form_batch", "is_probe", "plan_batch", "precheck",
+    "take_expired",
+]

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.policy.queue import CostModel, DeadlineQueue, Refusal, Work
+from shared.policy.queue import CostModel, DeadlineQueue, DropReason, Refusal, Work
 
 LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
 
@@ -85,7 +85,7 @@ def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s:
     slack_ms = lateness.slack_ms(settings.margin_ms)
     if wait_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
         return None
-    return Refusal("deadline_unmeetable", f"the predicted queue wait of {wait_ms:.1f} ms (+ margin {slack_ms:.1f} "
+    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted queue wait of {wait_ms:.1f} ms (+ margin {slack_ms:.1f} "
                                           f"ms) is already past the deadline of {budget_ms:.1f} ms; refused "
                                           "before any work")
 
@@ -101,12 +101,12 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
     prediction = Prediction(wait_ms, service_ms, budget_ms, now_s + done_ms / 1000.0)
     real_tokens = sum(j.tokens for j in jobs)
     if queue.tokens + real_tokens > settings.max_queue_tokens and queue.jobs > 0:
-        return Refusal("queue_full", f"the queue holds {queue.tokens} tokens; with this request's {real_tokens} it "
+        return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's {real_tokens} it "
                                      f"would pass its budget of {settings.max_queue_tokens}",
                        retry_after_s=finish_ms(queue, pool, model) / 1000.0)
     slack_ms = lateness.slack_ms(settings.margin_ms)
     if not settings.predict or wait_ms + service_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
         return prediction
-    return Refusal("deadline_unmeetable", f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait "
+    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait "
                                           f"{wait_ms:.1f} ms + service {service_ms:.1f} ms + margin {slack_ms:.1f} "
                                           f"ms) is past the deadline of {budget_ms:.1f} ms; refused before any work")

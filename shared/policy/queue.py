@@ -4,18 +4,32 @@ deadline-ordered queue of one workload (pure: no I/O, no clock)."""
 from __future__ import annotations
 
 import bisect
+import enum
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+class DropReason(enum.StrEnum):
+    """Why accepted or arriving work was answered without being served: declared once, counted once."""
+
+    QUEUE_FULL = "queue_full"  # the queue's token budget is spent (refused at admission)
+    DEADLINE_UNMEETABLE = "deadline_unmeetable"  # the predicted finish is past the deadline (refused at admission)
+    EXPIRED_IN_QUEUE = "expired_in_queue"  # the deadline passed while queued in the gateway; never sent
+    PREDICTED_LATE = "predicted_late"  # its batch would finish past its deadline; never sent
+    EXPIRED_IN_WORKER = "expired_in_worker"  # the worker found it expired before compute; never computed
+    WORKER_OVERDUE = "worker_overdue"  # the deadline passed while the worker held it
+    WORKER_LOST = "worker_lost"  # the worker stopped answering with it in flight
+
+
 DROP_CODES = {
-    "queue_full": "queue_full",
-    "deadline_unmeetable": "deadline_unmeetable",
-    "expired_in_queue": "deadline_exceeded",
-    "predicted_late": "deadline_exceeded",
-    "expired_in_worker": "deadline_exceeded",
-    "worker_overdue": "deadline_exceeded",
+    DropReason.QUEUE_FULL: "queue_full",
+    DropReason.DEADLINE_UNMEETABLE: "deadline_unmeetable",
+    DropReason.EXPIRED_IN_QUEUE: "deadline_exceeded",
+    DropReason.PREDICTED_LATE: "deadline_exceeded",
+    DropReason.EXPIRED_IN_WORKER: "deadline_exceeded",
+    DropReason.WORKER_OVERDUE: "deadline_exceeded",
+    DropReason.WORKER_LOST: "worker_lost",
 }
 """Drop reason -> the API error code it is answered with (gateway/errors.py gives the HTTP status)."""
 
@@ -51,7 +65,7 @@ W = TypeVar("W", bound=Work)
 class Refusal:
     """A request answered without compute: the drop reason, a message for the caller, Retry-After."""
 
-    reason: str
+    reason: DropReason
     message: str
     retry_after_s: float | None = None
 

@@ -185,5 +185,8 @@ def test_chunks_fit_one_batch_each_and_keep_every_sample():
 
 
 def test_every_drop_reason_has_a_code():
-    assert set(DROP_CODES.values()) == {"queue_full", "deadline_unmeetable", "deadline_exceeded"}
+    from shared.policy import DropReason
+
+    assert set(DROP_CODES) == set(DropReason)  # every reason answered, none answered twice over
+    assert set(DROP_CODES.values()) == {"queue_full", "deadline_unmeetable", "deadline_exceeded", "worker_lost"}
     assert {"expired_in_queue", "predicted_late", "expired_in_worker", "worker_overdue"} <= set(DROP_CODES)
