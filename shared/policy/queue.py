@@ -40,7 +40,8 @@ class Work(Protocol):
     deadline: float
     samples: int
     tokens: int
-    """Tokens the worker computes for this job (the queue budget counts these)."""
+    """Tokens sent for this job: a shared prefix once, then the suffixes (the queue budget and the
+    compiled batch bound count these; latency_tokens are the ones computed)."""
     batch_items: int
     latency_tokens: int
     label_ids: tuple[int, ...]
