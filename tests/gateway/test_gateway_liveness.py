@@ -60,11 +60,15 @@ async def test_a_frozen_worker_process_is_lost_then_rejoins_when_resumed(request
         link = stack.gateway.pool.links[0]
         asked = asyncio.create_task(stack.post("/v1/score", BODY))
         await until(lambda: link.in_flight, what="a batch in flight")
+        pool = stack.gateway.pool
+        pool.policy = dataclasses.replace(pool.policy, stuck_restart_s=0.5)  # a supervisor's patience (5 s)
         process.send_signal(signal.SIGSTOP)
         status, body, _ = await asked  # deadline 10 s: only the lost connection can answer this
         assert_error(status, body, 503, "worker_lost", "heartbeats went unanswered")
+        await until(lambda: pool.stuck_pid(address) == process.pid, what="the frozen worker reported stuck")
         process.send_signal(signal.SIGCONT)
         await wait_ready(stack, 1, timeout_s=30)
+        assert pool.stuck_pid(address) is None
         status, body, _ = await stack.post("/v1/score", BODY)
         assert status == 200, body
     finally:
