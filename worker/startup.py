@@ -43,8 +43,7 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     static_ids = static_prefix_ids(manifest)
     if nodes.score is not None:
         runners[ScoreBatch] = ScoreRunner(nodes.score)
-        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size,
-                                               static_ids=static_ids)
+        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size)
     if nodes.beam is not None:
         runners[BeamBatch] = BeamRunner(nodes.beam)
         checks[BeamBatch] = functools.partial(check_beam_batch, bounds=bounds, vocab_size=vocab_size)
