@@ -10,10 +10,11 @@ Contenders, timed interleaved request by request in one process, same threads:
               fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16).
 Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
-the largest-matmul peak of the dtype measured in the same run (before and after timing; best).
+the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
+after the timed part.
 
     .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--layers N]
-                                         [--requests R] [--quick] [--no-ct2]
+                                         [--requests R] [--quick] [--no-ct2] [--build-only]
 """
 
 from __future__ import annotations
