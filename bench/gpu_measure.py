@@ -41,6 +41,7 @@ class Settings:
     score_rate: float  # the seed system's rates: the targets' offered loads
     beam_rate: float
     load_multipliers: tuple[float, ...]  # offered loads swept as multiples of the node's measured capacity
+    # (the node alone at 1-2 requests per call: the gateway's larger batches serve more, hence up to 4x)
     slo_ms: float  # an answer counts towards goodput within this latency (also each request's deadline)
     calibration_batches: int
     repeats: int

@@ -6,7 +6,7 @@ For each model: a random-weight checkpoint of the real shape (written by transfo
 candidates against generate(num_beams=W)), the scoring node against transformers careful and at its
 best (15 samples per request, executed MFU), the beam node (W = 100, S = 4, short prompts) against
 generate() one prompt per call and batched, the end-to-end stack (python -m worker + python -m
-gateway, open-loop Poisson HTTP load at the seed system's rates and at 0.5-2x the node's measured
+gateway, open-loop Poisson HTTP load at the seed system's rates and at 0.5-4x the node's measured
 capacity, a different seed per point), and selective FP8 (compile/fp8.py; then the scoring node
 compiled with `[model] fp8` against the bf16 node: speed and label-probability change).
 
@@ -46,13 +46,13 @@ def settings_for(args) -> Settings:
     if args.cpu_smoke:
         return Settings(device="cpu", dtype=torch.bfloat16, layers=args.layers or 1, sample_tokens=(16, 64),
                         score_requests=2, batch_requests=(1, 2), beam_prompts=(8, 24), beam_batches=(1, 2),
-                        e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, load_multipliers=(0.5, 1.5), slo_ms=20_000.0,
+                        e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, load_multipliers=(0.5, 3.0), slo_ms=20_000.0,
                         calibration_batches=2, repeats=1, fp8_budget=0.2,
                         bounds=dict(max_samples_per_batch=32, max_tokens_per_batch=2048, max_beam_width=100,
                                     max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam/module.py export
     return Settings(device="cuda", dtype=torch.bfloat16, layers=args.layers, sample_tokens=(32, 480),
                     score_requests=16, batch_requests=(1, 2, 4), beam_prompts=(8, 32), beam_batches=(1, 4, 8),
-                    e2e_seconds=6.0, score_rate=100.0, beam_rate=300.0, load_multipliers=(0.5, 1.0, 1.5, 2.0),
+                    e2e_seconds=6.0, score_rate=100.0, beam_rate=300.0, load_multipliers=(0.5, 1.0, 2.0, 4.0),
                     slo_ms=70.0, calibration_batches=4, repeats=5, fp8_budget=0.02,
                     bounds=dict(max_samples_per_batch=64, max_tokens_per_batch=32768, max_beam_width=128,
                                 max_beam_requests_per_batch=8, max_prompt_tokens=512))
