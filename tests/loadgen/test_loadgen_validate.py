@@ -17,10 +17,12 @@ pytestmark = pytest.mark.slow  # the compiled demo artifacts, and a real worker 
 
 def test_validate_replays_each_level_live_and_simulated(demo_artifacts, tmp_path, capsys):
     trace_path, out = tmp_path / "t.jsonl", tmp_path / "validate"
-    write_trace(synthesize(SynthSpec(arrivals="gamma", cv=3.0, rate_rps=100, duration_s=40, samples=4,
+    # Each level replays the first load x capacity x duration requests, and the tiny test model's
+    # capacity is thousands of requests/s on an idle machine: 20,000 requests cover 2x up to 10,000/s.
+    write_trace(synthesize(SynthSpec(arrivals="gamma", cv=3.0, rate_rps=100, duration_s=200, samples=4,
                                      tokens_per_sample=24, seed=5)), trace_path)
     assert main(["validate", "--trace", str(trace_path), "--config", str(ROOT / "configs" / "test.toml"),
-                 "--artifacts", str(demo_artifacts), "--levels", "0.5,1,2", "--duration-s", "2",
+                 "--artifacts", str(demo_artifacts), "--levels", "0.5,1,2", "--duration-s", "1",
                  "--calibration-requests", "120", "--out-dir", str(out)]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [level["load"] for level in last["levels"]] == [0.5, 1.0, 2.0]
