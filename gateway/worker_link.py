@@ -24,6 +24,7 @@ from gateway.job import SENT, Job
 from gateway.latency import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol as p
+from shared.policy import busy_ms
 
 log = logging.getLogger("gateway.worker")
 CONNECTING, READY, DRAINING, LOST, STALLED = "connecting", "ready", "draining", "lost", "stalled"
@@ -83,12 +84,8 @@ class WorkerLink:
         self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
 
     def busy_ms(self, now: float) -> float:
-        """Predicted milliseconds until everything in flight here is done."""
-        if not self.in_flight:
-            return 0.0
-        first = min(b.sent_at for b in self.in_flight.values())
-        total = sum(b.predicted_ms for b in self.in_flight.values())
-        return max(0.0, total - (now - first) * 1000.0)
+        """Predicted milliseconds until everything in flight here is done (the policy's rule)."""
+        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now)
 
     async def serve(self) -> str:
         """Read messages and connection events until either stops; returns why it stopped."""
