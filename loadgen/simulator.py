@@ -86,7 +86,7 @@ class SimSettings:
     def bounds(self, workload: str) -> BatchBounds:
         if workload == "score":
             return BatchBounds(self.max_batch_samples, self.max_batch_tokens, self.max_labels, self.max_batch_requests)
-        return BatchBounds(self.max_beam_requests, 1 << 40, 0, self.max_batch_requests)
+        return BatchBounds(self.max_beam_requests, None, 0, self.max_batch_requests)
 
     @classmethod
     def from_config(cls, config, **world: Any) -> SimSettings:
@@ -151,7 +151,7 @@ class Simulator:
     def _model(self, workload: str) -> CorrectedModel:
         s = self.settings
         items = s.max_batch_samples if workload == "score" else s.max_beam_requests * s.max_beam_width
-        tokens = s.max_batch_tokens if workload == "score" else 1 << 40
+        tokens = s.max_batch_tokens if workload == "score" else None
         return CorrectedModel(initial_model(WORKLOAD_ROUTE[workload], self.profile), items, tokens)
 
     def _at(self, when_s: float, kind: str, payload: Any) -> None:

@@ -20,7 +20,8 @@ class BatchBounds:
 
     max_jobs: int
     """score: samples per batch; beam: requests per batch."""
-    max_tokens: int
+    max_tokens: int | None
+    """Tokens sent per batch; None = no token bound (beam batches: each prompt is bounded alone)."""
     max_labels: int
     max_requests: int = 0
     """Jobs per batch besides the bounds; 0 = no limit (1 turns batching off: the simulator's G/G/1)."""
@@ -81,7 +82,8 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
         return False
     if workload == "beam":
         return job.beam_key == taken[0].beam_key and len(taken) < bounds.max_jobs
-    return (samples + job.samples <= bounds.max_jobs and tokens + job.tokens <= bounds.max_tokens
+    return (samples + job.samples <= bounds.max_jobs
+            and (bounds.max_tokens is None or tokens + job.tokens <= bounds.max_tokens)
             and (labels.issuperset(job.label_ids) or len(labels.union(job.label_ids)) <= bounds.max_labels))
 
 

@@ -135,7 +135,7 @@ def test_a_batch_takes_jobs_in_deadline_order_up_to_the_bounds():
 
 
 def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits():
-    beams = BatchBounds(max_jobs=4, max_tokens=1 << 40, max_labels=0)
+    beams = BatchBounds(max_jobs=4, max_tokens=None, max_labels=0)
     first = FakeJob(0.5, beam_key=(4, 2, 1))
     others = [FakeJob(1.0 + i, beam_key=(8, 2, 1)) for i in range(SCAN_LIMIT)]
     last = FakeJob(99.0, beam_key=(4, 2, 1))
