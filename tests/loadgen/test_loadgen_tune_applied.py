@@ -19,6 +19,7 @@ from loadgen.validate import calibrate_stack, stack_bodies, with_overheads
 from shared.config import load_config
 
 SLO_MS = 300.0
+QUEUE_S = 2.0
 pytestmark = pytest.mark.slow  # the compiled demo artifacts, and real worker processes
 
 
@@ -35,21 +36,30 @@ def test_an_offline_recommendation_applied_live_meets_its_slo(heavy_deployment, 
     with LocalStack(base, artifacts, tmp_path / "calibration") as stack:
         profile, calibration, _, _ = calibrate_stack(stack, _traffic(1, 10, 300), settings, bodies, requests=150)
     world = with_overheads(settings, calibration)
-    overload = 1.2 * capacity_rps(_traffic(1, 10, 300), world, calibration.model)
-    tuning = _traffic(1, overload, 6.0)
+    capacity = capacity_rps(_traffic(1, 10, 300), world, calibration.model)
+    # A queue that holds QUEUE_S of work at this machine's measured capacity (the configured token
+    # budget holds less than the SLO's worth on a fast machine): the 800 ms deadline then really lets
+    # answers wait past the SLO, so the tuning has a choice to make whatever the machine's speed.
+    queue = {"max_queue_tokens": int(QUEUE_S * capacity * _tokens_per_request(_traffic(1, 10, 300)))}
+    world = world.with_knobs(queue)
+    tuning = _traffic(1, 1.2 * capacity, 6.0)
     result = tune(grid({"score_deadline_ms": [80, 150, 400, 800]}),
                   lambda knobs: simulate(tuning, world.with_knobs(knobs), calibration.model, profile), slo_ms=SLO_MS,
                   headroom=OFFLINE_HEADROOM)
     best = result.best_candidate()
     assert best is not None, result.candidates
-    assert not result.candidates[-1].meets_slo  # answers up to 800 ms late: the tuning had a choice to make
+    assert not result.candidates[-1].meets_slo, result.candidates  # answers up to 800 ms late
     config = tmp_path / "tuned.toml"
-    config.write_text(recommended_config(base, best.knobs))
+    config.write_text(recommended_config(base, {**best.knobs, **queue}))
     with LocalStack(config, artifacts, tmp_path / "applied") as stack:
-        run = _replay_while_the_client_keeps_up(stack, bodies, overload)
+        run = _replay_while_the_client_keeps_up(stack, bodies, 1.2 * capacity)
     ok = [r.latency_ms for r in run.results if r.outcome == "ok"]
     assert len(ok) >= 0.2 * len(run.results), sorted({r.outcome for r in run.results})
     assert percentile(ok, 99.0) <= SLO_MS, (best.knobs, best.latency_pct_ms, percentile(ok, 99.0))
+
+
+def _tokens_per_request(trace) -> float:
+    return sum(sum(r.sample_tokens) for r in trace.records) / len(trace.records)
 
 
 def _replay_while_the_client_keeps_up(stack, bodies, rate_rps: float, attempts: int = 3):
