@@ -88,13 +88,12 @@ class SimWorker:
     """When it will have computed everything it was sent (simulated seconds)."""
     overhead_ms: float = 0.0
     """Per batch, on the way there and back (half each way)."""
-    jitter: Jitter | None = None
 
     def busy_ms(self, now_s: float) -> float:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
         return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s)
 
-    def run(self, batch: SimBatch, route: str, service: ServiceFn) -> None:
+    def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None) -> None:
         """Accept `batch` at its send time. The overhead is time on the way there and back (messages,
         packing, waking up), half each way; the worker is busy only while it computes, one batch
         after another, and drops the members whose deadline passed before theirs starts."""
@@ -103,8 +102,8 @@ class SimWorker:
         batch.expired = [j for j in batch.jobs if j.deadline <= start]
         items = sum(j.batch_items for j in live)
         batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
-        if self.jitter is not None:
-            batch.compute_ms *= self.jitter.draw()
+        if jitter is not None:
+            batch.compute_ms *= jitter.draw()
         self.free_at = start + batch.compute_ms / 1000.0
         batch.finish_at = self.free_at + self.overhead_ms / 2000.0
         self.in_flight[batch.batch_id] = batch
@@ -129,6 +128,26 @@ class Jitter:
 
     def draw(self) -> float:
         return self._random.choice(self.ratios) if self.ratios else 1.0
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast the workers compute from `start_s` (simulated seconds) on: a service function and the
+    jitter around it. One speed serves a whole run unless the run's periods were measured apart
+    (loadgen/validate.py measures each replayed segment's)."""
+
+    start_s: float
+    service: ServiceFn
+    jitter: Jitter
+
+
+def speed_at(speeds: list[Speed], now_s: float) -> Speed:
+    """The speed in force at now_s: the last one started by then (the first before any has)."""
+    current = speeds[0]
+    for speed in speeds:
+        if speed.start_s <= now_s:
+            current = speed
+    return current
 
 
 class ServiceCurve:

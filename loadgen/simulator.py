@@ -8,7 +8,7 @@ gateway is simulated (loadgen/sim_world.py):
   clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
             answer reaches the client as long after the gateway answers (HTTP, JSON, tokenizing);
   workers   each computes its batches one after another (up to max_inflight_batches sent to it) for
-            service(route, B, L) each (times a measured jitter, if given); batch_overhead_ms delays a batch on its way there and back
+            service(route, B, L) each (times a measured jitter, if given; `speeds` may change both by period); batch_overhead_ms delays a batch on its way there and back
             without keeping the worker busy (the gateway's predictions start from
             `profile`, what the workers reported at start-up, and learn the rest); members whose deadline passed before it
             starts are dropped there (expired_in_worker); no answer within worker_timeout_ms after
@@ -29,7 +29,8 @@ from typing import Any
 from shared.latency_correction import CorrectedModel
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
-from loadgen.sim_world import ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, initial_model, jobs_of
+from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
+                               speed_at)
 from loadgen.trace import Trace
 from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView,
                            Prediction, Refusal, admit, plan_batch, precheck, take_expired)
@@ -116,12 +117,15 @@ class _Request:
 class Simulator:
     """Runs a trace through the policy above; `run` returns one RequestResult per record."""
 
-    def __init__(self, settings: SimSettings, service: ServiceFn, profile: ServiceFn | None = None) -> None:
+    def __init__(self, settings: SimSettings, service: ServiceFn, profile: ServiceFn | None = None,
+                 speeds: list[Speed] | None = None) -> None:
         self.settings = settings
         self.service = service
         self.profile = profile or service
         """What the workers report at start-up, where the gateway's predictions start (default: the
         service time itself, an exact profile)."""
+        self.speeds = speeds or [Speed(0.0, service, Jitter(settings.compute_jitter, settings.seed))]
+        """How fast the workers really compute, by period (default: `service` x the settings' jitter)."""
         self.drops: Counter[str] = Counter()
         self.reasons: dict[int, str] = {}
         """Trace index -> the drop reason it was answered for (requests not dropped are absent)."""
@@ -134,9 +138,8 @@ class Simulator:
         self.queues = {w: DeadlineQueue() for w in WORKLOAD_ROUTE}
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
         self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
-        jitter = Jitter(s.compute_jitter, s.seed)
-        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms,
-                                  jitter=jitter) for i in range(s.workers)]
+        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms)
+                        for i in range(s.workers)]
         self._events: list[tuple[float, int, str, Any]] = []
         self._wake_at: dict[str, float] = {}
         for i, record in enumerate(trace.records):
@@ -252,7 +255,8 @@ class Simulator:
         for job in jobs:
             self.queues[workload].remove(job)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
-        worker.run(batch, WORKLOAD_ROUTE[workload], self.service)
+        speed = speed_at(self.speeds, self.now)
+        worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
         self._at(batch.finish_at, "done", (worker, batch))
         grace_s = self.settings.worker_timeout_ms / 1000.0
         for job in jobs:

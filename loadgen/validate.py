@@ -8,11 +8,15 @@ calibration, then each level, separated by idle gaps - with the latency model th
 and the measured overheads, starting like the gateway from an unconfirmed profile, so the state
 learnt from level to level is carried alike; each request reaches the simulated gateway when the
 live client really sent it (latency counts from the scheduled time in both). The simulated workers
-compute at the speed they reported for the calibration batches; the gateway's predictions start
-from their start-up profile (as live). Per level: goodput, p50/p99 of successes, outcomes and drops by reason, live and
-simulated, and the relative errors of goodput and p99; and, for comparison, the simulator's figures
-when the start-up profile is taken as the workers' true speed (what an offline tune without a
-calibration would see).
+compute each level at the speed they reported for that level's own batches (its fitted model and
+the jitter around it, as calibrate() measures them); the gateway's predictions start from their
+start-up profile and learn as live. The speed is measured per level because the workers' speed is
+a condition of the machine, not of the policy: on a CPU shared with the gateway, the client and
+other processes, the same batch took 0.6x-1.3x the calibration's time from one minute to the next
+(validate.json's `compute_vs_calibration`). Per level: goodput, p50/p99 of successes, outcomes
+and drops by reason, live and simulated, and the relative errors of goodput and p99; and, for
+comparison, the simulator's goodput and p99 at the calibration's speed (held out from the levels)
+and at the start-up profile's (what an offline tune without a calibration would see).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from loadgen.prometheus import counter_diff
 from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.result import ReplayRun, RequestResult
 from loadgen.service import ServiceModel
+from loadgen.sim_world import Jitter, Speed
 from loadgen.simulator import SimSettings, Simulator
 from loadgen.stack import LocalStack
 from loadgen.stats import summarize
@@ -73,6 +78,9 @@ class LiveSide:
     """The calibration trace, then one per level."""
     runs: list[ReplayRun]
     log_path: Path
+    measured: list[Calibration | None] = dataclasses.field(default_factory=list)
+    """Per level, the workers' speed (and overheads) as measured while it was served; None when the
+    level got no batch to measure."""
 
 
 def level_trace(trace: Trace, rate_rps: float, duration_s: float) -> Trace:
@@ -115,7 +123,18 @@ def run_live(options: ValidateOptions, trace: Trace, settings: SimSettings, scra
             segments.append(level_trace(trace, load * capacity, options.duration_s))
             runs.append(run_replay(segments[-1], bodies, ReplayOptions(url=stack.url, progress=False,
                                                                       id_prefix=f"level{k}-")))
-    return LiveSide(profile, calibration, capacity, segments, runs, stack.log_path)
+        measured = [_measure(run, segment, stack.batch_lines(), profile, settings, f"level{k}-")
+                    for k, (run, segment) in enumerate(zip(runs[1:], segments[1:]))]
+    return LiveSide(profile, calibration, capacity, segments, runs, stack.log_path, measured)
+
+
+def _measure(run: ReplayRun, segment: Trace, batches: list, profile: ServiceModel, settings: SimSettings,
+             id_prefix: str) -> Calibration | None:
+    """What calibrate() measures, from a level's own replay (None if it has nothing to measure)."""
+    try:
+        return calibrate(run, segment, batches, profile, settings, id_prefix)
+    except RuntimeError:
+        return None
 
 
 def with_overheads(settings: SimSettings, calibration: Calibration) -> SimSettings:
@@ -126,19 +145,27 @@ def with_overheads(settings: SimSettings, calibration: Calibration) -> SimSettin
 
 
 def simulate_segments(segments: list[Trace], settings: SimSettings, model: ServiceModel, profile: ServiceModel,
-                      runs: list[ReplayRun] | None = None) -> list[tuple[list[RequestResult], Counter[str]]]:
+                      runs: list[ReplayRun] | None = None, measured: list[Calibration | None] | None = None
+                      ) -> list[tuple[list[RequestResult], Counter[str]]]:
     """One simulated run of all segments in sequence; results and drop reasons per segment, with
     each segment's times from its own start (as a live replay has them). With the live `runs`, each
     request reaches the simulated gateway when the live client really sent it (a client that fell
-    behind delayed the server's arrivals too); latency still counts from the scheduled time."""
+    behind delayed the server's arrivals too); latency still counts from the scheduled time. With
+    `measured` (one per segment, None = as `model`), the workers compute each segment at the speed
+    and jitter measured while it was served live."""
     gap_ms = max(settings.score_deadline_ms, settings.generate_deadline_ms) + IDLE_GAP_MS
     records, spans, offset = [], [], 0.0
+    speeds = [Speed(0.0, model, Jitter(settings.compute_jitter, settings.seed))]
     for k, segment in enumerate(segments):
+        if measured and measured[k] is not None:
+            speeds.append(Speed(offset / 1000.0, measured[k].model, Jitter(measured[k].jitter, settings.seed + k)))
+        elif measured:
+            speeds.append(dataclasses.replace(speeds[0], start_s=offset / 1000.0))
         spans.append((len(records), len(records) + len(segment.records), offset))
         sent = _send_times(segment, runs[k] if runs else None)
         records += [dataclasses.replace(r, t_ms=t + offset) for r, t in zip(segment.records, sent)]
         offset += max(sent, default=0.0) + gap_ms
-    simulator = Simulator(settings, model, profile)
+    simulator = Simulator(settings, model, profile, speeds)
     results = simulator.run(make_trace(records))
     out = []
     for (start, end, shift), segment in zip(spans, segments):
@@ -166,12 +193,11 @@ def live_drops(run: ReplayRun) -> dict[str, int]:
 
 
 def compare(load: float, live: ReplayRun, sim: tuple[list[RequestResult], Counter[str]],
-            profile_only: list[RequestResult], slo_ms: float) -> dict[str, Any]:
+            others: dict[str, list[RequestResult]], slo_ms: float) -> dict[str, Any]:
     """One level's row: live and simulated figures side by side, and the relative errors; also the
-    simulator's figures with the start-up profile taken as the workers' true speed."""
+    goodput and p99 of the `others` simulations (name -> results), for comparison."""
     window = live.window_s or None
     a, b = summarize(live.results, slo_ms, window), summarize(sim[0], slo_ms, window)
-    c = summarize(profile_only, slo_ms, window)["routes"]["all"]
     la, lb = a["routes"]["all"], b["routes"]["all"]
     row = {"load": load, "offered_rps": la["offered_rps"],
            "live_goodput_rps": la["goodput_rps"], "sim_goodput_rps": lb["goodput_rps"],
@@ -179,11 +205,22 @@ def compare(load: float, live: ReplayRun, sim: tuple[list[RequestResult], Counte
            "live_p99_ms": la["latency_ms"]["p99"], "sim_p99_ms": lb["latency_ms"]["p99"],
            "live_outcomes": la["outcomes"], "sim_outcomes": lb["outcomes"],
            "live_drops": live_drops(live), "sim_drops": dict(sorted(sim[1].items())),
-           "live_sender_saturated": a["sender"]["saturated"], "live_sender_lag_p99_ms": a["sender"]["lag_ms"]["p99"],
-           "profile_sim_goodput_rps": c["goodput_rps"], "profile_sim_p99_ms": c["latency_ms"]["p99"]}
+           "live_sender_saturated": a["sender"]["saturated"], "live_sender_lag_p99_ms": a["sender"]["lag_ms"]["p99"]}
+    for name, results in others.items():
+        c = summarize(results, slo_ms, window)["routes"]["all"]
+        row[f"{name}_sim_goodput_rps"], row[f"{name}_sim_p99_ms"] = c["goodput_rps"], c["latency_ms"]["p99"]
     row["goodput_rel_err"] = rel_err(row["live_goodput_rps"], row["sim_goodput_rps"])
     row["p99_rel_err"] = rel_err(row["live_p99_ms"], row["sim_p99_ms"])
     return row
+
+
+def _speed_json(speed: Calibration, calibration: Calibration) -> dict[str, Any]:
+    """What a level measured, and its compute time relative to the calibration's (both as ratios to
+    the start-up profile's prediction for their own batches)."""
+    ratio = (speed.profile_ratio / calibration.profile_ratio
+             if speed.profile_ratio and calibration.profile_ratio else None)
+    return {"model": speed.model.to_dict(), "compute_vs_calibration": ratio, "batches": speed.batches,
+            "request_overhead_ms": speed.request_overhead_ms, "batch_overhead_ms": speed.batch_overhead_ms}
 
 
 def rel_err(live: float | None, sim: float | None) -> float | None:
@@ -212,10 +249,15 @@ def validate(options: ValidateOptions, out_dir: str | Path) -> dict[str, Any]:
             for log in Path(scratch).glob("stack.log"):
                 shutil.copy(log, out / "stack.log")
     world = with_overheads(settings, live.calibration)
-    simulated = simulate_segments(live.segments, world, live.calibration.model, live.profile, live.runs)
+    measured = [None, *live.measured]  # the calibration segment runs at the calibration's speed
+    simulated = simulate_segments(live.segments, world, live.calibration.model, live.profile, live.runs, measured)
+    held_out = simulate_segments(live.segments, world, live.calibration.model, live.profile, live.runs)
     profile_only = simulate_segments(live.segments, world, live.profile, live.profile, live.runs)
-    levels = [compare(load, run, sim, other[0], slo_ms)
-              for load, run, sim, other in zip(options.levels, live.runs[1:], simulated[1:], profile_only[1:])]
+    levels = [compare(load, run, sim, {"calibration": cal[0], "profile": other[0]}, slo_ms)
+              for load, run, sim, cal, other in zip(options.levels, live.runs[1:], simulated[1:], held_out[1:],
+                                                    profile_only[1:])]
+    for row, speed in zip(levels, live.measured):
+        row["measured"] = None if speed is None else _speed_json(speed, live.calibration)
     errors = [e for row in levels for e in (row["goodput_rel_err"], row["p99_rel_err"])]
     summary = {"levels": levels, "max_rel_err": None if None in errors else max(errors, default=0.0),
                "capacity_rps": live.capacity_rps, "slo_ms": slo_ms, "duration_s": options.duration_s,

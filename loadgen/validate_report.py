@@ -22,8 +22,10 @@ def write_validation(out: Path, summary: dict[str, Any], live: list[ReplayRun], 
     """Write the files above; returns the HTML page's path."""
     (out / "validate.json").write_text(json.dumps(clean_json(summary), indent=2))
     parts = [meta_table({k: v for k, v in summary.items() if k not in ("levels", "calibration")}),
-             "<h2>Levels</h2><p>sim: the workers at the speed they reported for the calibration batches; "
-             "profile-only: at the speed of their start-up profile.</p>" + levels_table(summary["levels"]),
+             "<h2>Levels</h2><p>sim: the workers at the speed they reported for the level's own batches; "
+             "calibration-only: at the speed they reported for the calibration batches; profile-only: at the "
+             "speed of their start-up profile. Compute vs calibration: the level's compute time over the "
+             "calibration's, both relative to the start-up profile.</p>" + levels_table(summary["levels"]),
              "<h2>Calibration</h2>" + meta_table(summary["calibration"])]
     for row, run, results in zip(summary["levels"], live, sim):
         folder = out / f"level-{row['load']:g}"
@@ -38,12 +40,15 @@ def write_validation(out: Path, summary: dict[str, Any], live: list[ReplayRun], 
 
 def levels_table(levels: list[dict[str, Any]]) -> str:
     header = ["load", "offered/s", "goodput/s live", "sim", "err", "p50 ms live", "sim", "p99 ms live", "sim", "err",
-              "drops live", "drops sim", "profile-only sim: goodput/s", "p99 ms"]
+              "drops live", "drops sim", "compute vs calibration", "calibration-only sim: goodput/s", "p99 ms",
+              "profile-only sim: goodput/s", "p99 ms"]
     rows = []
     for r in levels:
         rows.append([f"{r['load']:g}", fmt(r["offered_rps"]), fmt(r["live_goodput_rps"]), fmt(r["sim_goodput_rps"]),
                      _pct(r["goodput_rel_err"]), fmt(r["live_p50_ms"]), fmt(r["sim_p50_ms"]), fmt(r["live_p99_ms"]),
                      fmt(r["sim_p99_ms"]), _pct(r["p99_rel_err"]), _counts(r["live_drops"]), _counts(r["sim_drops"]),
+                     fmt((r.get("measured") or {}).get("compute_vs_calibration")),
+                     fmt(r["calibration_sim_goodput_rps"]), fmt(r["calibration_sim_p99_ms"]),
                      fmt(r["profile_sim_goodput_rps"]), fmt(r["profile_sim_p99_ms"])])
     return table_html(header, rows)
 

@@ -6,6 +6,7 @@ import pytest
 
 from loadgen.capacity import capacity_report, kingman_latency_ms, kingman_wait_ms, workload_facts
 from loadgen.service import load_service_model
+from loadgen.sim_world import Jitter, Speed
 from loadgen.simulator import SimSettings, Simulator, simulate
 from loadgen.sweep import sweep
 from loadgen.synth import SynthSpec, synthesize
@@ -152,3 +153,14 @@ def test_a_partial_batch_waits_while_its_worker_is_busy_longer_than_max_batch_wa
     assert held[1].done_ms == held[2].done_ms == pytest.approx(7.0 + 8.0)
     eager = simulate(make_trace(records), base.with_knobs({"max_batch_wait_ms": 20.0}), _batch_cost)
     assert eager[1].done_ms == pytest.approx(14.0) and eager[2].done_ms == pytest.approx(21.0)
+
+
+def test_the_workers_compute_at_the_speed_of_the_period_a_batch_is_sent_in():
+    # The same one-sample request at 0 ms and at 2,000 ms; from 1 s on the workers take three times
+    # as long (a segment measured slower live), while the gateway's predictions start from one profile.
+    records = [TraceRecord(t_ms=t, route="score", sample_tokens=(10,)) for t in (0.0, 2000.0)]
+    slow = lambda route, batch, tokens: 3.0 * _batch_cost(route, batch, tokens)  # noqa: E731
+    speeds = [Speed(0.0, _batch_cost, Jitter((), 0)), Speed(1.0, slow, Jitter((), 0))]
+    results = Simulator(SimSettings(score_deadline_ms=1000.0), _batch_cost, speeds=speeds).run(make_trace(records))
+    assert [r.outcome for r in results] == ["ok", "ok"]
+    assert results[1].latency_ms == pytest.approx(3.0 * results[0].latency_ms)

@@ -41,6 +41,9 @@ def test_validate_replays_each_level_live_and_simulated(demo_artifacts, tmp_path
         live, sim = (folder / "live.jsonl").read_text(), (folder / "sim.jsonl").read_text()
         assert len(live.splitlines()) == len(sim.splitlines()) == sum(row["live_outcomes"].values())
     assert summary["calibration"]["batches"] > 0 and "score" in summary["calibration"]["model"]
+    for row in summary["levels"]:  # the speed each level was simulated at, measured on its own batches
+        assert row["measured"]["batches"] > 0 and "score" in row["measured"]["model"]
+        assert isinstance(row["calibration_sim_goodput_rps"], float)
     page = (out / "index.html").read_text()
     assert "Levels" in page and page.count("data:image/png;base64,") == 3
     assert '"batch_done"' in (out / "stack.log").read_text()
