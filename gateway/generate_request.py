@@ -49,11 +49,11 @@ def _spec(body: Any, limits: Limits) -> GenerateSpec:
     if (body.prompt is None) == (body.input_ids is None):
         raise ApiError("invalid_request", "give exactly one of $.prompt (a string) or $.input_ids (a list of "
                                           "token ids)")
-    beam_width = body.beam_width or min(DEFAULT_BEAM_WIDTH, limits.max_beam_width)
+    beam_width = body.beam_width or min(DEFAULT_BEAM_WIDTH, limits.bounds.max_beam_width)
     num_return = body.num_return_sequences or 1
     if num_return > beam_width:
         raise ApiError("invalid_request", f"$.num_return_sequences = {num_return} must not exceed "
                                           f"$.beam_width = {beam_width}")
     prompt = body.prompt if body.input_ids is None else body.input_ids
-    return GenerateSpec(prompt, beam_width, body.max_new_tokens or limits.max_new_tokens, num_return,
+    return GenerateSpec(prompt, beam_width, body.max_new_tokens or limits.bounds.max_new_tokens, num_return,
                         body.deadline_ms)

@@ -13,6 +13,7 @@ from gateway.job import Job, wait_all
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.tokenizer import RequestTokenizer
+from shared.bounds import BeamShape, beam_problem
 
 
 class GenerateService:
@@ -33,9 +34,10 @@ class GenerateService:
         prompt = self._tokenizer.encode([spec.prompt])[0]
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
-        if len(prompt) > self._limits.max_prompt_tokens:
-            raise ApiError("too_large", f"the prompt is {len(prompt)} tokens long; the compiled bound is "
-                                        f"{self._limits.max_prompt_tokens} prompt tokens (nothing was truncated)")
+        problem = beam_problem(self._limits.bounds, BeamShape(1, len(prompt), spec.beam_width, spec.max_new_tokens))
+        if problem:
+            words = problem.message("the request", "the prompt", name_bound=False)
+            raise ApiError("too_large", f"{words} (nothing was truncated)")
         if not prompt:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)

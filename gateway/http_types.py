@@ -85,7 +85,7 @@ class _Fields:
         """`limits.<limit>` as a compiled bound on a length (max_length) or a value (le)."""
         if not self.compiled_bounds:
             return Meta()
-        return Meta(**{key: getattr(self.limits, limit)}, extra={"too_large": too_large},
+        return Meta(**{key: self.limits.limit(limit)}, extra={"too_large": too_large},
                     extra_json_schema={"x-compiled-bound": limit})
 
     def ids(self, limit: str, too_large: str, min_length: int | None = 1) -> Any:

@@ -57,7 +57,6 @@ class Job:
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     state: JobState = QUEUED
     enqueued_at: float = 0.0
-    sent_at: float = 0.0
     expiry: asyncio.TimerHandle | None = None
 
     samples: int = field(init=False)

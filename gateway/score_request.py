@@ -86,7 +86,7 @@ def _ours(body: Any, limits: Limits) -> ScoreSpec:
     labels, label_ids = _labels(body, output)
     if body.top_k is not None and output != "topk":
         raise invalid(f"$.top_k is only used with output 'topk', not {output!r}")
-    top_k = (body.top_k or min(5, limits.max_top_k)) if output == "topk" else 0
+    top_k = (body.top_k or min(5, limits.bounds.max_top_k)) if output == "topk" else 0
     return ScoreSpec(samples, labels, label_ids, output, top_k, body.deadline_ms, "boundserve")
 
 

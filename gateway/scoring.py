@@ -25,6 +25,7 @@ from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.score_request import ScoreSpec
 from gateway.tokenizer import RequestTokenizer
+from shared.bounds import ScoreShape, score_problem
 
 
 class ScoreService:
@@ -71,19 +72,19 @@ class ScoreService:
         return _answer(spec, label_ids, arrays, (prompt_tokens, cached_tokens), request_id, self._tokenizer)
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
-        bound = self._limits.max_tokens_per_sample
         for i, ids in enumerate(token_ids):
-            if len(ids) > bound:
-                raise ApiError("too_large", f"sample {i} is {len(ids)} tokens long; the compiled bound is {bound} "
-                                            "tokens per sample (nothing was truncated)")
+            problem = score_problem(self._limits.bounds, ScoreShape.sample(len(ids)))
+            if problem:
+                raise ApiError("too_large", f"{problem.message(part=f'sample {i}', name_bound=False)} "
+                                            "(nothing was truncated)")
             if not ids:
                 raise ApiError("invalid_request", f"sample {i} tokenizes to no tokens; every sample needs one")
 
     def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
               deadline: float) -> list[Job]:
-        limits = self._limits
-        prefix_len = sharing.shared_prefix_len(token_ids, limits.min_shared_prefix_tokens, limits.max_prefix_tokens)
-        chunks = sharing.chunks(token_ids, prefix_len, limits.max_samples_per_batch, limits.max_tokens_per_batch)
+        limits, bounds = self._limits, self._limits.bounds
+        prefix_len = sharing.shared_prefix_len(token_ids, limits.min_shared_prefix_tokens, bounds.max_prefix_tokens)
+        chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
         return [
             Job(request_id if len(chunks) == 1 else f"{request_id}#{k}", "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",

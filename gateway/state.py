@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.admission import Admission
-from gateway.batcher import BatchBounds, Batcher
+from gateway.batcher import Batcher
 from gateway.generation import GenerateService
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.scoring import ScoreService
 from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
+from shared.bounds import batch_bounds
 from shared.config import DeploymentConfig
 
 
@@ -57,10 +58,7 @@ class Gateway:
         metrics = Metrics()
         pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
                           lambda ms: metrics.observe_stage("worker", ms))
-        bounds = {
-            "score": BatchBounds(limits.max_samples_per_batch, limits.max_tokens_per_batch, limits.max_labels),
-            "beam": BatchBounds(limits.max_beam_requests_per_batch, 1 << 40, 0),
-        }
+        bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
         margin, predict = gw.admission_margin_ms, settings.admission_enabled and gw.admission
         batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, predict)
                     for w, b in bounds.items()}

@@ -24,6 +24,7 @@ from gateway.job import SENT, Job
 from gateway.latency import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol as p
+from shared.bounds import batch_capacity
 from shared.policy import busy_ms
 
 log = logging.getLogger("gateway.worker")
@@ -55,7 +56,6 @@ class WorkerLink:
         self.worker_id = ""
         self.models: dict[str, CorrectedModel] = {}
         self.in_flight: dict[int, InFlight] = {}
-        self.queue_depth = 0
         self.out_of_service_since: float | None = None
         """Loop time at which a worker that had been ready was declared lost or stalled."""
         self._clock = clock
@@ -136,7 +136,7 @@ class WorkerLink:
         self.in_flight[batch_id] = InFlight(workload, {j.request_id: j for j in jobs}, now, predicted_ms,
                                             items, tokens / max(1, items))
         for job in jobs:
-            job.state, job.sent_at = SENT, now
+            job.state = SENT
         return True
 
     def _send(self, message: p.Message) -> bool:
@@ -175,12 +175,8 @@ class WorkerLink:
         self._on_change()
 
     def _adopt_models(self, ready: p.Ready) -> None:
-        bounds = ready.bounds
-        items = {"score": bounds.get("max_samples_per_batch", 1),
-                 "beam": bounds.get("max_beam_requests_per_batch", 1) * bounds.get("max_beam_width", 1)}
-        tokens = {"score": bounds.get("max_tokens_per_batch", 1), "beam": 1 << 40}
         old = self.models
-        self.models = {w: CorrectedModel(m, items.get(w, 1), tokens.get(w, 1)) for w, m in ready.latency.items()
+        self.models = {w: CorrectedModel(m, *batch_capacity(ready.bounds, w)) for w, m in ready.latency.items()
                        if w in ready.workloads}
         for workload, model in self.models.items():  # keep what was learnt across a reconnect
             if workload in old:
@@ -211,7 +207,6 @@ class WorkerLink:
         self._on_change()
 
     def _on_heartbeat(self, beat: p.Heartbeat) -> None:
-        self.queue_depth = beat.queue_depth
         if beat.draining and self.state == READY:
             self.state = DRAINING
             self._on_change()

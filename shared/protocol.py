@@ -2,7 +2,7 @@
 
 A message travels as two ZeroMQ frames: one byte naming its type (the union's tag: `TYPE` of each
 message class), then a msgpack array of the message's fields in declaration order (nested records
-likewise; `Ready.latency` values are maps of their four coefficients). The worker binds a ROUTER
+likewise; `Ready.bounds` and `Ready.latency` values are maps of their fields). The worker binds a ROUTER
 socket, gateways connect DEALER sockets, so on the worker side a peer identity frame comes first.
 
 Conversation:
@@ -35,9 +35,12 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
+from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 
-PROTOCOL_VERSION = 3  # 3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}
+PROTOCOL_VERSION = 4
+"""3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
+4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -123,20 +126,12 @@ class Ready(Record):
     pid: int
     workloads: tuple[str, ...]
     """Subset of ("score", "beam") this worker serves."""
-    bounds: dict[str, int]
-    """The [bounds] section the artifacts were compiled with."""
+    bounds: Bounds
+    """The bounds the artifacts were compiled with (a map of every Bounds field)."""
     model: dict[str, Scalar]
     """Model facts from the manifest (e.g. hidden_size, vocab_size, head_size)."""
     latency: dict[str, LatencyModel]
     """Per workload; B and L as defined in shared/latency_model.py."""
-    latency_rmse_ms: dict[str, float]
-    max_queued_batches: int
-    num_streams: int
-    heartbeat_interval_ms: int
-    static_prefix_ids: TokenIds = ()
-    """The deployment's static prefix (tokens of the template header whose keys/values the worker
-    computed at load): a sample or shared prefix that starts with them (and is longer) costs them
-    nothing. Empty when the deployment has none."""
 
 
 class ScoreRequest(Record):
@@ -285,8 +280,8 @@ class Heartbeat(Record):
 
     TYPE: ClassVar[int] = 7
     worker_id: str
-    seq: int
     queue_depth: int
+    """Batches queued, not yet computing (with in_flight: whether a stalled worker has caught up)."""
     in_flight: int
     draining: bool
     counters: WorkerCounters
@@ -486,11 +481,6 @@ def _check_results(message: ScoreResults | BeamResults) -> None:
     _require_finite(message.compute_ms, "compute_ms")
 
 
-def _check_ready(ready: Ready) -> None:
-    for workload, rmse_ms in ready.latency_rmse_ms.items():
-        _require_finite(rmse_ms, f"latency_rmse_ms[{workload!r}]")
-
-
 def _check_bin_len(value: Any, limit: int, path: str) -> None:
     """Every bytes field inside `value` is at most `limit` bytes long."""
     if isinstance(value, bytes):
@@ -512,5 +502,4 @@ _CHECKS: dict[type, Callable[[Any], None]] = {
     BeamBatch: _check_beam_batch,
     ScoreResults: _check_results,
     BeamResults: _check_results,
-    Ready: _check_ready,
 }

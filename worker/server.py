@@ -46,7 +46,6 @@ class WorkerServer:
         self.peers: dict[bytes, str] = {}  # ROUTER identity -> gateway id
         self.stop_requested = False
         self.draining = False
-        self.heartbeat_seq = 0
         self.handlers = {Hello: self.on_hello, ScoreBatch: self.on_batch, BeamBatch: self.on_batch,
                          Shutdown: self.on_shutdown, Goodbye: self.on_goodbye}
 
@@ -200,8 +199,7 @@ class WorkerServer:
             self._send_frames(router, frames[0].bytes, frames[1:])
 
     def _heartbeat(self, router: zmq.Socket) -> None:
-        self.heartbeat_seq += 1
-        beat = Heartbeat(worker_id=self.ready.worker_id, seq=self.heartbeat_seq, queue_depth=self.queue.depth,
+        beat = Heartbeat(worker_id=self.ready.worker_id, queue_depth=self.queue.depth,
                          in_flight=self.stats.in_flight, draining=self.draining, counters=self.stats.counters())
         frames = encode(beat)
         for peer in list(self.peers):
@@ -215,10 +213,10 @@ class WorkerServer:
         counters = self.stats.counters()
         return counters.batches_computed, counters.errors, counters.requests_expired
 
-    def publish_latency(self, latency: dict, rmse_ms: dict) -> None:
+    def publish_latency(self, latency: dict) -> None:
         """From the refit thread: the Ready that answers every Hello from now on carries the refit
         (one reference swap; gateways already connected keep correcting their model online)."""
-        self.ready = msgspec.structs.replace(self.ready, latency=latency, latency_rmse_ms=rmse_ms)
+        self.ready = msgspec.structs.replace(self.ready, latency=latency)
         self.log.info("profile_adopted")
 
     def _begin_drain(self, router: zmq.Socket) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from compile.runtime import load_nodes
+from shared.bounds import Bounds
 from shared.config import DeploymentConfig, WorkerConfig
 from shared.protocol import PROTOCOL_VERSION, BeamBatch, Ready, ScoreBatch
 from worker.bounds_check import check_beam_batch, check_score_batch
@@ -37,16 +38,16 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     nodes = load_nodes(artifacts, device)  # raises ArtifactMismatch for another machine
     manifest = nodes.manifest
     bounds = manifest["bounds"]
+    compiled = Bounds.from_manifest(bounds)
     vocab_size = manifest["model"]["vocab_size"]
     lanes = make_lanes(device, config.worker, bounds)
     runners, checks = {}, {}
-    static_ids = static_prefix_ids(manifest)
     if nodes.score is not None:
         runners[ScoreBatch] = ScoreRunner(nodes.score)
-        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=bounds, vocab_size=vocab_size)
+        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=compiled, vocab_size=vocab_size)
     if nodes.beam is not None:
         runners[BeamBatch] = BeamRunner(nodes.beam)
-        checks[BeamBatch] = functools.partial(check_beam_batch, bounds=bounds, vocab_size=vocab_size)
+        checks[BeamBatch] = functools.partial(check_beam_batch, bounds=compiled, vocab_size=vocab_size)
     log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes),
              workloads=[t.__name__ for t in runners])
     plans = plan_batches(runners, bounds, vocab_size)
@@ -55,12 +56,8 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     profiles, refit_factory = _profiles(plans, lanes, bounds, config.worker, cache, log)
     ready = Ready(
         protocol_version=PROTOCOL_VERSION, worker_id=worker_id, device=device, pid=os.getpid(),
-        workloads=tuple(profiles), bounds={k: int(v) for k, v in bounds.items()},
-        model=model_facts(manifest, nodes),
+        workloads=tuple(profiles), bounds=compiled, model=model_facts(manifest, nodes),
         latency={w: p.model for w, p in profiles.items()},
-        latency_rmse_ms={w: p.rmse_ms for w, p in profiles.items()},
-        max_queued_batches=config.worker.max_queued_batches, num_streams=len(lanes),
-        heartbeat_interval_ms=config.worker.heartbeat_interval_ms, static_prefix_ids=static_ids,
     )
     pool_factory = functools.partial(_make_pool, lanes, runners, log)
     return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log, refit_factory)
@@ -109,15 +106,10 @@ def _save_profiles(cache: Path | None, profiles: dict[str, Profile], log: JsonLo
 def _make_refit(plans, cached, lane, config, cache, log, server: WorkerServer) -> BackgroundRefit:
     def publish(profiles: dict[str, Profile]) -> None:
         _save_profiles(cache, profiles, log)
-        server.publish_latency({w: p.model for w, p in profiles.items()}, {w: p.rmse_ms for w, p in profiles.items()})
+        server.publish_latency({w: p.model for w, p in profiles.items()})
 
     return BackgroundRefit(plans, cached, lane, config.profile_repeats, config.profile_budget_s, server.activity,
                            publish, log)
-
-
-def static_prefix_ids(manifest: dict) -> tuple[int, ...]:
-    """The score node's static prefix (manifest nodes.score.static_prefix_ids; missing = none)."""
-    return tuple(int(t) for t in manifest.get("nodes", {}).get("score", {}).get("static_prefix_ids", ()))
 
 
 def model_facts(manifest: dict, nodes) -> dict:

@@ -1,18 +1,17 @@
 """BeamNode: the worker-side face of the beam-search node (compiled package or eager module).
 
-Checks a request against the compiled bounds, lays out the node's inputs (positions, prompt
-boundaries, the per-request prompt index) and cuts the outputs down to what was asked:
+Checks a request against the compiled bounds (shared/bounds.py's rules), lays out the node's inputs
+(positions, prompt boundaries, the per-request prompt index) and cuts the outputs down to what was asked:
 k = num_return_sequences candidates of max_new_tokens tokens, pad after each candidate's end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
 
-from shared.bounds import BoundsError
+from shared.bounds import BeamShape, Bounds, BoundsError, beam_problem, outside_vocabulary
 
 
 NO_CANDIDATE = -1.0e8  # scores at or below this are transformers' "impossible" (-1e9 or -inf)
@@ -25,22 +24,6 @@ class BeamOutput(NamedTuple):
     sequences: torch.Tensor  # [R, k, S] int64 new tokens only, pad id after a candidate's end
     scores: torch.Tensor  # [R, k] float32 cumulative log-prob / length ** length_penalty
     lengths: torch.Tensor  # [R, k] int64 new tokens per candidate (EOS included)
-
-
-@dataclass(frozen=True)
-class BeamBounds:
-    """What the node was compiled for (manifest["bounds"] names)."""
-
-    max_beam_width: int
-    max_new_tokens: int
-    max_prompt_tokens: int
-    max_beam_requests_per_batch: int
-    vocab_size: int
-
-    @classmethod
-    def from_manifest(cls, bounds: dict, vocab_size: int) -> "BeamBounds":
-        names = ("max_beam_width", "max_new_tokens", "max_prompt_tokens", "max_beam_requests_per_batch")
-        return cls(**{n: int(bounds[n]) for n in names}, vocab_size=vocab_size)
 
 
 def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, num_steps: int,
@@ -65,10 +48,11 @@ def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: 
 class BeamNode:
     """Run beam search for a batch of prompts: __call__(prompt_ids, prompt_lens, W, S, k) -> BeamOutput."""
 
-    def __init__(self, run: Callable, bounds: BeamBounds, early_stopping: bool | str, pad_id: int,
+    def __init__(self, run: Callable, bounds: Bounds, vocab_size: int, early_stopping: bool | str, pad_id: int,
                  device: str = "cpu"):
         self._run = run  # the loaded AOTI package (or the eager BeamModule)
         self.bounds = bounds
+        self.vocab_size = vocab_size
         self.early_stopping = early_stopping
         self.pad_id = pad_id
         self.device = torch.device(device)
@@ -77,8 +61,8 @@ class BeamNode:
     def from_package(cls, package: Callable, manifest: dict, device: str) -> "BeamNode":
         """The node compile/runtime.py builds for a loaded beam package."""
         facts = manifest["nodes"]["beam"]
-        bounds = BeamBounds.from_manifest(manifest["bounds"], manifest["model"]["vocab_size"])
-        return cls(package, bounds, facts["early_stopping"], facts["pad_id"], device)
+        bounds = Bounds.from_manifest(manifest["bounds"])
+        return cls(package, bounds, manifest["model"]["vocab_size"], facts["early_stopping"], facts["pad_id"], device)
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
                  num_return_sequences: int) -> BeamOutput:
@@ -97,25 +81,19 @@ class BeamNode:
         return BeamOutput(tokens.masked_fill(after_end, self.pad_id), scores, lens)
 
     def check(self, prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences) -> None:
-        """Raise BoundsError naming the first bound the request breaks."""
-        b = self.bounds
-        _within("num_beams", num_beams, 1, b.max_beam_width, "max_beam_width")
-        _within("max_new_tokens", max_new_tokens, 1, b.max_new_tokens, "max_new_tokens")
-        _within("num_return_sequences", num_return_sequences, 1, num_beams, "num_beams")
-        _within("requests in the batch", prompt_lens.numel(), 1, b.max_beam_requests_per_batch,
-                "max_beam_requests_per_batch")
+        """Raise BoundsError naming the first bound (shared/bounds.py) or consistency rule the request breaks."""
         if prompt_ids.dim() != 1 or prompt_lens.dim() != 1:
             raise BoundsError("prompt_ids and prompt_lens must be 1-D tensors")
-        if int(prompt_lens.min()) < 1:
-            raise BoundsError("every prompt needs at least one token")
-        _within("prompt length", int(prompt_lens.max()), 1, b.max_prompt_tokens, "max_prompt_tokens")
+        if prompt_lens.numel() < 1 or int(prompt_lens.min()) < 1:
+            raise BoundsError("a batch needs at least one prompt, and every prompt at least one token")
+        if num_beams < 1 or max_new_tokens < 1 or not 1 <= num_return_sequences <= num_beams:
+            raise BoundsError(f"num_beams = {num_beams} and max_new_tokens = {max_new_tokens} must be >= 1, "
+                              f"num_return_sequences = {num_return_sequences} between 1 and num_beams")
+        problem = beam_problem(self.bounds, BeamShape(prompt_lens.numel(), int(prompt_lens.max()), num_beams,
+                                                      max_new_tokens))
+        if problem:
+            raise BoundsError(str(problem))
         if int(prompt_lens.sum()) != prompt_ids.numel():
             raise BoundsError(f"prompt_lens sum to {int(prompt_lens.sum())} but prompt_ids has {prompt_ids.numel()}")
-        if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= b.vocab_size):
-            raise BoundsError(f"token ids must lie in [0, {b.vocab_size})")
-
-
-def _within(what: str, value: int, low: int, high: int, bound: str) -> None:
-    if not low <= value <= high:
-        raise BoundsError(f"{what} = {value} is outside [{low}, {high}] ({bound})")
-
+        if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.vocab_size):
+            raise BoundsError(outside_vocabulary("token id", self.vocab_size))

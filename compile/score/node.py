@@ -1,8 +1,8 @@
 """ScoreNode: the worker-side face of the compiled scoring package.
 
-Checks a batch against the compiled bounds (raising BoundsError before anything runs), lays it out
-as segments (compile/score/layout.py: shared prefixes computed once, the static prefix reused) and
-cuts the package's padded outputs down to the batch's samples, labels and k.
+Checks a batch against the compiled bounds (shared/bounds.py's rules; BoundsError before anything
+runs), lays it out as segments (compile/score/layout.py: shared prefixes computed once, the static
+prefix reused) and cuts the package's padded outputs down to the batch's samples, labels and k.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from compile.score.layout import plan_batch
 from compile.score.module import pack_inputs
-from shared.bounds import BoundsError
+from shared.bounds import Bounds, BoundsError, ScoreShape, outside_vocabulary, score_problem
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ScoreNode:
 
     def __init__(self, package: Any, manifest: dict, device: str):
         self.package = package
-        self.bounds = manifest["bounds"]
+        self.bounds = Bounds.from_manifest(manifest["bounds"])
         self.vocab_size = manifest["model"]["vocab_size"]
         facts = manifest["nodes"]["score"]
         self.has_head = "head" in facts["outputs"]
@@ -53,7 +53,7 @@ class ScoreNode:
         self.check(input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes)
         layout = plan_batch(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
                             self._static)
-        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds["max_labels"], layout)
+        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds.max_labels, layout)
         with torch.inference_mode():
             outputs = self.package(*(t.to(self.device, non_blocking=True) for t in args))
         outputs = [t[: layout.num_samples].cpu() for t in outputs]
@@ -66,34 +66,28 @@ class ScoreNode:
         )
 
     def check(self, input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes) -> None:
-        """Raise BoundsError naming the first bound or consistency rule the batch breaks."""
-        b = self.bounds
+        """Raise BoundsError naming the first bound (shared/bounds.py) or consistency rule the batch breaks."""
         for name, t in (("input_ids", input_ids), ("sample_lens", sample_lens), ("label_ids", label_ids),
                         ("prefix_lens", prefix_lens), ("group_sizes", group_sizes)):
             _check(t.dim() == 1, f"{name} must be a 1-D tensor")
-        _check(1 <= len(sample_lens) <= b["max_samples_per_batch"],
-               f"{len(sample_lens)} samples in a batch; compiled for 1 to {b['max_samples_per_batch']}")
+        _check(len(sample_lens) >= 1, "a batch needs at least one sample")
         _check(len(prefix_lens) == len(group_sizes) and int(group_sizes.min()) >= 1
                and int(group_sizes.sum()) == len(sample_lens),
                "group_sizes must hold one size >= 1 per prefix and add up to the number of samples")
-        _check(int(prefix_lens.min()) >= 0 and int(sample_lens.min()) >= 0, "lengths must not be negative")
-        max_prefix = b.get("max_prefix_tokens", b["max_tokens_per_sample"])
-        _check(int(prefix_lens.max()) <= max_prefix,
-               f"a shared prefix of {int(prefix_lens.max())} tokens; compiled for at most {max_prefix} "
-               "(max_prefix_tokens)")
+        _check(int(prefix_lens.min()) >= 0 and int(sample_lens.min()) >= 0 and top_k >= 0,
+               "lengths and top_k must not be negative")
         full = sample_lens + torch.repeat_interleave(prefix_lens, group_sizes)  # [B] whole-sample lengths
         _check(int(full.min()) >= 1, "every sample needs at least one token")
-        _check(int(full.max()) <= b["max_tokens_per_sample"],
-               f"a sample of {int(full.max())} tokens; compiled for at most {b['max_tokens_per_sample']}")
         given = int(prefix_lens.sum()) + int(sample_lens.sum())
         _check(given == len(input_ids), f"prefix and sample lengths add up to {given} but {len(input_ids)} token ids were given")
-        _check(len(input_ids) <= b["max_tokens_per_batch"],
-               f"{len(input_ids)} tokens in a batch; compiled for at most {b['max_tokens_per_batch']}")
-        _check(len(label_ids) <= b["max_labels"], f"{len(label_ids)} labels; compiled for at most {b['max_labels']}")
-        _check(0 <= top_k <= b["max_top_k"], f"top_k = {top_k}; compiled for 0 to {b['max_top_k']}")
-        for name, ids in (("token", input_ids), ("label token", label_ids)):
+        shape = ScoreShape(samples=len(sample_lens), longest_sample=int(full.max()),
+                           prefix_tokens=int(prefix_lens.max()), tokens=len(input_ids), labels=len(label_ids),
+                           top_k=top_k)
+        problem = score_problem(self.bounds, shape)
+        _check(problem is None, str(problem))
+        for noun, ids in (("token id", input_ids), ("label token id", label_ids)):
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-                raise BoundsError(f"a {name} id outside the vocabulary [0, {self.vocab_size})")
+                raise BoundsError(outside_vocabulary(noun, self.vocab_size))
 
 
 def _check(ok: bool, message: str) -> None:

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from compile.beam.module import BeamModule
-from compile.beam.node import BeamBounds, BeamNode
+from compile.beam.node import BeamNode
 from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
 from compile.beam.processors import PrefixConstraint, build_tables
 from compile.model import build_model
-from tests.compile.beam_reference import hf_beam
+from tests.compile.beam_reference import beam_bounds, hf_beam
 from tests.compile.reference import load_hf, random_batch
 
 LENGTHS = [6, 11]
@@ -23,7 +23,8 @@ def constrained_node(path, valid, steps=3):
     rule = beam_rule(read_generation_config(path))
     constraint = PrefixConstraint(build_tables(valid, ckpt.spec.vocab_size, steps), rule.eos_ids)
     module = BeamModule(build_model(ckpt.spec, ckpt.state_dict, torch.float32), rule, steps, constraint)
-    return BeamNode(module, BeamBounds(32, steps, 64, 4, ckpt.spec.vocab_size), rule.early_stopping, rule.pad_id), rule
+    node = BeamNode(module, beam_bounds(32, steps), ckpt.spec.vocab_size, rule.early_stopping, rule.pad_id)
+    return node, rule
 
 
 def semantic_ids(seed, count, length, alphabet=range(3, 60)):

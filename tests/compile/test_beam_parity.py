@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from compile.beam.module import BeamModule
-from compile.beam.node import BeamBounds, BeamNode
+from compile.beam.node import BeamNode
 from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model
-from tests.compile.beam_reference import assert_same_as_hf, hf_beam
+from tests.compile.beam_reference import assert_same_as_hf, beam_bounds, hf_beam
 from tests.compile.reference import load_hf, random_batch
 
 LENGTHS = [5, 17, 2]
@@ -28,8 +28,8 @@ def eager_node(path, max_beams=32):
     ckpt = load_checkpoint(path, "float32")
     rule = beam_rule(read_generation_config(path))
     module = BeamModule(build_model(ckpt.spec, ckpt.state_dict, torch.float32), rule, MAX_STEPS)
-    bounds = BeamBounds(max_beams, MAX_STEPS, 64, 4, ckpt.spec.vocab_size)
-    return BeamNode(module, bounds, rule.early_stopping, rule.pad_id), rule, ckpt.spec.vocab_size
+    bounds = beam_bounds(max_beams, MAX_STEPS)
+    return BeamNode(module, bounds, ckpt.spec.vocab_size, rule.early_stopping, rule.pad_id), rule, ckpt.spec.vocab_size
 
 
 def set_generation(path, **fields):

@@ -79,11 +79,11 @@ def test_bf16_package_error_is_no_worse_than_transformers_bf16(demo_checkpoint):
 
 
 @pytest.mark.parametrize("lengths,labels,top_k,message", [
-    ([4] * 9, 2, 1, "9 samples in a batch; compiled for 1 to 8"),
-    ([65], 2, 1, "a sample of 65 tokens; compiled for at most 64"),
-    ([64, 64, 64, 64, 1], 2, 1, "257 tokens in a batch; compiled for at most 256"),
-    ([4], 9, 1, "9 labels; compiled for at most 8"),
-    ([4], 2, 6, "top_k = 6; compiled for 0 to 5"),
+    ([4] * 9, 2, 1, "the batch holds 9 samples; the compiled bound is 8 samples per batch"),
+    ([65], 2, 1, "a sample is 65 tokens long; the compiled bound is 64 tokens per sample"),
+    ([64, 64, 64, 64, 1], 2, 1, "the batch holds 257 tokens .a shared prefix once.; the compiled bound is 256 tokens"),
+    ([4], 9, 1, "the batch holds 9 label ids; the compiled bound is 8 label ids"),
+    ([4], 2, 6, "the batch asks top_k = 6; the compiled bound is 5"),
     ([0, 4], 2, 1, "every sample needs at least one token"),
 ])
 def test_out_of_bounds_batches_are_refused(demo_artifacts, lengths, labels, top_k, message):

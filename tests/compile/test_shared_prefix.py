@@ -91,14 +91,14 @@ def test_duplicate_samples_share_everything(demo_artifacts, demo_checkpoint):
 def test_a_prefix_over_its_bound_is_refused_naming_it(demo_artifacts):
     node = load_nodes(demo_artifacts).score
     ids = torch.zeros(65, dtype=torch.int64)
-    with pytest.raises(BoundsError, match="shared prefix of 65 tokens.*max_prefix_tokens"):
+    with pytest.raises(BoundsError, match="a shared prefix is 65 tokens long.*max_prefix_tokens"):
         node(ids, torch.tensor([0]), LABELS, 1, torch.tensor([65]), torch.tensor([1]))
 
 
 @pytest.mark.parametrize("prefix_lens,group_sizes,sample_lens,message", [
     ([3], [3], [1, 1], "group_sizes must hold one size >= 1 per prefix and add up to the number of samples"),
     ([0], [2], [0, 2], "every sample needs at least one token"),
-    ([40], [2], [25, 1], "a sample of 65 tokens; compiled for at most 64"),
+    ([40], [2], [25, 1], "a sample is 65 tokens long; the compiled bound is 64 tokens per sample"),
 ])
 def test_inconsistent_groups_are_refused(demo_artifacts, prefix_lens, group_sizes, sample_lens, message):
     node = load_nodes(demo_artifacts).score

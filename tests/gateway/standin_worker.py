@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 from shared import protocol as p
+from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.prefix import computed_tokens
 
@@ -90,7 +91,7 @@ class StandInWorker:
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.endpoint)
         peers: set[bytes] = set()
-        next_beat, seq = time.monotonic(), 0
+        next_beat = time.monotonic()
         try:
             while not self._stop.is_set():
                 if sock.poll(10):
@@ -102,8 +103,7 @@ class StandInWorker:
                         sock.send_multipart(frames)
                     self._held.clear()
                 if time.monotonic() >= next_beat and not self.silent:
-                    seq += 1
-                    beat = p.Heartbeat("standin", seq, 0, 0, False, p.WorkerCounters())
+                    beat = p.Heartbeat("standin", 0, 0, False, p.WorkerCounters())
                     for peer in peers:
                         sock.send_multipart([peer, *p.encode(beat)])
                     next_beat = time.monotonic() + self.heartbeat_ms / 1000
@@ -130,10 +130,9 @@ class StandInWorker:
         sock.send_multipart([peer, *p.encode(reply)])
 
     def _ready(self) -> p.Ready:
-        return p.Ready(p.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"), BOUNDS,
-                       {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
-                       {"score": self.latency, "beam": self.latency}, {"score": 0.0, "beam": 0.0}, 8, 1,
-                       self.heartbeat_ms, self.static_prefix_ids)
+        return p.Ready(p.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"),
+                       Bounds.from_manifest(BOUNDS), {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
+                       {"score": self.latency, "beam": self.latency})
 
     def _compute(self, count: int) -> float:
         self.batch_sizes.append(count)

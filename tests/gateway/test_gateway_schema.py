@@ -35,7 +35,8 @@ from tests.gateway.standin_worker import BOUNDS
 
 VOCAB = 1024
 PLAIN = Limits.from_manifest(deployment([endpoint()]), {"bounds": BOUNDS}, VOCAB)
-LIMITS = [PLAIN, dataclasses.replace(PLAIN, constraints="catalog", max_samples_per_request=8, max_labels=3)]
+LIMITS = [PLAIN, dataclasses.replace(PLAIN, constraints="catalog", max_samples_per_request=8,
+                                          bounds=dataclasses.replace(PLAIN.bounds, max_labels=3))]
 PARSERS = {"POST /v1/score": parse_score, "POST /v1/generate": parse_generate}
 PATH = re.compile(r"\$(?:\.[A-Za-z_]\w*|\[\d+\])*")
 SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "database": None}
@@ -91,7 +92,7 @@ def over_beam_width(label: str, body: object, limits: Limits) -> bool:
     """num_return_sequences > beam_width: the one rule JSON Schema cannot state (parser: 400)."""
     if label != "POST /v1/generate" or not isinstance(body, dict):
         return False
-    width = body.get("beam_width") or min(4, limits.max_beam_width)
+    width = body.get("beam_width") or min(4, limits.bounds.max_beam_width)
     returns = body.get("num_return_sequences") or 1
     return all(type(v) is int for v in (width, returns)) and returns > width
 
@@ -127,7 +128,7 @@ def path_text(steps) -> str:
 
 
 def replacement_values(limits: Limits):
-    edges = [-1, 0, 1, 2, 4, 5, VOCAB - 1, VOCAB, limits.max_top_k + 1, limits.max_beam_width + 1,
+    edges = [-1, 0, 1, 2, 4, 5, VOCAB - 1, VOCAB, limits.bounds.max_top_k + 1, limits.bounds.max_beam_width + 1,
              limits.max_deadline_ms + 1, 2**63, 2**70, -(2**70)]
     return st.one_of(st.none(), st.booleans(), st.sampled_from(edges), st.integers(),
                      st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
@@ -145,7 +146,8 @@ def mutated(draw, body, limits: Limits):
     if kind == "replace":
         new = draw(replacement_values(limits))
     elif kind == "grow":
-        sizes = {limits.max_labels + 1, limits.max_samples_per_request + 1, limits.max_tokens_per_sample + 1}
+        bounds = limits.bounds
+        sizes = {bounds.max_labels + 1, limits.max_samples_per_request + 1, bounds.max_tokens_per_sample + 1}
         new = [value[0]] * draw(st.sampled_from(sorted(sizes)))
     else:
         new = dict(value)
@@ -242,11 +244,12 @@ def test_malformed_bodies_get_400_naming_the_field(raw, words):
 
 
 def test_a_rule_across_fields_is_answered_400_before_a_compiled_bound_413():
-    body = json.dumps({"samples": ["x"], "labels": ["yes"], "top_k": PLAIN.max_top_k + 1}).encode()
+    body = json.dumps({"samples": ["x"], "labels": ["yes"], "top_k": PLAIN.bounds.max_top_k + 1}).encode()
     with pytest.raises(ApiError) as refused:
         parse_score(body, PLAIN)  # top_k is over its bound, and not used with output 'probs' at all
     assert refused.value.status == 400 and "$.top_k is only used with output 'topk'" in refused.value.message
-    body = json.dumps({"prompt": "x", "beam_width": 2, "num_return_sequences": PLAIN.max_beam_width + 1}).encode()
+    body = json.dumps({"prompt": "x", "beam_width": 2,
+                       "num_return_sequences": PLAIN.bounds.max_beam_width + 1}).encode()
     with pytest.raises(ApiError) as refused:
         parse_generate(body, PLAIN)
     assert refused.value.status == 400 and "must not exceed $.beam_width = 2" in refused.value.message
@@ -269,7 +272,7 @@ def test_one_declaration_of_each_limit_serves_parser_and_schema():
     query = schemas["SglangScoreRequest"]["properties"]["query"]["anyOf"]
     assert {"type": "string", "maxLength": MAX_TEXT_CHARS} in query
     ids = next(s for s in query if s.get("type") == "array")
-    assert ids["maxItems"] == PLAIN.max_tokens_per_sample and ids["x-compiled-bound"] == "max_tokens_per_sample"
+    assert ids["maxItems"] == PLAIN.bounds.max_tokens_per_sample and ids["x-compiled-bound"] == "max_tokens_per_sample"
     def sglang(item: str) -> bytes:
         return json.dumps({"items": [item], "query": "x", "label_token_ids": [1]}).encode()
 
@@ -277,7 +280,7 @@ def test_one_declaration_of_each_limit_serves_parser_and_schema():
     with pytest.raises(ApiError) as refused:
         parse_score(sglang("q" * (MAX_TEXT_CHARS + 1)), PLAIN)
     assert refused.value.status == 400 and "$.items[0]" in refused.value.message
-    query_ids = json.dumps({"items": [[1]], "query": [2] * (PLAIN.max_tokens_per_sample + 1),
+    query_ids = json.dumps({"items": [[1]], "query": [2] * (PLAIN.bounds.max_tokens_per_sample + 1),
                             "label_token_ids": [1]}).encode()
     with pytest.raises(ApiError) as refused:
         parse_score(query_ids, PLAIN)

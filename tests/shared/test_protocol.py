@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import protocol as p
+from shared.bounds import Bounds
+from shared.config import BoundsConfig
 from shared.latency_model import LatencyModel
+
+BOUNDS_MAP = BoundsConfig(max_samples_per_batch=16).resolved()
+BOUNDS = Bounds.from_manifest(BOUNDS_MAP)
 
 
 def score_batch(token_dtype="int32"):
@@ -31,10 +36,9 @@ EXAMPLES = [
     p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id="gw-1"),
     p.Ready(
         protocol_version=p.PROTOCOL_VERSION, worker_id="w0", device="cpu", pid=123,
-        workloads=("score", "beam"), bounds={"max_samples_per_batch": 16},
+        workloads=("score", "beam"), bounds=BOUNDS,
         model={"hidden_size": 64, "dtype": "float32", "has_head": False, "scale": 0.5},
-        latency={"score": LatencyModel(0.1, 5.7, 0.01, 43.67)}, latency_rmse_ms={"score": 0.2},
-        max_queued_batches=8, num_streams=2, heartbeat_interval_ms=100, static_prefix_ids=(151644, 8948, 198),
+        latency={"score": LatencyModel(0.1, 5.7, 0.01, 43.67)},
     ),
     score_batch("int32"),
     score_batch("int64"),
@@ -60,7 +64,7 @@ EXAMPLES = [
                               scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes()),),
         queue_ms=0.0, compute_ms=1.5,
     ),
-    p.Heartbeat(worker_id="w0", seq=3, queue_depth=1, in_flight=2, draining=False,
+    p.Heartbeat(worker_id="w0", queue_depth=1, in_flight=2, draining=False,
                 counters=p.WorkerCounters(batches_computed=4, requests_expired=2)),
     p.Error(code=p.ErrorCode.OVERLOADED, message="queue full (8 batches)", batch_id=7),
     p.Error(code=p.ErrorCode.MALFORMED, message="bad frame"),
@@ -118,14 +122,15 @@ BAD = [
     ([b"\x03", body(1, "int32", [["r", float("nan"), b"\x00" * 4, [1], [], 0, False, 0]])], "requests\\[0\\].deadline_ms: expected a finite number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0, False, 0]] * 2)], "duplicate"),
     ([b"\x05", body(1, "int32", 2, 3, 5, [["r", 1.0, b"\x00" * 4]])], "num_return_sequences"),
-    ([b"\x02", body(1, "w", "cpu", 1, [], {}, {}, {"score": [1.0, 2.0]}, {}, 1, 1, 1, [])], "latency\\[...\\]: Expected `object`"),
+    ([b"\x02", body(1, "w", "cpu", 1, [], BOUNDS_MAP, {}, {"score": [1.0, 2.0]})], "latency\\[...\\]: Expected `object`"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, -1]])], "requests\\[0\\].prefix_len: Expected `int` >= 0"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [0, 2], [], 0, False, 0]])], ">= 1 token"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [-1, 1], [], 0, False, 2]])], "sample_lens\\[0\\]: Expected `int` >= 0"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 12, [0, 1], [], 0, False, 1]])], "prefix_len 1 \\+ sum 1 != 3"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, 0]])], "requests\\[0\\]: Expected `array` of at most length 8"),
     ([b"\x04", body(1, [["r", "ok", "", 0, b"", b"", b"", b"", b"", b"", b"", -2]], 0.0, 1.0)], "cached_tokens"),
-    ([b"\x02", body(2, "w", "cpu", 1, [], {}, {}, {}, {}, 1, 1, 1, [5, -1])], "static_prefix_ids"),
+    ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_top_k": "5"}, {}, {})], "bounds.max_top_k: Expected `int`"),
+    ([b"\x02", body(2, "w", "cpu", 1, [], {"max_top_k": 5}, {}, {})], "bounds: Object missing required field"),
     ([b"\x01", msgpack.packb(msgpack.ExtType(1, b"x"))], "ext"),
     ([b"\x03", body(1, "int32", [["", 1.0, b"\x00" * 4, [1], [], 0, False, 0]])], "requests\\[0\\].request_id"),
     ([b"\x03", body(1, "int32", [["r" * 257, 1.0, b"\x00" * 4, [1], [], 0, False, 0]])], "request_id: Expected `str` of length <= 256"),
@@ -135,8 +140,8 @@ BAD = [
     ([b"\x05", body(1, "int32", 2, 3, 1, [["r", 1.0, b""]])], "prompt_ids: a prompt needs at least one token"),
     ([b"\x06", body(1, [["r", "done", "", b"", b"", b""]], 0.0, 1.0)], "results\\[0\\].status: Invalid enum value 'done'"),
     ([b"\x06", body(1, [], float("inf"), 1.0)], "queue_ms: expected a finite number"),
-    ([b"\x07", body("w", 1, 0, 0, False, [1, 2, 3, 4, 5, 6])], "counters: Expected `array` of at most length 5"),
-    ([b"\x02", body(3, "w", "cpu", 1, [], {}, {}, {"score": {"alpha": 1.0}}, {}, 1, 1, 1, [])], "latency\\[...\\]: Object missing"),
+    ([b"\x07", body("w", 0, 0, False, [1, 2, 3, 4, 5, 6])], "counters: Expected `array` of at most length 5"),
+    ([b"\x02", body(3, "w", "cpu", 1, [], BOUNDS_MAP, {}, {"score": {"alpha": 1.0}})], "latency\\[...\\]: Object missing"),
     ([b"\x01", b"\x91" * 5000], "invalid Hello"),
 ]
 

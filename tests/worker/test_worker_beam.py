@@ -58,7 +58,7 @@ def test_beam_results_equal_the_node_called_directly(beam_worker, num_beams, ste
 
 def test_beam_batch_beyond_bounds_is_refused(beam_worker):
     _, client, ready = beam_worker
-    too_wide = ready.bounds["max_beam_width"] + 1
+    too_wide = ready.bounds.max_beam_width + 1
     batch = p.BeamBatch(batch_id=5, token_dtype="int32", num_beams=too_wide, max_new_tokens=1,
                         num_return_sequences=1, requests=(p.BeamRequest("w", 1000.0, p.pack_ids([1, 2])),))
     client.send(batch)

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 from shared import protocol as p
+from shared.bounds import Bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def full_batch(batch_id: int, bounds: dict, vocab: int, rng) -> p.ScoreBatch:
-    per = bounds["max_tokens_per_sample"]
-    count = min(bounds["max_samples_per_batch"], bounds["max_tokens_per_batch"] // per)
+def full_batch(batch_id: int, bounds: Bounds, vocab: int, rng) -> p.ScoreBatch:
+    per = bounds.max_tokens_per_sample
+    count = min(bounds.max_samples_per_batch, bounds.max_tokens_per_batch // per)
     ids = rng.integers(0, vocab, size=per * count)
     request = p.ScoreRequest(f"r{batch_id}", 60_000.0, p.pack_ids(ids), (per,) * count, (1, 2), 5, True)
     return p.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))

@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 from shared import protocol as p
+from shared.bounds import Bounds
 from shared.config import BoundsConfig, WorkerConfig
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch
 from worker.profiler import MIN_POINTS, beam_grid, profile_workload, score_grid
 
-BOUNDS = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
-                      max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
-                      max_new_tokens=4, max_beam_requests_per_batch=2, max_prefix_tokens=32).resolved()
+BOUNDS_MAP = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
+                          max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
+                          max_new_tokens=4, max_beam_requests_per_batch=2, max_prefix_tokens=32).resolved()
+BOUNDS = Bounds.from_manifest(BOUNDS_MAP)
 VOCAB = 100
 
 
@@ -39,14 +41,17 @@ def test_score_requests_out_of_bounds_are_refused_alone():
                    sreq("samples", [1] * 9))
     rejected = check_score_batch(batch, BOUNDS, VOCAB)
     assert sorted(rejected) == [1, 2, 3, 4, 5, 6]
-    assert "65 tokens" in rejected[1] and "top_k" in rejected[2] and "label ids" in rejected[3]
-    assert "vocabulary" in rejected[4] and "vocabulary" in rejected[5] and "9 samples" in rejected[6]
+    assert rejected[1] == "a sample is 65 tokens long; the compiled bound is 64 tokens per sample " \
+                          "(bounds.max_tokens_per_sample)"
+    assert "top_k = 6" in rejected[2] and "5 label ids" in rejected[3]
+    assert "vocabulary [0, 100)" in rejected[4] and "label token id outside" in rejected[5]
+    assert "the request holds 9 samples" in rejected[6]
 
 
 @pytest.mark.parametrize("requests,what", [
     ([sreq(f"r{i}", [64]) for i in range(5)], "tokens"),
     ([sreq(f"r{i}", [1, 1, 1]) for i in range(3)], "samples"),
-    ([sreq("a", [1], (1, 2, 3)), sreq("b", [1], (4, 5))], "distinct label ids"),
+    ([sreq("a", [1], (1, 2, 3)), sreq("b", [1], (4, 5))], "5 label ids"),
 ])
 def test_score_batch_totals_beyond_bounds_refuse_the_batch(requests, what):
     with pytest.raises(BatchRefused, match=what) as info:
@@ -61,9 +66,10 @@ def test_a_shared_prefix_counts_once_and_is_checked_against_its_bound():
     batch = sbatch(fits, over_prefix, over_sample, shared("empty-suffix", [1] * 5, [[], [2]]))
     rejected = check_score_batch(batch, BOUNDS, VOCAB)
     assert sorted(rejected) == [1, 2]
-    assert "33 tokens" in rejected[1] and "max_prefix_tokens = 32" in rejected[1]
+    assert "shared prefix is 33 tokens long" in rejected[1] and "bound is 32" in rejected[1]
+    assert "max_prefix_tokens" in rejected[1]
     assert "65 tokens" in rejected[2]
-    with pytest.raises(BatchRefused, match="batch has 278 tokens"):  # 150 + 128: over 256 together
+    with pytest.raises(BatchRefused, match="the batch holds 278 tokens"):  # 150 + 128: over 256 together
         check_score_batch(sbatch(fits, sreq("unshared", [64, 64])), BOUNDS, VOCAB)
 
 
@@ -73,8 +79,8 @@ def test_beam_checks():
         return p.BeamBatch(1, "int32", beams, steps, 1, reqs)
 
     assert check_beam_batch(batch(), BOUNDS, VOCAB) == {}
-    assert "prompt of 65" in check_beam_batch(batch(length=65), BOUNDS, VOCAB)[0]
-    for kwargs, what in (({"beams": 9}, "num_beams"), ({"steps": 5}, "max_new_tokens"), ({"n": 3}, "requests")):
+    assert "prompt is 65 tokens long" in check_beam_batch(batch(length=65), BOUNDS, VOCAB)[0]
+    for kwargs, what in (({"beams": 9}, "num_beams = 9"), ({"steps": 5}, "max_new_tokens = 5"), ({"n": 3}, "3 requests")):
         with pytest.raises(BatchRefused, match=what):
             check_beam_batch(batch(**kwargs), BOUNDS, VOCAB)
 
@@ -102,16 +108,16 @@ def test_queue_refuses_beyond_capacity_and_stops():
 
 
 def test_profiling_grid_stays_within_bounds_and_starts_with_corners():
-    points = score_grid(BOUNDS)
+    points = score_grid(BOUNDS_MAP)
     assert all(1 <= b <= 8 and 1 <= length <= 64 and b * length <= 256 for b, length in points)
     assert points[:2] == [(1, 4), (8, 32)] and len(set(points)) == len(points)
-    beams = beam_grid(BOUNDS)
+    beams = beam_grid(BOUNDS_MAP)
     assert beams[:2] == [(1, 2, 8), (2, 8, 64)] and len(beams) == 8
 
 
 def test_profile_fits_the_measured_points_and_respects_the_budget():
     calls = []
-    batches = [(b, length, (b, length)) for b, length in score_grid(BOUNDS)]
+    batches = [(b, length, (b, length)) for b, length in score_grid(BOUNDS_MAP)]
     config = WorkerConfig(warmup_runs=2, profile_repeats=2)
     profile = profile_workload(calls.append, batches, config, deadline=float("inf"))
     assert len(calls) == 3 + 2 * len(batches)  # warm-up: smallest twice, largest once; then 2 per point

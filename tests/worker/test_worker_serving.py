@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared import protocol as p
+from shared.bounds import Bounds
 
 batch_ids = itertools.count(1000)
 
@@ -45,13 +46,11 @@ def direct(node, ids, lens, labels, top_k):
 def test_ready_carries_bounds_model_and_latency(client, nodes):
     ready = client.ready
     assert ready.protocol_version == p.PROTOCOL_VERSION
-    assert ready.bounds == nodes.manifest["bounds"]
+    assert ready.bounds == Bounds.from_manifest(nodes.manifest["bounds"])
     assert "score" in ready.workloads and ready.model["vocab_size"] == nodes.manifest["model"]["vocab_size"]
     model = ready.latency["score"]
     assert min(model.alpha, model.beta, model.gamma, model.delta) >= 0
     assert model.predict_ms(8, 32) > 0
-    assert ready.max_queued_batches == 4 and ready.num_streams == 1
-    assert list(ready.static_prefix_ids) == nodes.manifest["nodes"]["score"].get("static_prefix_ids", [])
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
@@ -122,8 +121,7 @@ def test_shared_prefix_requests_equal_the_node_on_whole_samples(client, nodes):
 
 def test_a_shared_prefix_over_its_bound_is_refused_alone(client):
     bounds = client.ready.bounds
-    per_sample = bounds["max_tokens_per_sample"]
-    per_prefix = bounds.get("max_prefix_tokens", per_sample)
+    per_sample, per_prefix = bounds.max_tokens_per_sample, bounds.max_prefix_tokens
     # a prefix one token over its bound, or (when that bound is the sample bound) a sample one token over
     prefix_len, want = (per_prefix + 1, "max_prefix_tokens") if per_prefix < per_sample else (per_sample, "tokens")
     batch = score_batch(shared_request("long-prefix", [1] * prefix_len, [[2]]),
@@ -181,11 +179,11 @@ def test_expired_requests_are_answered_and_never_computed(client):
 def test_out_of_bounds_requests_and_batches_are_refused_then_service_continues(client):
     bounds, vocab = client.ready.bounds, client.ready.model["vocab_size"]
     rng = np.random.default_rng(4)
-    long_len = bounds["max_tokens_per_sample"] + 1
+    long_len = bounds.max_tokens_per_sample + 1
     batch = score_batch(
         score_request("too-long", token_ids(rng, vocab, long_len), (long_len,)),
         score_request("bad-id", [vocab + 5, 1], (2,)),
-        score_request("big-k", [1, 2], (2,), top_k=bounds["max_top_k"] + 1),
+        score_request("big-k", [1, 2], (2,), top_k=bounds.max_top_k + 1),
         score_request("fine", [1, 2, 3], (3,), (4,), 1),
     )
     client.send(batch)
@@ -196,8 +194,8 @@ def test_out_of_bounds_requests_and_batches_are_refused_then_service_continues(c
     assert statuses["big-k"][0] == "error" and "top_k" in statuses["big-k"][1]
     assert statuses["fine"][0] == "ok"
 
-    per = bounds["max_tokens_per_sample"]
-    count = bounds["max_tokens_per_batch"] // per + 1
+    per = bounds.max_tokens_per_sample
+    count = bounds.max_tokens_per_batch // per + 1
     too_big = score_batch(*(score_request(f"t{i}", token_ids(rng, vocab, per), (per,)) for i in range(count)))
     client.send(too_big)
     error = client.reply_to(too_big.batch_id)
@@ -243,8 +241,8 @@ def test_handshake_rules(worker_process, client_class):
 def test_full_queue_answers_overloaded_at_once(client):
     bounds, vocab = client.ready.bounds, client.ready.model["vocab_size"]
     rng = np.random.default_rng(5)
-    per = bounds["max_tokens_per_sample"]
-    count = bounds["max_tokens_per_batch"] // per
+    per = bounds.max_tokens_per_sample
+    count = bounds.max_tokens_per_batch // per
     batches = [score_batch(*(score_request(f"q{i}", token_ids(rng, vocab, per), (per,), (1,), 5) for i in range(count)))
                for _ in range(40)]
     for batch in batches:

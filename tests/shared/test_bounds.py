@@ -1,0 +1,69 @@
+"""shared/bounds.py: the typed bounds, the one check per workload, the rules' words, batch bounds."""
+
+import dataclasses
+
+from shared.bounds import (BeamShape, Bounds, Problem, ScoreShape, batch_bounds, batch_capacity, beam_problem,
+                           outside_vocabulary, score_problem)
+from shared.config import BoundsConfig
+
+MAP = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256, max_labels=4,
+                   max_top_k=5, max_prompt_tokens=32, max_beam_width=8, max_new_tokens=4,
+                   max_beam_requests_per_batch=2, max_prefix_tokens=16).resolved()
+BOUNDS = Bounds.from_manifest(MAP)
+
+
+def test_from_manifest_reads_every_bound_and_resolves_the_prefix_bound():
+    assert dataclasses.asdict(BOUNDS) == MAP
+    older = {k: v for k, v in MAP.items() if k != "max_prefix_tokens"}  # a manifest from before the bound
+    assert Bounds.from_manifest(older).max_prefix_tokens == 64
+    assert Bounds.from_manifest({**MAP, "max_prefix_tokens": 100}).max_prefix_tokens == 64  # never over a sample
+
+
+def test_a_score_shape_within_bounds_has_no_problem_and_each_bound_is_named():
+    fits = ScoreShape(samples=8, longest_sample=64, prefix_tokens=16, tokens=256, labels=4, top_k=5)
+    assert score_problem(BOUNDS, fits) is None
+    for field, bound in [("samples", "max_samples_per_batch"), ("longest_sample", "max_tokens_per_sample"),
+                         ("prefix_tokens", "max_prefix_tokens"), ("tokens", "max_tokens_per_batch"),
+                         ("labels", "max_labels"), ("top_k", "max_top_k")]:
+        over = dataclasses.replace(fits, **{field: getattr(fits, field) + 1})
+        problem = score_problem(BOUNDS, over)
+        assert problem == Problem(bound, getattr(fits, field) + 1, getattr(BOUNDS, bound))
+        assert f"(bounds.{bound})" in str(problem)
+
+
+def test_the_first_broken_rule_is_reported():
+    both = ScoreShape(samples=9, longest_sample=65, prefix_tokens=0, tokens=65, labels=0)
+    assert score_problem(BOUNDS, both).bound == "max_samples_per_batch"
+    assert score_problem(BOUNDS, ScoreShape.sample(65)).bound == "max_tokens_per_sample"
+
+
+def test_beam_shapes():
+    assert beam_problem(BOUNDS, BeamShape(requests=2, longest_prompt=32, num_beams=8, max_new_tokens=4)) is None
+    assert beam_problem(BOUNDS, BeamShape(1, 33, 1, 1)) == Problem("max_prompt_tokens", 33, 32)
+    assert beam_problem(BOUNDS, BeamShape(3, 33, 9, 1)).bound == "max_beam_width"  # settings before prompts
+    assert str(beam_problem(BOUNDS, BeamShape(1, 1, 1, 5))) == (
+        "the batch asks max_new_tokens = 5; the compiled bound is 4 decode steps (bounds.max_new_tokens)")
+
+
+def test_one_rule_worded_for_each_boundary():
+    sample = score_problem(BOUNDS, ScoreShape.sample(70))
+    # the gateway names the field and leaves the deployment's setting out (its users' message)
+    assert sample.message(part="sample 3", name_bound=False) == (
+        "sample 3 is 70 tokens long; the compiled bound is 64 tokens per sample")
+    # worker and node: the rule's own subject and the setting
+    assert str(sample) == "a sample is 70 tokens long; the compiled bound is 64 tokens per sample " \
+                          "(bounds.max_tokens_per_sample)"
+    samples = score_problem(BOUNDS, ScoreShape(9, 1, 0, 9, 0))
+    assert samples.message("the request").startswith("the request holds 9 samples")
+    prompt = beam_problem(BOUNDS, BeamShape(1, 40, 1, 1))
+    assert prompt.message("the request", "the prompt", name_bound=False) == (
+        "the prompt is 40 tokens long; the compiled bound is 32 prompt tokens")
+    assert outside_vocabulary("label token id", 100) == "a label token id outside the vocabulary [0, 100)"
+
+
+def test_batch_bounds_and_capacity_come_from_the_same_bounds():
+    score, beam = batch_bounds(BOUNDS, "score"), batch_bounds(BOUNDS, "beam", max_requests=1)
+    assert (score.max_jobs, score.max_tokens, score.max_labels, score.max_requests) == (8, 256, 4, 0)
+    assert (beam.max_jobs, beam.max_tokens, beam.max_labels, beam.max_requests) == (2, None, 0, 1)
+    assert batch_capacity(BOUNDS, "score") == (8, 256)
+    assert batch_capacity(BOUNDS, "beam") == (16, None)  # beams over all requests; no token bound
