@@ -23,6 +23,7 @@ from compile.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
 from compile.beam import module as beam_module
 from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
 from compile.fp8 import fp8_for_build
+from compile.linear import resolve_gemm, use_gemm
 from compile.machine import machine_facts
 from compile.model import Transformer, build_model
 from compile.score import export as score_export
@@ -80,6 +81,8 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
     dtype = DTYPES[checkpoint.spec.dtype if config.model.dtype == "auto" else config.model.dtype]
     device = config.model.device
     model = build_model(checkpoint.spec, checkpoint.state_dict, dtype).to(device)
+    gemm = resolve_gemm(config.model.gemm, dtype, device)
+    use_gemm(model, gemm)  # before fp8 calibration, so it measures the kernels that will run
     fp8 = fp8_for_build(config, model, progress.stage)  # [model] fp8: swaps chosen layers in place
     ctx = BuildContext(config, checkpoint, model, dtype, device)
     out.mkdir(parents=True, exist_ok=True)
@@ -102,6 +105,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
         "build_key": key,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "dtype": str(dtype).removeprefix("torch."),
+        "gemm": gemm,
         "machine": machine_facts(device),
         "bounds": config.bounds.resolved(),
         "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},

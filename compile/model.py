@@ -17,6 +17,7 @@ from torch import nn
 
 from compile import ops  # noqa: F401  (registers boundserve::varlen_attention and prefix_attention)
 from compile.checkpoint import ModelSpec
+from compile.linear import Linear, linear
 
 
 def last_token_index(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -89,8 +90,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.split = (q_dim, kv_dim, kv_dim)
-        self.qkv = nn.Linear(spec.hidden_size, q_dim + 2 * kv_dim, bias=spec.qkv_bias)
-        self.o = nn.Linear(q_dim, spec.hidden_size, bias=spec.o_bias)
+        self.qkv = Linear(spec.hidden_size, q_dim + 2 * kv_dim, bias=spec.qkv_bias)
+        self.o = Linear(q_dim, spec.hidden_size, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
@@ -106,13 +107,13 @@ class Attention(nn.Module):
         """Queries only, for rows that need no keys of their own: x [N, H] -> [N, Hq, D]."""
         q_dim = self.split[0]
         bias = None if self.qkv.bias is None else self.qkv.bias[:q_dim]
-        return self._finish_q(F.linear(x, self.qkv.weight[:q_dim], bias), cos, sin)
+        return self._finish_q(linear(x, self.qkv.weight[:q_dim], bias, self.qkv.backend), cos, sin)
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Keys and values only: x [T, H] -> k, v [T, Hkv, D]."""
         q_dim = self.split[0]
         bias = None if self.qkv.bias is None else self.qkv.bias[q_dim:]
-        k, v = F.linear(x, self.qkv.weight[q_dim:], bias).split(self.split[1:], dim=-1)
+        k, v = linear(x, self.qkv.weight[q_dim:], bias, self.qkv.backend).split(self.split[1:], dim=-1)
         return self._finish_kv(k, v, cos, sin)
 
     def _finish_q(self, q, cos, sin):
@@ -138,8 +139,8 @@ class Mlp(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.intermediate = spec.intermediate_size
-        self.gate_up = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
-        self.down = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.gate_up = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.down = Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
@@ -199,11 +200,12 @@ class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
+        self.gemm = "aten"  # the kernel of the output projection (compile/linear.py: use_gemm)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         if not spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.register_buffer("inv_freq", spec.rope.inv_freq(spec.head_dim), persistent=True)
 
     @property
@@ -241,7 +243,7 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""
-        return F.linear(self.norm(hidden), self.lm_head_weight).float()
+        return linear(self.norm(hidden), self.lm_head_weight, None, self.gemm).float()
 
 
 def build_model(spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> Transformer:

@@ -46,6 +46,9 @@ class ModelConfig:
     """float32 | bfloat16 | float16 | auto (the checkpoint's own torch_dtype)."""
     device: Device = "cpu"
     """cpu | cuda: the device the packages are compiled for."""
+    gemm: Literal["auto", "aten", "onednn"] = "auto"
+    """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul) or aten
+    (torch's default: MKL for float32 on a CPU); auto = onednn for float32 on a CPU, else aten."""
     fp8: bool = False
     """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss
     run torch._scaled_mm in float8 e4m3 with offline scales. Off by default."""

@@ -1,0 +1,60 @@
+"""Which matrix-multiply kernel the compiled nodes' linear layers call (the build option model.gemm).
+
+On the CPU, a float32 `F.linear` lowers to aten mm/addmm, which calls MKL's sgemm; on the AVX-512
+machine this was measured on, that ran at about half the rate of oneDNN's float32 matmul
+(`mkldnn::_linear_pointwise`, fed the plain [out, in] weight: no prepacking, so the weights keep
+their names and every node still shares one copy). bfloat16 linears already go to oneDNN through
+aten, so "auto" keeps aten for them. The op is CPU-only; CUDA builds always use aten.
+
+Backends: "aten" (F.linear) and "onednn" (mkldnn::_linear_pointwise). "auto" resolves per build.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GemmBackend = Literal["aten", "onednn"]
+GEMM_CHOICES = ("auto", "aten", "onednn")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: GemmBackend) -> torch.Tensor:
+    """x [N, in] @ weight [out, in]^T + bias [out] -> [N, out], on the chosen kernel."""
+    if backend == "onednn":
+        # Arguments after bias: no fused post-op ("none", its scalars, its algorithm).
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose kernel is set per build (`use_gemm`); same parameters and state-dict names."""
+
+    backend: GemmBackend = "aten"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.backend)
+
+
+def resolve_gemm(choice: str, dtype: torch.dtype, device: str) -> GemmBackend:
+    """The backend a build uses: "auto" picks oneDNN for float32 on a CPU with oneDNN, else aten."""
+    if choice not in GEMM_CHOICES:
+        raise ValueError(f"model.gemm = {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
+    on_cpu = device == "cpu" and torch.backends.mkldnn.is_available()
+    if choice == "onednn" and not on_cpu:
+        raise ValueError(f"model.gemm = 'onednn' needs a CPU build with oneDNN (model.device is {device!r})")
+    if choice == "auto":
+        return "onednn" if on_cpu and dtype == torch.float32 else "aten"
+    return choice  # type: ignore[return-value]
+
+
+def use_gemm(model: nn.Module, backend: GemmBackend) -> nn.Module:
+    """Set the backend on every Linear of `model` and on modules with a `gemm` attribute; returns model."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.backend = backend
+        if hasattr(module, "gemm"):
+            module.gemm = backend
+    return model
