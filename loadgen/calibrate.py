@@ -43,11 +43,13 @@ class Calibration:
     profile_ratio: float | None
     """Measured compute / the start-up profile's prediction, over the calibration batches."""
     jitter: tuple[float, ...]
-    """Measured compute / the fitted model's prediction, per calibration batch."""
+    """Measured compute / the fitted model's prediction, per calibration batch, in the order they started."""
     request_overhead_ms: float
     batch_overhead_ms: float
     requests: int
     batches: int
+    jitter_at_s: tuple[float, ...] = ()
+    """When each batch of `jitter` started computing, seconds from the replay's start."""
 
     def to_json(self) -> dict:
         return {"model": self.model.to_dict(), "fit_rmse_ms": self.fit_rmse_ms, "profile_ratio": self.profile_ratio,
@@ -68,16 +70,18 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
         raise RuntimeError("the calibration replay got no answers, or the gateway exposed no stage metrics, or the "
                            f"workers logged no batch lines; outcomes: {sorted({r.outcome for r in run.results})}")
     points: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    started_s: dict[str, list[float]] = defaultdict(list)
     predicted = measured = 0.0
     for batch in mine:
         live = [shapes[i] for i in batch.request_ids if i not in batch.expired]
         if live and batch.compute_ms > 0:
             route, items, tokens = live[0][0], sum(s[1] for s in live), sum(s[2] for s in live)
             points[ROUTE_WORKLOAD[route]].append((items, tokens / items, batch.compute_ms))
+            started_s[ROUTE_WORKLOAD[route]].append(batch.done_unix - run.started_unix - batch.compute_ms / 1000.0)
             predicted, measured = predicted + profile(route, items, tokens / items), measured + batch.compute_ms
     models = {w: _fit(p, profile.models.get(w)) for w, p in points.items()}
-    jitter = tuple(t / m.predict_ms(b, l) for w, (m, _) in models.items() for b, l, t in points[w]
-                   if m.predict_ms(b, l) > 0)
+    jitter = sorted((at, t / m.predict_ms(b, l)) for w, (m, _) in models.items()
+                    for (b, l, t), at in zip(points[w], started_s[w]) if m.predict_ms(b, l) > 0)
     batch_overhead = max(0.0, round_trip["mean_ms"] - sum(b.queue_ms + b.compute_ms for b in mine) / len(mine))
     # every answered request waited for its whole batch: sum the round trips per request
     per_request_rt = sum((b.queue_ms + b.compute_ms + batch_overhead) * len(b.request_ids) for b in mine)
@@ -85,7 +89,8 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
     request_overhead = (sum(r.latency_ms for r in ok) - queued - per_request_rt) / len(ok)
     return Calibration(ServiceModel({w: m for w, (m, _) in models.items()}),
                        {w: rmse for w, (_, rmse) in models.items()}, measured / predicted if predicted else None,
-                       jitter, max(0.0, request_overhead), batch_overhead, len(run.results), len(mine))
+                       tuple(r for _, r in jitter), max(0.0, request_overhead), batch_overhead, len(run.results),
+                       len(mine), tuple(at for at, _ in jitter))
 
 
 def _shape(record, settings: SimSettings) -> tuple[str, int, int]:

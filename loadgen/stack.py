@@ -37,6 +37,8 @@ class BatchLine:
     request_ids: tuple[str, ...]
     """As the client sent them (X-Request-Id), without the gateway's `~n` and chunk `#k` suffixes."""
     expired: tuple[str, ...]
+    done_unix: float = 0.0
+    """When the worker logged it (its compute ended just before)."""
 
 
 class LocalStack:
@@ -107,7 +109,7 @@ class LocalStack:
         for event in _events(self.log_path, "batch_done"):
             lines.append(BatchLine(float(event.get("queue_ms", 0.0)), float(event.get("compute_ms", 0.0)),
                                    tuple(map(_client_id, event.get("request_ids", ()))),
-                                   tuple(map(_client_id, event.get("expired", ())))))
+                                   tuple(map(_client_id, event.get("expired", ()))), float(event.get("ts", 0.0))))
         return lines
 
 

@@ -8,8 +8,10 @@ calibration, then each level, separated by idle gaps - with the latency model th
 and the measured overheads, starting like the gateway from an unconfirmed profile, so the state
 learnt from level to level is carried alike; each request reaches the simulated gateway when the
 live client really sent it (latency counts from the scheduled time in both). The simulated workers
-compute each level at the speed they reported for that level's own batches (its fitted model and
-the jitter around it, as calibrate() measures them); the gateway's predictions start from their
+compute each level at the speed they reported for that level's own batches (its fitted model, and
+the jitter around it in the order it was measured: a batch takes the factor of the live batch
+computing at the same time into the level, since slow spells of the machine lasted several batches -
+lag-1 autocorrelation of the factors 0.2-0.7 in our runs); the gateway's predictions start from their
 start-up profile and learn as live. The speed is measured per level because the workers' speed is
 a condition of the machine, not of the policy: on a CPU shared with the gateway, the client and
 other processes, the same batch took 0.6x-1.3x the calibration's time from one minute to the next
@@ -158,7 +160,8 @@ def simulate_segments(segments: list[Trace], settings: SimSettings, model: Servi
     speeds = [Speed(0.0, model, Jitter(settings.compute_jitter, settings.seed))]
     for k, segment in enumerate(segments):
         if measured and measured[k] is not None:
-            speeds.append(Speed(offset / 1000.0, measured[k].model, Jitter(measured[k].jitter, settings.seed + k)))
+            speeds.append(Speed(offset / 1000.0, measured[k].model,
+                                Jitter(measured[k].jitter, settings.seed + k, measured[k].jitter_at_s)))
         elif measured:
             speeds.append(dataclasses.replace(speeds[0], start_s=offset / 1000.0))
         spans.append((len(records), len(records) + len(segment.records), offset))
