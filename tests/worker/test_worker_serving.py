@@ -212,7 +212,7 @@ def test_unsupported_and_unexpected_messages(client):
         client.send(beam)
         reply = client.reply_to(beam.batch_id)
         assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.UNSUPPORTED
-    client.send(p.Heartbeat("gw", 1, 0, 0, False, p.WorkerCounters()))
+    client.send(p.Heartbeat("gw", 0, 0, False, p.WorkerCounters()))
     reply = client.recv_where(lambda m: isinstance(m, p.Error))
     assert reply.code == p.ErrorCode.UNSUPPORTED and "Heartbeat" in reply.message
 
