@@ -5,6 +5,8 @@ import dataclasses
 from shared.bounds import (BeamShape, Bounds, Problem, ScoreShape, batch_bounds, batch_capacity, beam_problem,
                            outside_vocabulary, score_problem)
 from shared.config import BoundsConfig
+from shared.latency_correction import CorrectedModel
+from shared.latency_model import LatencyModel
 
 MAP = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256, max_labels=4,
                    max_top_k=5, max_prompt_tokens=32, max_beam_width=8, max_new_tokens=4,
@@ -67,3 +69,11 @@ def test_batch_bounds_and_capacity_come_from_the_same_bounds():
     assert (beam.max_jobs, beam.max_tokens, beam.max_labels, beam.max_requests) == (2, None, 0, 1)
     assert batch_capacity(BOUNDS, "score") == (8, 256)
     assert batch_capacity(BOUNDS, "beam") == (16, None)  # beams over all requests; no token bound
+
+
+def test_a_beam_backlog_is_cut_into_batches_by_beams_alone():
+    per_batch = LatencyModel(0.0, 0.0, 0.0, 1.0)  # 1 ms per batch, whatever it holds: the backlog counts batches
+    beam = CorrectedModel(per_batch, *batch_capacity(BOUNDS, "beam"))
+    assert beam.backlog_ms(items=32, tokens=10**12) == 2.0  # 32 beams in batches of 16; tokens never bound
+    score = CorrectedModel(per_batch, *batch_capacity(BOUNDS, "score"))
+    assert score.backlog_ms(items=8, tokens=512) == 2.0  # 8 samples fit one batch, 512 tokens need two
