@@ -8,9 +8,10 @@ gateway is simulated (loadgen/sim_world.py):
   clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
             answer reaches the client as long after the gateway answers (HTTP, JSON, tokenizing);
   workers   each computes its batches one after another (up to max_inflight_batches sent to it) for
-            service(route, B, L) each (times a measured jitter, if given; `speeds` may change both by period); batch_overhead_ms delays a batch on its way there and back
-            without keeping the worker busy (the gateway's predictions start from
-            `profile`, what the workers reported at start-up, and learn the rest); members whose deadline passed before it
+            service(route, B, L) each, times a measured jitter if given (`speeds` may change both
+            by period); batch_overhead_ms delays a batch on its way there and back without keeping
+            the worker busy (the gateway's predictions start from `profile`, what the workers
+            reported at start-up, and learn the rest); members whose deadline passed before it
             starts are dropped there (expired_in_worker); no answer within worker_timeout_ms after
             a deadline is answered 504 (worker_overdue), as the gateway's timer does.
 An answer after the deadline is still a success, only a late one. Results have the shape of live

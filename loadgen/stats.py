@@ -12,6 +12,7 @@ Definitions (the same for live replays and the simulator):
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -40,6 +41,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def percentile_interval(values: Sequence[float], q: float, coverage: float = 0.9, resamples: int = 1000,
+                        seed: int = 0) -> tuple[float, float] | None:
+    """A bootstrap interval of the q-th percentile: how far it moves when the same requests are drawn
+    again at random (with replacement), `coverage` of the redraws inside. It measures only the
+    sampling noise of the estimate (a p99 of a few hundred answers rests on its few largest ones);
+    runs differ more than this when the machine's speed differs between them."""
+    if not values:
+        return None
+    rng = random.Random(seed)
+    draws = sorted(percentile(rng.choices(values, k=len(values)), q) for _ in range(resamples))
+    cut = int(resamples * (1.0 - coverage) / 2.0)
+    return draws[cut], draws[resamples - 1 - cut]
 
 
 def latency_summary(latencies: Sequence[float]) -> dict[str, float | None]:

@@ -41,7 +41,7 @@ from loadgen.service import ServiceModel
 from loadgen.sim_world import Jitter, Speed
 from loadgen.simulator import SimSettings, Simulator
 from loadgen.stack import LocalStack
-from loadgen.stats import summarize
+from loadgen.stats import percentile_interval, summarize
 from loadgen.sweep import at_rate
 from loadgen.trace import Trace, make_trace, read_trace
 from shared.policy import DROP_CODES
@@ -173,7 +173,8 @@ def simulate_segments(segments: list[Trace], settings: SimSettings, model: Servi
     out = []
     for (start, end, shift), segment in zip(spans, segments):
         part = [dataclasses.replace(r, index=r.index - start, scheduled_ms=record.t_ms, sent_ms=r.sent_ms - shift,
-                                    done_ms=r.done_ms - shift) for r, record in zip(results[start:end], segment.records)]
+                                    done_ms=r.done_ms - shift)
+                for r, record in zip(results[start:end], segment.records)]
         out.append((part, Counter(simulator.reasons[i] for i in range(start, end) if i in simulator.reasons)))
     return out
 
@@ -206,6 +207,7 @@ def compare(load: float, live: ReplayRun, sim: tuple[list[RequestResult], Counte
            "live_goodput_rps": la["goodput_rps"], "sim_goodput_rps": lb["goodput_rps"],
            "live_p50_ms": la["latency_ms"]["p50"], "sim_p50_ms": lb["latency_ms"]["p50"],
            "live_p99_ms": la["latency_ms"]["p99"], "sim_p99_ms": lb["latency_ms"]["p99"],
+           "live_p99_interval_ms": percentile_interval([r.latency_ms for r in live.results if r.outcome == "ok"], 99.0),
            "live_outcomes": la["outcomes"], "sim_outcomes": lb["outcomes"],
            "live_drops": live_drops(live), "sim_drops": dict(sorted(sim[1].items())),
            "live_sender_saturated": a["sender"]["saturated"], "live_sender_lag_p99_ms": a["sender"]["lag_ms"]["p99"]}

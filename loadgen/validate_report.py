@@ -39,13 +39,15 @@ def write_validation(out: Path, summary: dict[str, Any], live: list[ReplayRun], 
 
 
 def levels_table(levels: list[dict[str, Any]]) -> str:
-    header = ["load", "offered/s", "goodput/s live", "sim", "err", "p50 ms live", "sim", "p99 ms live", "sim", "err",
+    header = ["load", "offered/s", "goodput/s live", "sim", "err", "p50 ms live", "sim", "p99 ms live",
+              "live p99 90% bootstrap", "sim", "err",
               "drops live", "drops sim", "compute vs calibration", "calibration-only sim: goodput/s", "p99 ms",
               "profile-only sim: goodput/s", "p99 ms"]
     rows = []
     for r in levels:
         rows.append([f"{r['load']:g}", fmt(r["offered_rps"]), fmt(r["live_goodput_rps"]), fmt(r["sim_goodput_rps"]),
                      _pct(r["goodput_rel_err"]), fmt(r["live_p50_ms"]), fmt(r["sim_p50_ms"]), fmt(r["live_p99_ms"]),
+                     _interval(r.get("live_p99_interval_ms")),
                      fmt(r["sim_p99_ms"]), _pct(r["p99_rel_err"]), _counts(r["live_drops"]), _counts(r["sim_drops"]),
                      fmt((r.get("measured") or {}).get("compute_vs_calibration")),
                      fmt(r["calibration_sim_goodput_rps"]), fmt(r["calibration_sim_p99_ms"]),
@@ -69,6 +71,10 @@ def _level_html(row: dict[str, Any], run: ReplayRun, results: list[RequestResult
                   for name, rows in (("live", run.results), ("simulated", results))}
         parts.append(image_html(f"latency CDF at {row['load']:g}x", latency_cdf_pair(series, slo_ms, title)))
     return "\n".join(parts)
+
+
+def _interval(bounds: tuple[float, float] | list[float] | None) -> str:
+    return "-" if bounds is None else f"{fmt(bounds[0])}-{fmt(bounds[1])}"
 
 
 def _pct(value: float | None) -> str:

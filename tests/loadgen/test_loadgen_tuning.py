@@ -159,7 +159,10 @@ def test_the_workers_compute_at_the_speed_of_the_period_a_batch_is_sent_in():
     # The same one-sample request at 0 ms and at 2,000 ms; from 1 s on the workers take three times
     # as long (a segment measured slower live), while the gateway's predictions start from one profile.
     records = [TraceRecord(t_ms=t, route="score", sample_tokens=(10,)) for t in (0.0, 2000.0)]
-    slow = lambda route, batch, tokens: 3.0 * _batch_cost(route, batch, tokens)  # noqa: E731
+
+    def slow(route, batch, tokens):
+        return 3.0 * _batch_cost(route, batch, tokens)
+
     speeds = [Speed(0.0, _batch_cost, Jitter((), 0)), Speed(1.0, slow, Jitter((), 0))]
     results = Simulator(SimSettings(score_deadline_ms=1000.0), _batch_cost, speeds=speeds).run(make_trace(records))
     assert [r.outcome for r in results] == ["ok", "ok"]
