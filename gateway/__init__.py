@@ -2,5 +2,5 @@
 
 Request path: app (routes, middleware) -> score_request / generate_request (validation) ->
 scoring / generation (tokenizer, admission, batcher) -> worker_pool / worker_link (ZeroMQ, the
-protocol of shared/protocol.py) -> answer. errors holds the one table of rejection reasons.
+protocol of shared/protocol/) -> answer. errors holds the one table of rejection reasons.
 """

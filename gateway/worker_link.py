@@ -1,6 +1,6 @@
 """The gateway's connection to one worker: handshake, batches out, results and heartbeats in.
 
-A DEALER socket connects to the worker's ROUTER (shared/protocol.py). The link is `connecting`
+A DEALER socket connects to the worker's ROUTER (shared/protocol/). The link is `connecting`
 until the worker answers Hello with Ready, `ready` until a Goodbye or a draining heartbeat makes it
 `draining`; it is `lost` when its connection closes (the worker's process is gone, or ZMTP
 heartbeats went unanswered: gateway/liveness.py) and `stalled` when a batch has run far past its
