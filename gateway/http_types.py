@@ -25,15 +25,20 @@ from typing import Annotated, Any, ClassVar, Literal
 from msgspec import Meta, Struct
 
 from gateway.limits import Limits
+from shared.bounds import rule_words
 
 MAX_TEXT_CHARS = 1 << 20
 """Longest text field (characters); the body size limit (max_body_bytes) applies as well."""
 MAX_MODEL_CHARS = 256
 OUTPUTS = ("probs", "logprobs", "logits", "topk", "embedding")
 LABEL_OUTPUTS = ("probs", "logprobs", "logits")
-SAMPLE_TOKENS = "the compiled bound is {bound} tokens per sample"
 DEADLINE_HELP = ("Budget in ms from arrival; X-Deadline-Ms and x-envoy-expected-rq-timeout-ms also count "
                  "(the smallest wins), else the route default.")
+
+
+def _words(bound: str, field: str) -> str:
+    """A token-count bound's 413 words about `field` (shared/bounds.py's rule), filled in on decoding."""
+    return rule_words(bound, "{count}", "{bound}", part=field)
 
 
 def _given(name: str) -> dict[str, Any]:
@@ -107,8 +112,7 @@ def _score_request(f: _Fields) -> tuple[type[Struct], type[Struct]]:
             {"allOf": [_given("input_ids"), _absent("text"), _absent("query")]}]}
         text: f.sample_text | None = None
         query: f.text | None = None
-        input_ids: f.ids("max_tokens_per_sample", "sample {index} is {count} tokens long; " + SAMPLE_TOKENS
-                         ) | None = None
+        input_ids: f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "sample {index}")) | None = None
 
     class ScoreRequest(Struct, forbid_unknown_fields=True):
         """Score samples (prefill only): label probabilities, top-k tokens or embeddings."""
@@ -149,12 +153,12 @@ def _sglang_score_request(f: _Fields) -> type[Struct]:
              "anyOf": [{"required": ["query"], "properties": {"query": {"type": "array", "minItems": 1}}},
                        {"properties": {"items": {"items": {"minItems": 1}}}}]}]}
         items: f.sample_text | Annotated[
-            list[f.sample_text | f.ids("max_tokens_per_sample", "items[{index}] holds {count} token ids; " +
-                                       SAMPLE_TOKENS, min_length=None)],
+            list[f.sample_text | f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "items[{index}]"),
+                                       min_length=None)],
             Meta(min_length=1), f.bound("max_samples_per_request", "items holds {count} items; at most {bound} "
                                                                    "per request")]
         label_token_ids: f.label_ids
-        query: f.text | f.ids("max_tokens_per_sample", "query holds {count} token ids; " + SAMPLE_TOKENS,
+        query: f.text | f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "query"),
                               min_length=None) | None = None
         apply_softmax: bool | None = False
         item_first: bool | None = False
@@ -177,8 +181,7 @@ def _generate_request(f: _Fields, constraint_set: str | None) -> type[Struct]:
         RULES: ClassVar[dict[str, Any]] = {"oneOf": [{"allOf": [_given("prompt"), _absent("input_ids")]},
                                                      {"allOf": [_given("input_ids"), _absent("prompt")]}]}
         prompt: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)] | None = None
-        input_ids: f.ids("max_prompt_tokens", "input_ids holds {count} tokens; the compiled bound is {bound} "
-                                              "prompt tokens") | None = None
+        input_ids: f.ids("max_prompt_tokens", _words("max_prompt_tokens", "input_ids")) | None = None
         beam_width: f.count("max_beam_width", "beams") = None
         max_new_tokens: f.count("max_new_tokens", "decode steps") = None
         num_return_sequences: f.count("max_beam_width", "beams") = None

@@ -70,6 +70,16 @@ _RULES = {
 }
 
 
+def rule_words(bound: str, value: int | str, limit: int | str, whole: str = "the batch",
+               part: str | None = None) -> str:
+    """The words of `bound`'s rule: about `whole` (the batch or request) or, for a rule on one part,
+    `part` (default: the rule's own, e.g. "a sample"; the gateway names the field, e.g. "sample 3").
+    `value` and `limit` may be placeholders (the gateway's decoder fills in "{count}" and "{bound}")."""
+    words, part_name = _RULES[bound]
+    subject = whole if part_name is None else part or part_name
+    return words.format(subject=subject, value=value, limit=limit)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One bound broken: `bound` names the Bounds field, `value` is what was asked, `limit` the bound."""
@@ -79,13 +89,9 @@ class Problem:
     limit: int
 
     def message(self, whole: str = "the batch", part: str | None = None, name_bound: bool = True) -> str:
-        """The rule's words: about `whole` (the batch or request) or, for a rule on one part, `part`
-        (default: the rule's own, e.g. "a sample"; the gateway names the field, e.g. "sample 3").
-        The deployment's setting is named unless `name_bound` is False (the gateway's users see
-        their field instead)."""
-        words, part_name = _RULES[self.bound]
-        subject = whole if part_name is None else part or part_name
-        text = words.format(subject=subject, value=self.value, limit=self.limit)
+        """The rule's words (rule_words), naming the deployment's setting unless `name_bound` is False
+        (the gateway's users see their field instead)."""
+        text = rule_words(self.bound, self.value, self.limit, whole, part)
         return f"{text} (bounds.{self.bound})" if name_bound else text
 
     def __str__(self) -> str:

@@ -30,6 +30,7 @@ from gateway.http_types import MAX_TEXT_CHARS, request_types
 from gateway.limits import Limits
 from gateway.openapi import openapi_document
 from gateway.score_request import parse_score
+from shared.bounds import ScoreShape, score_problem
 from tests.gateway.conftest import deployment, endpoint
 from tests.gateway.standin_worker import BOUNDS
 
@@ -285,3 +286,14 @@ def test_one_declaration_of_each_limit_serves_parser_and_schema():
     with pytest.raises(ApiError) as refused:
         parse_score(query_ids, PLAIN)
     assert refused.value.status == 413 and "$.query" in refused.value.message
+
+
+def test_token_ids_and_text_over_the_sample_bound_get_the_same_words():
+    """Ids over the bound are refused while decoding, text once tokenized (gateway/scoring.py); both
+    say it in shared/bounds.py's words for the rule."""
+    over = PLAIN.bounds.max_tokens_per_sample + 1
+    body = json.dumps({"samples": ["x", {"input_ids": [1] * over}], "label_token_ids": [1]}).encode()
+    with pytest.raises(ApiError) as refused:
+        parse_score(body, PLAIN)
+    words = score_problem(PLAIN.bounds, ScoreShape.sample(over)).message(part="sample 1", name_bound=False)
+    assert refused.value.status == 413 and refused.value.message.startswith(words + " (at $.samples[1].input_ids")
