@@ -1,0 +1,65 @@
+"""The build option model.gemm: which kernel the linear layers call, and that both kernels agree."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from compile.linear import linear, resolve_gemm
+from shared.config import ConfigError, parse_config
+from tests.compile.test_score_node import check_against_transformers
+from tests.conftest import build_artifacts
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 37])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_linear_equals_aten_in_float32(rows, with_bias):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 64, generator=generator)
+    weight = torch.randn(96, 64, generator=generator)
+    bias = torch.randn(96, generator=generator) if with_bias else None
+    out = linear(x, weight, bias, "onednn")
+    assert out.shape == (rows, 96)
+    # Same products, another summation order: float32 rounding only (|values| ~ 8 here).
+    assert (out - F.linear(x, weight, bias)).abs().max() <= 1e-4
+
+
+@needs_onednn
+def test_onednn_linear_reads_a_row_slice_of_the_weight():
+    """project_q / project_kv pass row slices of the fused q/k/v weight (storage offset, no copy)."""
+    x, weight = torch.randn(5, 32), torch.randn(48, 32)
+    assert (linear(x, weight[16:], None, "onednn") - x @ weight[16:].T).abs().max() <= 1e-4
+
+
+@needs_onednn
+def test_auto_is_onednn_for_float32_on_a_cpu_and_aten_otherwise():
+    assert resolve_gemm("auto", torch.float32, "cpu") == "onednn"
+    assert resolve_gemm("auto", torch.bfloat16, "cpu") == "aten"  # aten's bf16 linear is oneDNN already
+    assert resolve_gemm("auto", torch.float32, "cuda") == "aten"
+    assert resolve_gemm("aten", torch.float32, "cpu") == "aten"
+
+
+def test_onednn_on_cuda_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"model\.gemm = 'onednn'.*'cuda'"):
+        resolve_gemm("onednn", torch.float32, "cuda")
+
+
+def test_an_unknown_gemm_in_the_config_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"model\.gemm"):
+        parse_config({"model": {"gemm": "mkl"}})
+
+
+@needs_onednn
+def test_the_manifest_records_the_kernel_the_build_used(demo_artifacts):
+    assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == "onednn"
+
+
+def test_an_aten_build_matches_transformers_too(demo_checkpoint):
+    """The option's other side (what CUDA builds and model.gemm = "aten" compile) keeps parity."""
+    artifacts = build_artifacts(demo_checkpoint, "demo-aten", model={"gemm": "aten"})
+    assert json.loads((artifacts / "manifest.json").read_text())["gemm"] == "aten"
+    check_against_transformers(artifacts, demo_checkpoint)
