@@ -7,7 +7,7 @@ import pytest
 
 from loadgen.prometheus import bucket_quantile, parse, stage_breakdown
 from loadgen.result import RequestResult
-from loadgen.stats import percentile, sender_summary, summarize, timeseries
+from loadgen.stats import percentile, percentile_interval, sender_summary, summarize, timeseries
 from loadgen.sweep import measure
 
 
@@ -122,3 +122,13 @@ def test_bucket_quantile_and_label_parsing():
     assert bucket_quantile(0.5, {}) is None
     name, labels, value = parse('m{a="x\\"y",route="score"} 3 1700000000')[0]
     assert (name, labels, value) == ("m", {"a": 'x"y', "route": "score"}, 3.0)
+
+
+def test_percentile_interval_brackets_the_estimate_and_narrows_with_more_answers():
+    few = [float(i) for i in range(100)]
+    many = [float(i % 100) for i in range(10_000)]
+    low, high = percentile_interval(few, 99.0)
+    assert low <= percentile(few, 99.0) <= high and high <= max(few)
+    many_low, many_high = percentile_interval(many, 99.0)
+    assert many_high - many_low < high - low
+    assert percentile_interval([], 99.0) is None and percentile_interval([5.0], 99.0) == (5.0, 5.0)
