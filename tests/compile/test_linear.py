@@ -36,16 +36,15 @@ def test_onednn_linear_reads_a_row_slice_of_the_weight():
 
 
 @needs_onednn
-def test_auto_is_onednn_for_float32_on_a_cpu_and_aten_otherwise():
-    assert resolve_gemm("auto", torch.float32, "cpu") == "onednn"
-    assert resolve_gemm("auto", torch.bfloat16, "cpu") == "aten"  # aten's bf16 linear is oneDNN already
-    assert resolve_gemm("auto", torch.float32, "cuda") == "aten"
-    assert resolve_gemm("aten", torch.float32, "cpu") == "aten"
+def test_both_kernels_are_accepted_for_a_cpu_build():
+    assert resolve_gemm("aten", "cpu") == "aten"
+    assert resolve_gemm("onednn", "cpu") == "onednn"
+    assert resolve_gemm("aten", "cuda") == "aten"
 
 
 def test_onednn_on_cuda_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"model\.gemm = 'onednn'.*'cuda'"):
-        resolve_gemm("onednn", torch.float32, "cuda")
+        resolve_gemm("onednn", "cuda")
 
 
 def test_an_unknown_gemm_in_the_config_is_refused_naming_the_field():
@@ -53,13 +52,14 @@ def test_an_unknown_gemm_in_the_config_is_refused_naming_the_field():
         parse_config({"model": {"gemm": "mkl"}})
 
 
+def test_the_default_build_records_aten_in_its_manifest(demo_artifacts):
+    assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == "aten"
+
+
 @needs_onednn
-def test_the_manifest_records_the_kernel_the_build_used(demo_artifacts):
-    assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == "onednn"
-
-
-def test_an_aten_build_matches_transformers_too(demo_checkpoint):
-    """The option's other side (what CUDA builds and model.gemm = "aten" compile) keeps parity."""
-    artifacts = build_artifacts(demo_checkpoint, "demo-aten", model={"gemm": "aten"})
-    assert json.loads((artifacts / "manifest.json").read_text())["gemm"] == "aten"
+def test_an_onednn_build_matches_transformers(demo_checkpoint):
+    """At these small sizes oneDNN's float32 stays within the tests' 1e-4 (at 24 layers of Qwen2.5-0.5B
+    it was 1.4e-4, which is why it is not the default)."""
+    artifacts = build_artifacts(demo_checkpoint, "demo-onednn", model={"gemm": "onednn"})
+    assert json.loads((artifacts / "manifest.json").read_text())["gemm"] == "onednn"
     check_against_transformers(artifacts, demo_checkpoint)
