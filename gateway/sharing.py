@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shared.policy import chunk_bounds
 from shared.prefix import computed_tokens as request_computed_tokens
 from shared.prefix import longest_common_prefix
 
@@ -42,15 +43,8 @@ def computed_tokens(samples: Sequence[Sequence[int]], prefix_len: int, static_id
 
 def chunks(samples: list[list[int]], prefix_len: int, max_samples: int, max_tokens: int) -> list[list[list[int]]]:
     """The samples in order, cut greedily into chunks of at most `max_samples` samples and
-    `max_tokens` sent tokens; every chunk carries the shared prefix again (counted once in it).
-    A single sample always fits (it is at most max_tokens_per_sample long)."""
-    out: list[list[list[int]]] = [[]]
-    tokens = prefix_len
-    for sample in samples:
-        cost = len(sample) - prefix_len
-        if out[-1] and (len(out[-1]) == max_samples or tokens + cost > max_tokens):
-            out.append([])
-            tokens = prefix_len
-        out[-1].append(sample)
-        tokens += cost
-    return out
+    `max_tokens` sent tokens; every chunk carries the shared prefix again (counted once in it), so
+    its suffixes get what the prefix leaves of the budget. The cut is the policy's (the simulator
+    chunks with the same function); a single sample always fits (at most max_tokens_per_sample)."""
+    suffixes = [len(sample) - prefix_len for sample in samples]
+    return [samples[start:end] for start, end in chunk_bounds(suffixes, max_samples, max_tokens - prefix_len)]
