@@ -43,13 +43,11 @@ class Calibration:
     profile_ratio: float | None
     """Measured compute / the start-up profile's prediction, over the calibration batches."""
     jitter: tuple[float, ...]
-    """Measured compute / the fitted model's prediction, per calibration batch, in the order they started."""
+    """Measured compute / the fitted model's prediction, per calibration batch, in the order they ended."""
     request_overhead_ms: float
     batch_overhead_ms: float
     requests: int
     batches: int
-    jitter_at_s: tuple[float, ...] = ()
-    """When each batch of `jitter` started computing, seconds from the replay's start."""
 
     def to_json(self) -> dict:
         return {"model": self.model.to_dict(), "fit_rmse_ms": self.fit_rmse_ms, "profile_ratio": self.profile_ratio,
@@ -59,8 +57,11 @@ class Calibration:
 
 
 def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel, settings: SimSettings,
-              id_prefix: str) -> Calibration:
-    """From the calibration replay of `trace` (ids `<id_prefix><index>`) and the workers' batch lines."""
+              id_prefix: str, shape: ServiceModel | None = None) -> Calibration:
+    """From the calibration replay of `trace` (ids `<id_prefix><index>`) and the workers' batch lines.
+    With `shape`, the model is `shape` scaled to these batches' total compute (one factor per
+    workload) instead of a free fit: a replay whose batches are nearly all one size cannot tell the
+    per-sample cost from the per-batch one, and a free fit of it mispredicts every other size."""
     stages = stage_breakdown(run.metrics_before, run.metrics_after).get("all", {})
     round_trip, queue_stage = stages.get("worker"), stages.get("queue", {})
     ok = [r for r in run.results if r.outcome == "ok"]
@@ -70,18 +71,19 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
         raise RuntimeError("the calibration replay got no answers, or the gateway exposed no stage metrics, or the "
                            f"workers logged no batch lines; outcomes: {sorted({r.outcome for r in run.results})}")
     points: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    started_s: dict[str, list[float]] = defaultdict(list)
+    done_unix: dict[str, list[float]] = defaultdict(list)
     predicted = measured = 0.0
     for batch in mine:
         live = [shapes[i] for i in batch.request_ids if i not in batch.expired]
         if live and batch.compute_ms > 0:
             route, items, tokens = live[0][0], sum(s[1] for s in live), sum(s[2] for s in live)
             points[ROUTE_WORKLOAD[route]].append((items, tokens / items, batch.compute_ms))
-            started_s[ROUTE_WORKLOAD[route]].append(batch.done_unix - run.started_unix - batch.compute_ms / 1000.0)
+            done_unix[ROUTE_WORKLOAD[route]].append(batch.done_unix)
             predicted, measured = predicted + profile(route, items, tokens / items), measured + batch.compute_ms
-    models = {w: _fit(p, profile.models.get(w)) for w, p in points.items()}
+    models = {w: _scaled(shape.models[w], p) if shape is not None and w in shape.models
+              else _fit(p, profile.models.get(w)) for w, p in points.items()}
     jitter = sorted((at, t / m.predict_ms(b, l)) for w, (m, _) in models.items()
-                    for (b, l, t), at in zip(points[w], started_s[w]) if m.predict_ms(b, l) > 0)
+                    for (b, l, t), at in zip(points[w], done_unix[w]) if m.predict_ms(b, l) > 0)
     batch_overhead = max(0.0, round_trip["mean_ms"] - sum(b.queue_ms + b.compute_ms for b in mine) / len(mine))
     # every answered request waited for its whole batch: sum the round trips per request
     per_request_rt = sum((b.queue_ms + b.compute_ms + batch_overhead) * len(b.request_ids) for b in mine)
@@ -90,7 +92,7 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
     return Calibration(ServiceModel({w: m for w, (m, _) in models.items()}),
                        {w: rmse for w, (_, rmse) in models.items()}, measured / predicted if predicted else None,
                        tuple(r for _, r in jitter), max(0.0, request_overhead), batch_overhead, len(run.results),
-                       len(mine), tuple(at for at, _ in jitter))
+                       len(mine))
 
 
 def _shape(record, settings: SimSettings) -> tuple[str, int, int]:
@@ -110,6 +112,13 @@ def _fit(points: list[tuple[float, float, float]], fallback: LatencyModel | None
     if model is None:
         raise RuntimeError("too few distinct calibration batches to fit a latency model")
     return model, model.rmse_ms(points)
+
+
+def _scaled(model: LatencyModel, points: list[tuple[float, float, float]]) -> tuple[LatencyModel, float]:
+    """`model` times the ratio of the points' measured to predicted total (T is linear in its coefficients)."""
+    factor = sum(t for _, _, t in points) / sum(model.predict_ms(b, l) for b, l, _ in points)
+    scaled = LatencyModel(model.alpha * factor, model.beta * factor, model.gamma * factor, model.delta * factor)
+    return scaled, scaled.rmse_ms(points)
 
 
 def capacity_rps(trace: Trace, settings: SimSettings, service: ServiceFn, requests: int = 2000) -> float:

@@ -10,7 +10,6 @@ overhead per batch delays each batch on its way there and back without keeping t
 
 from __future__ import annotations
 
-import bisect
 import random
 from dataclasses import dataclass, field
 
@@ -94,8 +93,7 @@ class SimWorker:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
         return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s)
 
-    def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None,
-            period_start_s: float = 0.0) -> None:
+    def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None) -> None:
         """Accept `batch` at its send time. The overhead is time on the way there and back (messages,
         packing, waking up), half each way; the worker is busy only while it computes, one batch
         after another, and drops the members whose deadline passed before theirs starts."""
@@ -105,7 +103,7 @@ class SimWorker:
         items = sum(j.batch_items for j in live)
         batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
         if jitter is not None:
-            batch.compute_ms *= jitter.draw(start - period_start_s)
+            batch.compute_ms *= jitter.draw()
         self.free_at = start + batch.compute_ms / 1000.0
         batch.finish_at = self.free_at + self.overhead_ms / 2000.0
         self.in_flight[batch.batch_id] = batch
@@ -122,21 +120,24 @@ class SimWorker:
 
 
 class Jitter:
-    """Factors from measured ratios; always 1 when there are none. With the times the measured
-    batches started (`at_s`, seconds from their period's start), a batch takes the factor of the
-    measured batch computing when it starts: a slow spell of the machine lasts, as it did live (the
-    ratios of consecutive batches were correlated). Without, factors are drawn at random (seeded)."""
+    """Factors from measured ratios; always 1 when there are none. `in_order`: the k-th batch takes
+    the k-th measured factor (cycling), so a slow spell of the machine lasts as it did live (the
+    factors of consecutive live batches were correlated); otherwise factors are drawn at random
+    (seeded). Not by time: a batch starting at a random moment falls more often inside a slow live
+    batch than a fast one, which would bias the factors up."""
 
-    def __init__(self, ratios: tuple[float, ...], seed: int, at_s: tuple[float, ...] = ()) -> None:
+    def __init__(self, ratios: tuple[float, ...], seed: int, in_order: bool = False) -> None:
         self.ratios = ratios
-        self.at_s = at_s
+        self.in_order = in_order
         self._random = random.Random(seed)
+        self._next = 0
 
-    def draw(self, now_s: float | None = None) -> float:
+    def draw(self) -> float:
         if not self.ratios:
             return 1.0
-        if now_s is not None and len(self.at_s) == len(self.ratios):
-            return self.ratios[max(0, bisect.bisect_right(self.at_s, now_s) - 1)]
+        if self.in_order:
+            self._next += 1
+            return self.ratios[(self._next - 1) % len(self.ratios)]
         return self._random.choice(self.ratios)
 
 

@@ -257,7 +257,7 @@ class Simulator:
             self.queues[workload].remove(job)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
         speed = speed_at(self.speeds, self.now)
-        worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter, speed.start_s)
+        worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
         self._at(batch.finish_at, "done", (worker, batch))
         grace_s = self.settings.worker_timeout_ms / 1000.0
         for job in jobs:

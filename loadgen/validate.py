@@ -8,15 +8,17 @@ calibration, then each level, separated by idle gaps - with the latency model th
 and the measured overheads, starting like the gateway from an unconfirmed profile, so the state
 learnt from level to level is carried alike; each request reaches the simulated gateway when the
 live client really sent it (latency counts from the scheduled time in both). The simulated workers
-compute each level at the speed they reported for that level's own batches (its fitted model, and
-the jitter around it in the order it was measured: a batch takes the factor of the live batch
-computing at the same time into the level, since slow spells of the machine lasted several batches -
-lag-1 autocorrelation of the factors 0.2-0.7 in our runs); the gateway's predictions start from their
-start-up profile and learn as live. The speed is measured per level because the workers' speed is
-a condition of the machine, not of the policy: on a CPU shared with the gateway, the client and
-other processes, the same batch took 0.6x-1.3x the calibration's time from one minute to the next
-(validate.json's `compute_vs_calibration`). Per level: goodput, p50/p99 of successes, outcomes
-and drops by reason, live and simulated, and the relative errors of goodput and p99; and, for
+compute each level at the speed they reported for that level's own batches: the calibration's
+model scaled to the level's total compute (the levels' batches are nearly all full, too alike to
+fit a model of their own), and the jitter around it in the order it was measured (the k-th
+simulated batch of a level takes the k-th live batch's factor: slow spells of the machine lasted
+several batches, lag-1 autocorrelation of the factors 0.2-0.7 in our runs). The
+gateway's predictions start from their start-up profile and learn as live. The speed is measured
+per level because it is a condition of the machine, not of the policy: on a CPU shared with the
+gateway, the client and other processes, the same batches took 0.6x-1.3x the calibration's time
+from one minute to the next (validate.json's `compute_vs_calibration`). Per level: goodput,
+p50/p99 of successes (with a bootstrap interval of the live p99), outcomes and drops by reason,
+live and simulated, and the relative errors of goodput and p99; and, for
 comparison, the simulator's goodput and p99 at the calibration's speed (held out from the levels)
 and at the start-up profile's (what an offline tune without a calibration would see).
 """
@@ -125,16 +127,17 @@ def run_live(options: ValidateOptions, trace: Trace, settings: SimSettings, scra
             segments.append(level_trace(trace, load * capacity, options.duration_s))
             runs.append(run_replay(segments[-1], bodies, ReplayOptions(url=stack.url, progress=False,
                                                                       id_prefix=f"level{k}-")))
-        measured = [_measure(run, segment, stack.batch_lines(), profile, settings, f"level{k}-")
+        measured = [_measure(run, segment, stack.batch_lines(), profile, settings, f"level{k}-", calibration.model)
                     for k, (run, segment) in enumerate(zip(runs[1:], segments[1:]))]
     return LiveSide(profile, calibration, capacity, segments, runs, stack.log_path, measured)
 
 
 def _measure(run: ReplayRun, segment: Trace, batches: list, profile: ServiceModel, settings: SimSettings,
-             id_prefix: str) -> Calibration | None:
-    """What calibrate() measures, from a level's own replay (None if it has nothing to measure)."""
+             id_prefix: str, shape: ServiceModel) -> Calibration | None:
+    """What calibrate() measures, from a level's own replay, the model being the calibration's scaled
+    to the level's speed (None if it has nothing to measure)."""
     try:
-        return calibrate(run, segment, batches, profile, settings, id_prefix)
+        return calibrate(run, segment, batches, profile, settings, id_prefix, shape)
     except RuntimeError:
         return None
 
@@ -161,7 +164,7 @@ def simulate_segments(segments: list[Trace], settings: SimSettings, model: Servi
     for k, segment in enumerate(segments):
         if measured and measured[k] is not None:
             speeds.append(Speed(offset / 1000.0, measured[k].model,
-                                Jitter(measured[k].jitter, settings.seed + k, measured[k].jitter_at_s)))
+                                Jitter(measured[k].jitter, settings.seed + k, in_order=True)))
         elif measured:
             speeds.append(dataclasses.replace(speeds[0], start_s=offset / 1000.0))
         spans.append((len(records), len(records) + len(segment.records), offset))

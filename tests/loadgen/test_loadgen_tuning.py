@@ -169,8 +169,8 @@ def test_the_workers_compute_at_the_speed_of_the_period_a_batch_is_sent_in():
     assert results[1].latency_ms == pytest.approx(3.0 * results[0].latency_ms)
 
 
-def test_jitter_with_times_replays_the_factor_measured_when_a_batch_starts():
-    # Measured: 1x from 0 s, 3x from 1 s (a slow spell), 1x again from 2 s.
-    jitter = Jitter((1.0, 3.0, 1.0), seed=0, at_s=(0.0, 1.0, 2.0))
-    assert [jitter.draw(t) for t in (-0.5, 0.5, 1.0, 1.9, 2.5)] == [1.0, 1.0, 3.0, 3.0, 1.0]
-    assert Jitter((1.0, 3.0), seed=0).draw(0.5) in (1.0, 3.0)  # no times: a seeded random draw
+def test_jitter_in_order_replays_the_measured_factors_one_batch_after_another():
+    # Measured: 1x, then a slow spell of two batches at 3x, then 1x; the fifth batch starts over.
+    jitter = Jitter((1.0, 3.0, 3.0, 1.0), seed=0, in_order=True)
+    assert [jitter.draw() for _ in range(5)] == [1.0, 3.0, 3.0, 1.0, 1.0]
+    assert Jitter((1.0, 3.0), seed=0).draw() in (1.0, 3.0)  # not in order: a seeded random draw
