@@ -144,12 +144,15 @@ class Jitter:
 @dataclass(frozen=True)
 class Speed:
     """How fast the workers compute from `start_s` (simulated seconds) on: a service function and the
-    jitter around it. One speed serves a whole run unless the run's periods were measured apart
-    (loadgen/validate.py measures each replayed segment's)."""
+    jitter around it; and, if measured apart, the overhead per request around the gateway's queue.
+    One speed serves a whole run unless the run's periods were measured apart (loadgen/validate.py
+    measures each replayed segment's)."""
 
     start_s: float
     service: ServiceFn
     jitter: Jitter
+    request_overhead_ms: float | None = None
+    """HTTP, JSON and tokenizing per request in this period (None: the settings')."""
 
 
 def speed_at(speeds: list[Speed], now_s: float) -> Speed:

@@ -144,13 +144,17 @@ class Simulator:
         self._events: list[tuple[float, int, str, Any]] = []
         self._wake_at: dict[str, float] = {}
         for i, record in enumerate(trace.records):
-            self._at(record.t_ms / 1000.0 + s.request_overhead_ms / 2000.0, "arrive", i)
+            self._at(record.t_ms / 1000.0 + self._request_overhead_ms(record.t_ms / 1000.0) / 2000.0, "arrive", i)
         while self._events:
             self.now, _, kind, payload = heapq.heappop(self._events)
             getattr(self, f"_on_{kind}")(payload)
             for workload in self.queues:
                 self._dispatch(workload)
         return self.results
+
+    def _request_overhead_ms(self, now_s: float) -> float:
+        measured = speed_at(self.speeds, now_s).request_overhead_ms
+        return self.settings.request_overhead_ms if measured is None else measured
 
     def _model(self, workload: str) -> CorrectedModel:
         s = self.settings
@@ -205,7 +209,7 @@ class Simulator:
 
     def _answer(self, index: int, code: str) -> None:
         result = self.results[index]
-        result.done_ms = self.now * 1000.0 + self.settings.request_overhead_ms / 2.0
+        result.done_ms = self.now * 1000.0 + self._request_overhead_ms(self.now) / 2.0
         result.status, result.outcome = STATUS[code], code
 
     # -- timers and answers ------------------------------------------------------------------------

@@ -12,7 +12,9 @@ compute each level at the speed they reported for that level's own batches: the 
 model scaled to the level's total compute (the levels' batches are nearly all full, too alike to
 fit a model of their own), and the jitter around it in the order it was measured (the k-th
 simulated batch of a level takes the k-th live batch's factor: slow spells of the machine lasted
-several batches, lag-1 autocorrelation of the factors 0.2-0.7 in our runs). The
+several batches, lag-1 autocorrelation of the factors 0.2-0.7 in our runs); and each request's
+overhead around the gateway's queue as measured in the level (HTTP, JSON, tokenizing: it grew
+from ~2 ms to ~9 ms at 2x, where the gateway and the client also handle the refused requests). The
 gateway's predictions start from their start-up profile and learn as live. The speed is measured
 per level because it is a condition of the machine, not of the policy: on a CPU shared with the
 gateway, the client and other processes, the same batches took 0.6x-1.3x the calibration's time
@@ -157,14 +159,15 @@ def simulate_segments(segments: list[Trace], settings: SimSettings, model: Servi
     request reaches the simulated gateway when the live client really sent it (a client that fell
     behind delayed the server's arrivals too); latency still counts from the scheduled time. With
     `measured` (one per segment, None = as `model`), the workers compute each segment at the speed
-    and jitter measured while it was served live."""
+    and jitter measured while it was served live, and its requests take the overhead measured then."""
     gap_ms = max(settings.score_deadline_ms, settings.generate_deadline_ms) + IDLE_GAP_MS
     records, spans, offset = [], [], 0.0
     speeds = [Speed(0.0, model, Jitter(settings.compute_jitter, settings.seed))]
     for k, segment in enumerate(segments):
         if measured and measured[k] is not None:
             speeds.append(Speed(offset / 1000.0, measured[k].model,
-                                Jitter(measured[k].jitter, settings.seed + k, in_order=True)))
+                                Jitter(measured[k].jitter, settings.seed + k, in_order=True),
+                                measured[k].request_overhead_ms))
         elif measured:
             speeds.append(dataclasses.replace(speeds[0], start_s=offset / 1000.0))
         spans.append((len(records), len(records) + len(segment.records), offset))
