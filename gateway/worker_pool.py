@@ -21,6 +21,7 @@ import zmq.asyncio
 from gateway.latency import CorrectedModel
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, WorkerLink
+from shared.policy import least_busy
 
 log = logging.getLogger("gateway.pool")
 RELINK_DELAY_S = 0.1  # before a link whose reader stopped gets its new socket (no busy loop on a bug)
@@ -152,10 +153,8 @@ class WorkerPool:
 
     def pick(self, workload: str) -> WorkerLink | None:
         """The ready worker with the least predicted work in flight and a free slot, or None."""
-        now = self._loop.time()
-        free = [link for link in self.links
-                if link.serves(workload) and len(link.in_flight) < self.max_inflight_batches]
-        return min(free, key=lambda link: (link.busy_ms(now), len(link.in_flight)), default=None)
+        serving = (link for link in self.links if link.serves(workload))
+        return least_busy(serving, self._loop.time(), self.max_inflight_batches)
 
     def model(self, workload: str) -> CorrectedModel | None:
         """The latency model of the fastest ready worker for `workload` (used for admission)."""

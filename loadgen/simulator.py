@@ -34,7 +34,7 @@ from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWork
                                speed_at)
 from loadgen.trace import Trace
 from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView,
-                           Prediction, Refusal, admit, plan_batch, precheck, take_expired)
+                           Prediction, Refusal, admit, least_busy, plan_batch, precheck, take_expired)
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -275,9 +275,8 @@ class Simulator:
 
     # -- the pool ----------------------------------------------------------------------------------
     def _pick(self) -> SimWorker | None:
-        """The least-loaded worker with a free slot (gateway/worker_pool.py's pick)."""
-        free = [w for w in self.workers if len(w.in_flight) < self.settings.max_inflight_batches]
-        return min(free, key=lambda w: (w.busy_ms(self.now), len(w.in_flight)), default=None)
+        """The least-loaded worker with a free slot (the policy's placement, as the gateway's pool)."""
+        return least_busy(self.workers, self.now, self.settings.max_inflight_batches)
 
     def _view(self) -> PoolView:
         return PoolView(len(self.workers), min(w.busy_ms(self.now) for w in self.workers),

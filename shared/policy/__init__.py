@@ -29,12 +29,12 @@ requests still expire at their deadline.
 from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit, finish_ms, is_probe,
                                      precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, busy_ms, chunk_bounds,
-                                    form_batch, plan_batch, take_expired)
+                                    form_batch, least_busy, plan_batch, take_expired)
 from shared.policy.queue import DROP_CODES, CostModel, DeadlineQueue, DropReason, Refusal, Work
 
 __all__ = [
     "DROP_CODES", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds", "CostModel",
     "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "Refusal", "Send", "Work", "admit",
-    "busy_ms", "chunk_bounds", "finish_ms", "form_batch", "is_probe", "plan_batch", "precheck",
+    "busy_ms", "chunk_bounds", "finish_ms", "form_batch", "is_probe", "least_busy", "plan_batch", "precheck",
     "take_expired",
 ]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
-from typing import Generic
+from typing import Generic, Protocol, TypeVar
 
 from shared.policy.queue import CostModel, DeadlineQueue, W, Work
 
@@ -53,6 +53,24 @@ def busy_ms(in_flight: Iterable[tuple[float, float]], now_s: float) -> float:
         return 0.0
     first = min(sent for sent, _ in batches)
     return max(0.0, sum(ms for _, ms in batches) - (now_s - first) * 1000.0)
+
+
+class Worker(Protocol):
+    """What placement reads of a worker (gateway.worker_link.WorkerLink, the simulator's SimWorker)."""
+
+    in_flight: Sized
+
+    def busy_ms(self, now_s: float) -> float: ...
+
+
+K = TypeVar("K", bound=Worker)
+
+
+def least_busy(workers: Iterable[K], now_s: float, max_inflight_batches: int) -> K | None:
+    """Where the next batch goes: of the workers with a free slot, the one with the least predicted
+    work in flight (then the fewest batches); None when every slot is taken."""
+    free = [w for w in workers if len(w.in_flight) < max_inflight_batches]
+    return min(free, key=lambda w: (w.busy_ms(now_s), len(w.in_flight)), default=None)
 
 
 def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds) -> tuple[list[W], bool]:
