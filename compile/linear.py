@@ -3,7 +3,9 @@
 On the CPU, a float32 `F.linear` lowers to aten mm/addmm, which calls MKL's sgemm; on the AVX-512
 machine this was measured on, that ran at about half the rate of oneDNN's float32 matmul
 (`mkldnn::_linear_pointwise`, fed the plain [out, in] weight: no prepacking, so the weights keep
-their names and every node still shares one copy). bfloat16 linears already go to oneDNN through
+their names and every node still shares one copy). Inductor's own freezing + cpp.weight_prepack
+does not help here: with a dynamic token axis it left aten addmm in the package (torch 2.13, seen
+on a compiled 2-layer MLP at the same speed as without freezing). bfloat16 linears already go to oneDNN through
 aten (bit-identical outputs, measured), so the option only matters for float32. The op is CPU-only.
 
 Default "aten". At Qwen2.5-0.5B's shapes, 24 layers, 3 requests of 15 samples, the largest float32
