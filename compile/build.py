@@ -81,7 +81,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
     dtype = DTYPES[checkpoint.spec.dtype if config.model.dtype == "auto" else config.model.dtype]
     device = config.model.device
     model = build_model(checkpoint.spec, checkpoint.state_dict, dtype).to(device)
-    gemm = resolve_gemm(config.model.gemm, device)
+    gemm = resolve_gemm(config.model.gemm, device, dtype)
     use_gemm(model, gemm)  # before fp8 calibration, so it measures the kernels that will run
     fp8 = fp8_for_build(config, model, progress.stage)  # [model] fp8: swaps chosen layers in place
     ctx = BuildContext(config, checkpoint, model, dtype, device)

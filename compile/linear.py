@@ -8,12 +8,12 @@ does not help here: with a dynamic token axis it left aten addmm in the package 
 on a compiled 2-layer MLP at the same speed as without freezing). bfloat16 linears already go to oneDNN through
 aten (bit-identical outputs, measured), so the option only matters for float32. The op is CPU-only.
 
-Default "aten". At Qwen2.5-0.5B's shapes, 24 layers, 3 requests of 15 samples, the largest float32
-label-logit difference from transformers was 1.7e-4 with oneDNN and 1.1e-4 with aten (logits up to
-~6), over the 1e-4 the parity tests hold at small sizes (where both builds pass). Off by default
-until that bound is settled for real depth; "onednn" made the scoring node 1.6x faster there (1.7x at 4
-layers; medians of interleaved rounds, bench/gemm_ab.py) and the beam node 1.5x at 4 layers (1.9x in a
-run under heavier load).
+Default "auto": oneDNN for float32 on a CPU, aten otherwise. At Qwen2.5-0.5B's shapes it made the
+float32 scoring node 1.6x faster at 24 layers (1.7x at 4) and the beam node 1.5x at 4 layers
+(medians of interleaved rounds, bench/gemm_ab.py). Its float32 results differ from aten's only in
+summation order: at 24 layers, 3 requests of 15 samples, the largest label-logit difference from
+transformers was 1.7e-4 with oneDNN and 1.1e-4 with aten (logits up to ~6: relative 3e-5), so
+neither kernel holds 1e-4 at real depth; at the test models' depth both hold the tests' 1e-4.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 GemmBackend = Literal["aten", "onednn"]
-GEMM_CHOICES = ("aten", "onednn")
+GEMM_CHOICES = ("auto", "aten", "onednn")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: GemmBackend) -> torch.Tensor:
@@ -45,11 +45,15 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias, self.backend)
 
 
-def resolve_gemm(choice: str, device: str) -> GemmBackend:
-    """The backend a build uses, checked against its device: oneDNN's op exists on a CPU only."""
+def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
+    """The backend a build uses, checked against its device: oneDNN's op exists on a CPU only;
+    "auto" takes it for float32 there (the only dtype where it differs from aten)."""
     if choice not in GEMM_CHOICES:
         raise ValueError(f"model.gemm = {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
-    if choice == "onednn" and not (device == "cpu" and torch.backends.mkldnn.is_available()):
+    on_cpu = device == "cpu" and torch.backends.mkldnn.is_available()
+    if choice == "auto":
+        return "onednn" if on_cpu and dtype == torch.float32 else "aten"
+    if choice == "onednn" and not on_cpu:
         raise ValueError(f"model.gemm = 'onednn' needs a CPU build with oneDNN (model.device is {device!r})")
     return choice  # type: ignore[return-value]
 

@@ -46,10 +46,11 @@ class ModelConfig:
     """float32 | bfloat16 | float16 | auto (the checkpoint's own torch_dtype)."""
     device: Device = "cpu"
     """cpu | cuda: the device the packages are compiled for."""
-    gemm: Literal["aten", "onednn"] = "aten"
-    """Kernel of the linear layers (compile/linear.py): aten (torch's default: MKL sgemm for float32
-    on a CPU) or onednn (CPU only: oneDNN's matmul, faster for float32; off by default: its float32
-    error against transformers at 24 layers was 1.7e-4, aten's 1.1e-4, the tests hold 1e-4)."""
+    gemm: Literal["auto", "aten", "onednn"] = "auto"
+    """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul, 1.5-1.7x
+    faster than aten for float32 on the AVX-512 CPU measured), aten (torch's default: MKL sgemm for
+    float32 on a CPU), or auto: onednn for float32 on a CPU, aten otherwise (bfloat16 linears are
+    oneDNN's through aten already)."""
     fp8: bool = False
     """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss
     run torch._scaled_mm in float8 e4m3 with offline scales. Off by default."""
