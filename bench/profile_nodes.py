@@ -88,13 +88,20 @@ def node_ms(checkpoint, spec, dtype_name: str, name: str, lengths: list[int]) ->
     return 1e3 * median(time_calls(lambda: node(ids, lens, LABELS, 2), repeats=3))
 
 
+def same_kernels(model, dtype):
+    """The eager model on the linear kernel a default build compiles in (model.gemm = auto)."""
+    from compile.linear import resolve_gemm, use_gemm
+
+    return use_gemm(model, resolve_gemm("auto", "cpu", dtype))
+
+
 def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float) -> dict:
     from compile.checkpoint import load_checkpoint
     from compile.model import build_model
     from compile.score.module import ScoreModule, pack_inputs
 
     loaded = load_checkpoint(checkpoint, str(dtype).removeprefix("torch."))
-    module = ScoreModule(build_model(loaded.spec, loaded.state_dict, dtype), 5)
+    module = ScoreModule(same_kernels(build_model(loaded.spec, loaded.state_dict, dtype), dtype), 5)
     ids = torch.randint(0, spec.vocab_size, (sum(lengths),))
     args = pack_inputs(ids, torch.tensor(lengths), torch.tensor([9454, 2152]), label_slots=8)
     families = eager_profile(module, args)
@@ -122,7 +129,7 @@ def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict
     from compile.model import build_model
 
     loaded = load_checkpoint(checkpoint, "float32")
-    model = build_model(loaded.spec, loaded.state_dict, torch.float32)
+    model = same_kernels(build_model(loaded.spec, loaded.state_dict, torch.float32), torch.float32)
     ids = torch.randint(0, spec.vocab_size, (length,))
     cu = torch.tensor([0, length], dtype=torch.int32)
     index, valid = torch.arange(length)[None], torch.ones(1, length, dtype=torch.bool)
