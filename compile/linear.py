@@ -39,10 +39,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, bac
 class Linear(nn.Linear):
     """nn.Linear whose kernel is set per build (`use_gemm`); same parameters and state-dict names."""
 
-    backend: GemmBackend = "aten"
+    gemm: GemmBackend = "aten"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.backend)
+        return linear(x, self.weight, self.bias, self.gemm)
 
 
 def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
@@ -59,10 +59,9 @@ def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
 
 
 def use_gemm(model: nn.Module, backend: GemmBackend) -> nn.Module:
-    """Set the backend on every Linear of `model` and on modules with a `gemm` attribute; returns model."""
+    """Set the backend on every module with a `gemm` attribute (each Linear, the output projection);
+    returns model."""
     for module in model.modules():
-        if isinstance(module, Linear):
-            module.backend = backend
         if hasattr(module, "gemm"):
             module.gemm = backend
     return model

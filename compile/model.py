@@ -107,13 +107,13 @@ class Attention(nn.Module):
         """Queries only, for rows that need no keys of their own: x [N, H] -> [N, Hq, D]."""
         q_dim = self.split[0]
         bias = None if self.qkv.bias is None else self.qkv.bias[:q_dim]
-        return self._finish_q(linear(x, self.qkv.weight[:q_dim], bias, self.qkv.backend), cos, sin)
+        return self._finish_q(linear(x, self.qkv.weight[:q_dim], bias, self.qkv.gemm), cos, sin)
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Keys and values only: x [T, H] -> k, v [T, Hkv, D]."""
         q_dim = self.split[0]
         bias = None if self.qkv.bias is None else self.qkv.bias[q_dim:]
-        k, v = linear(x, self.qkv.weight[q_dim:], bias, self.qkv.backend).split(self.split[1:], dim=-1)
+        k, v = linear(x, self.qkv.weight[q_dim:], bias, self.qkv.gemm).split(self.split[1:], dim=-1)
         return self._finish_kv(k, v, cos, sin)
 
     def _finish_q(self, q, cos, sin):
