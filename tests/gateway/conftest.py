@@ -36,8 +36,13 @@ def endpoint() -> str:
     return f"ipc:///tmp/boundserve-gw-test-{os.getpid()}-{next(_ids)}"
 
 
+# Route defaults far above any answer time on a loaded 2-core machine: a test about deadlines sets its own
+# (in the body, a header or these settings), every other test must not depend on how busy the machine is.
+GENEROUS_DEADLINES = {"score_deadline_ms": 30_000, "generate_deadline_ms": 30_000}
+
+
 def deployment(endpoints: list[str], **gateway) -> DeploymentConfig:
-    gw = dataclasses.replace(GatewayConfig(), access_log=False, **gateway)
+    gw = dataclasses.replace(GatewayConfig(), access_log=False, **{**GENEROUS_DEADLINES, **gateway})
     worker = WorkerConfig(endpoints=tuple(endpoints), devices=tuple("cpu" for _ in endpoints),
                           heartbeat_interval_ms=50)
     return DeploymentConfig(worker=worker, gateway=gw)
