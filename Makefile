@@ -45,9 +45,10 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # The headline set: full-depth scoring (Qwen2.5-0.5B 24 layers, Qwen3-0.6B 28 layers; fp32 and
 # bf16) and beam search (Qwen2.5-0.5B, W=100, S=4, 256-token prompts), each against transformers
 # and CTranslate2 in the same run; and shared-prefix scoring (one context x 15 items, Qwen2.5-0.5B
-# 24 layers, fp32 and bf16) against the unshared node and transformers. Results land in bench/results/. Run it from one commit on a
-# quiet machine; `make bench-build` first does the compiling (cached in bench/.cache), so that the
-# timed runs are all `make bench` does.
+# 24 layers, fp32 and bf16) against the unshared node and transformers; then where the time goes
+# (operator families and every GEMM shape against the peak, fp32 and bf16). Results land in
+# bench/results/. Run it from one commit on a quiet machine; `make bench-build` first does the
+# compiling (cached in bench/.cache), so that the timed runs are all `make bench` does.
 SCORE_REQUESTS ?= 2
 SCORE := $(PY) bench/score_node.py
 BEAM  := $(PY) bench/beam_node.py
@@ -67,6 +68,8 @@ bench: bench-build
 	$(BEAM) --model qwen2.5-0.5b
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype bf16
+	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype fp32 --node
+	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype bf16 --node
 
 # Serving-path benchmarks on the tiny demo model (the CPU's share of a request outside the model).
 bench-serving: bench-venv
