@@ -22,11 +22,11 @@ import sys
 
 import torch
 
-import hf_baselines as hf_side
-import parity
-from common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, median, model_gemm_shapes,
+from bench import hf_baselines as hf_side
+from bench import parity
+from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, median, model_gemm_shapes,
                     peak_by_library, shaped_checkpoint, time_calls)
-from flops import beam_flops, executed_mfu
+from bench.flops import beam_flops, executed_mfu
 
 W, S, K = 100, 4, 4
 PAD_ID = 0
@@ -193,7 +193,7 @@ def prepare(args):
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
-    from ct2_baseline import Ct2Model
+    from bench.ct2_baseline import Ct2Model
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)

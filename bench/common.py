@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-CACHE = ROOT / "bench" / ".cache"
+from bench.provenance import RESULTS, ROOT, write_result
 
-from provenance import RESULTS, write_result  # noqa: E402  (bench/ is on sys.path when run as a script)
+CACHE = ROOT / "bench" / ".cache"
 
 __all__ = ["CACHE", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
            "interleaved_times", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "peak_by_library",

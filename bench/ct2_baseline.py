@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from common import CACHE
+from bench.common import CACHE
 
 CPU_COMPUTE_TYPES = ("float32", "int8_float32", "int8")
 

@@ -1,7 +1,7 @@
 """Gateway overhead: what one `python -m gateway` process adds to a 15-sample scoring request.
 
 Runs, in one go on this machine: a stand-in worker process that answers instantly over the real
-protocol (tests/gateway/standin_worker.py), the real gateway process, and a light keep-alive HTTP
+protocol (loadgen/standin_worker.py), the real gateway process, and a light keep-alive HTTP
 client. Measures (1) the tokenizer's own time for each request's samples (one encode_batch call,
 in this process), (2) sequential end-to-end latency, and (3) the most requests/s the gateway
 sustains under concurrent load, with the gateway process's own CPU time per request (what one
@@ -30,13 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.gateway.standin_worker import BOUNDS  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from provenance import write_result  # noqa: E402
+from bench.provenance import ROOT, write_result
+from loadgen.standin_worker import BOUNDS
 
 WORDS = ("red blue running shoe phone case cheap premium free shipping review rating coffee tea book laptop "
          "camera watch bag hotel flight city beach summer winter best top near me how why search click").split()
@@ -147,7 +142,7 @@ def start_stack(folder: Path, port: int, offload_chars: int) -> list[subprocess.
         f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n"
         f"tokenize_offload_chars = {offload_chars}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([sys.executable, "tests/gateway/standin_worker.py", "--endpoint", endpoint,
+    worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint,
                                "--vocab-size", str(1 << 20)], cwd=ROOT, env=env)
     gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"),
                                 "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)

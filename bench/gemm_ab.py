@@ -18,9 +18,9 @@ import os
 
 import torch
 
-import hf_baselines as hf_side
-from common import CACHE, MODELS, ROOT, emit, interleaved_round, median, shaped_checkpoint
-from score_node import DTYPES, LABELS, PAD_ID, SAMPLES, make_requests
+from bench import hf_baselines as hf_side
+from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, median, shaped_checkpoint
+from bench.score_node import DTYPES, LABELS, PAD_ID, SAMPLES, make_requests
 
 BACKENDS = ("aten", "onednn")
 W, S, K, PROMPT_TOKENS = 100, 4, 4, 256

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-import hf_baselines as hf_side
-import parity as checks
-from flops import beam_flops, executed_mfu, score_flops
+from bench import hf_baselines as hf_side
+from bench import parity as checks
+from bench.flops import beam_flops, executed_mfu, score_flops
 
 SAMPLES_PER_REQUEST = 15
 BEAM_W, BEAM_S, BEAM_K = 100, 4, 10

@@ -33,10 +33,10 @@ import traceback
 
 import torch
 
-from common import CACHE, MODELS, ROOT, emit, matmul_peak_flops, shaped_checkpoint
-from provenance import RESULTS, provenance
-from e2e_stack import Stack, run_load
-from gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
+from bench.common import CACHE, MODELS, ROOT, emit, matmul_peak_flops, shaped_checkpoint
+from bench.provenance import RESULTS, provenance
+from bench.e2e_stack import Stack, run_load
+from bench.gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 MAX_OFFERED_PER_S = 3000.0  # one asyncio client process; its send lag is reported beside each point
@@ -114,7 +114,7 @@ def offered_rates(target: float, capacity: float | None, s: Settings) -> list[fl
 
 def e2e(config, artifacts, s: Settings, vocab: int, name: str, capacity: dict) -> dict:
     """Per route, open-loop load at each offered rate for e2e_seconds, each point with its own seed."""
-    from gpu_measure import beam_bodies, score_bodies
+    from bench.gpu_measure import beam_bodies, score_bodies
 
     routes = (("/v1/score", s.score_rate, score_bodies, 100), ("/v1/generate", s.beam_rate, beam_bodies, 200))
     folder = CACHE / "e2e" / name

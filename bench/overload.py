@@ -40,12 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from gateway_overhead import Client, free_port, post, sequential, wait_ready  # noqa: E402
-from provenance import write_result  # noqa: E402
+from bench.gateway_overhead import Client, free_port, post, sequential, wait_ready
+from bench.provenance import ROOT, write_result
 
 WORDS = "red blue shoe phone case cheap premium coffee tea book laptop hotel city beach best top".split()
 MAX_CONNECTIONS = 400

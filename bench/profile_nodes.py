@@ -19,8 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import MODELS, emit, matmul_peak_flops, median, model_gemm_shapes, shaped_checkpoint, time_calls
-from flops import _attention, _head, _kv, _q_o_mlp, score_flops
+from bench.common import MODELS, emit, matmul_peak_flops, median, model_gemm_shapes, shaped_checkpoint, time_calls
+from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FAMILIES = {  # profiler operator -> family (self time, so nested operators are not counted twice)
@@ -81,7 +81,7 @@ def gemm_table(shapes: dict, dtype: torch.dtype, peak: float) -> tuple[list[dict
 
 def node_ms(checkpoint, spec, dtype_name: str, name: str, lengths: list[int]) -> float:
     """The compiled scoring node's time (ms, median of 3) on a request of these lengths."""
-    from score_node import LABELS, build_node
+    from bench.score_node import LABELS, build_node
 
     node = build_node(checkpoint, dtype_name, name)
     ids, lens = torch.randint(0, spec.vocab_size, (sum(lengths),)), torch.tensor(lengths)
@@ -124,7 +124,8 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float) -> d
 
 def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict:
     """One request's pieces, timed alone on the eager blocks (ms) with their FLOP rates."""
-    from compile.beam.decode import decode, prefill, prompt_kv
+    from compile.beam.decode import decode, prompt_kv
+    from compile.model import prefill
     from compile.checkpoint import load_checkpoint
     from compile.model import build_model
 
@@ -167,7 +168,7 @@ def main() -> None:
     family, shape, depth = MODELS[args.model]
     layers, dtype = args.layers or depth, DTYPES[args.dtype]
     from compile.checkpoint import read_spec
-    from score_node import SAMPLES, make_requests
+    from bench.score_node import SAMPLES, make_requests
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)

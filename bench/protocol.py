@@ -17,18 +17,12 @@ import multiprocessing as mp
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import zmq
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from shared import protocol as p  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from provenance import write_result  # noqa: E402
+from bench.provenance import write_result
+from shared import protocol as p
 
 SAMPLES, TOKENS, LABELS, TOP_K, HIDDEN = 15, 300, 2, 5, 1024
 

@@ -26,11 +26,11 @@ import sys
 
 import torch
 
-import hf_baselines as hf_side
-import parity
-from common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, model_gemm_shapes,
+from bench import hf_baselines as hf_side
+from bench import parity
+from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, model_gemm_shapes,
                     peak_by_library, shaped_checkpoint)
-from flops import executed_mfu, score_flops
+from bench.flops import executed_mfu, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SAMPLES = 15
@@ -209,7 +209,7 @@ def prepare(args) -> Run:
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
-    from ct2_baseline import Ct2Model
+    from bench.ct2_baseline import Ct2Model
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)

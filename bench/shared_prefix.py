@@ -27,10 +27,10 @@ import random
 
 import torch
 
-import hf_baselines as hf_side
-import parity
-from common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint
-from flops import executed_mfu, score_flops, shared_score_flops
+from bench import hf_baselines as hf_side
+from bench import parity
+from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint
+from bench.flops import executed_mfu, score_flops, shared_score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ITEMS = 15
@@ -173,7 +173,7 @@ def main() -> None:
         "parity": checks,
     }
     if args.e2e:
-        from shared_prefix_e2e import measure_e2e
+        from bench.shared_prefix_e2e import measure_e2e
 
         result["e2e"] = measure_e2e(config, CACHE / "artifacts" / artifacts_name, timed[: args.e2e_requests]
                                     if len(timed) >= args.e2e_requests else requests[: args.e2e_requests])

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from e2e_stack import ROOT, free_port, to_toml
+from bench.e2e_stack import ROOT, free_port, to_toml
 
 NEVER_SHARE = 1_000_000  # a [score] min_shared_prefix_tokens no request reaches
 

@@ -25,13 +25,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from shared import protocol as p  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from provenance import write_result  # noqa: E402
+from bench.provenance import ROOT, write_result
+from shared import protocol as p
 
 CACHE = ROOT / "bench" / ".cache" / "worker_streams"
 SAMPLES, TOKENS = 15, 256

@@ -1,6 +1,7 @@
 """Offline build chain and the torch runtime of the compiled nodes. Imports torch and shared only.
 
     checkpoint.py  Hugging Face folder -> ModelSpec + fused weights      model.py  the packed transformer
+                   and the passes both nodes share (prefill, merge_partials)
     ops.py         custom operators compiled into the packages           machine.py  machine facts, compatibility
     score/         the prefill-only scoring node (module, heads, export, node)
     beam/          the bounded beam-search node (module and export, search, attention, decode,

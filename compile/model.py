@@ -6,7 +6,9 @@ are given per token, so every sample starts at position 0. Shapes: T tokens, H h
 D head dim, B samples.
 
 The building blocks (`Attention.project`, `Attention.output`, `Mlp`, `rope`) are public so that the
-beam node can run the same layers against its shared prompt K/V.
+beam node can run the same layers against its shared prompt K/V. The passes both nodes share live
+here too: `prefill` (the packed prompts once, keeping every layer's keys/values) and
+`merge_partials` (two partial softmax attentions over disjoint keys, joined by their log-sum-exp).
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ def visible_keys(cu_seqlens: torch.Tensor, parents: torch.Tensor, sample_segment
         chain.append(torch.where(up >= 0, parents.index_select(0, up.clamp(min=0)), up))
     members = torch.stack(chain, dim=1)  # [B, 3], -1 where the chain ends
     return (segment_of_row[None, :, None] == members[:, None, :]).any(dim=-1)
+
+
+def merge_partials(out_a, lse_a, out_b, lse_b):
+    """Combine two partial softmax attentions over disjoint key sets: [..., D] outputs, [...] lse.
+    Softmax over a concatenation splits exactly into its parts:
+    out = out_a · exp(lse_a − lse) + out_b · exp(lse_b − lse), lse = logaddexp(lse_a, lse_b)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a * torch.exp(lse_a - lse)[..., None] + out_b * torch.exp(lse_b - lse)[..., None]
 
 
 class RMSNorm(nn.Module):
@@ -244,6 +254,19 @@ class Transformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""
         return linear(self.norm(hidden), self.lm_head_weight, None, self.gemm).float()
+
+
+def prefill(model: Transformer, ids, positions, cu_seqlens):
+    """ids, positions [T]; cu_seqlens int32 [R+1] -> hidden [T, H] (before the final norm), and every
+    layer's keys and values: per layer [T, Hkv, D]."""
+    x = model.embed(ids)  # [T, H]
+    cos, sin = rope_tables(model.inv_freq, positions, x.dtype)
+    keys, values = [], []
+    for layer in model.layers:
+        x, k, v = layer.forward_kv(x, cos, sin, cu_seqlens)
+        keys.append(k)
+        values.append(v)
+    return x, keys, values
 
 
 def build_model(spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> Transformer:

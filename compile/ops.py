@@ -19,7 +19,6 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from compile.beam.attention import merge
 
 
 @torch.library.custom_op("boundserve::varlen_attention", mutates_args=())
@@ -49,6 +48,8 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     comes before its child. A query sees all keys of its segment's ancestors and its own segment's
     keys up to itself. Returns [Tq, Hq, D].
     """
+    from compile.model import merge_partials  # the model core imports this module
+
     out = torch.empty_like(q)
     bounds, parent = cu_seqlens.tolist(), parents.tolist()
     offset = k.shape[0] - q.shape[0]
@@ -80,7 +81,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         o_a, lse_a = _attend_full(queries.index_select(0, mine), k[bounds[a]: bounds[a + 1]],
                                   v[bounds[a]: bounds[a + 1]])
         o_mine, lse_mine = o.index_select(0, mine), lse.index_select(0, mine)
-        o[mine], lse[mine] = merge(o_mine, lse_mine, o_a, lse_a), torch.logaddexp(lse_mine, lse_a)
+        o[mine], lse[mine] = merge_partials(o_mine, lse_mine, o_a, lse_a), torch.logaddexp(lse_mine, lse_a)
     out[rows] = o.to(q.dtype)
     return out
 

@@ -1,7 +1,7 @@
 """Deadline-ordered micro-batching: the async shell around shared/policy's batch plan and drops.
 
 One Batcher per workload. Its loop asks the pool for the least-loaded worker with a free slot, and
-the policy what to do with the head of the queue (`plan_batch`): hold a partial batch while that
+the policy what to do with the head of the queue (`dispatch`): hold a partial batch while that
 worker is predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so
 a wrong prediction costs no idle time), or send it, answering the members predicted to finish past
 their deadline 504 instead. A job whose deadline passes while queued is answered 504 at once by its
@@ -18,7 +18,7 @@ from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.metrics import Metrics
 from gateway.worker_pool import WorkerPool
-from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Send, plan_batch, take_expired
+from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Send, dispatch, take_expired
 
 __all__ = ["BatchBounds", "Batcher"]
 log = logging.getLogger("gateway.batcher")
@@ -126,7 +126,7 @@ class Batcher:
         if link is None:
             return None  # the pool wakes us when a slot frees or a worker becomes ready
         now = self._loop.time()
-        plan = plan_batch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
+        plan = dispatch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
                           self._max_wait_ms, now, self._predict)
         if isinstance(plan, Hold):
             return plan.wait_ms / 1000.0

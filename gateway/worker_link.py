@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from gateway.errors import ApiError
 from gateway.job import SENT, Job
-from gateway.latency import CorrectedModel
+from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol as p
 from shared.bounds import batch_capacity

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
-from gateway.latency import CorrectedModel
+from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, WorkerLink
 from shared.policy import least_busy
@@ -33,7 +33,7 @@ class WorkerPool:
     def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
                  observe_worker_ms: Callable[[float], None] = lambda ms: None) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
-        self.policy = LivenessPolicy.from_timeout(worker_timeout_ms)
+        self.liveness = LivenessPolicy.from_timeout(worker_timeout_ms)
         self.max_inflight_batches = max_inflight_batches
         self._loop = asyncio.get_running_loop()
         self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, observe_worker_ms)
@@ -93,7 +93,7 @@ class WorkerPool:
         assert self._context is not None
         while True:
             try:
-                link.open(self._context, self.policy)
+                link.open(self._context, self.liveness)
                 why = await link.serve()
             except Exception as exc:  # a bug below the reader, or no socket: it must not end this link for good
                 log.exception("the link to worker %s failed", link.endpoint)
@@ -107,7 +107,7 @@ class WorkerPool:
     async def _watch(self) -> None:
         """Fail the batches of stalled workers; say Hello to workers that are not ready."""
         while True:
-            await asyncio.sleep(self.policy.check_period_s)
+            await asyncio.sleep(self.liveness.check_period_s)
             now = self._loop.time()
             for link in self.links:
                 try:
@@ -116,7 +116,7 @@ class WorkerPool:
                     log.exception("checking worker %s failed", link.endpoint)
 
     def _check(self, link: WorkerLink, now: float) -> None:
-        why = self.policy.stalled(link.in_flight.values(), now)
+        why = self.liveness.stalled(link.in_flight.values(), now)
         if why is not None and not self._stopping:
             link.declare_lost(why, STALLED)
         if link.state in (CONNECTING, LOST):
@@ -140,7 +140,7 @@ class WorkerPool:
             since = link.out_of_service_since
             if link.endpoint != endpoint or since is None or link.state == READY or not link.pid:
                 continue
-            if link.state == STALLED or now - since > self.policy.stuck_restart_s:
+            if link.state == STALLED or now - since > self.liveness.stuck_restart_s:
                 return link.pid
         return None
 

@@ -1,8 +1,8 @@
 """Offline discrete-event replay of a trace through the gateway's own scheduling policy.
 
 Every decision comes from the functions the gateway calls (shared/policy): precheck and admit
-with probes and learnt lateness, the deadline-ordered queue, plan_batch (hold, send, predicted-late
-drops) and take_expired; predictions come from the gateway's CorrectedModel (gateway/latency.py),
+with probes and learnt lateness, the deadline-ordered queue, dispatch (hold, send, predicted-late
+drops) and take_expired; predictions come from the gateway's CorrectedModel (shared/latency_correction.py),
 fed each simulated batch as the gateway feeds it the workers' answers. Only the world around the
 gateway is simulated (loadgen/sim_world.py):
   clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
@@ -34,7 +34,7 @@ from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWork
                                speed_at)
 from loadgen.trace import Trace
 from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView,
-                           Prediction, Refusal, admit, least_busy, plan_batch, precheck, take_expired)
+                           Prediction, Refusal, admit, least_busy, dispatch, precheck, take_expired)
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -244,7 +244,7 @@ class Simulator:
             worker = self._pick()
             if worker is None:
                 return  # an answer (a freed slot) triggers the next look
-            plan = plan_batch(queue, workload, self.settings.bounds(workload), worker.models[workload],
+            plan = dispatch(queue, workload, self.settings.bounds(workload), worker.models[workload],
                               worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
                               self.settings.admission)
             if isinstance(plan, Hold):

@@ -7,7 +7,7 @@ beyond the compute: messages, copies, the worker's wake-up), and predictions use
 REFIT_EVERY batches the model is also refitted on the recent measurements, so a start-up profile
 that is far off (a profile taken on a busy machine) cannot stay wrong.
 
-Pure (no clock, no I/O): the gateway (gateway/latency.py) feeds it the workers' answers and the
+Pure (no clock, no I/O): the gateway (gateway/worker_link.py) feeds it the workers' answers and the
 simulator (loadgen/simulator.py) its simulated batches, so both predict alike.
 """
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from compile.model import merge_partials
+
 
 def _partial(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """scores [..., M, N] float32, v [..., N, D] -> softmax(scores) @ v [..., M, D] float32, lse [..., M]."""
@@ -49,14 +51,9 @@ def suffix_attention(q, k, v, scale: float):
     return out.reshape(r, w, hq, d), lse.reshape(r, w, hq)
 
 
-def merge(out_a, lse_a, out_b, lse_b):
-    """Combine two partial softmax attentions over disjoint key sets: [..., D] outputs, [...] lse."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    return out_a * torch.exp(lse_a - lse)[..., None] + out_b * torch.exp(lse_b - lse)[..., None]
-
 
 def shared_prompt_attention(q, prompt_k, prompt_v, prompt_valid, suffix_k, suffix_v, scale: float):
     """Attention of beam queries over [prompt ; own suffix]. q [R, W, Hq, D] -> [R, W, Hq, D] (q's dtype)."""
     out_p, lse_p = prompt_attention(q, prompt_k, prompt_v, prompt_valid, scale)
     out_s, lse_s = suffix_attention(q, suffix_k, suffix_v, scale)
-    return merge(out_p, lse_p, out_s, lse_s).to(q.dtype)
+    return merge_partials(out_p, lse_p, out_s, lse_s).to(q.dtype)

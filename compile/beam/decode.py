@@ -1,7 +1,7 @@
-"""The model passes of the beam node, built from the model core's layer blocks.
+"""The decode pass of the beam node, built from the model core's layer blocks.
 
-`prefill` runs the packed prompts once and keeps every layer's K/V; `prompt_kv` lays it out as
-[R, L, Hkv, D] per request (L = longest prompt, masked), once per request, not per beam.
+The prompts run once through the model core's `prefill`, which keeps every layer's K/V; `prompt_kv`
+lays it out as [R, L, Hkv, D] per request (L = longest prompt, masked), once per request, not per beam.
 `decode` runs one new token for each of the R·W beams against the shared prompt K/V and the
 beams' own suffix K/V (at most S positions), which it extends and returns.
 """
@@ -14,17 +14,6 @@ from compile.beam.attention import shared_prompt_attention
 from compile.beam.search import take
 from compile.model import Transformer, rope_tables
 
-
-def prefill(model: Transformer, ids, positions, cu_seqlens):
-    """ids, positions [T]; cu_seqlens int32 [R+1] -> hidden [T, H], keys and values: per layer [T, Hkv, D]."""
-    x = model.embed(ids)  # [T, H]
-    cos, sin = rope_tables(model.inv_freq, positions, x.dtype)
-    keys, values = [], []
-    for layer in model.layers:
-        x, k, v = layer.forward_kv(x, cos, sin, cu_seqlens)
-        keys.append(k)
-        values.append(v)
-    return x, keys, values
 
 
 def prompt_kv(packed: list[torch.Tensor], prompt_index: torch.Tensor) -> list[torch.Tensor]:

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch.export import Dim
 
-from compile.beam.decode import prefill
-from compile.model import Transformer
+from compile.model import Transformer, prefill
 from compile.score.heads import MlpHead
-from compile.score.layout import plan_batch
+from compile.score.layout import lay_out
 from compile.score.module import OUTPUT_NAMES, ScoreModule, pack_inputs
 from shared.config import BoundsConfig, MlpHeadConfig
 from shared.prefix import stable_prefix_ids, template_header
@@ -57,7 +56,7 @@ def example_inputs(bounds: BoundsConfig, vocab_size: int, static_ids: list[int],
                    device: str = "cpu") -> tuple[torch.Tensor, ...]:
     """A small valid batch used to trace the node: one 3-token prefix shared by suffixes of 2 and 3 tokens."""
     ids = torch.arange(8, dtype=torch.int64) % vocab_size
-    layout = plan_batch(ids, [2, 3], [3], [2], torch.tensor(static_ids, dtype=torch.int64))
+    layout = lay_out(ids, [2, 3], [3], [2], torch.tensor(static_ids, dtype=torch.int64))
     label_ids = torch.zeros(2, dtype=torch.int64)
     return tuple(t.to(device) for t in pack_inputs(ids, None, label_ids, bounds.max_labels, layout))
 

@@ -51,7 +51,7 @@ class _Builder:
         return len(self.parents) - 1
 
 
-def plan_batch(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[int], group_sizes: list[int],
+def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[int], group_sizes: list[int],
                static_ids: torch.Tensor) -> Layout:
     """Lay out groups of (prefix, suffixes) over the static prefix `static_ids` [C] (may be empty).
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from compile.model import Transformer
 from compile.score.heads import MlpHead, label_heads, topk_head
-from compile.score.layout import Layout, plan_batch
+from compile.score.layout import Layout, lay_out
 
 OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "topk_logprobs", "hidden")
 
@@ -60,7 +60,7 @@ def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int, layout: Lay
     prefix, no static prefix) and the labels padded to the compiled slots with a mask."""
     if layout is None:
         lens = [int(n) for n in sample_lens]
-        layout = plan_batch(input_ids, lens, [0] * len(lens), [1] * len(lens), input_ids.new_zeros(0))
+        layout = lay_out(input_ids, lens, [0] * len(lens), [1] * len(lens), input_ids.new_zeros(0))
     labels = torch.zeros(label_slots, dtype=torch.int64)
     labels[: len(label_ids)] = label_ids
     mask = torch.arange(label_slots) < len(label_ids)

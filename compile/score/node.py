@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from compile.score.layout import plan_batch
+from compile.score.layout import lay_out
 from compile.score.module import pack_inputs
 from shared.bounds import Bounds, BoundsError, ScoreShape, outside_vocabulary, score_problem
 
@@ -51,7 +51,7 @@ class ScoreNode:
         if prefix_lens is None:
             prefix_lens, group_sizes = torch.zeros_like(sample_lens), torch.ones_like(sample_lens)
         self.check(input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes)
-        layout = plan_batch(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
+        layout = lay_out(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
                             self._static)
         args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds.max_labels, layout)
         with torch.inference_mode():

@@ -4,8 +4,9 @@ Pure: no I/O, no asyncio, no clock of its own. Callers pass the queue, the time 
 on their own monotonic clock, the clock deadlines are kept on) and the predictions (a cost model,
 how busy the workers are); the functions return decisions. gateway/admission.py and
 gateway/batcher.py are thin async shells around them and loadgen/simulator.py drives them from its
-event loop, so a setting tuned offline means the same thing live. queue.py holds the vocabulary
-(Work, CostModel, drop reasons, DeadlineQueue), admission.py and batching.py the decisions.
+event loop, so a setting tuned offline means the same thing live. deadline_queue.py (the queue and
+what it reads of a job), cost.py (what it reads of a latency prediction) and drops.py (the drop
+reasons) hold the vocabulary; admission.py and batching.py the decisions.
 
   admission  precheck: the queue's predicted wait alone misses the deadline (refused before any
              tokenizing); admit: the queue's token budget is spent (429 queue_full) or the
@@ -29,12 +30,14 @@ requests still expire at their deadline.
 from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit, finish_ms, is_probe,
                                      precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, busy_ms, chunk_bounds,
-                                    form_batch, least_busy, plan_batch, take_expired)
-from shared.policy.queue import DROP_CODES, CostModel, DeadlineQueue, DropReason, Refusal, Work
+                                    dispatch, form_batch, least_busy, take_expired)
+from shared.policy.cost import CostModel
+from shared.policy.deadline_queue import DeadlineQueue, Work
+from shared.policy.drops import DROP_CODES, DropReason, Refusal
 
 __all__ = [
     "DROP_CODES", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds", "CostModel",
     "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "Refusal", "Send", "Work", "admit",
-    "busy_ms", "chunk_bounds", "finish_ms", "form_batch", "is_probe", "least_busy", "plan_batch", "precheck",
+    "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe", "least_busy", "precheck",
     "take_expired",
 ]

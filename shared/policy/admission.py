@@ -6,7 +6,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.policy.queue import CostModel, DeadlineQueue, DropReason, Refusal, Work
+from shared.policy.cost import CostModel
+from shared.policy.deadline_queue import DeadlineQueue, Work
+from shared.policy.drops import DropReason, Refusal
 
 LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
 

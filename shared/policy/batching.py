@@ -6,7 +6,8 @@ from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from shared.policy.queue import CostModel, DeadlineQueue, W, Work
+from shared.policy.cost import CostModel
+from shared.policy.deadline_queue import DeadlineQueue, W, Work
 
 SCAN_LIMIT = 8
 """Queued jobs that did not fit, looked past per batch (keeps forming a batch cheap in a long queue)."""
@@ -105,7 +106,7 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
             and (labels.issuperset(job.label_ids) or len(labels.union(job.label_ids)) <= bounds.max_labels))
 
 
-def plan_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
+def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
                max_wait_ms: float, now_s: float, predict: bool = True) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
     `worker_busy_ms`. A partial batch sent to a busy worker would only wait in its FIFO: it stays here

@@ -1,7 +1,7 @@
 """Measure how long the gateway's pool takes to declare a worker lost: SIGKILL and SIGSTOP, ipc and tcp.
 
 `python -m tests.chaos.measure_detection [--worker-timeout-ms 1000] [--runs 5]`: a stand-in worker
-process (tests/gateway/standin_worker.py) serves a real WorkerPool; the time from the signal to the
+process (loadgen/standin_worker.py) serves a real WorkerPool; the time from the signal to the
 link leaving `ready` is printed per run. A measurement tool, not a test (timings are never asserted).
 """
 
@@ -31,7 +31,7 @@ async def _until(pool: WorkerPool, ready: bool) -> None:
 
 async def detect_once(endpoint: str, signum: int, worker_timeout_ms: int) -> float:
     """Seconds from `signum` sent to the worker to the pool declaring it lost."""
-    worker = subprocess.Popen([sys.executable, "-m", "tests.gateway.standin_worker", "--endpoint", endpoint])
+    worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint])
     pool = WorkerPool((endpoint,), worker_timeout_ms, 2)
     await pool.start()
     try:

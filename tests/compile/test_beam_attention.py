@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compile.beam.attention import merge, prompt_attention, shared_prompt_attention, suffix_attention
+from compile.beam.attention import prompt_attention, shared_prompt_attention, suffix_attention
+from compile.model import merge_partials
 
 
 def _reference(q, prompt_k, prompt_v, lens, suffix_k, suffix_v, scale):
@@ -47,4 +48,4 @@ def test_partial_lse_is_the_log_normaliser():
     out_s, lse_s = suffix_attention(q, k[:, None].expand(1, 2, 4, 2, 8), v[:, None].expand(1, 2, 4, 2, 8), 1.0)
     torch.testing.assert_close(lse_s, want)
     # merging a part with itself gives the same output (weights 1/2 + 1/2)
-    torch.testing.assert_close(merge(out_s, lse_s, out_s, lse_s), out_s)
+    torch.testing.assert_close(merge_partials(out_s, lse_s, out_s, lse_s), out_s)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from compile.runtime import load_nodes
-from compile.score.layout import plan_batch
+from compile.score.layout import lay_out
 from shared.bounds import BoundsError
 from shared.config import ScoreConfig
 from tests.compile.reference import hf_last_token, load_hf, random_batch
@@ -142,6 +142,6 @@ def test_static_prefix_reuse_equals_transformers(static_node, demo_checkpoint, t
 
 def test_layout_never_reads_the_static_prefix_for_a_sample_that_ends_inside_it():
     static = torch.tensor([5, 6, 7])
-    layout = plan_batch(torch.tensor([5, 6, 7, 5, 6, 7, 1]), [3, 4], [0, 0], [1, 1], static)
+    layout = lay_out(torch.tensor([5, 6, 7, 5, 6, 7, 1]), [3, 4], [0, 0], [1, 1], static)
     assert layout.parents.tolist() == [-1, -1, 0]  # static segment, [5 6 7] in full, [1] over static
     assert layout.cached_tokens == [0, 3]

@@ -15,7 +15,7 @@ from gateway.app import GATEWAY, make_app
 from gateway.state import Settings
 from gateway.tokenizer import RequestTokenizer
 from shared.config import DeploymentConfig, GatewayConfig, WorkerConfig
-from tests.gateway.standin_worker import BOUNDS, StandInWorker
+from loadgen.standin_worker import BOUNDS, StandInWorker
 
 _ids = itertools.count()
 

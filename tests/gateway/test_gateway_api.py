@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.gateway.metrics_page import sample, scrape
-from tests.gateway.standin_worker import expected_beam, expected_label_logits, expected_logprobs, expected_topk
+from loadgen.standin_worker import expected_beam, expected_label_logits, expected_logprobs, expected_topk
 
 SAMPLES = ["good shoe", "bad phone case for the summer", "cheap red coffee"]
 
@@ -122,7 +122,7 @@ async def test_probes_metrics_and_openapi(stack):
 
 async def test_large_requests_are_tokenized_off_the_event_loop(request_tokenizer):
     from tests.gateway.conftest import endpoint, start_stack
-    from tests.gateway.standin_worker import StandInWorker
+    from loadgen.standin_worker import StandInWorker
 
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size).start()
     stack = await start_stack(request_tokenizer, [worker], tokenize_offload_chars=10)

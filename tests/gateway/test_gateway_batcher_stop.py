@@ -11,7 +11,7 @@ import logging
 import threading
 
 from tests.gateway.conftest import endpoint, start_stack
-from tests.gateway.standin_worker import StandInWorker
+from loadgen.standin_worker import StandInWorker
 from tests.gateway.waiting import until
 
 BODY = {"samples": [{"input_ids": [3, 4, 5]}] * 2, "label_token_ids": [1], "deadline_ms": 30_000}

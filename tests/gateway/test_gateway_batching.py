@@ -10,7 +10,7 @@ import asyncio
 import threading
 
 from tests.gateway.conftest import endpoint, start_stack
-from tests.gateway.standin_worker import StandInWorker
+from loadgen.standin_worker import StandInWorker
 from tests.gateway.waiting import until
 
 

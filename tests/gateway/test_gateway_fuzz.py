@@ -21,7 +21,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 
-from tests.gateway.standin_worker import BOUNDS
+from loadgen.standin_worker import BOUNDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_CODES = {"deadline_unmeetable", "deadline_exceeded"}
@@ -44,7 +44,7 @@ def gateway_url(tokenizer, tmp_path_factory):
         f'name = "fuzz"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
         f"[gateway]\nport = {port}\naccess_log = false\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([sys.executable, "tests/gateway/standin_worker.py", "--endpoint", endpoint,
+    worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint,
                                "--vocab-size", "1024"], cwd=ROOT, env=env)
     gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"),
                                 "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gateway.worker_link import READY, STALLED
 from tests.gateway.conftest import endpoint, start_stack, wait_ready
-from tests.gateway.standin_worker import StandInWorker
+from loadgen.standin_worker import StandInWorker
 from tests.gateway.test_gateway_rejections import assert_error
 from tests.gateway.waiting import until
 
@@ -31,7 +31,7 @@ BODY = {"samples": ["x"], "labels": ["yes"], "deadline_ms": 10_000}
 def lower_stall_floor(stack, floor_s: float) -> None:
     """Only the multiple of the prediction is left to protect a batch (the floor is 10 s)."""
     pool = stack.gateway.pool
-    pool.policy = dataclasses.replace(pool.policy, stall_floor_s=floor_s)
+    pool.liveness = dataclasses.replace(pool.liveness, stall_floor_s=floor_s)
 
 
 async def test_a_worker_whose_connection_closes_fails_its_batch_at_once(request_tokenizer):
@@ -52,7 +52,7 @@ async def test_a_worker_whose_connection_closes_fails_its_batch_at_once(request_
 async def test_a_frozen_worker_process_is_lost_then_rejoins_when_resumed(request_tokenizer, tmp_path):
     """SIGSTOP freezes the process and its libzmq threads: its ZMTP heartbeats go unanswered."""
     address = f"ipc://{tmp_path}/frozen"
-    process = subprocess.Popen([sys.executable, "-m", "tests.gateway.standin_worker", "--endpoint", address,
+    process = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", address,
                                 "--vocab-size", str(request_tokenizer.vocab_size), "--delay-ms", "500"], cwd=ROOT)
     stack = await start_stack(request_tokenizer, [StandInWorker(address)], wait=False, worker_timeout_ms=400)
     try:
@@ -61,7 +61,7 @@ async def test_a_frozen_worker_process_is_lost_then_rejoins_when_resumed(request
         asked = asyncio.create_task(stack.post("/v1/score", BODY))
         await until(lambda: link.in_flight, what="a batch in flight")
         pool = stack.gateway.pool
-        pool.policy = dataclasses.replace(pool.policy, stuck_restart_s=0.5)  # a supervisor's patience (5 s)
+        pool.liveness = dataclasses.replace(pool.liveness, stuck_restart_s=0.5)  # a supervisor's patience (5 s)
         process.send_signal(signal.SIGSTOP)
         status, body, _ = await asked  # deadline 10 s: only the lost connection can answer this
         assert_error(status, body, 503, "worker_lost", "heartbeats went unanswered")
@@ -102,7 +102,7 @@ async def test_a_cpu_batch_ten_times_longer_than_predicted_is_answered_not_lost(
     the 10 s floor is lowered, so only libzmq's heartbeats and the 20x multiple stand between it and
     being declared lost."""
     address = f"ipc://{tmp_path}/busy"
-    process = subprocess.Popen([sys.executable, "-m", "tests.gateway.standin_worker", "--endpoint", address,
+    process = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", address,
                                 "--vocab-size", str(request_tokenizer.vocab_size), "--delay-ms", "2000", "--spin",
                                 "--predicted-ms", "200"], cwd=ROOT)
     stack = await start_stack(request_tokenizer, [StandInWorker(address)], wait=False, worker_timeout_ms=200)

@@ -17,7 +17,7 @@ from gateway.metrics import DROP_REASONS, LATENCY_BUCKETS_S, STAGES, Metrics
 from shared.latency_model import LatencyModel
 from tests.gateway.conftest import endpoint, start_stack
 from tests.gateway.metrics_page import families, sample, scrape
-from tests.gateway.standin_worker import StandInWorker
+from loadgen.standin_worker import StandInWorker
 from tests.gateway.waiting import until
 
 SCORE = "/v1/score"

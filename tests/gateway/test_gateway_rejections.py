@@ -10,7 +10,7 @@ import pytest
 
 from shared.latency_model import LatencyModel
 from tests.gateway.conftest import endpoint, start_stack
-from tests.gateway.standin_worker import StandInWorker
+from loadgen.standin_worker import StandInWorker
 from tests.gateway.waiting import until
 
 
@@ -163,7 +163,7 @@ async def test_a_worker_that_stops_answering_fails_its_requests_with_503_worker_
     stack = await start_stack(request_tokenizer, [worker])
     try:
         pool = stack.gateway.pool
-        pool.policy = dataclasses.replace(pool.policy, stall_floor_s=0.3)  # not the 10 s default
+        pool.liveness = dataclasses.replace(pool.liveness, stall_floor_s=0.3)  # not the 10 s default
         worker.silent = True
         status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 5000})
         assert_error(status, body, 503, "worker_lost", "stopped answering")

@@ -32,7 +32,7 @@ from gateway.openapi import openapi_document
 from gateway.score_request import parse_score
 from shared.bounds import ScoreShape, score_problem
 from tests.gateway.conftest import deployment, endpoint
-from tests.gateway.standin_worker import BOUNDS
+from loadgen.standin_worker import BOUNDS
 
 VOCAB = 1024
 PLAIN = Limits.from_manifest(deployment([endpoint()]), {"bounds": BOUNDS}, VOCAB)

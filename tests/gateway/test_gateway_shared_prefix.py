@@ -23,7 +23,7 @@ from shared.prefix import computed_tokens
 from shared.prefix import longest_common_prefix
 from tests.gateway.conftest import endpoint, start_stack
 from tests.gateway.metrics_page import sample
-from tests.gateway.standin_worker import BOUNDS, StandInWorker, expected_label_logits, expected_logprobs
+from loadgen.standin_worker import BOUNDS, StandInWorker, expected_label_logits, expected_logprobs
 
 PREFIX = list(range(10, 30))  # 20 tokens
 STATIC = (7, 8, 9)

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from tests.gateway.conftest import endpoint, request_tokenizer, start_stack, tokenizer_dir  # noqa: F401 (fixtures)
-from tests.gateway.standin_worker import BOUNDS, StandInWorker
+from loadgen.standin_worker import BOUNDS, StandInWorker
 
 
 @pytest.fixture(scope="session")

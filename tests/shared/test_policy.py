@@ -10,7 +10,7 @@ from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
 from shared.policy import (DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
                            PoolView, Prediction, Refusal, Send, admit, busy_ms, chunk_bounds, form_batch,
-                           plan_batch, precheck, take_expired)
+                           dispatch, precheck, take_expired)
 
 SCORE = BatchBounds(max_jobs=8, max_tokens=100, max_labels=2)
 IDLE = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=0)
@@ -118,7 +118,7 @@ def test_without_predictions_nothing_is_refused_for_its_deadline():
     assert isinstance(admit([FakeJob(0.001, tokens=1)], DeadlineQueue(), IDLE, model(), 0.0, fcfs, Lateness()),
                       Prediction)
     assert admit([FakeJob(0.001)], queue, IDLE, model(), 0.0, fcfs, Lateness()).reason == "queue_full"
-    plan = plan_batch(queue_of(FakeJob(0.001)), "score", SCORE, model(), 50.0, 60.0, 0.0, predict=False)
+    plan = dispatch(queue_of(FakeJob(0.001)), "score", SCORE, model(), 50.0, 60.0, 0.0, predict=False)
     assert isinstance(plan, Send) and len(plan.live) == 1 and not plan.late
 
 
@@ -147,20 +147,20 @@ def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits(
 
 def test_a_partial_batch_holds_while_its_worker_is_busy_and_a_full_one_goes():
     queue = queue_of(FakeJob(1.0, samples=2))
-    assert plan_batch(queue, "score", SCORE, model(), worker_busy_ms=10.0, max_wait_ms=2.0, now_s=0.0) == Hold(8.0)
-    plan = plan_batch(queue, "score", SCORE, model(), worker_busy_ms=1.5, max_wait_ms=2.0, now_s=0.0)
+    assert dispatch(queue, "score", SCORE, model(), worker_busy_ms=10.0, max_wait_ms=2.0, now_s=0.0) == Hold(8.0)
+    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=1.5, max_wait_ms=2.0, now_s=0.0)
     assert isinstance(plan, Send) and plan.predicted_ms == pytest.approx(4.0)
     full = queue_of(FakeJob(1.0, samples=8))
-    assert isinstance(plan_batch(full, "score", SCORE, model(), 10.0, 2.0, 0.0), Send)
+    assert isinstance(dispatch(full, "score", SCORE, model(), 10.0, 2.0, 0.0), Send)
 
 
 def test_members_predicted_late_are_dropped_only_by_a_confirmed_model():
     queue = queue_of(FakeJob(0.005), FakeJob(0.020))
-    plan = plan_batch(queue, "score", SCORE, model(), worker_busy_ms=3.0, max_wait_ms=5.0, now_s=0.0)
+    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=3.0, max_wait_ms=5.0, now_s=0.0)
     # 3 ms in flight + 2 + 2 ms: finishes at 7 ms, past the first deadline (5 ms), before the second
     assert isinstance(plan, Send) and plan.finish_at == pytest.approx(0.007)
     assert [j.deadline for j in plan.late] == [0.005] and [j.deadline for j in plan.live] == [0.020]
-    trusting = plan_batch(queue, "score", SCORE, model(verified=False), 3.0, 5.0, 0.0)
+    trusting = dispatch(queue, "score", SCORE, model(verified=False), 3.0, 5.0, 0.0)
     assert not trusting.late and len(trusting.live) == 2
 
 

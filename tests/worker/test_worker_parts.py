@@ -132,7 +132,7 @@ def test_the_computed_token_count_matches_the_nodes_layout():
     layout computes: submitted tokens less the node's cached_tokens, static prefix included."""
     import torch
 
-    from compile.score.layout import plan_batch
+    from compile.score.layout import lay_out
     from shared.prefix import computed_tokens
     from shared.prefix import longest_common_prefix
 
@@ -145,6 +145,6 @@ def test_the_computed_token_count_matches_the_nodes_layout():
         static = samples[0][: int(rng.integers(1, 4))] if rng.random() < 0.7 else [3, 2]
         suffixes = [s[prefix_len:] for s in samples]
         ids = torch.tensor(samples[0][:prefix_len] + [t for s in suffixes for t in s], dtype=torch.int64)
-        layout = plan_batch(ids, [len(s) for s in suffixes], [prefix_len], [len(samples)], torch.tensor(static))
+        layout = lay_out(ids, [len(s) for s in suffixes], [prefix_len], [len(samples)], torch.tensor(static))
         submitted = sum(map(len, samples))
         assert computed_tokens(samples[0][:prefix_len], suffixes, static) == submitted - layout.cached_tokens[0]

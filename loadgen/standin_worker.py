@@ -1,12 +1,13 @@
 """A stand-in worker speaking the real protocol over real ZeroMQ, with made-up but checkable answers.
 
-The only fake the gateway tests use (and bench/gateway_overhead.py, where it answers instantly).
+It measures the gateway alone (bench/gateway_overhead.py, where it answers instantly), and it is
+the only fake the gateway tests use.
 Answers are pure functions of the inputs (see `expected_*`), so tests can check that every sample
 reached the worker and came back in its place. A request sent as a shared prefix plus suffixes is
 answered from its whole samples (prefix + suffix), so a wrong split shows in the answers; its
 cached_tokens are the submitted tokens less those a worker computes (shared.latency_model).
 Runs on a thread, or as a process:
-`python tests/gateway/standin_worker.py --endpoint ipc:///tmp/x [--delay-ms 5]`.
+`python -m loadgen.standin_worker --endpoint ipc:///tmp/x [--delay-ms 5]`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.latency import CorrectedModel
+from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
 
 

@@ -1,37 +1,11 @@
-"""The policy's vocabulary: what it reads of a job and a cost model, its drop reasons, and the
-deadline-ordered queue of one workload (pure: no I/O, no clock)."""
+"""The deadline-ordered queue of one workload and what it reads of a queued job (pure: no I/O, no clock)."""
 
 from __future__ import annotations
 
 import bisect
-import enum
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
-
-class DropReason(enum.StrEnum):
-    """Why accepted or arriving work was answered without being served: declared once, counted once."""
-
-    QUEUE_FULL = "queue_full"  # the queue's token budget is spent (refused at admission)
-    DEADLINE_UNMEETABLE = "deadline_unmeetable"  # the predicted finish is past the deadline (refused at admission)
-    EXPIRED_IN_QUEUE = "expired_in_queue"  # the deadline passed while queued in the gateway; never sent
-    PREDICTED_LATE = "predicted_late"  # its batch would finish past its deadline; never sent
-    EXPIRED_IN_WORKER = "expired_in_worker"  # the worker found it expired before compute; never computed
-    WORKER_OVERDUE = "worker_overdue"  # the deadline passed while the worker held it
-    WORKER_LOST = "worker_lost"  # the worker stopped answering with it in flight
-
-
-DROP_CODES = {
-    DropReason.QUEUE_FULL: "queue_full",
-    DropReason.DEADLINE_UNMEETABLE: "deadline_unmeetable",
-    DropReason.EXPIRED_IN_QUEUE: "deadline_exceeded",
-    DropReason.PREDICTED_LATE: "deadline_exceeded",
-    DropReason.EXPIRED_IN_WORKER: "deadline_exceeded",
-    DropReason.WORKER_OVERDUE: "deadline_exceeded",
-    DropReason.WORKER_LOST: "worker_lost",
-}
-"""Drop reason -> the API error code it is answered with (gateway/errors.py gives the HTTP status)."""
 
 
 class Work(Protocol):
@@ -48,31 +22,7 @@ class Work(Protocol):
     beam_key: tuple[int, int, int] | None
 
 
-class CostModel(Protocol):
-    """A worker's latency prediction (gateway/latency.py's CorrectedModel)."""
-
-    @property
-    def verified(self) -> bool: ...
-
-    def predict_ms(self, batch_items: float, tokens_per_item: float) -> float: ...
-
-    def backlog_ms(self, items: int, tokens: int) -> float: ...
-
-
 W = TypeVar("W", bound=Work)
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A request answered without compute: the drop reason, a message for the caller, Retry-After."""
-
-    reason: DropReason
-    message: str
-    retry_after_s: float | None = None
-
-    @property
-    def code(self) -> str:
-        return DROP_CODES[self.reason]
 
 
 class DeadlineQueue(Generic[W]):

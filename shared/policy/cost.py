@@ -1,0 +1,16 @@
+"""What the policy reads of a worker's latency prediction (shared/latency_correction.py's CorrectedModel)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class CostModel(Protocol):
+    """A worker's latency prediction (shared/latency_correction.py's CorrectedModel)."""
+
+    @property
+    def verified(self) -> bool: ...
+
+    def predict_ms(self, batch_items: float, tokens_per_item: float) -> float: ...
+
+    def backlog_ms(self, items: int, tokens: int) -> float: ...
