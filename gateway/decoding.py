@@ -19,6 +19,7 @@ import msgspec
 import msgspec.inspect as mi
 import orjson
 
+from gateway import body_rules
 from gateway.errors import ApiError
 from shared.decode_errors import MISSING, locate
 
@@ -30,7 +31,7 @@ class BodyDecoder(Generic[T]):
 
     def __init__(self, bounded: type, lenient: type, build: Callable[[Any], T]) -> None:
         """`bounded`: the type with the compiled bounds; `lenient`: the same type without them;
-        `build`: the checks across fields (raising ApiError) and what the handler needs."""
+        `build`: what the handler needs, from a body that met its type and its rules."""
         self._bounded, self._lenient, self._build = bounded, lenient, build
         self._decoder = msgspec.json.Decoder(bounded)
         self._lenient_decoder = msgspec.json.Decoder(lenient)
@@ -44,6 +45,7 @@ class BodyDecoder(Generic[T]):
             raise not_json(raw, error) from None
         except RecursionError:
             raise too_deep() from None
+        body_rules.check(body)
         return self._build(body)
 
     def _refusal(self, raw: bytes, bounded_error: str) -> ApiError:
@@ -57,7 +59,7 @@ class BodyDecoder(Generic[T]):
         except RecursionError:
             return too_deep()
         try:
-            self._build(body)
+            body_rules.check(body)
         except ApiError as error:
             return error
         return ApiError("too_large", too_large_message(self._bounded, bounded_error, raw))
