@@ -207,18 +207,29 @@ def test_peek_batch_id_of_a_malformed_batch():
     assert p.peek_batch_id([b"\x03", body(2**64 - 1)]) is None
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.sampled_from([3, 5]), st.binary(max_size=64))
-def test_fuzz_peek_never_crashes(type_byte, data):
-    assert p.peek_batch_id([bytes([type_byte]), data]) is None or True
-
-
 msgpack_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8)
     | st.binary(max_size=16),
     lambda children: st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=5), children, max_size=4),
     max_leaves=30,
 )
+INT64 = range(-(2**63), 2**63)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([3, 5]), st.binary(max_size=64))
+def test_fuzz_peek_of_random_bytes_gives_an_int64_or_nothing(type_byte, data):
+    found = p.peek_batch_id([bytes([type_byte]), data])
+    assert found is None or (type(found) is int and found in INT64), found
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([3, 5]), msgpack_values, st.lists(msgpack_values, max_size=4))
+def test_fuzz_peek_reads_the_first_field_of_any_batch_shaped_array(type_byte, head, rest):
+    """Whatever follows it, the first element of a msgpack array is the batch id when it is an
+    int64 integer (so a malformed batch is still failed by id), and nothing otherwise."""
+    found = p.peek_batch_id([bytes([type_byte]), msgpack.packb([head, *rest])])
+    assert found == (head if type(head) is int and head in INT64 else None), (head, found)
 
 
 @settings(max_examples=300, deadline=None)
