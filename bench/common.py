@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from bench.provenance import RESULTS, ROOT, write_result
+from bench.provenance import RESULTS, ROOT, timed_part, write_result
 
 CACHE = ROOT / "bench" / ".cache"
 
 __all__ = ["CACHE", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
            "interleaved_times", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "peak_by_library",
-           "shaped_checkpoint", "time_calls"]
+           "shaped_checkpoint", "time_calls", "timed_part"]
 
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
@@ -145,6 +145,9 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def emit(name: str, result: dict) -> None:
-    """Write the result, with its provenance, to bench/results/<name>.json and print it as the last line."""
-    write_result(name, result, quick=bool(result.get("quick", False)), threads=torch.get_num_threads())
+def emit(name: str, result: dict, threads: int | dict | None = None) -> None:
+    """Write the result, with its provenance, to bench/results/<name>.json and print it as the last line
+    (never when its parity failed: bench/provenance.py). `threads`: each side's intra-op threads, when
+    they differ; by default torch's, which every side used."""
+    write_result(name, result, quick=bool(result.get("quick", False)),
+                 threads=torch.get_num_threads() if threads is None else threads)

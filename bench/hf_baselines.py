@@ -5,13 +5,23 @@ Scoring (samples of different lengths, the logits at each sample's last token):
            only the last position projected (logits_to_keep=1);
   best     the same, but samples sorted by length and run in micro-batches of `micro_batch`
            samples, so that little padding is computed (the bench picks the fastest size).
+Either runs its float32 linear layers on torch's default GEMM (MKL's sgemm on x86, which takes an
+AVX2 path on AMD CPUs) or, inside `linears_on(model, "onednn")`, on oneDNN's matmul: the kernel our
+float32 node uses (compile/linear.py), so that a ratio against it shows what the engine adds beyond
+the library.
 Beam search: generate(num_beams=W, do_sample=False) on a left-padded batch of prompts (one prompt
 for single-request latency, several for throughput).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
+
 import torch
+
+from compile.linear import GemmBackend, linear
 
 
 def left_padded(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,3 +71,24 @@ def beams(model, prompts: list[torch.Tensor], pad_id: int, num_beams: int, steps
     tokens = out.sequences[:, ids.shape[1]:]
     tokens = torch.nn.functional.pad(tokens, (0, steps - tokens.shape[1]), value=pad_id)  # all stopped early
     return tokens.reshape(len(prompts), k, steps), out.sequences_scores.float().reshape(len(prompts), k)
+
+
+@contextlib.contextmanager
+def linears_on(model, backend: GemmBackend) -> Iterator[None]:
+    """While inside, every nn.Linear of `model` (the vocabulary projection too) multiplies with
+    `backend`: "onednn" is oneDNN's matmul on the plain weight, as our float32 node calls it;
+    "aten" leaves transformers as it is."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] if backend != "aten" else []
+    for module in linears:
+        module.forward = functools.partial(_linear_forward, module, backend)  # shadows nn.Linear.forward
+    try:
+        yield
+    finally:
+        for module in linears:
+            del module.forward
+
+
+def _linear_forward(module: torch.nn.Linear, backend: GemmBackend, x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] -> [..., out] on `backend` (it takes rows [N, in])."""
+    out = linear(x.reshape(-1, x.shape[-1]), module.weight, module.bias, backend)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from bench.gateway_overhead import Client, free_port, post, sequential, wait_ready
 from bench.provenance import ROOT, write_result
+from shared.config import load_config
 
 WORDS = "red blue shoe phone case cheap premium coffee tea book laptop hotel city beach best top".split()
 MAX_CONNECTIONS = 400
@@ -266,7 +267,8 @@ def main() -> None:
     args = parser.parse_args()
     args.seconds = args.seconds or (6.0 if args.quick else 20.0)
     result = asyncio.run(measure(args))
-    write_result("overload" + ("-quick" if args.quick else ""), result, quick=args.quick)
+    threads = {"worker": load_config(ROOT / "configs/test.toml").worker.cpu_threads}  # the config every stack runs
+    write_result("overload" + ("-quick" if args.quick else ""), result, quick=args.quick, threads=threads)
 
 
 if __name__ == "__main__":

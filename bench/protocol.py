@@ -156,7 +156,9 @@ def main() -> None:
     out["target_overhead_us"] = 100
     out["meets_target_vs_raw_transport"] = out["protocol_overhead_ipc_p50_us"] < 100
     out["meets_target_vs_memcpy"] = out["ipc_p50_us"] - out["memcpy_p50_us"] < 100
-    write_result("protocol" + ("-quick" if args.quick else ""), out, quick=args.quick)
+    # one Python thread on each side of the round trip (this process and the echo process)
+    write_result("protocol" + ("-quick" if args.quick else ""), out, quick=args.quick,
+                 threads={"client": 1, "echo_process": 1})
 
 
 if __name__ == "__main__":

@@ -5,13 +5,20 @@ written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (
 Contenders, timed interleaved request by request in one process, same threads:
   ours        one packed call per request (no padding computed; the last layer only at the last tokens);
   hf_careful  the request as one left-padded batch, last position projected (bench/hf_baselines.py);
-  hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep;
+  hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep; its
+              float32 linears on torch's default GEMM (MKL's sgemm, an AVX2 path on AMD CPUs);
+  hf_best_onednn  (float32 runs) the same with transformers' linears on oneDNN's matmul, the kernel
+              our float32 node uses (bench/hf_baselines.linears_on), at its own fastest micro-batch:
+              its ratio is what the engine adds beyond the GEMM library;
   ct2         CTranslate2 at the max_batch_size (and, for bf16 runs, the CPU compute type) that was
               fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16).
 Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
 after the timed part.
+
+Parity is asserted before anything is written: a run that fails it writes no result and exits
+non-zero (bench/provenance.py).
 
     .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--layers N]
                                          [--requests R] [--quick] [--no-ct2] [--build-only]
@@ -22,14 +29,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import sys
 
 import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, model_gemm_shapes,
-                    peak_by_library, shaped_checkpoint)
+                          peak_by_library, shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -78,9 +84,10 @@ def sweep(fns: dict, give_up_factor: float | None = None) -> tuple[object, dict,
 class Contenders:
     """The four callables of one request, each returning what its parity check needs."""
 
-    def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None):
+    def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None,
+                 onednn_micro_batch: int | None = None):
         self.node, self.hf, self.ct2 = node, hf, ct2
-        self.micro_batch, self.ct2_setting = micro_batch, ct2_setting
+        self.micro_batch, self.ct2_setting, self.onednn_micro_batch = micro_batch, ct2_setting, onednn_micro_batch
 
     def for_request(self, samples: list[torch.Tensor]) -> dict:
         ids, lens = torch.cat(samples), torch.tensor([len(s) for s in samples])
@@ -89,6 +96,8 @@ class Contenders:
             "hf_careful": lambda: hf_side.careful(self.hf, samples, PAD_ID),
             "hf_best": lambda: hf_side.best(self.hf, samples, PAD_ID, self.micro_batch),
         }
+        if self.onednn_micro_batch is not None:
+            fns["hf_best_onednn"] = lambda: hf_best_onednn(self.hf, samples, self.onednn_micro_batch)
         if self.ct2_setting is not None:
             rows, (compute_type, batch) = self.ct2.strings(samples), self.ct2_setting
             fns["ct2"] = lambda: self.ct2.score(compute_type, rows, batch)
@@ -120,6 +129,18 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     by_type = {t: (lambda t=t: ct2.score(t, rows, batch)) for t in types}
     _, report["ct2_compute_type_ms"], outs = sweep(by_type)
     return micro_batch, (fastest_at_parity(report, outs, reference), batch), report, outs
+
+
+def hf_best_onednn(hf, samples: list[torch.Tensor], micro_batch: int) -> torch.Tensor:
+    with hf_side.linears_on(hf, "onednn"):
+        return hf_side.best(hf, samples, PAD_ID, micro_batch)
+
+
+def pick_onednn_micro_batch(hf, request) -> tuple[int, dict]:
+    """hf_best_onednn's own fastest micro-batch on the sweep's request (after a warm-up call)."""
+    hf_best_onednn(hf, request, SAMPLES)
+    micro_batch, table, _ = sweep({m: (lambda m=m: hf_best_onednn(hf, request, m)) for m in HF_MICRO_BATCHES})
+    return micro_batch, table
 
 
 def fastest_at_parity(report: dict, outs: dict, reference: torch.Tensor) -> str:
@@ -155,6 +176,9 @@ def fp32_checks(outputs: list[dict]) -> list[dict]:
                                          careful[:, LABELS], parity.FP32_ABS))
         checks.append(parity.close_check(f"hf_best_vs_hf_careful_logits[{r}]", out["hf_best"], careful,
                                          parity.FP32_ABS))
+        if "hf_best_onednn" in out:
+            checks.append(parity.close_check(f"hf_best_onednn_vs_hf_careful_logits[{r}]", out["hf_best_onednn"],
+                                             careful, parity.FP32_ABS))
         checks.append(parity.top1_check(f"ours_top1_vs_hf_careful[{r}]", out["ours"].topk_ids[:, 0],
                                         out["ours"].topk_logprobs[:, 0], careful, parity.FP32_ABS))
         if "ct2" in out:
@@ -239,8 +263,13 @@ def measure(run: Run, requests) -> dict:
         del fp32
     clock.lap("reference")
     micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(run.node, run.hf, run.ct2, requests[0], reference)
+    onednn_micro_batch = None
+    if run.args.dtype == "fp32":  # bf16 linears already run on oneDNN through aten
+        onednn_micro_batch, sweeps["hf_best_onednn_micro_batch_ms"] = pick_onednn_micro_batch(run.hf, requests[0])
     clock.lap("warm_up_and_sweeps")
-    seconds, outputs = time_requests(Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting), requests)
+    contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch)
+    with timed_part():
+        seconds, outputs = time_requests(contenders, requests)
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
@@ -249,8 +278,15 @@ def measure(run: Run, requests) -> dict:
     else:
         checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
     clock.lap("parity")
-    return {"seconds": seconds, "micro_batch": micro_batch, "ct2": ct2_setting, "sweeps": sweeps, "checks": checks,
-            "peaks": (peak_before, peak_after), "phase_seconds": clock.laps}
+    return {"seconds": seconds, "micro_batch": micro_batch, "onednn_micro_batch": onednn_micro_batch,
+            "ct2": ct2_setting, "sweeps": sweeps, "checks": checks, "peaks": (peak_before, peak_after),
+            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2)}
+
+
+def threads_by_side(seconds: dict, ct2) -> dict[str, int]:
+    """The intra-op threads each contender ran with (torch's for ours and transformers; the
+    CTranslate2 generator's own)."""
+    return {name: (ct2.threads if name == "ct2" else torch.get_num_threads()) for name in seconds}
 
 
 def report(run: Run, requests, m: dict) -> dict:
@@ -264,6 +300,7 @@ def report(run: Run, requests, m: dict) -> dict:
         "bench": "score_node", "model": run.args.model, "layers": run.layers, "dtype": run.args.dtype,
         "quick": run.quick, "executed_mfu": executed_mfu(flops, seconds["ours"], peak),
         "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
+        "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
@@ -276,11 +313,23 @@ def report(run: Run, requests, m: dict) -> dict:
         "ms_per_request": {name: 1e3 * s for name, s in seconds.items()},
         "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
                      "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
+                     "hf_best_onednn": m["onednn_micro_batch"] and f"length-sorted micro-batches of "
+                                                                    f"{m['onednn_micro_batch']}",
                      "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}"},
+        "gemm": gemm_labels(run.args.dtype, seconds),
         "sweeps_ms": m["sweeps"], "executed_gflop_per_request": flops / 1e9,
         "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
         "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": checks,
     }
+
+
+def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
+    """Which GEMM library each side's linear layers called."""
+    if dtype != "fp32":
+        return {name: "oneDNN (bfloat16 through aten)" if name != "ct2" else "its own" for name in seconds}
+    labels = {"ours": "oneDNN matmul (model.gemm = auto)", "hf_careful": "torch default (MKL sgemm)",
+              "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own"}
+    return {name: labels[name] for name in seconds}
 
 
 def main() -> None:
@@ -297,9 +346,8 @@ def main() -> None:
     measured = measure(run, requests)
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(run, requests, measured)
-    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l" + ("-quick" if args.quick else ""), result)
-    if not result["parity_ok"]:
-        sys.exit("parity failed: " + ", ".join(c["check"] for c in result["parity"] if not c["ok"]))
+    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l" + ("-quick" if args.quick else ""), result,
+         threads=measured["threads"])  # refuses (exit 1, nothing written) when parity failed
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import zmq
 
 from bench.provenance import ROOT, write_result
 from shared import protocol as p
+from shared.config import WorkerConfig
 
 CACHE = ROOT / "bench" / ".cache" / "worker_streams"
 SAMPLES, TOKENS = 15, 256
@@ -137,7 +138,8 @@ def main() -> None:
             out["streams"][key] = run_worker(artifacts, args.device, n, total, Path(tmp))
             print(f"streams={key}: {out['streams'][key]}", file=sys.stderr)
     out |= ratios(out["streams"])
-    write_result("worker_streams" + ("-quick" if args.quick else ""), out, quick=args.quick)
+    threads = {"worker_cpu_threads": WorkerConfig.cpu_threads if args.device == "cpu" else None}  # config default
+    write_result("worker_streams" + ("-quick" if args.quick else ""), out, quick=args.quick, threads=threads)
 
 
 def ratios(runs: dict) -> dict:

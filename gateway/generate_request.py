@@ -13,10 +13,8 @@ from typing import Any
 
 from gateway.decoding import BodyDecoder
 from gateway.errors import ApiError
-from gateway.http_types import request_types
+from gateway.http_types import DEFAULT_BEAM_WIDTH, request_types
 from gateway.limits import Limits
-
-DEFAULT_BEAM_WIDTH = 4
 
 
 @dataclass(frozen=True)
@@ -45,15 +43,9 @@ def parse_generate(raw: bytes, limits: Limits) -> GenerateSpec:
 
 
 def _spec(body: Any, limits: Limits) -> GenerateSpec:
-    """The rules across fields, and the defaults."""
-    if (body.prompt is None) == (body.input_ids is None):
-        raise ApiError("invalid_request", "give exactly one of $.prompt (a string) or $.input_ids (a list of "
-                                          "token ids)")
+    """The spec of a body that met its type and its rules (http_types' RULES), defaults filled in."""
     beam_width = body.beam_width or min(DEFAULT_BEAM_WIDTH, limits.bounds.max_beam_width)
     num_return = body.num_return_sequences or 1
-    if num_return > beam_width:
-        raise ApiError("invalid_request", f"$.num_return_sequences = {num_return} must not exceed "
-                                          f"$.beam_width = {beam_width}")
     prompt = body.prompt if body.input_ids is None else body.input_ids
     return GenerateSpec(prompt, beam_width, body.max_new_tokens or limits.bounds.max_new_tokens, num_return,
                         body.deadline_ms)

@@ -12,8 +12,8 @@ deployment (`request_types(limits)`, once). Limits are of two kinds:
   `request_types(limits, compiled_bounds=False)` leaves them out, so a decoder can tell the two apart.
 Null stands for absent in every optional field (clients that serialize unset fields as null work).
 Rules across fields that a type cannot state (exactly one of labels or label_token_ids, ...) are
-checked by gateway/score_request.py and gateway/generate_request.py, and stated for the schema in
-each type's `RULES` (JSON Schema); tests/gateway/test_gateway_schema.py proves both say the same.
+declared once, in each type's `RULES` (gateway/body_rules.py): the decoder checks them and the
+schema states them.
 """
 
 # No `from __future__ import annotations`: the Structs below are made inside functions, and msgspec
@@ -24,6 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta, Struct
 
+from gateway.body_rules import (ExactlyOne, Excludes, ItemsOfQueryKind, ItemTokens, NotAbove, OnlyWhen, Rule,
+                                SampleTokens, When)
 from gateway.limits import Limits
 from shared.bounds import rule_words
 
@@ -32,6 +34,11 @@ MAX_TEXT_CHARS = 1 << 20
 MAX_MODEL_CHARS = 256
 OUTPUTS = ("probs", "logprobs", "logits", "topk", "embedding")
 LABEL_OUTPUTS = ("probs", "logprobs", "logits")
+DEFAULT_OUTPUT = "probs"
+LABELLED = When("output", LABEL_OUTPUTS, DEFAULT_OUTPUT)
+"""The outputs read at label tokens, which need labels (or their ids)."""
+DEFAULT_BEAM_WIDTH = 4
+"""beam_width when a request leaves it out (or the compiled bound, if smaller)."""
 DEADLINE_HELP = ("Budget in ms from arrival; X-Deadline-Ms and x-envoy-expected-rq-timeout-ms also count "
                  "(the smallest wins), else the route default.")
 
@@ -39,15 +46,6 @@ DEADLINE_HELP = ("Budget in ms from arrival; X-Deadline-Ms and x-envoy-expected-
 def _words(bound: str, field: str) -> str:
     """A token-count bound's 413 words about `field` (shared/bounds.py's rule), filled in on decoding."""
     return rule_words(bound, "{count}", "{bound}", part=field)
-
-
-def _given(name: str) -> dict[str, Any]:
-    """JSON Schema: the field is present and not null."""
-    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
-
-
-def _absent(name: str) -> dict[str, Any]:
-    return {"not": _given(name)}
 
 
 @dataclass(frozen=True)
@@ -78,9 +76,6 @@ class _Fields:
         self.limits, self.compiled_bounds = limits, compiled_bounds
         self.token_id = Annotated[int, Meta(ge=0, le=limits.vocab_size - 1, extra={"noun": "token id"})]
         self.text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
-        # A sample's text may be empty only when its query is not (score_request checks it); the
-        # schema asks for one character, which is always enough.
-        self.sample_text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS, extra_json_schema={"minLength": 1})]
         self.deadline = Annotated[int, Meta(ge=1, le=limits.max_deadline_ms, description=DEADLINE_HELP)]
         self.label_ids = Annotated[list[self.token_id], Meta(min_length=1, description="Label token ids."),
                                    self.bound("max_labels", "label_token_ids holds {count} ids; at most {bound} "
@@ -107,31 +102,30 @@ def _score_request(f: _Fields) -> tuple[type[Struct], type[Struct]]:
     class SampleObject(Struct, forbid_unknown_fields=True):
         """One sample: text (with a query of its own, else the request's) or token ids."""
 
-        RULES: ClassVar[dict[str, Any]] = {"oneOf": [
-            {"allOf": [_given("text"), _absent("input_ids")]},
-            {"allOf": [_given("input_ids"), _absent("text"), _absent("query")]}]}
-        text: f.sample_text | None = None
+        RULES: ClassVar[tuple[Rule, ...]] = (
+            ExactlyOne("text", "input_ids"),
+            Excludes("input_ids", "query", "a query goes before a text; token ids are sent whole"))
+        text: f.text | None = None
         query: f.text | None = None
         input_ids: f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "sample {index}")) | None = None
 
     class ScoreRequest(Struct, forbid_unknown_fields=True):
         """Score samples (prefill only): label probabilities, top-k tokens or embeddings."""
 
-        RULES: ClassVar[dict[str, Any]] = {"anyOf": [
-            {"properties": {"output": {"enum": [*LABEL_OUTPUTS, None]}}, "allOf": [_absent("top_k")],
-             "oneOf": [_given("labels"), _given("label_token_ids")]},
-            {"required": ["output"], "properties": {"output": {"const": "topk"}},
-             "allOf": [_absent("labels"), _absent("label_token_ids")]},
-            {"required": ["output"], "properties": {"output": {"const": "embedding"}},
-             "allOf": [_absent("labels"), _absent("label_token_ids"), _absent("top_k")]}]}
-        samples: Annotated[list[f.sample_text | SampleObject], Meta(min_length=1), f.bound(
+        RULES: ClassVar[tuple[Rule, ...]] = (
+            ExactlyOne("labels", "label_token_ids", when=LABELLED),
+            OnlyWhen("labels", LABELLED),
+            OnlyWhen("label_token_ids", LABELLED),
+            OnlyWhen("top_k", When("output", ("topk",), DEFAULT_OUTPUT)),
+            SampleTokens())
+        samples: Annotated[list[f.text | SampleObject], Meta(min_length=1), f.bound(
             "max_samples_per_request", "samples holds {count} samples; this deployment takes at most {bound} "
             "per request")]
         labels: Annotated[list[f.text], Meta(min_length=1, description="Each must be exactly one token."),
                           f.bound("max_labels", "labels holds {count} entries; at most {bound} are compiled")
                           ] | None = None
         label_token_ids: f.label_ids | None = None
-        output: Literal[OUTPUTS] | None = "probs"
+        output: Literal[OUTPUTS] | None = DEFAULT_OUTPUT
         top_k: f.count("max_top_k", "tokens") = None
         query: Annotated[f.text, Meta(description="Fills {query} of the prompt template, else prefixes each "
                                                   "text.")] | None = None
@@ -145,15 +139,9 @@ def _sglang_score_request(f: _Fields) -> type[Struct]:
         """SGLang's /v1/score body, accepted unchanged: the query joined to each item, as text or
         token ids alike; answered in SGLang's shape."""
 
-        RULES: ClassVar[dict[str, Any]] = {"anyOf": [
-            {"properties": {"query": {"type": ["string", "null"]}, "items": {
-                "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}}},
-            {"properties": {"query": {"type": ["array", "null"]},
-                            "items": {"type": "array", "items": {"type": "array"}}},
-             "anyOf": [{"required": ["query"], "properties": {"query": {"type": "array", "minItems": 1}}},
-                       {"properties": {"items": {"items": {"minItems": 1}}}}]}]}
-        items: f.sample_text | Annotated[
-            list[f.sample_text | f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "items[{index}]"),
+        RULES: ClassVar[tuple[Rule, ...]] = (ItemsOfQueryKind(), ItemTokens())
+        items: f.text | Annotated[
+            list[f.text | f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "items[{index}]"),
                                        min_length=None)],
             Meta(min_length=1), f.bound("max_samples_per_request", "items holds {count} items; at most {bound} "
                                                                    "per request")]
@@ -171,6 +159,7 @@ def _sglang_score_request(f: _Fields) -> type[Struct]:
 
 
 def _generate_request(f: _Fields, constraint_set: str | None) -> type[Struct]:
+    default_width = min(DEFAULT_BEAM_WIDTH, f.limits.bounds.max_beam_width)
     constraint = Literal[constraint_set] | None if constraint_set else Annotated[None, Meta(extra={
         "hint": "this deployment has no constraint set; remove the field"})]
 
@@ -178,8 +167,9 @@ def _generate_request(f: _Fields, constraint_set: str | None) -> type[Struct]:
         """Bounded beam search: the best continuations of a prompt. Give exactly one of prompt or
         input_ids; num_return_sequences must not exceed beam_width (default min(4, the bound))."""
 
-        RULES: ClassVar[dict[str, Any]] = {"oneOf": [{"allOf": [_given("prompt"), _absent("input_ids")]},
-                                                     {"allOf": [_given("input_ids"), _absent("prompt")]}]}
+        RULES: ClassVar[tuple[Rule, ...]] = (
+            ExactlyOne("prompt", "input_ids"),
+            NotAbove("num_return_sequences", "beam_width", field_default=1, limit_default=default_width))
         prompt: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)] | None = None
         input_ids: f.ids("max_prompt_tokens", _words("max_prompt_tokens", "input_ids")) | None = None
         beam_width: f.count("max_beam_width", "beams") = None

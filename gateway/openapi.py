@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from gateway.body_rules import schema_of
 from gateway.errors import ERRORS, ErrorAnswer
 from gateway.http_answers import ANSWERS
 from gateway.http_types import request_types
@@ -27,8 +28,8 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
         [types.score, types.sglang_score, types.generate, ErrorAnswer, *ANSWERS, DeadlineHeader, dict[str, Any],
          str],
         ref_template=REF)
-    for struct in types.structs:  # rules across fields, which types cannot state
-        components[struct.__name__].update(struct.RULES)
+    for struct in types.structs:  # rules across fields, declared with the types (gateway/body_rules.py)
+        components[struct.__name__].update(schema_of(struct.RULES))
     (score, sglang, generate, error, score_answer, sglang_answer, generate_answer, health, ready, header, document,
      text) = schemas
     headers = [{"name": name, "in": "header", "required": False, "schema": header}

@@ -4,8 +4,8 @@ Ours:   {"samples": [str | {"text", "query"?} | {"input_ids"}], "labels" | "labe
          "output": probs|logprobs|logits|topk|embedding, "top_k", "query", "deadline_ms"}
 SGLang: {"query", "items", "label_token_ids", "apply_softmax", "item_first", "model"} (+ "deadline_ms"),
         answered in SGLang's shape: {"scores": [[...]], "model", "usage", "object": "scoring"}.
-Both are declared in gateway/http_types.py and decoded by msgspec (gateway/decoding.py); this
-module checks the rules across fields (stated for the schema in each type's RULES) and applies
+Both are declared in gateway/http_types.py, with their rules across fields, and decoded by msgspec
+(gateway/decoding.py), which checks those rules; this module tells the two shapes apart and applies
 the query and the prompt template.
 """
 
@@ -19,7 +19,7 @@ import msgspec
 
 from gateway.decoding import BodyDecoder
 from gateway.errors import ApiError
-from gateway.http_types import LABEL_OUTPUTS, request_types
+from gateway.http_types import DEFAULT_OUTPUT, LABEL_OUTPUTS, request_types
 from gateway.limits import Limits
 
 
@@ -80,46 +80,27 @@ def invalid(message: str) -> ApiError:
 
 
 def _ours(body: Any, limits: Limits) -> ScoreSpec:
-    output = body.output or "probs"
+    output = body.output or DEFAULT_OUTPUT
     query = body.query or ""
-    samples = [_sample(item, f"$.samples[{i}]", query, limits) for i, item in enumerate(body.samples)]
-    labels, label_ids = _labels(body, output)
-    if body.top_k is not None and output != "topk":
-        raise invalid(f"$.top_k is only used with output 'topk', not {output!r}")
+    samples = [_sample(item, query, limits) for item in body.samples]
+    labels = body.labels if output in LABEL_OUTPUTS else None
+    label_ids = body.label_token_ids if output in LABEL_OUTPUTS and body.label_token_ids is not None else []
     top_k = (body.top_k or min(5, limits.bounds.max_top_k)) if output == "topk" else 0
     return ScoreSpec(samples, labels, label_ids, output, top_k, body.deadline_ms, "boundserve")
 
 
-def _sample(item: Any, where: str, query: str, limits: Limits) -> str | list[int]:
+def _sample(item: Any, query: str, limits: Limits) -> str | list[int]:
     if isinstance(item, str):
-        return _apply_template(item, query, where, limits)
+        return _apply_template(item, query, limits)
     if item.input_ids is not None:
-        if item.text is not None or item.query is not None:
-            raise invalid(f"{where} has input_ids and text or query: give token ids, or a text (with an "
-                          "optional query), not both")
         return item.input_ids
-    if item.text is None:
-        raise invalid(f"{where} must have a text or an input_ids field")
-    return _apply_template(item.text, query if item.query is None else item.query, where, limits)
+    return _apply_template(item.text, query if item.query is None else item.query, limits)
 
 
-def _apply_template(text: str, query: str, where: str, limits: Limits) -> str:
-    if not text and not query:
-        raise invalid(f"{where}: the text and the query are both empty; every sample needs at least one token")
+def _apply_template(text: str, query: str, limits: Limits) -> str:
     if limits.prompt_template is None:
         return query + text if query else text
     return limits.prompt_template.format_map({"text": text, "query": query})
-
-
-def _labels(body: Any, output: str) -> tuple[list[str] | None, list[int]]:
-    has_labels, has_ids = body.labels is not None, body.label_token_ids is not None
-    if output not in LABEL_OUTPUTS:
-        if has_labels or has_ids:
-            raise invalid(f"$.labels and $.label_token_ids are not used with output {output!r}; remove them")
-        return None, []
-    if has_labels == has_ids:
-        raise invalid(f"output {output!r} needs exactly one of $.labels (strings) or $.label_token_ids")
-    return (body.labels, []) if has_labels else (None, body.label_token_ids)
 
 
 def _sglang(body: Any, limits: Limits) -> ScoreSpec:
@@ -127,32 +108,8 @@ def _sglang(body: Any, limits: Limits) -> ScoreSpec:
     query = body.query
     if query is None:
         query = "" if isinstance(items[0], str) else []
-    if isinstance(query, str):
-        samples = _sglang_texts(query, items, bool(body.item_first))
-    else:
-        samples = _sglang_ids(query, items, bool(body.item_first))
+    join = (lambda item: item + query) if body.item_first else (lambda item: query + item)
     output = "probs" if body.apply_softmax else "vocab_probs"
     model = "default" if body.model is None else body.model
-    return ScoreSpec(samples, None, body.label_token_ids, output, 0, body.deadline_ms, "sglang", model)
-
-
-def _sglang_texts(query: str, items: list[Any], item_first: bool) -> list[str | list[int]]:
-    samples: list[str | list[int]] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, str):
-            raise invalid(f"$.items[{i}] must be a string because the query is text, got a list")
-        if not item and not query:
-            raise invalid(f"$.items[{i}] and $.query are both empty; every item needs at least one token")
-        samples.append(item + query if item_first else query + item)
-    return samples
-
-
-def _sglang_ids(query: list[int], items: list[Any], item_first: bool) -> list[str | list[int]]:
-    samples: list[str | list[int]] = []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            raise invalid(f"$.items[{i}] must be a list of token ids because the query is token ids, got a string")
-        if not item and not query:
-            raise invalid(f"$.items[{i}] must hold at least one token id (the query holds none)")
-        samples.append(item + query if item_first else query + item)
-    return samples
+    return ScoreSpec([join(item) for item in items], None, body.label_token_ids, output, 0, body.deadline_ms,
+                     "sglang", model)

@@ -5,8 +5,8 @@ the worker and the gateway. Facts found at run time (a worker's latency profile)
 into config: they travel in messages.
 
 Each field declares its type, its range (`Meta(ge=..., le=...)`) or its choices (`Literal`); msgspec
-checks them in C and the errors are worded here from the same declarations ("bounds.max_beam_width =
-401 must be between 1 and 400"). The `validate` methods hold only rules that span fields. Sections
+checks them in C and shared/decode_errors.py words its errors from the same declarations
+("bounds.max_beam_width = 401 must be an integer between 1 and 400"). The `validate` methods hold only rules that span fields. Sections
 stay dataclasses (not msgspec Structs) so that `dataclasses.replace` on a section keeps working;
 msgspec ignores keys a dataclass does not declare, so unknown keys are refused before decoding.
 """
@@ -14,7 +14,6 @@ msgspec ignores keys a dataclass does not declare, so unknown keys are refused b
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
+
+from shared.decode_errors import Style, locate
 
 
 class ConfigError(ValueError):
@@ -276,12 +277,16 @@ def parse_config(raw: dict[str, typing.Any], source: str = "<config>") -> Deploy
         raise ConfigError(f"{source}: {exc}") from None
 
 
+TOML = Style(root="", whole="the config", field="key", object="a table")
+"""How config errors name things: `bounds.max_top_k`, keys and tables."""
+
+
 def _from_builtins(raw: typing.Any) -> DeploymentConfig:
     _refuse_unknown_keys(_SCHEMA, raw, "")
     try:
         config = msgspec.convert(raw, DeploymentConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_explain(str(exc), raw)) from None
+        raise ConfigError(locate(exc, DeploymentConfig, raw).message(TOML)) from None
     config.validate()
     return config
 
@@ -313,41 +318,3 @@ def _refuse_unknown_keys(info: Schema, raw: typing.Any, prefix: str) -> None:
     for name, value in raw.items():
         _refuse_unknown_keys(fields[name], value, f"{prefix}{name}.")
 
-
-_STEP = re.compile(r"\.(\w+)|\[(\d+)\]")
-_TOML_KINDS = {"object": "a table", "array": "a list", "str": "a string", "bool": "a boolean"}
-
-
-def _explain(problem: str, raw: typing.Any) -> str:
-    """msgspec's error (`Expected `int` <= 400 - at `$.bounds.max_beam_width``) in the config's words,
-    from the same declarations: the field, the value given and what it must be."""
-    problem, _, where = problem.partition(" - at `$")
-    name = where.rstrip("`").lstrip(".") or "config"
-    info, value = _SCHEMA, raw
-    for key, index in _STEP.findall(where):
-        info = _step_type(info, key, index)
-        value = value[key] if key else value[int(index)]
-    if problem.startswith("Object missing required field"):
-        missing = problem.split("`")[1]
-        return f"missing required key(s): {'' if name == 'config' else name + '.'}{missing}"
-    if isinstance(info, msgspec.inspect.LiteralType):
-        return f"{name} = {value!r} is not one of {', '.join(map(str, info.values))}"
-    if ", got `" in problem:
-        expected = problem.split("`")[1].removesuffix(" | null")
-        return f"{name} must be {_TOML_KINDS.get(expected, expected)}, got {value!r}"
-    low, high = getattr(info, "ge", None), getattr(info, "le", None)
-    if low is not None or high is not None:
-        bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"between {low} and {high}"
-        return f"{name} = {value!r} must be {bounds}"
-    return f"{name}: {problem}"
-
-
-def _step_type(info: Schema, key: str, index: str) -> Schema:
-    """The type one path step (`.field` or `[i]`) below `info`; optional values unwrapped."""
-    table = _table(info)
-    if key and table is not None:
-        info = next(f.type for f in table.fields if f.name == key)
-    elif index and isinstance(info, msgspec.inspect.VarTupleType):
-        info = info.item_type
-    options = [t for t in getattr(info, "types", (info,)) if not isinstance(t, msgspec.inspect.NoneType)]
-    return options[0] if len(options) == 1 else info

@@ -91,3 +91,39 @@ def test_a_worker_never_loads_transformers_or_the_build_chain():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _test_files() -> list[Path]:
+    return sorted((ROOT / "tests").rglob("*.py"))
+
+
+def test_every_property_test_is_derandomized():
+    """tests/conftest.py loads a profile that derandomizes every Hypothesis test; no test may take
+    that back (derandomize=False, its own seed or profile), so CI replays what a local run drew."""
+    from hypothesis import settings
+
+    assert settings.default.derandomize and settings.default.database is None
+    offenders = []
+    for path in _test_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "derandomize" and not (
+                    isinstance(node.value, ast.Constant) and node.value.value is True):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.value.lineno} sets derandomize")
+            elif isinstance(node, ast.Attribute) and node.attr in ("seed", "load_profile", "register_profile") \
+                    and path.name != "conftest.py" and ast.unparse(node.value) in ("hypothesis", "settings"):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "hypothesis" and any(
+                    a.name == "seed" for a in node.names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports hypothesis.seed")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_tests_hold_no_measurement_scripts():
+    """A timing that is only printed cannot fail and leaves no record: measurements are benchmarks
+    (bench/, a JSON result with its provenance), never scripts among the tests."""
+    def is_script(path: Path) -> bool:
+        return any(isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in
+                   ast.unparse(node.test) for node in ast.walk(ast.parse(path.read_text())))
+
+    scripts = [str(p.relative_to(ROOT)) for p in _test_files() if is_script(p)]
+    assert not scripts, scripts

@@ -8,9 +8,7 @@ is a ProtocolError naming the field. It never raises anything else.
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -19,6 +17,7 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
+from shared.decode_errors import MISSING, Style, locate
 from shared.protocol.messages import (MESSAGE_TYPES, TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResults, Message,
                                       Record, ScoreBatch, ScoreRequest, ScoreResults)
 
@@ -84,9 +83,7 @@ def decode(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> Me
         if len(body) > limits.max_bin_len:  # only then can a bytes field be longer
             _check_bin_len(message, limits.max_bin_len, "")
     except msgspec.ValidationError as exc:
-        problem, _, where = str(exc).partition(" - at `")
-        path = _field_path(cls, where.rstrip("`"))
-        raise ProtocolError(f"invalid {cls.__name__}{' at ' + path if path else ''}: {problem}") from None
+        raise ProtocolError(f"invalid {cls.__name__}: {_explain(exc, cls, body)}") from None
     except _FieldError as exc:
         raise ProtocolError(f"invalid {cls.__name__} at {exc.path}: {exc.problem}") from None
     except Exception as exc:  # malformed msgpack (DecodeError) and anything else: never a crash
@@ -94,28 +91,16 @@ def decode(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> Me
     return message
 
 
-_PATH_STEP = re.compile(r"\[(\d+|\.\.\.)\]|\.(\w+)")
+WIRE = Style(root="", whole="the message")
 
 
-def _field_path(cls: type, where: str) -> str:
-    """msgspec's path into the arrays (`$[2][0][7]`) named by fields (`requests[0].prefix_len`)."""
-    info, parts = _type_info(cls), []
-    for index, key in _PATH_STEP.findall(where):
-        if isinstance(info, msgspec.inspect.StructType):
-            field = info.fields[int(index)]
-            parts.append("." + field.name)
-            info = field.type
-        elif isinstance(info, (msgspec.inspect.VarTupleType, msgspec.inspect.DictType)):
-            parts.append(f"[{index}]")
-            info = getattr(info, "item_type", None) or info.value_type
-        else:  # a dataclass inside (LatencyModel) travels as a map: msgspec names the key
-            parts.append(f"[{index}]" if index else "." + key)
-    return "".join(parts).lstrip(".")
-
-
-@functools.cache
-def _type_info(cls: type) -> msgspec.inspect.Type:
-    return msgspec.inspect.type_info(cls)
+def _explain(error: msgspec.ValidationError, cls: type, body: bytes) -> str:
+    """msgspec's error in words (shared/decode_errors.py), the value sent read back from the body."""
+    try:
+        sent = msgspec.msgpack.decode(body)
+    except Exception:  # the body is malformed msgpack past the point msgspec stopped at
+        sent = MISSING
+    return locate(error, cls, sent).message(WIRE)
 
 
 class _BatchHead(msgspec.Struct, array_like=True):

@@ -3,7 +3,9 @@ model, under open-loop load, while (c) bad inputs rain in, (a) one worker is SIG
 is SIGSTOPped and resumed, and (d) the gateway gets SIGTERM.
 
 Asserted: every request sent before the SIGTERM got a well-formed HTTP answer (a result, or a JSON
-error whose code is an expected one; no reset, no hang) within its deadline + 1 s; no request ever
+error whose code is an expected one; no reset, no hang) within its deadline + 1 s; the README's
+detection bound: the killed and the frozen worker were each seen lost within worker_timeout_ms, plus
+a margin for the event loop's latency on a loaded machine (DETECTION_MARGIN_S); no request ever
 found no worker (the other absorbed the load); service resumed after each fault; every bad input got
 a JSON error and the gateway stayed healthy; the drain answered everything in flight and the gateway
 and its workers exited 0, a client stalled mid-body notwithstanding. Events are ordered by waiting
@@ -31,6 +33,11 @@ from tests.deploy.stack import ROOT, free_port, start, stop, tail
 pytestmark = pytest.mark.slow  # needs the compiled test artifacts (built once per machine, cached)
 RATE_PER_S, DEADLINE_MS, WORKER_TIMEOUT_MS = 40, 1500, 500
 LATE_S = 1.0  # no answer may come later than its deadline plus this
+# "A dead or frozen worker is lost within T (plus the event loop's latency)", as seen by polling
+# /readyz every 20 ms through a gateway under load. The margin covers a loaded 2-core machine's loop
+# and poll latency (bench/detection.py: T exactly when quiet); a regression to any other way of
+# noticing (the compute watchdog: 10 s; the supervisor: 5 s) still fails it.
+DETECTION_MARGIN_S = 1.5
 STEP_TIMEOUT_S = 60.0  # for each awaited state; reaching it fails the test
 ALLOWED = {200: {"ok"}, 429: {"queue_full"}, 504: {"deadline_exceeded"},
            503: {"worker_lost", "worker_error", "deadline_unmeetable"}}
@@ -121,6 +128,9 @@ async def test_chaos(demo_artifacts, tmp_path):
     finally:
         stop([gateway])
     report(load, marks, resumed_pid == pids[w1])
+    bound_s = WORKER_TIMEOUT_MS / 1000.0 + DETECTION_MARGIN_S
+    assert marks["kill_seen"] - marks["kill"] <= bound_s, marks
+    assert marks["stop_seen"] - marks["stop"] <= bound_s, marks
     assert code == 0, tail(log)
     check_outcomes(load, marks["term"])
     for pid in (pids[w1], resumed_pid):

@@ -74,7 +74,7 @@ def test_cli_reports_bad_input_clearly(tmp_path):
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 2
-    assert "bounds.max_new_tokens = 9 must be between 1 and 5" in result.stderr
+    assert "bounds.max_new_tokens = 9 must be an integer between 1 and 5" in result.stderr
     good = ROOT / "configs/test.toml"
     result = subprocess.run(
         [sys.executable, "-m", "compile", "--config", str(good), "--model", str(tmp_path), "--out", str(tmp_path / "o")],

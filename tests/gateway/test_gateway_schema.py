@@ -6,9 +6,10 @@ the document itself (jsonschema) says whether the result is still valid, and the
 the same: accepted, or refused with 400 (413 exactly when nothing but a compiled bound is exceeded)
 and a message naming the mutated field's path (or a parent's), e.g. `$.samples[3].input_ids[0]`.
 
-JSON Schema can state every rule of these bodies but two, both tested here by hand:
-num_return_sequences <= beam_width, and that an integer is written as one (JSON Schema counts 2.0
-as an integer; the gateway, as before, refuses it and says where).
+The rules across fields are declared once (gateway/body_rules.py, each type's RULES): the document
+states each one, and a body breaking it gets its own 400. JSON Schema states every rule of these
+bodies but one, tested here by hand: an integer is written as one (JSON Schema counts 2.0 as an
+integer; the gateway refuses it and says where).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import re
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from gateway.body_rules import schema_of
 from gateway.errors import ApiError
 from gateway.generate_request import parse_generate
 from gateway.http_types import MAX_TEXT_CHARS, request_types
@@ -54,7 +56,7 @@ class Contract:
         self.full = {name: self._validator(name, self.doc["components"]) for name in self._requests()}
         fields_only = copy.deepcopy(self.doc["components"])
         for struct in request_types(limits).structs:  # without the rules across fields
-            for key in struct.RULES:
+            for key in schema_of(struct.RULES):
                 del fields_only["schemas"][struct.__name__][key]
         self.fields_only = {name: self._validator(name, fields_only) for name in self._requests()}
 
@@ -65,6 +67,17 @@ class Contract:
     @staticmethod
     def _validator(name: str, components: dict) -> Draft202012Validator:
         return Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": components})
+
+    def breaks_a_comparison(self, kind: str, body: object) -> bool:
+        """Whether `body` breaks a rule JSON Schema cannot state, as the document's x-rules give it
+        (not_above: one field's value, or its default, at most another's)."""
+        for rule in self.doc["components"]["schemas"][kind].get("x-rules", []):
+            if rule["rule"].startswith("not_above:") and isinstance(body, dict):
+                value = body.get(rule["field"]) or rule["field_default"]
+                limit = body.get(rule["limit"]) or rule["limit_default"]
+                if all(type(v) is int for v in (value, limit)) and value > limit:
+                    return True
+        return False
 
     @staticmethod
     def request_type(label: str, body: object) -> str:
@@ -89,15 +102,6 @@ def integers_as_integers(value):
     return value
 
 
-def over_beam_width(label: str, body: object, limits: Limits) -> bool:
-    """num_return_sequences > beam_width: the one rule JSON Schema cannot state (parser: 400)."""
-    if label != "POST /v1/generate" or not isinstance(body, dict):
-        return False
-    width = body.get("beam_width") or min(4, limits.bounds.max_beam_width)
-    returns = body.get("num_return_sequences") or 1
-    return all(type(v) is int for v in (width, returns)) and returns > width
-
-
 def parse(label: str, body: object, limits: Limits):
     return PARSERS[label](json.dumps(body).encode(), limits)
 
@@ -109,8 +113,13 @@ def test_every_body_the_schema_allows_is_accepted(contract, label):
     @settings(max_examples=150, **SETTINGS)
     def run(case):
         body = integers_as_integers(case.body)
-        assert contract.full[contract.request_type(label, body)].is_valid(body), body
-        assume(not over_beam_width(label, body, contract.limits))
+        kind = contract.request_type(label, body)
+        assert contract.full[kind].is_valid(body), body
+        if contract.breaks_a_comparison(kind, body):
+            with pytest.raises(ApiError) as refused:
+                parse(label, body, contract.limits)
+            assert refused.value.status == 400 and "must not exceed" in refused.value.message
+            return
         parse(label, body, contract.limits)  # an ApiError here is a disagreement
 
     run()
@@ -133,7 +142,7 @@ def replacement_values(limits: Limits):
              limits.max_deadline_ms + 1, 2**63, 2**70, -(2**70)]
     return st.one_of(st.none(), st.booleans(), st.sampled_from(edges), st.integers(),
                      st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
-                     st.text(min_size=1, max_size=5), st.just([]), st.just({}),
+                     st.text(min_size=1, max_size=5), st.just(""), st.just([]), st.just({}),
                      st.lists(st.integers(-2, VOCAB + 1), min_size=1, max_size=3))
 
 
@@ -202,13 +211,14 @@ def test_a_body_mutated_at_one_field_is_judged_as_the_schema_judges_it(contract,
         steps, body = data.draw(mutated(integers_as_integers(case.body), limits))
         kind = contract.request_type(label, body)
         errors = list(contract.full[kind].iter_errors(body))
-        if not errors and not over_beam_width(label, body, limits):
+        compared = contract.breaks_a_comparison(kind, body)
+        if not errors and not compared:
             parse(label, body, limits)
             return
         with pytest.raises(ApiError) as refused:
             parse(label, body, limits)
         message = refused.value.message
-        over_bound_only = errors and all(map(bound_only, errors)) and not over_beam_width(label, body, limits)
+        over_bound_only = all(map(bound_only, errors)) and not compared
         assert refused.value.status == (413 if over_bound_only else 400), message  # malformed first: 400
         named = PATH.findall(message)
         assert named, message
@@ -301,3 +311,58 @@ def test_token_ids_and_text_over_the_sample_bound_get_the_same_words():
         parse_score(body, PLAIN)
     words = score_problem(PLAIN.bounds, ScoreShape.sample(over)).message(part="sample 1", name_bound=False)
     assert refused.value.status == 413 and refused.value.message.startswith(words + " (at $.samples[1].input_ids")
+
+
+# Every rule across fields the gateway enforces, by its name in /openapi.json's x-rules: a body that
+# breaks it (and nothing else), and the words of its own 400.
+RULE_BREAKERS = {
+    "exactly_one:text,input_ids": ("/v1/score", {"samples": [{"query": "q"}], "label_token_ids": [1]},
+                                   "give exactly one of $.samples[0].text or $.samples[0].input_ids (neither"),
+    "excludes:input_ids,query": ("/v1/score", {"samples": [{"input_ids": [1], "query": "q"}], "label_token_ids": [1]},
+                                 "$.samples[0].query is not used with $.samples[0].input_ids"),
+    "exactly_one:labels,label_token_ids|output": (
+        "/v1/score", {"samples": ["x"], "labels": ["yes"], "label_token_ids": [1]},
+        "output 'probs' needs exactly one of $.labels or $.label_token_ids (both were given)"),
+    "only_when:labels|output": ("/v1/score", {"samples": ["x"], "output": "topk", "labels": ["yes"]},
+                                "$.labels is only used with output 'probs' or 'logprobs' or 'logits', not 'topk'"),
+    "only_when:label_token_ids|output": (
+        "/v1/score", {"samples": ["x"], "output": "embedding", "label_token_ids": [1]},
+        "$.label_token_ids is only used with output 'probs' or 'logprobs' or 'logits', not 'embedding'"),
+    "only_when:top_k|output": ("/v1/score", {"samples": ["x"], "labels": ["yes"], "top_k": 2},
+                               "$.top_k is only used with output 'topk', not 'probs'"),
+    "sample_tokens:samples": ("/v1/score", {"samples": ["x", {"text": "", "query": ""}], "labels": ["yes"],
+                                            "query": "q"},
+                              "$.samples[1]: the text and the query are both empty"),
+    "same_kind:query,items": ("/v1/score", {"items": ["a"], "query": [1], "label_token_ids": [1]},
+                              "$.items[0] must be a list of token ids because the query is token ids, got a string"),
+    "item_tokens:query,items": ("/v1/score", {"items": ["a", ""], "label_token_ids": [1]},
+                                "$.items[1] and $.query are both empty"),
+    "exactly_one:prompt,input_ids": ("/v1/generate", {"prompt": "x", "input_ids": [1]},
+                                     "give exactly one of $.prompt or $.input_ids (both were given)"),
+    "not_above:num_return_sequences,beam_width": (
+        "/v1/generate", {"prompt": "x", "num_return_sequences": 5},
+        "$.num_return_sequences = 5 must not exceed $.beam_width = 4 (its default)"),
+}
+
+
+async def test_the_served_document_states_every_rule_and_each_broken_rule_gets_its_own_400(stack):
+    response = await stack.client.get("/openapi.json")
+    schemas = (await response.json())["components"]["schemas"]
+    documented = {}
+    for name, schema in schemas.items():
+        for rule in schema.get("x-rules", []):
+            documented[rule["rule"]] = name
+    types = request_types(stack.gateway.limits)
+    declared = {rule.name: struct for struct in types.structs for rule in struct.RULES}
+    assert set(documented) == set(declared) == set(RULE_BREAKERS)
+    for name, struct in declared.items():  # in JSON Schema too, wherever JSON Schema can say it
+        rule = next(r for r in struct.RULES if r.name == name)
+        assert documented[name] == struct.__name__
+        assert rule.schema() is None or rule.schema() in schemas[struct.__name__]["allOf"], name
+    for name, (route, body, words) in RULE_BREAKERS.items():
+        status, answer, _ = await stack.post(route, body)
+        assert status == 400 and answer["error"]["code"] == "invalid_request", (name, answer)
+        assert words in answer["error"]["message"], (name, answer["error"]["message"])
+        kind = Contract.request_type(f"POST {route}", body)  # the document says it is invalid too
+        valid = Draft202012Validator({"$ref": f"#/components/schemas/{kind}", "components": {"schemas": schemas}})
+        assert valid.is_valid(body) == name.startswith("not_above:"), name  # that one in x-rules only

@@ -41,25 +41,43 @@ HEAVY_BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 128, "max_
 load generator keeps up with the load levels of the live checks on a small, shared machine."""
 
 
-@pytest.fixture(scope="session")
-def heavy_deployment(demo_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
-    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, and the demo checkpoint compiled for it."""
+def _heavy(checkpoint: Path, name: str, folder: Path) -> tuple[Path, Path]:
+    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, and `checkpoint` compiled for it."""
     import dataclasses
     import tomllib
 
     import tomli_w
 
+    from shared.config import load_config
     from tests.conftest import ROOT, build_artifacts
 
     raw = tomllib.loads((ROOT / "configs" / "test.toml").read_text())
     raw["bounds"] = {**raw["bounds"], **HEAVY_BOUNDS}
-    raw["model"]["path"] = str(demo_checkpoint)
-    config = tmp_path_factory.mktemp("heavy") / "heavy.toml"
+    raw["model"]["path"] = str(checkpoint)
+    config = folder / f"{name}.toml"
     config.write_text(tomli_w.dumps(raw))
-    from shared.config import load_config
-
     bounds = dataclasses.replace(load_config(config).bounds)
-    return config, build_artifacts(demo_checkpoint, "loadgen-heavy", bounds=bounds)
+    return config, build_artifacts(checkpoint, name, bounds=bounds)
+
+
+@pytest.fixture(scope="session")
+def heavy_deployment(demo_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
+    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, and the demo checkpoint compiled for it."""
+    return _heavy(demo_checkpoint, "loadgen-heavy", tmp_path_factory.mktemp("heavy"))
+
+
+COMPUTE_BOUND = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=64, num_hidden_layers=2)
+"""A checkpoint whose full 1024-token batch takes tens of milliseconds on one thread: at its capacity
+(tens of requests per second) the client and the gateway stay light next to the compute, as in a
+real deployment, even on a small machine shared with other work."""
+
+
+@pytest.fixture(scope="session")
+def compute_bound_deployment(checkpoint_factory, tmp_path_factory) -> tuple[Path, Path]:
+    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, a COMPUTE_BOUND checkpoint compiled for it."""
+    checkpoint = checkpoint_factory("qwen3", name="compute-bound", **COMPUTE_BOUND)
+    return _heavy(checkpoint, "loadgen-compute-bound", tmp_path_factory.mktemp("compute-bound"))
 
 
 @pytest.fixture

@@ -1,8 +1,17 @@
 """`loadgen validate` end to end at small scale: it starts a real worker behind the real gateway,
-replays a trace live at three load levels and again through the simulator, and reports both."""
+replays a trace live at three load levels and again through the simulator, reports both, and the
+simulator's error stays within MAX_REL_ERR.
+
+The model is compute-bound (tests/loadgen/conftest.py, COMPUTE_BOUND: tens of requests per second),
+so the client and the gateway stay light next to the compute, as in a deployment; each level is
+simulated at the speed measured on its own batches, so a machine whose load changes between levels
+moves both sides alike. Measured: over 6 runs on the project's 2-core machine shared with three other
+sessions (load average 4.5-7.1, capacity 45-124 requests/s as the load came and went), the largest
+relative error of goodput or p99 at any level was 0.11-0.28 (goodput 0.01-0.25, p99 0.02-0.28);
+MAX_REL_ERR is twice the worst. (On the tiny demo model, at hundreds to a thousand requests/s, the
+client fell behind and the same errors ranged 0.6-1.3: nothing could be bounded there.)"""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,19 +20,20 @@ from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import write_trace
 from shared.policy import DROP_CODES
 
-ROOT = Path(__file__).resolve().parents[2]
+MAX_REL_ERR = 0.6
 pytestmark = pytest.mark.slow  # the compiled demo artifacts, and a real worker process
 
 
-def test_validate_replays_each_level_live_and_simulated(demo_artifacts, tmp_path, capsys):
+def test_validate_replays_each_level_live_and_simulated(compute_bound_deployment, tmp_path, capsys):
+    config, artifacts = compute_bound_deployment
     trace_path, out = tmp_path / "t.jsonl", tmp_path / "validate"
-    # Each level replays the first load x capacity x duration requests, and the tiny test model's
-    # capacity is thousands of requests/s on an idle machine: 20,000 requests cover 2x up to 10,000/s.
-    write_trace(synthesize(SynthSpec(arrivals="gamma", cv=3.0, rate_rps=100, duration_s=200, samples=4,
-                                     tokens_per_sample=24, seed=5)), trace_path)
-    assert main(["validate", "--trace", str(trace_path), "--config", str(ROOT / "configs" / "test.toml"),
-                 "--artifacts", str(demo_artifacts), "--levels", "0.5,1,2", "--duration-s", "1",
-                 "--calibration-requests", "120", "--out-dir", str(out)]) == 0
+    # goodput counts every success (within 1 s, past any deadline the config allows): near an SLO as
+    # tight as the deadline it would count answers a hair either side of it, a cliff, not an error
+    write_trace(synthesize(SynthSpec(arrivals="gamma", cv=3.0, rate_rps=100, duration_s=200, samples=8,
+                                     tokens_per_sample=64, seed=5)), trace_path)
+    assert main(["validate", "--trace", str(trace_path), "--config", str(config),
+                 "--artifacts", str(artifacts), "--levels", "0.5,1,2", "--duration-s", "3",
+                 "--calibration-requests", "120", "--slo-ms", "1000", "--out-dir", str(out)]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [level["load"] for level in last["levels"]] == [0.5, 1.0, 2.0]
     for level in last["levels"]:
@@ -31,6 +41,9 @@ def test_validate_replays_each_level_live_and_simulated(demo_artifacts, tmp_path
             assert isinstance(level[key], float), (key, level)
     assert isinstance(last["max_rel_err"], float)
     assert last["max_rel_err"] == max(max(lv["goodput_rel_err"], lv["p99_rel_err"]) for lv in last["levels"])
+    assert last["max_rel_err"] <= MAX_REL_ERR, [{k: lv[k] for k in ("load", "live_goodput_rps", "sim_goodput_rps",
+                                                                      "live_p99_ms", "sim_p99_ms")}
+                                                for lv in last["levels"]]
     summary = json.loads((out / "validate.json").read_text())
     offered = [row["offered_rps"] for row in summary["levels"]]
     assert offered == sorted(offered) and offered[-1] > 3 * offered[0]
