@@ -237,9 +237,13 @@ class ComposeCheck:
         return problems
 
 
+def _stopped(signum: int, frame) -> None:
+    raise StepFailed(f"stopped by signal {signal.Signals(signum).name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up on `kill` too
+    signal.signal(signal.SIGTERM, _stopped)  # `kill` ends the run like a failure: with the clean-up
     shutil.rmtree(LOG_DIR, ignore_errors=True)
     steps = Steps(LOG_DIR, "compose-check")
     check = ComposeCheck(args, steps)
@@ -248,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         check.run()
     except (StepFailed, TimeoutError, ValueError) as exc:
         failure = str(exc)
+    except KeyboardInterrupt:
+        failure = "interrupted (Ctrl-C)"
     finally:
         problems = check.clean_up()
         print(steps.summary())
