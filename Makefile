@@ -11,7 +11,7 @@ ARTIFACTS ?= artifacts/$(NAME)
 DEMO_MODEL := models/demo
 SERVE_MODEL = $(if $(MODEL),$(MODEL),$(DEMO_MODEL))
 
-.PHONY: serve test venv compile demo-model bench bench-venv bench-build bench-serving clean
+.PHONY: serve test venv compile demo-model bench bench-venv bench-build bench-serving compose-check clean
 
 venv: $(VENV)/.installed
 
@@ -76,6 +76,15 @@ bench-serving: bench-venv
 	$(PY) bench/protocol.py
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/overload.py
+
+# docker-compose.yml built and run for real (README "Docker"): installs Docker and a Compose client
+# from Debian if missing (root), starts a daemon if none answers, builds every image (a Debian-built
+# base and docker/wheels where registries are out of reach), serves both routes from containers,
+# checks Prometheus, and `down`s. Not part of `make test`: it takes minutes. COMPOSE_CHECK_ARGS: --help.
+COMPOSE_CHECK_ARGS ?=
+
+compose-check: venv
+	$(PY) -m deploy.compose_check $(COMPOSE_CHECK_ARGS)
 
 clean:
 	rm -rf artifacts models .pytest_cache

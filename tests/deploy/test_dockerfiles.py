@@ -62,7 +62,8 @@ def test_multi_stage_with_a_lean_non_root_final_stage(dockerfile):
     assert users and users[-1].split()[1] not in ("root", "0"), "the final stage must run as a non-root user"
     body = " ".join(line for stage in chain for line in stage["lines"])
     assert not re.search(r"(?<![\w-])(g\+\+|gcc|clang|build-essential|pip install)(?![\w])", body), "compilers or pip in the final stage"
-    assert "devel" not in chain[0]["base"], "the final stage must not start from a devel image"
+    base = re.sub(r"\$\{(\w+)\}", lambda m: global_args(dockerfile)[m.group(1)], chain[0]["base"])
+    assert "devel" not in base, f"the final stage must not start from a devel image: {base}"
     assert "--from=build" in body, "the final stage takes the venv from `build`"
 
 
@@ -91,3 +92,93 @@ def test_compose_build_targets_name_stages():
         if build:
             names = [s["name"] for s in stages(build["dockerfile"])]
             assert build["target"] in names, f"{name}: target {build['target']} not in {names}"
+
+
+# Where images come from: build arguments, defaulting to the public sources (README "Docker").
+PIP_MOUNTS = ("--mount=type=bind,source=docker/wheels,target=/wheels",
+              "--mount=type=secret,id=pip.conf,target=/etc/pip.conf")
+PIP_ARGS = {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_NO_INDEX", "TORCH_INDEX_URL"}
+
+
+def global_args(path: str) -> dict[str, str | None]:
+    """ARG lines before the first FROM: {name: default or None}."""
+    found: dict[str, str | None] = {}
+    for line in (ROOT / path).read_text().splitlines():
+        if re.match(r"FROM\s", line, re.IGNORECASE):
+            break
+        match = re.match(r"ARG\s+(\w+)(?:=(\S*))?", line)
+        if match:
+            found[match.group(1)] = match.group(2)
+    return found
+
+
+def stage_args(stage: dict) -> set[str]:
+    return {line.split()[1].split("=")[0] for line in stage["lines"] if line.upper().startswith("ARG ")}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_base_images_are_build_arguments_with_public_defaults(dockerfile):
+    found, defaults = stages(dockerfile), global_args(dockerfile)
+    names = {s["name"] for s in found}
+    assert "BASE_IMAGE" in defaults
+    for stage in found:
+        if stage["base"] in names:
+            continue  # built on an earlier stage
+        match = re.fullmatch(r"\$\{(\w+)\}", stage["base"])
+        assert match, f"{dockerfile}: stage {stage['name']} starts FROM a fixed image {stage['base']}"
+        default = defaults.get(match.group(1))
+        assert default and ":" in default and "local" not in default, f"{match.group(1)} defaults to {default!r}"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_no_syntax_directive_so_building_pulls_only_the_base_image(dockerfile):
+    first = (ROOT / dockerfile).read_text().splitlines()[0]
+    assert not re.match(r"#\s*syntax\s*=", first, re.IGNORECASE), "a `# syntax=` line pulls a frontend image"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_every_pip_install_reads_the_wheels_folder_and_the_pip_conf_secret(dockerfile):
+    installs = 0
+    for stage in stages(dockerfile):
+        for line in stage["lines"]:
+            if line.upper().startswith("RUN") and "pip install" in line:
+                installs += 1
+                assert all(mount in line for mount in PIP_MOUNTS), f"{dockerfile}: {line}"
+                assert PIP_ARGS <= stage_args(stage), f"{dockerfile}: stage {stage['name']} lacks {PIP_ARGS - stage_args(stage)}"
+                assert any("PIP_FIND_LINKS=/wheels" in l for l in stage["lines"] if l.startswith("ENV"))
+    assert installs == 2  # torch first (pinned to a variant), then the project
+
+
+def test_the_wheels_folder_exists_and_reaches_the_build():
+    assert (ROOT / "docker/wheels/README.md").is_file()  # tracked: the bind mount source always exists
+    for dockerfile in DOCKERFILES:
+        patterns = [p.strip() for p in (ROOT / f"{dockerfile}.dockerignore").read_text().splitlines()
+                    if p.strip() and not p.startswith("#")]
+        assert not ignored("docker/wheels", patterns), f"{dockerfile}.dockerignore keeps docker/wheels out"
+
+
+def test_torch_is_pinned_to_a_variant_matching_the_project_pin():
+    pin = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    cpu = (ROOT / "docker/Dockerfile.cpu").read_text()
+    assert f'"torch=={pin}+cpu"' in cpu, "the CPU image must pin the +cpu build: a bare pin can pull CUDA"
+    assert "torch.version.cuda is None" in cpu
+    cuda = (ROOT / "docker/Dockerfile.cuda").read_text()
+    assert f'"torch=={pin}+${{TORCH_VARIANT}}"' in cuda
+    variant = re.search(r"ARG TORCH_VARIANT=(\S+)", cuda).group(1)
+    assert variant.startswith("cu"), variant
+
+
+def test_every_pulled_image_has_a_local_fallback():
+    """`make compose-check` swaps in docker/fallback/Dockerfile.<service> where a public image cannot be pulled."""
+    from deploy.images import pulled_images
+    from tests.deploy.stack import raw_compose
+
+    pulled = pulled_images(raw_compose(), load_compose())
+    assert {p.service for p in pulled} >= {"prometheus"}
+    for image in pulled:
+        assert image.variable, f"{image.service}: name the image as ${{VARIABLE:-{image.image}}}"
+        path = f"docker/fallback/Dockerfile.{image.service}"
+        assert (ROOT / path).is_file(), f"no {path}"
+        assert "BASE_IMAGE" in global_args(path)
+        users = [line.split()[1] for s in stages(path) for line in s["lines"] if line.upper().startswith("USER ")]
+        assert users and users[-1] not in ("root", "0"), f"{path} must run as a non-root user"
