@@ -9,12 +9,14 @@ keys up to itself, so an unshared sample is a segment without parent: causal att
 Rows past cu_seqlens[-1] (the beam node's block padding) form one more segment of their own.
 
 Once per forward, from the layout's tensors, `pool_mask` builds the block mask every layer uses:
-    - a row table [6 * max_keys] int64: per pool row its segment and position in it; per query row
-      its segment, position, parent and grandparent. Fixed size (the compiled bound), one buffer;
+    - a row table [6 * max_keys] int64: the key intervals [lo, hi) each query row sees — its own
+      segment up to itself, its parent's and its grandparent's segments in full (empty: 0, 0).
+      Fixed size (the compiled bound), one buffer. The mask compares a key's row number with the
+      query's bounds, so it reads nothing per key (a table lookup per key was a scalar gather per
+      lane in the CPU kernel: 19 % of its time on the scoring mix);
     - each (query block, key block) pair classified empty, full (the mask is not evaluated) or
-      partial, from each query row's visible key intervals (its own segment up to itself, each
-      ancestor in full): Tq x key blocks x 3 comparisons, where create_block_mask evaluates the mask
-      on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens, 2 threads).
+      partial from the same intervals: Tq x key blocks x 3 comparisons, where create_block_mask
+      evaluates the mask on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens).
 `packed_attention` then runs one flex_attention call per layer.
 
 Traps of FlexAttention inside an AOTInductor package (torch 2.13), and how this module avoids them:
@@ -26,6 +28,9 @@ Traps of FlexAttention inside an AOTInductor package (torch 2.13), and how this 
       and be one realized buffer (a lone index_select stays a Pointwise node and fails lowering);
     - the CPU kernel sizes its scratch buffers for the thread count it was compiled with: more
       threads at run time write past them (compile/build.py records the count, the runtime checks);
+    - Inductor may fuse the kernel's consumer into the CPU template as an epilogue, which the
+      template refuses at code generation ("Unsupported for epilogue_nodes"; seen with bf16): CPU
+      packages are built with epilogue fusion off (compile/build.py; no other template runs there);
     - on a CPU without AMX the bfloat16 kernel leaves the fast path (no VNNI packing; its p·v
       product goes through cpublas' generic gemm per block), so there bfloat16 runs the float32
       kernel on upcast q/k/v (`kernel_dtype`).
@@ -41,7 +46,6 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 CPU_BLOCK = 64  # short samples waste less of a block than at 128 (measured faster on the scoring mix)
 GPU_BLOCK = 128  # FlexAttention's own default on CUDA: the Triton kernel's tiles divide it
-_FIELDS = 6  # row table fields: segment, position; query segment, position, parent, grandparent
 
 
 def block_for(device: str) -> int:
@@ -74,14 +78,15 @@ def pool_mask(pool: KeyPool, cu_seqlens: torch.Tensor, parents: torch.Tensor, nu
     int64; queries are the pool's last num_queries rows. Both counts are multiples of pool.block."""
     torch._check(num_queries % pool.block == 0, lambda: f"{num_queries} queries: not a multiple of {pool.block}")
     torch._check(num_keys % pool.block == 0, lambda: f"{num_keys} keys: not a multiple of {pool.block}")
-    table = _row_table(pool, cu_seqlens, parents, num_queries, num_keys)
-    partial, full = _classify_blocks(pool, table, cu_seqlens, num_queries, num_keys)
+    table = _interval_table(pool, cu_seqlens, parents, num_queries, num_keys)
+    partial, full = _classify_blocks(pool, table, num_queries, num_keys)
     m = pool.max_keys
 
     def visible(b, h, q_idx, kv_idx):
-        key_segment = table[kv_idx]
-        own = (key_segment == table[2 * m + q_idx]) & (table[m + kv_idx] <= table[3 * m + q_idx])
-        return own | (key_segment == table[4 * m + q_idx]) | (key_segment == table[5 * m + q_idx])
+        own = (kv_idx >= table[q_idx]) & (kv_idx < table[m + q_idx])
+        parent = (kv_idx >= table[2 * m + q_idx]) & (kv_idx < table[3 * m + q_idx])
+        grandparent = (kv_idx >= table[4 * m + q_idx]) & (kv_idx < table[5 * m + q_idx])
+        return own | parent | grandparent
 
     return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=pool.block, mask_mod=visible,
                                     seq_lengths=(num_queries, num_keys))
@@ -108,38 +113,33 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Bl
     return out[0].transpose(0, 1).to(q.dtype)
 
 
-def _row_table(pool: KeyPool, cu_seqlens, parents, num_queries: int, num_keys: int) -> torch.Tensor:
-    """[6 * max_keys] int64, field-major: segment and position of each pool row, then segment,
-    position, parent and grandparent segment (-1: none) of each query row."""
+def _interval_table(pool: KeyPool, cu_seqlens, parents, num_queries: int, num_keys: int) -> torch.Tensor:
+    """[6 * max_keys] int64, field-major: for query row i (pool row i + Tk - Tq) the key rows
+    [lo, hi) of its own segment up to itself, of its parent segment, of its grandparent segment
+    (0, 0 where there is none). Rows past the queries hold garbage nobody reads."""
     device = cu_seqlens.device
-    rows = torch.arange(pool.max_keys, device=device)
     starts = cu_seqlens.to(torch.int64)  # [S+1]
-    segment = torch.searchsorted(starts[1:], rows, right=True)  # [M], rows past the pool: S
-    position = rows - starts.index_select(0, segment.clamp(max=starts.shape[0] - 1))
+    ends = torch.cat([starts[1:], starts.new_full((1,), pool.max_keys)])  # [S+1]; segment S runs to the end
+    row = torch.arange(pool.max_keys, device=device) + (num_keys - num_queries)  # pool row of each query
+    segment = torch.searchsorted(starts[1:], row, right=True).clamp(max=starts.shape[0] - 1)  # rows past: S
     parent = torch.full((pool.max_segments + 1,), -1, dtype=torch.int64, device=device)
     parent = parent.index_copy(0, torch.arange(parents.shape[0], device=device), parents.to(torch.int64))
     grandparent = torch.where(parent >= 0, parent.index_select(0, parent.clamp(min=0)), -1)
-    query_rows = (rows + (num_keys - num_queries)).clamp(max=pool.max_keys - 1)
-    query_segment = segment.index_select(0, query_rows)
-    fields = (segment, position, query_segment, position.index_select(0, query_rows),
-              parent.index_select(0, query_segment), grandparent.index_select(0, query_segment))
+    fields = [starts.index_select(0, segment), row + 1]
+    for ancestor in (parent.index_select(0, segment), grandparent.index_select(0, segment)):
+        known = ancestor >= 0
+        fields += [torch.where(known, starts.index_select(0, ancestor.clamp(min=0)), 0),
+                   torch.where(known, ends.index_select(0, ancestor.clamp(min=0)), 0)]
     return torch.stack(fields).reshape(-1)  # one buffer, realized before the kernel reads it
 
 
-def _classify_blocks(pool: KeyPool, table, cu_seqlens, num_queries: int, num_keys: int):
-    """(partial, full) [Tq/block, Tk/block] bool. Per query row up to three visible key intervals
-    [lo, hi): its own segment up to itself, its parent's and its grandparent's segments."""
+def _classify_blocks(pool: KeyPool, table, num_queries: int, num_keys: int):
+    """(partial, full) [Tq/block, Tk/block] bool from each query row's three key intervals: a block
+    is read when an interval touches it, and full when one interval covers it."""
     m, block = pool.max_keys, pool.block
-    starts = cu_seqlens.to(torch.int64)
-    ends = torch.cat([starts[1:], starts.new_full((1,), m)])  # [S+1]; segment S runs to the end
-    position, parent, grandparent = (table[f * m: f * m + num_queries] for f in (3, 4, 5))  # [Tq]
-    row = torch.arange(num_queries, device=table.device) + (num_keys - num_queries)
-    ancestors = torch.stack([parent, grandparent], -1)  # [Tq, 2]
-    known = ancestors >= 0
-    lo = torch.cat([(row - position)[:, None], torch.where(known, starts[ancestors.clamp(min=0)], 0)], -1)
-    hi = torch.cat([(row + 1)[:, None], torch.where(known, ends[ancestors.clamp(min=0)], 0)], -1)  # [Tq, 3]
-    key_start = torch.arange(num_keys // block, device=table.device) * block  # [NK]
-    lo, hi, key_start = lo[:, None, :], hi[:, None, :], key_start[None, :, None]
+    lo = torch.stack([table[f * m: f * m + num_queries] for f in (0, 2, 4)], -1)[:, None, :]  # [Tq, 1, 3]
+    hi = torch.stack([table[f * m: f * m + num_queries] for f in (1, 3, 5)], -1)[:, None, :]
+    key_start = (torch.arange(num_keys // block, device=table.device) * block)[None, :, None]  # [1, NK, 1]
     touches = ((lo < key_start + block) & (hi > key_start)).any(-1)  # [Tq, NK]
     covers = ((lo <= key_start) & (hi >= key_start + block)).any(-1)
     touched = touches.view(num_queries // block, block, -1).any(1)  # [NQ, NK]

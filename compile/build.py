@@ -138,8 +138,10 @@ def aoti_compile(program: torch.export.ExportedProgram, package: Path, threads: 
     package.unlink(missing_ok=True)
     # Weights stay outside the .so: all nodes share one copy, loaded by the runtime.
     options = {"aot_inductor.package_constants_in_so": False, "cpp.enable_kernel_profile": kernel_profile}
-    if threads is not None:
-        options["cpp.threads"] = threads
+    if threads is not None:  # a CPU build (see compiled_threads)
+        # The C++ FlexAttention template cannot take an epilogue (compile/attention.py); without
+        # max-autotune it is the only template on a CPU, so this changes nothing else.
+        options.update({"cpp.threads": threads, "epilogue_fusion": False})
     torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=options)
 
 

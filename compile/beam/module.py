@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
+from compile.attention import CPU_BLOCK, KeyPool, block_for, padded, pool_mask
 from compile.beam.decode import decode, prompt_kv, reorder_suffix
 from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.beam.processors import PrefixConstraint, RepetitionPenalty, build_tables, read_sequences
 from compile.beam.search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
-from compile.attention import CPU_BLOCK, KeyPool, block_for, padded, pool_mask
 from compile.model import Transformer, last_token_index, prefill
 
 if TYPE_CHECKING:
