@@ -2,8 +2,10 @@
 
 no_host_sync: each node's enqueue — bounds check, layout, pinned input copies, the package call,
 output copies into pinned buffers, the event — runs under torch.cuda.set_sync_debug_mode("error"),
-so any synchronising CUDA call inside raises; the wait (Pending.result()) comes after, outside the
-mode, as the worker's lanes do it (worker/lanes.py). On the CPU smoke run the same launch path runs
+so any synchronising CUDA call made through torch inside raises; the wait (Pending.result()) comes
+after, outside the mode, as the worker's lanes do it (worker/lanes.py). The launch's and the whole
+call's times are reported too: a sync the mode cannot see (inside AOTInductor's C++ runtime) would
+make the launch as long as the call. On the CPU smoke run the same launch path runs
 without the mode (there is no device to sync with) and the check reports itself not applicable.
 
 lane_overlap: the worker's own lanes (worker/lanes.py: a CUDA stream each, one turn held for the
@@ -47,6 +49,7 @@ def no_host_sync(nodes, spec, s: Settings) -> dict:
         if on_gpu:
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
+        start = time.perf_counter()
         try:
             pending, error = launch(staging), None
         except RuntimeError as exc:  # the sync debug mode raises on the first synchronising call
@@ -54,9 +57,13 @@ def no_host_sync(nodes, spec, s: Settings) -> dict:
         finally:
             if on_gpu:
                 torch.cuda.set_sync_debug_mode("default")
+        launched = time.perf_counter()
         if pending is not None:
             pending.result()
-        result[name] = {"ok": error is None, "error": error}
+        # The debug mode sees syncs made through torch; one inside AOTInductor's own C++ (a model
+        # instance waiting for its previous run) would show as a launch as long as the whole call.
+        result[name] = {"ok": error is None, "error": error, "launch_ms": 1e3 * (launched - start),
+                        "call_ms": 1e3 * (time.perf_counter() - start)}
     result["ok"] = all(v["ok"] for k, v in result.items() if isinstance(v, dict))
     return result
 

@@ -2,7 +2,7 @@
 B the node built from the working tree, each in a process of its own holding its own loaded package
 (bench/ab_side.py), timed alternately request by request (A B, then B A, ...) on the same
 requests and threads. Reports each side's median seconds per call, speedup = A / B, the median of
-the per-pair ratios, and parity between them; the load average around the timed part.
+the per-pair ratios, and parity between them (a failed check writes nothing: bench/provenance.py).
 
 Workloads (the headline benches' requests and bounds): score (bench/score_node.py: 15 samples of
 32-480 tokens per request), shared (bench/shared_prefix.py: a 200-400-token context + 15 items of
@@ -13,7 +13,7 @@ log-probs against transformers float32 on the same weights within transformers' 
 and writes nothing. Builds are cached under bench/.cache/node_ab/ (A by commit, B by build key).
 
     .venv/bin/python bench/node_ab.py --workload score|shared|beam [--ref main] [--model qwen2.5-0.5b]
-                                      [--dtype fp32|bf16] [--layers N] [--requests R] [--rounds K]
+                                      [--dtype fp32|bf16] [--layers N] [--requests R] [--rounds K] [--build-only]
 """
 
 from __future__ import annotations
@@ -31,21 +31,24 @@ from pathlib import Path
 import torch
 
 from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint
+from bench.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint, timed_part
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SIDE = Path(__file__).resolve().parent / "ab_side.py"
 
 
 def tree_of(ref: str) -> tuple[str, Path]:
-    """(commit, a copy of its tree under the cache), exported once per commit with git archive."""
+    """(commit, a copy of what a side imports from it: compile/, shared/, configs/), exported once per
+    commit with git archive into the temporary directory (outside bench/: the copy's sources must not
+    count as this package's)."""
     commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
-    folder = CACHE / "node_ab" / "trees" / commit
+    folder = Path(tempfile.gettempdir()) / "boundserve-node-ab" / commit
     if not (folder / "compile").is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile() as archive:
-            subprocess.run(["git", "archive", commit], cwd=ROOT, stdout=archive, check=True)
+            subprocess.run(["git", "archive", commit, "compile", "shared", "configs"], cwd=ROOT, stdout=archive,
+                           check=True)
             archive.seek(0)
             with tarfile.open(fileobj=archive) as tar:
                 tar.extractall(folder, filter="data")
@@ -129,6 +132,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="default: the real model's depth")
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="passes over the requests")
+    parser.add_argument("--build-only", action="store_true", help="build (and cache) both nodes, time nothing")
     args = parser.parse_args()
     family, shape, depth = MODELS[args.model]
     layers = args.layers or depth
@@ -142,18 +146,21 @@ def main() -> None:
     torch.save(requests, folder / "requests.pt")
     sides = {"A": Side("A", tree, args, checkpoint, folder / "requests.pt", folder / f"A-{commit[:12]}"),
              "B": Side("B", ROOT, args, checkpoint, folder / "requests.pt", folder / "B-tree")}
-    times, outputs, pair_ratios = {"A": [], "B": []}, {"A": {}, "B": {}}, []
-    load_before, calls = os.getloadavg()[0], 0
-    for _ in range(args.rounds):
-        for i in range(len(requests)):
-            order = ("A", "B") if calls % 2 == 0 else ("B", "A")
-            got = {name: sides[name].run(i) for name in order}
-            calls += 1
-            for name, answer in got.items():
-                times[name].append(answer["seconds"])
-                outputs[name].setdefault(i, answer["outputs"])
-            pair_ratios.append(got["A"]["seconds"] / got["B"]["seconds"])
-    load_after = os.getloadavg()[0]
+    if args.build_only:
+        for side in sides.values():
+            side.close()
+        return
+    times, outputs, pair_ratios, calls = {"A": [], "B": []}, {"A": {}, "B": {}}, [], 0
+    with timed_part():  # the result's load figures cover this part
+        for _ in range(args.rounds):
+            for i in range(len(requests)):
+                order = ("A", "B") if calls % 2 == 0 else ("B", "A")
+                got = {name: sides[name].run(i) for name in order}
+                calls += 1
+                for name, answer in got.items():
+                    times[name].append(answer["seconds"])
+                    outputs[name].setdefault(i, answer["outputs"])
+                pair_ratios.append(got["A"]["seconds"] / got["B"]["seconds"])
     for side in sides.values():
         side.close()
     checks = reference_checks(args, checkpoint, requests, outputs)
@@ -164,13 +171,8 @@ def main() -> None:
         "requests": len(requests), "calls_per_side": calls, "a_median_s": round(median["A"], 4),
         "b_median_s": round(median["B"], 4), "speedup": round(median["A"] / median["B"], 3),
         "median_pair_ratio": round(statistics.median(pair_ratios), 3),
-        "pair_ratios": [round(r, 3) for r in pair_ratios],
-        "load_average_1m": {"before": round(load_before, 2), "after": round(load_after, 2)},
-        "parity": checks, "quick": layers != depth,
+        "pair_ratios": [round(r, 3) for r in pair_ratios], "parity": checks, "quick": layers != depth,
     }
-    if not parity.all_ok(checks):
-        print(json.dumps(result, default=str))
-        sys.exit("node_ab: parity failed between A and B; nothing written")
     emit(f"node_ab_{args.workload}_{args.model}_{args.dtype}" + ("" if layers == depth else f"_{layers}l"), result)
 
 
