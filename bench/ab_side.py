@@ -4,7 +4,8 @@ the requests it is asked for, one JSON line per call.
 Run by node_ab.py as `python <this file> ...` with the tree to build on PYTHONPATH (a git ref's
 tree or this one), so it imports only what every tree has: compile.build.build,
 compile.runtime.load_nodes, shared.config.load_config and the nodes' call signatures.
-stdin: one request index per line; stdout: {"ready": ...}, then {"seconds": s, "outputs": [...]}.
+stdin: one request index per line; stdout: {"ready": ...}, then {"seconds": wall s, "cpu_seconds": this
+process's CPU time, "outputs": [...]} per call.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ def main() -> None:
     print(json.dumps({"ready": True, "code": build_module.__file__, "build_s": round(built_s, 1)}), flush=True)
     for line in sys.stdin:
         request = requests[int(line)]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         outputs = call(request)
-        print(json.dumps({"seconds": time.perf_counter() - start, "outputs": outputs}), flush=True)
+        print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start,
+                          "outputs": outputs}), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ B the node built from the working tree, each in a process of its own holding its
 (bench/ab_side.py), timed alternately request by request (A B, then B A, ...) on the same
 requests and threads. Reports each side's median seconds per call, speedup = A / B, the median of
 the per-pair ratios, and parity between them (a failed check writes nothing: bench/provenance.py).
+Each call's CPU time is reported too: with --threads 1 it measures the work done even on a busy
+machine (another process taking the core adds wall time, not CPU time); with more threads it also
+counts OpenMP threads spinning at barriers, which contention inflates.
 
 Workloads (the headline benches' requests and bounds): score (bench/score_node.py: 15 samples of
 32-480 tokens per request), shared (bench/shared_prefix.py: a 200-400-token context + 15 items of
@@ -75,7 +78,7 @@ class Side:
         dtype = {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
         argv = [sys.executable, str(SIDE), "--tree", str(tree), "--workload", args.workload, "--checkpoint",
                 str(checkpoint), "--dtype", dtype, "--out", str(out), "--requests", str(requests_file),
-                "--threads", str(torch.get_num_threads())]
+                "--threads", str(args.threads)]
         env = {**os.environ, "PYTHONPATH": str(tree)}  # the side imports compile/ and shared/ from its tree
         self.name = name
         self.process = subprocess.Popen(argv, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -132,6 +135,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="default: the real model's depth")
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="passes over the requests")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="intra-op threads of both sides")
     parser.add_argument("--build-only", action="store_true", help="build (and cache) both nodes, time nothing")
     args = parser.parse_args()
     family, shape, depth = MODELS[args.model]
@@ -141,7 +145,7 @@ def main() -> None:
     commit, tree = tree_of(args.ref)
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     requests = make_requests(args.workload, args.requests, shape["vocab_size"])
-    folder = CACHE / "node_ab" / f"{args.workload}-{args.model}-{layers}l-{args.dtype}-t{torch.get_num_threads()}"
+    folder = CACHE / "node_ab" / f"{args.workload}-{args.model}-{layers}l-{args.dtype}-t{args.threads}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(requests, folder / "requests.pt")
     sides = {"A": Side("A", tree, args, checkpoint, folder / "requests.pt", folder / f"A-{commit[:12]}"),
@@ -150,7 +154,7 @@ def main() -> None:
         for side in sides.values():
             side.close()
         return
-    times, outputs, pair_ratios, calls = {"A": [], "B": []}, {"A": {}, "B": {}}, [], 0
+    times, cpu, outputs, pair_ratios, calls = {"A": [], "B": []}, {"A": [], "B": []}, {"A": {}, "B": {}}, [], 0
     with timed_part():  # the result's load figures cover this part
         for _ in range(args.rounds):
             for i in range(len(requests)):
@@ -159,21 +163,26 @@ def main() -> None:
                 calls += 1
                 for name, answer in got.items():
                     times[name].append(answer["seconds"])
+                    cpu[name].append(answer["cpu_seconds"])
                     outputs[name].setdefault(i, answer["outputs"])
                 pair_ratios.append(got["A"]["seconds"] / got["B"]["seconds"])
     for side in sides.values():
         side.close()
     checks = reference_checks(args, checkpoint, requests, outputs)
     median = {name: statistics.median(t) for name, t in times.items()}
+    median_cpu = {name: statistics.median(t) for name, t in cpu.items()}
     result = {
         "bench": "node_ab", "workload": args.workload, "model": args.model, "layers": layers, "dtype": args.dtype,
         "ref": args.ref, "ref_commit": commit, "a_code": sides["A"].ready["code"], "b_code": sides["B"].ready["code"],
         "requests": len(requests), "calls_per_side": calls, "a_median_s": round(median["A"], 4),
         "b_median_s": round(median["B"], 4), "speedup": round(median["A"] / median["B"], 3),
         "median_pair_ratio": round(statistics.median(pair_ratios), 3),
-        "pair_ratios": [round(r, 3) for r in pair_ratios], "parity": checks, "quick": layers != depth,
+        "pair_ratios": [round(r, 3) for r in pair_ratios], "threads": args.threads,
+        "a_median_cpu_s": round(median_cpu["A"], 4), "b_median_cpu_s": round(median_cpu["B"], 4),
+        "speedup_cpu_time": round(median_cpu["A"] / median_cpu["B"], 3), "parity": checks, "quick": layers != depth,
     }
-    emit(f"node_ab_{args.workload}_{args.model}_{args.dtype}" + ("" if layers == depth else f"_{layers}l"), result)
+    name = f"node_ab_{args.workload}_{args.model}_{args.dtype}" + ("" if layers == depth else f"_{layers}l")
+    emit(name + ("" if args.threads == 2 else f"_t{args.threads}"), result, threads=args.threads)
 
 
 if __name__ == "__main__":
