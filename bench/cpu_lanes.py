@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import threading
 import time
@@ -26,7 +27,7 @@ import time
 import torch
 
 from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint, timed_part
+from bench.common import CACHE, MODELS, ROOT, emit, run_together, shaped_checkpoint, timed_part
 from bench.score_node import DTYPES, LABELS, SAMPLES, make_requests
 
 
@@ -70,13 +71,7 @@ def two_lanes(node, requests) -> tuple[float, list[float], list]:
         for i in indices:
             done[i] = score(node, requests[i])
 
-    threads = [threading.Thread(target=lane, args=(range(k, len(requests), 2),)) for k in range(2)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_together([functools.partial(lane, range(k, len(requests), 2)) for k in range(2)])
     return wall, [done[i][0] for i in range(len(requests))], [done[i][1] for i in range(len(requests))]
 
 

@@ -17,11 +17,12 @@ there a package call holds the GIL for its whole run (torch 2.13), so about 1.0 
 
 from __future__ import annotations
 
-import threading
+import functools
 import time
 
 import torch
 
+from bench.common import run_together
 from bench.gpu_measure import BEAM_K, BEAM_S, BEAM_W, Settings, labels, random_samples, score_requests
 
 
@@ -89,12 +90,6 @@ def lane_overlap(nodes, spec, s: Settings, batches: int) -> dict:
     start = time.perf_counter()
     run(lanes[0])
     one = time.perf_counter() - start
-    threads = [threading.Thread(target=run, args=(lane,)) for lane in lanes]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    two = time.perf_counter() - start
+    two = run_together([functools.partial(run, lane) for lane in lanes])
     return {"batches_per_lane": batches, "one_lane_s": one, "two_lanes_s": two, "overlap": 2 * one / two,
             "lanes": f"{'CUDA streams' if s.device == 'cuda' else 'CPU lanes'}, one turn for the enqueue"}
