@@ -68,8 +68,8 @@ bench: bench-build
 	$(BEAM) --model qwen2.5-0.5b
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype bf16
-	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype fp32 --node
-	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype bf16 --node
+	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype fp32
+	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype bf16
 
 # Serving-path benchmarks on the tiny demo model (the CPU's share of a request outside the model).
 bench-serving: bench-venv

@@ -25,7 +25,7 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, median, model_gemm_shapes,
-                    peak_by_library, shaped_checkpoint, time_calls)
+                    peak_by_library, shaped_checkpoint, these_threads, time_calls)
 from bench.flops import beam_flops, executed_mfu
 
 W, S, K = 100, 4, 4
@@ -43,7 +43,7 @@ def build_node(checkpoint, name: str, max_width: int):
                                  max_beam_requests_per_batch=4)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype="float32")
     config = config.replace(model=model, bounds=bounds, score=ScoreConfig(enabled=False), beam=BeamConfig(enabled=True))
-    build(config, CACHE / "artifacts" / name)
+    build(these_threads(config), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name)
 
 

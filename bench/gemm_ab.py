@@ -19,7 +19,7 @@ import os
 import torch
 
 from bench import hf_baselines as hf_side
-from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, median, shaped_checkpoint
+from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, median, shaped_checkpoint, these_threads
 from bench.score_node import DTYPES, LABELS, PAD_ID, SAMPLES, make_requests
 
 BACKENDS = ("aten", "onednn")
@@ -39,7 +39,7 @@ def build(checkpoint, node: str, dtype_name: str, gemm: str, name: str):
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name, gemm=gemm)
     config = config.replace(model=model, bounds=bounds, score=ScoreConfig(enabled=node == "score"),
                             beam=BeamConfig(enabled=node == "beam"))
-    build_artifacts(config, CACHE / "artifacts" / name)
+    build_artifacts(these_threads(config), CACHE / "artifacts" / name)
     return getattr(load_nodes(CACHE / "artifacts" / name), node)
 
 

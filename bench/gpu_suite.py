@@ -3,24 +3,27 @@
 For each model: a random-weight checkpoint of the real shape (written by transformers), both nodes
 (score, beam) compiled for the device with configs/compose-gpu.toml, parity with transformers
 (label logits against float32 on the same weights, within transformers' own bf16 error; beam
-candidates against generate(num_beams=W)), the scoring node against transformers careful and at its
-best (15 samples per request, executed MFU), the beam node (W = 100, S = 4, short prompts) against
-generate() one prompt per call and batched, the end-to-end stack (python -m worker + python -m
-gateway, open-loop Poisson HTTP load at the seed system's rates and at 0.5-4x the node's measured
-capacity, a different seed per point), and selective FP8 (compile/fp8.py; then the scoring node
-compiled with `[model] fp8` against the bf16 node: speed and label-probability change).
+candidates against generate(num_beams=W)), no host sync inside either node's call (each enqueue run
+under torch.cuda.set_sync_debug_mode("error")) and two lanes' streams overlapping (the time of two
+concurrent batches against one; bench/gpu_checks.py), the scoring node against transformers
+careful and at its best (15 samples per request, executed MFU), the beam node (W = 100, S = 4,
+short prompts) against generate() one prompt per call and batched, the end-to-end stack (python -m
+worker + python -m gateway, open-loop Poisson HTTP load at the seed system's rates and at 0.5-4x the
+node's measured capacity, a different seed per point), and selective FP8 (compile/fp8.py; then the
+scoring node compiled with `[model] fp8` against the bf16 node: speed and label-probability change).
 
     .venv/bin/python bench/gpu_suite.py                 # on one CUDA GPU, bf16 (meant for <= 8 min)
     .venv/bin/python bench/gpu_suite.py --cpu-smoke     # the same steps on the CPU, 1 layer, small loads
 
 Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json), updated after every stage so a run
 cut short keeps what it measured; the last printed line is the JSON; exits non-zero when a parity
-check fails. Goodput = answers within the SLO (70 ms, also each request's deadline) per second of
-the offered window, so it can never exceed the offered rate. Targets (the seed system on one H200,
-each one a perfect system meets): at 100 scoring requests/s offered, >= 95 % of them answered within
-the SLO and their mean < 20 ms; the same at 300 beam requests/s (W=100, S=4); scoring executed MFU
->= 0.67 of the measured bf16 matmul peak (the seed quotes 67 % "effective" MFU, which counts more
-work than was executed, so this is the stricter reading).
+check fails, a call syncs the host or a GPU-path check cannot run. Goodput = answers within the SLO
+(70 ms, also each request's deadline) per second of the offered window, so it can never exceed the
+offered rate. Targets (the seed system on one H200, each one a perfect system meets): at 100
+scoring requests/s offered, >= 95 % of them answered within the SLO and their mean < 20 ms; the
+same at 300 beam requests/s (W=100, S=4); scoring executed MFU >= 0.67 of the measured bf16 matmul
+peak (the seed quotes 67 % "effective" MFU, which counts more work than was executed, so this is the
+stricter reading).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from bench.common import CACHE, MODELS, ROOT, emit, matmul_peak_flops, shaped_checkpoint
 from bench.provenance import RESULTS, provenance
 from bench.e2e_stack import Stack, run_load
+from bench.gpu_checks import lane_overlap, no_host_sync
 from bench.gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -73,7 +77,8 @@ def build(checkpoint, name: str, s: Settings, fp8_budget: float | None = None):
         model = dataclasses.replace(model, fp8=True, fp8_max_prob_change=fp8_budget)
         config = config.replace(beam=dataclasses.replace(config.beam, enabled=False))
     config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **s.bounds),
-                            worker=dataclasses.replace(config.worker, endpoints=("ipc:///tmp/unused",), devices=("cpu",)))
+                            worker=dataclasses.replace(config.worker, endpoints=("ipc:///tmp/unused",), devices=("cpu",),
+                                                       cpu_threads=torch.get_num_threads()))
     out = CACHE / "artifacts" / f"suite-{name}-{s.device}"
     start = time.perf_counter()
     build_artifacts(config, out)
@@ -170,11 +175,13 @@ def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, sk
     stage("compile")
     from compile.runtime import load_nodes
 
-    nodes = load_nodes(artifacts, "cuda:0" if s.device == "cuda" else "cpu")
+    nodes = load_nodes(artifacts, "cuda:0" if s.device == "cuda" else "cpu", runners=2)  # two lanes at once
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=s.dtype).to(s.device).eval()
     capacity = lambda: {"/v1/score": entry.get("score", {}).get("capacity_requests_per_s"),  # noqa: E731
                         "/v1/generate": entry.get("beam", {}).get("capacity_requests_per_s")}
     steps = [("parity", lambda: parity(nodes, hf, reference_model(checkpoint, s), spec, s)),
+             ("no_host_sync", lambda: no_host_sync(nodes, spec, s)),
+             ("lane_overlap", lambda: lane_overlap(nodes, spec, s, 4 if s.device == "cpu" else 20)),
              ("score", lambda: score_bench(nodes, hf, spec, s, refresh_peak(peak, s))),
              ("beam", lambda: beam_bench(nodes, hf, spec, s, refresh_peak(peak, s))),
              ("fp8", lambda: fp8_report(checkpoint, spec, s)),
@@ -210,11 +217,17 @@ def save(result: dict, name: str) -> None:
 
 
 def failures(result: dict) -> list[str]:
-    """Parity checks that failed, and any goodput above its offered rate (a counting error)."""
+    """Parity checks that failed, a host sync inside a call, a GPU-path check that could not run, and
+    any goodput above its offered rate (a counting error)."""
     found = []
     for key, model in result["models"].items():
         if model.get("parity", {}).get("ok") is False:
             found.append(f"{key}: parity")
+        if model.get("no_host_sync", {}).get("ok") is False:
+            found.append(f"{key}: a host sync inside a node call")
+        for stage in ("no_host_sync", "lane_overlap"):
+            if "error" in model.get(stage, {}):
+                found.append(f"{key}: {stage} failed to run")
         for route, load in model.get("e2e", {}).items():
             if isinstance(load, dict):
                 found += [f"{key} {route}: goodput above offered" for p in load.get("points", [])
@@ -227,7 +240,7 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="run every step on the CPU with 1 layer and small loads")
     parser.add_argument("--layers", type=int, help="override the layer count (default: the real model's; 1 with --cpu-smoke)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--skip", default="", help="comma-separated stages to skip: parity,score,beam,fp8,fp8_node,e2e")
+    parser.add_argument("--skip", default="", help="comma-separated stages to skip: parity,no_host_sync,lane_overlap,score,beam,fp8,fp8_node,e2e")
     args = parser.parse_args()
     if not args.cpu_smoke and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu-smoke on a machine without a GPU")

@@ -1,12 +1,14 @@
 """Where the time of one scoring request and one beam request goes, against the machine's peak.
 
-Scoring: the eager ScoreModule (the same layers, matmuls and attention kernel the compiled package
-calls; the package fuses the pointwise work around them) under torch.profiler, operators grouped
-into families, each family's executed FLOPs (bench/flops.py terms) over its time, next to the
-compiled node's time for the same request. Every distinct matmul shape of the request is also
+Scoring: the compiled scoring node itself, built with kernel profiling (every generated CPU kernel
+reports itself to torch.profiler), one request profiled: time per family (attention = the
+FlexAttention kernels, gemm = the matmul library calls, other = the fused pointwise kernels, the
+block mask's construction, copies), each family's executed FLOPs (bench/flops.py terms) over its
+time, and the node's time without profiling. Every distinct matmul shape of the request is also
 timed alone with torch.mm: what the matmul library reaches on exactly those shapes.
 Beam: the eager building blocks of one request timed piece by piece (prefill, a decode step, the
-vocabulary projection, log-softmax + top-k), each with its FLOP rate.
+vocabulary projection, log-softmax + top-k), each with its FLOP rate; eager attention is
+FlexAttention's unfused reference, so its prefill is an upper bound of the compiled one.
 
     .venv/bin/python bench/profile_nodes.py [--model qwen2.5-0.5b] [--dtype fp32|bf16] [--layers N] [--no-beam]
 """
@@ -23,28 +25,23 @@ from bench.common import MODELS, emit, matmul_peak_flops, median, model_gemm_sha
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-FAMILIES = {  # profiler operator -> family (self time, so nested operators are not counted twice)
-    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "mkldnn::_linear_pointwise"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
-    "last_layer_attention": ("aten::einsum",),
-    "copies": ("aten::copy_", "aten::cat", "aten::index_select", "aten::contiguous", "aten::clone",
-               "aten::slice_scatter", "aten::index", "aten::embedding"),
-    "head_softmax_topk": ("aten::_log_softmax", "aten::topk", "aten::_softmax"),
+FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
+    "attention": ("flex_attention",),
+    "gemm": ("linear_pointwise", "addmm", "_mm", "bmm", "aten::mm", "aten::matmul"),
 }
 
 
-def family_of(op: str) -> str:
-    return next((name for name, ops in FAMILIES.items() if op in ops), "pointwise_and_other")
+def family_of(name: str) -> str:
+    return next((family for family, parts in FAMILIES.items() if any(p in name for p in parts)), "other")
 
 
-def eager_profile(module, args) -> dict[str, float]:
-    """Self CPU ms per operator family for one call (after a warm-up call)."""
+def compiled_profile(call) -> dict[str, float]:
+    """Self CPU ms per family for one call of a package built with kernel profiling (after a warm-up)."""
     from torch.profiler import profile
 
-    with torch.inference_mode():
-        module(*args)
-        with profile() as prof:
-            module(*args)
+    call()
+    with profile() as prof:
+        call()
     totals: dict[str, float] = {}
     for event in prof.key_averages():
         family = family_of(event.key)
@@ -79,32 +76,33 @@ def gemm_table(shapes: dict, dtype: torch.dtype, peak: float) -> tuple[list[dict
     return rows, totals
 
 
-def node_ms(checkpoint, spec, dtype_name: str, name: str, lengths: list[int]) -> float:
-    """The compiled scoring node's time (ms, median of 3) on a request of these lengths."""
+def profiled_node(checkpoint, dtype_name: str, name: str):
+    """The scoring node of bench/score_node.py's build, compiled with kernel profiling."""
+    import dataclasses
+
+    from bench.common import CACHE, ROOT, these_threads
+    from compile.build import build
+    from compile.runtime import load_nodes
+    from shared.config import load_config
+
+    config = load_config(ROOT / "configs/test.toml")
+    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
+                                 max_tokens_per_batch=8192)
+    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
+    folder = CACHE / "artifacts" / f"{name}-kernel-profile"
+    build(these_threads(config.replace(model=model, bounds=bounds)), folder, kernel_profile=True)
+    return load_nodes(folder).score
+
+
+def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name: str) -> dict:
     from bench.score_node import LABELS, build_node
 
-    node = build_node(checkpoint, dtype_name, name)
     ids, lens = torch.randint(0, spec.vocab_size, (sum(lengths),)), torch.tensor(lengths)
-    return 1e3 * median(time_calls(lambda: node(ids, lens, LABELS, 2), repeats=3))
-
-
-def same_kernels(model, dtype):
-    """The eager model on the linear kernel a default build compiles in (model.gemm = auto)."""
-    from compile.linear import resolve_gemm, use_gemm
-
-    return use_gemm(model, resolve_gemm("auto", "cpu", dtype))
-
-
-def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float) -> dict:
-    from compile.checkpoint import load_checkpoint
-    from compile.model import build_model
-    from compile.score.module import ScoreModule, pack_inputs
-
-    loaded = load_checkpoint(checkpoint, str(dtype).removeprefix("torch."))
-    module = ScoreModule(same_kernels(build_model(loaded.spec, loaded.state_dict, dtype), dtype), 5)
-    ids = torch.randint(0, spec.vocab_size, (sum(lengths),))
-    args = pack_inputs(ids, torch.tensor(lengths), torch.tensor([9454, 2152]), label_slots=8)
-    families = eager_profile(module, args)
+    dtype_name = str(dtype).removeprefix("torch.")
+    profiled = profiled_node(checkpoint, dtype_name, name)
+    families = compiled_profile(lambda: profiled(ids, lens, LABELS, 2))
+    node = build_node(checkpoint, dtype_name, name)  # the same node without profiling hooks
+    node_ms = 1e3 * median(time_calls(lambda: node(ids, lens, LABELS, 2), repeats=3))
     t, b = sum(lengths), len(lengths)
     gemm_flops = (spec.num_layers - 1) * (_q_o_mlp(spec) + _kv(spec)) * t + _kv(spec) * t + _q_o_mlp(spec) * b \
         + _head(spec, b)
@@ -113,7 +111,8 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float) -> d
     total_ms = sum(families.values())
     rows, gemm_alone_ms = gemm_table(score_gemm_shapes(spec, lengths), dtype, peak)  # per library
     return {
-        "tokens": t, "samples": b, "executed_gflop": score_flops(spec, lengths) / 1e9, "eager_ms": total_ms,
+        "tokens": t, "samples": b, "executed_gflop": score_flops(spec, lengths) / 1e9,
+        "node_ms": node_ms, "profiled_ms": total_ms,
         "families_ms": {k: round(v, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
         "families_share": {k: round(v / total_ms, 3) for k, v in families.items()},
         "family_of_peak": {k: flops / (families[k] / 1e3) / peak for k, flops in rates.items() if families.get(k)},
@@ -124,24 +123,28 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float) -> d
 
 def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict:
     """One request's pieces, timed alone on the eager blocks (ms) with their FLOP rates."""
+    from compile.attention import CPU_BLOCK, KeyPool, padded, pool_mask
     from compile.beam.decode import decode, prompt_kv
-    from compile.model import prefill
     from compile.checkpoint import load_checkpoint
-    from compile.model import build_model
+    from compile.linear import resolve_gemm, use_gemm
+    from compile.model import build_model, prefill
 
     loaded = load_checkpoint(checkpoint, "float32")
-    model = same_kernels(build_model(loaded.spec, loaded.state_dict, torch.float32), torch.float32)
-    ids = torch.randint(0, spec.vocab_size, (length,))
+    model = build_model(loaded.spec, loaded.state_dict, torch.float32)
+    use_gemm(model, resolve_gemm("auto", "cpu", torch.float32))  # the kernel a default build compiles in
+    rows = padded(length, CPU_BLOCK)  # the prompt, then its block padding (a segment of its own)
+    ids, positions = torch.randint(0, spec.vocab_size, (rows,)), torch.arange(rows)
     cu = torch.tensor([0, length], dtype=torch.int32)
+    mask = pool_mask(KeyPool.fitting(rows, 2, CPU_BLOCK), cu, torch.tensor([-1]), rows, rows)
     index, valid = torch.arange(length)[None], torch.ones(1, length, dtype=torch.bool)
     with torch.inference_mode():
-        _, keys, values = prefill(model, ids, torch.arange(length), cu)
+        _, keys, values = prefill(model, ids, positions, mask)
         prompt = (prompt_kv(keys, index), prompt_kv(values, index), valid)
         tokens, pos = torch.randint(0, 1000, (1, width)), torch.full((1, width), length)
         hidden, logits = torch.randn(width, spec.hidden_size), torch.randn(1, width, spec.vocab_size)
         suffix = decode(model, tokens, pos, prompt, None)[1]
         parts = {
-            "prefill": lambda: prefill(model, ids, torch.arange(length), cu),
+            "prefill": lambda: prefill(model, ids, positions, mask),
             "decode_step_incl_head": lambda: decode(model, tokens, pos + 1, prompt, suffix),
             "head_only": lambda: model.logits(hidden),
             "log_softmax_topk": lambda: torch.topk(torch.topk(F.log_softmax(logits, -1), 2 * width)[0].reshape(1, -1),
@@ -163,7 +166,6 @@ def main() -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--layers", type=int)
     parser.add_argument("--no-beam", action="store_true")
-    parser.add_argument("--node", action="store_true", help="also time the compiled scoring node (built if missing)")
     args = parser.parse_args()
     family, shape, depth = MODELS[args.model]
     layers, dtype = args.layers or depth, DTYPES[args.dtype]
@@ -177,10 +179,8 @@ def main() -> None:
     peak = matmul_peak_flops(dtype, ((2048, 2048, 2048), *model_gemm_shapes(spec)))
     result = {"bench": "profile_nodes", "model": args.model, "layers": layers, "dtype": args.dtype,
               "quick": layers != depth, "peak_gflops": peak / 1e9,
-              "score": score_profile(checkpoint, spec, dtype, lengths, peak)}
-    if args.node:
-        result["score"]["node_ms"] = node_ms(checkpoint, spec, str(dtype).removeprefix("torch."),
-                                             f"score-{args.model}-{args.dtype}-{layers}l", lengths)
+              "score": score_profile(checkpoint, spec, dtype, lengths, peak,
+                                     f"score-{args.model}-{args.dtype}-{layers}l")}
     if not args.no_beam and args.dtype == "fp32":
         result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
     result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, ((2048, 2048, 2048), *model_gemm_shapes(spec)))) / 1e9

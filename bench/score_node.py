@@ -35,7 +35,7 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, model_gemm_shapes,
-                          peak_by_library, shaped_checkpoint, timed_part)
+                          peak_by_library, shaped_checkpoint, these_threads, timed_part)
 from bench.flops import executed_mfu, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -64,7 +64,7 @@ def build_node(checkpoint, dtype_name: str, name: str):
     bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
                                  max_tokens_per_batch=8192)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    build(config.replace(model=model, bounds=bounds), CACHE / "artifacts" / name)
+    build(these_threads(config.replace(model=model, bounds=bounds)), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name).score
 
 

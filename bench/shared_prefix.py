@@ -29,7 +29,8 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint
+from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint, \
+    these_threads
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -60,7 +61,7 @@ def build_node(config, name: str):
     from compile.build import build
     from compile.runtime import load_nodes
 
-    build(config, CACHE / "artifacts" / name)
+    build(these_threads(config), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name).score
 
 

@@ -2,7 +2,8 @@
 
     checkpoint.py  Hugging Face folder -> ModelSpec + fused weights      model.py  the packed transformer
                    and the passes both nodes share (prefill, merge_partials)
-    ops.py         custom operators compiled into the packages           machine.py  machine facts, compatibility
+    attention.py   attention over the key pool's segments, in the graph   machine.py  machine facts, compatibility
+    transfer.py    a call's host<->device copies without a host sync (pinned buffers, an event)
     score/         the prefill-only scoring node (module, heads, export, node)
     beam/          the bounded beam-search node (module and export, search, attention, decode,
                    processors, generation config, node)

@@ -13,12 +13,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from compile import ops  # noqa: F401  (the packages call boundserve:: operators)
 from compile.machine import ArtifactMismatch
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: attention in the graph, the CPU thread count recorded (1 called Python operators)
 
 
 def file_hash(path: Path) -> str:
@@ -31,9 +30,13 @@ def file_hash(path: Path) -> str:
 
 def read_manifest(folder: Path) -> dict:
     try:
-        return json.loads((folder / MANIFEST).read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
     except FileNotFoundError:
         raise ArtifactMismatch(f"{folder}: no {MANIFEST}; build the artifacts with `python -m compile`") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactMismatch(f"{folder}: artifacts of format {manifest.get('format_version')}, this runtime reads "
+                               f"format {FORMAT_VERSION}; rebuild them with `python -m compile`")
+    return manifest
 
 
 def load_weights(folder: Path, manifest: dict, device: str) -> dict[str, torch.Tensor]:
@@ -44,12 +47,15 @@ def load_weights(folder: Path, manifest: dict, device: str) -> dict[str, torch.T
     return {k: v.to(device) for k, v in load_file(weights_file).items()}
 
 
-def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str):
-    """An AOTInductor package whose constants are `weights`' tensors themselves (no copy)."""
+def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str, runners: int = 1):
+    """An AOTInductor package whose constants are `weights`' tensors themselves (no copy), able to run
+    `runners` calls at once (one per thread calling it; a further call waits for a free runner)."""
+    from torch._inductor.package import load_package as load_aoti
+
     if file_hash(path) != sha256:
         raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
     index = torch.device(device).index
-    package = torch._inductor.aoti_load_package(str(path), device_index=-1 if index is None else index)
+    package = load_aoti(str(path), num_runners=runners, device_index=-1 if index is None else index)
     names = package.get_constant_fqns()
     missing = sorted(set(names) - set(weights))
     if missing:

@@ -62,14 +62,15 @@ class Progress:
         print(f"[compile {time.monotonic() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) -> dict:
-    """Build every enabled node into out_dir; skip the work when the artifacts are up to date."""
+def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False) -> dict:
+    """Build every enabled node into out_dir; skip the work when the artifacts are up to date.
+    kernel_profile: the CPU kernels report themselves to torch.profiler (bench/profile_nodes.py)."""
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
     read_spec(model_dir)  # refuse an unsupported checkpoint before any work
     checkpoint_sha = checkpoint_hash(model_dir)
-    key = build_key(config, checkpoint_sha)
+    key = build_key(config, checkpoint_sha, kernel_profile)
     if not force and is_up_to_date(out, key):
         progress.stage(f"artifacts in {out} are up to date (build key {key[:12]}); nothing to do")
         return json.loads((out / MANIFEST).read_text())
@@ -94,7 +95,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
         weights.update(module.state_dict())
         progress.stage(f"compiling the {workload} node with AOTInductor (minutes on a small CPU)")
         package = out / f"{workload}.pt2"
-        aoti_compile(program, package)
+        aoti_compile(program, package, compiled_threads(config), kernel_profile)
         nodes[workload] = {"package": package.name, "sha256": file_hash(package), **facts}
     progress.stage("writing weights and tokenizer files")
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, out / WEIGHTS)
@@ -107,6 +108,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
         "dtype": str(dtype).removeprefix("torch."),
         "gemm": gemm,
         "machine": machine_facts(device),
+        "cpu_threads": compiled_threads(config),
         "bounds": config.bounds.resolved(),
         "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
         "nodes": nodes,
@@ -120,14 +122,27 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False) ->
     return manifest
 
 
-def aoti_compile(program: torch.export.ExportedProgram, package: Path) -> None:
+def compiled_threads(config: DeploymentConfig) -> int | None:
+    """The intra-op threads a CPU package is compiled for: the workers' [worker] cpu_threads (None on CUDA).
+
+    Inductor fixes a CPU package's thread count at compile time: its kernels open OpenMP teams of
+    that size, and the attention kernel sizes per-thread scratch buffers by it, so a call on more
+    threads writes past them (seen: heap corruption). The manifest records it; the runtime refuses
+    more (compile/machine.py) and a worker configured otherwise refuses to start.
+    """
+    return config.worker.cpu_threads if config.model.device.split(":")[0] == "cpu" else None
+
+
+def aoti_compile(program: torch.export.ExportedProgram, package: Path, threads: int | None,
+                 kernel_profile: bool = False) -> None:
     package.unlink(missing_ok=True)
-    torch._inductor.aoti_compile_and_package(
-        program,
-        package_path=str(package),
-        # Weights stay outside the .so: all nodes share one copy, loaded by the runtime.
-        inductor_configs={"aot_inductor.package_constants_in_so": False},
-    )
+    # Weights stay outside the .so: all nodes share one copy, loaded by the runtime.
+    options = {"aot_inductor.package_constants_in_so": False, "cpp.enable_kernel_profile": kernel_profile}
+    if threads is not None:  # a CPU build (see compiled_threads)
+        # The C++ FlexAttention template cannot take an epilogue (compile/attention.py); without
+        # max-autotune it is the only template on a CPU, so this changes nothing else.
+        options.update({"cpp.threads": threads, "epilogue_fusion": False})
+    torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=options)
 
 
 def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
@@ -141,10 +156,12 @@ def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
     return copied
 
 
-def build_key(config: DeploymentConfig, checkpoint_sha: str) -> str:
+def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: bool = False) -> str:
     """Everything the artifacts depend on: checkpoint, config, torch, machine and this code."""
     digest = hashlib.sha256()
     relevant = {k: asdict(config)[k] for k in ("model", "bounds", "score", "beam")}
+    relevant["cpu_threads"] = compiled_threads(config)
+    relevant["kernel_profile"] = kernel_profile
     relevant["model"] = {**relevant["model"], "path": None}  # the content counts, not the path
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     if relevant["score"]["mlp_head"]:

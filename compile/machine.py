@@ -43,3 +43,14 @@ def check_compatible(built: dict, device: str) -> None:
             "artifacts were compiled for another machine (" + "; ".join(problems) + "); "
             "rebuild them on this machine class with `python -m compile`"
         )
+
+
+def check_threads(compiled: int | None, running: int) -> None:
+    """Raise ArtifactMismatch when a CPU package compiled for `compiled` intra-op threads would run on
+    more (its attention kernel's per-thread buffers are sized for the compiled count: more threads
+    write past them). Fewer is safe. compiled None: a CUDA package, nothing to check."""
+    if compiled is not None and running > compiled:
+        raise ArtifactMismatch(
+            f"the packages were compiled for {compiled} CPU thread(s) but this process runs {running}; "
+            f"call torch.set_num_threads({compiled}) first, or rebuild with [worker] cpu_threads = {running}"
+        )

@@ -1,9 +1,11 @@
 """The project's own packed decoder (Qwen2 / Qwen3 / Llama), written for torch.export.
 
 All samples of a batch are concatenated into one token axis T; linear and MLP layers run on those T
-valid tokens only, and attention runs per sample through `boundserve::varlen_attention`. Positions
-are given per token, so every sample starts at position 0. Shapes: T tokens, H hidden, Hq/Hkv heads,
-D head dim, B samples.
+tokens only, and attention runs inside the compiled graph over the batch's segments
+(compile/attention.py: each sample causally, or a suffix over its shared prefixes), under a block
+mask built once per forward and shared by every layer. T is a multiple of the attention block (the
+layouts pad it with a filler segment). Positions are given per token, so every sample starts at
+position 0. Shapes: T tokens, H hidden, Hq/Hkv heads, D head dim, B samples.
 
 The building blocks (`Attention.project`, `Attention.output`, `Mlp`, `rope`) are public so that the
 beam node can run the same layers against its shared prompt K/V. The passes both nodes share live
@@ -17,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compile import ops  # noqa: F401  (registers boundserve::varlen_attention and prefix_attention)
+from torch.nn.attention.flex_attention import BlockMask
+
+from compile.attention import packed_attention
 from compile.checkpoint import ModelSpec
 from compile.linear import Linear, linear
 
@@ -167,22 +171,17 @@ class Layer(nn.Module):
         self.post_attn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = Mlp(spec)
 
-    def forward(self, x, cos, sin, cu_seqlens):
-        return self.forward_kv(x, cos, sin, cu_seqlens)[0]
+    def forward(self, x, cos, sin, mask: BlockMask, cached_kv=None):
+        """x [T, H] -> [T, H]: attention over the key pool (cached_kv's rows, then x's own) under `mask`."""
+        return self.forward_kv(x, cos, sin, mask, cached_kv)[0]
 
-    def forward_kv(self, x, cos, sin, cu_seqlens):
-        """The layer's output [T, H] and the keys and values [T, Hkv, D] it attended with."""
-        q, k, v = self.attn.project(self.input_norm(x), cos, sin)
-        x = x + self.attn.output(torch.ops.boundserve.varlen_attention(q, k, v, cu_seqlens))
-        return x + self.mlp(self.post_attn_norm(x)), k, v
-
-    def forward_segments(self, x, cos, sin, cu_seqlens, parents, cached_kv=None):
-        """The layer over segments that extend others (boundserve::prefix_attention): x [T, H] -> [T, H].
+    def forward_kv(self, x, cos, sin, mask: BlockMask, cached_kv=None):
+        """The layer's output [T, H] and the keys and values [T, Hkv, D] of x's own tokens.
         cached_kv: keys and values [C, Hkv, D] of C cached rows placed before the batch's own."""
         q, k, v = self.attn.project(self.input_norm(x), cos, sin)
-        k, v = _with_cached(k, v, cached_kv)
-        x = x + self.attn.output(torch.ops.boundserve.prefix_attention(q, k, v, cu_seqlens, parents))
-        return x + self.mlp(self.post_attn_norm(x))
+        pool_k, pool_v = _with_cached(k, v, cached_kv)  # [C + T, Hkv, D]
+        x = x + self.attn.output(packed_attention(q, pool_k, pool_v, mask))
+        return x + self.mlp(self.post_attn_norm(x)), k, v
 
     def forward_last(self, x, cos, sin, last, visible, cached_kv=None):
         """The layer's output at the rows `last` [B] only: x [T, H] -> [B, H].
@@ -223,20 +222,22 @@ class Transformer(nn.Module):
         """[V, H]: the output projection (the embedding when tied)."""
         return self.embed.weight if self.spec.tie_word_embeddings else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: BlockMask) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, H]
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, cu_seqlens)
+            x = layer(x, cos, sin, mask)
         return x
 
-    def last_hidden(self, input_ids, positions, cu_seqlens, parents=None, sample_segments=None, static_kv=None):
+    def last_hidden(self, input_ids, positions, mask: BlockMask, cu_seqlens, parents=None, sample_segments=None,
+                    static_kv=None):
         """Hidden state [B, H] (before the final norm) at every sample's last token only.
 
         Without `parents` every sample is its own segment (cu_seqlens [B+1] over input_ids). With
         them, cu_seqlens [S+1] spans the key pool (static_kv's C rows, then input_ids' T tokens),
         parents [S] says which segment each extends (-1: none), sample_segments [B] which segment
         ends each sample. static_kv = (keys, values) [layers, C, Hkv, D]: cached, never recomputed.
+        `mask` is the pool's block mask (compile/attention.pool_mask of the same segments).
         """
         if parents is None:
             parents = torch.full_like(cu_seqlens[1:], -1, dtype=torch.int64)
@@ -245,7 +246,7 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         cached = [None] * len(self.layers) if static_kv is None else list(zip(*static_kv))
         for layer, kv in zip(self.layers[:-1], cached):
-            x = layer.forward_segments(x, cos, sin, cu_seqlens, parents, kv)
+            x = layer(x, cos, sin, mask, kv)
         num_cached = 0 if static_kv is None else static_kv[0].shape[1]  # rows before the batch's own
         last = cu_seqlens.index_select(0, sample_segments + 1).long() - 1 - num_cached  # [B]
         visible = visible_keys(cu_seqlens, parents, sample_segments, num_cached + input_ids.shape[0])
@@ -256,14 +257,14 @@ class Transformer(nn.Module):
         return linear(self.norm(hidden), self.lm_head_weight, None, self.gemm).float()
 
 
-def prefill(model: Transformer, ids, positions, cu_seqlens):
-    """ids, positions [T]; cu_seqlens int32 [R+1] -> hidden [T, H] (before the final norm), and every
-    layer's keys and values: per layer [T, Hkv, D]."""
+def prefill(model: Transformer, ids, positions, mask: BlockMask):
+    """ids, positions [T] -> hidden [T, H] (before the final norm), and every layer's keys and
+    values: per layer [T, Hkv, D]. `mask`: the prompts' block mask (each prompt causally)."""
     x = model.embed(ids)  # [T, H]
     cos, sin = rope_tables(model.inv_freq, positions, x.dtype)
     keys, values = [], []
     for layer in model.layers:
-        x, k, v = layer.forward_kv(x, cos, sin, cu_seqlens)
+        x, k, v = layer.forward_kv(x, cos, sin, mask)
         keys.append(k)
         values.append(v)
     return x, keys, values

@@ -1,8 +1,9 @@
 """Loading compiled artifacts for a worker: every node of one folder, sharing one set of weights.
 
-`load_nodes` checks the manifest against this machine, loads the weights once and hands the same
-tensors to every package (no second copy), and wraps each package in its node, which validates a
-batch against the compiled bounds before it ever reaches the package.
+`load_nodes` checks the manifest against this machine and this process's thread count, loads the
+weights once and hands the same tensors to every package (no second copy), and wraps each package
+in its node, which validates a batch against the compiled bounds before it ever reaches the package.
+The packages call no Python: two threads may call one at once (given a runner each).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from compile.artifacts import load_package, load_weights, read_manifest
 from compile.beam.node import BeamNode
-from compile.machine import check_compatible
+from compile.machine import check_compatible, check_threads
 from compile.score.node import ScoreNode
 from shared.bounds import BoundsError
 
@@ -31,14 +32,17 @@ class Nodes:
     weights: dict[str, torch.Tensor]
 
 
-def load_nodes(artifacts_dir: str | Path, device: str = "cpu") -> Nodes:
-    """Load and check an artifacts folder for `device` (cpu or cuda:N)."""
+def load_nodes(artifacts_dir: str | Path, device: str = "cpu", runners: int = 1) -> Nodes:
+    """Load and check an artifacts folder for `device` (cpu or cuda:N); each package can serve
+    `runners` threads at once."""
     folder = Path(artifacts_dir)
     manifest = read_manifest(folder)
     check_compatible(manifest["machine"], device)
+    if device == "cpu":
+        check_threads(manifest["cpu_threads"], torch.get_num_threads())
     weights = load_weights(folder, manifest, device)
     packages = {
-        workload: load_package(folder / node["package"], node["sha256"], weights, device)
+        workload: load_package(folder / node["package"], node["sha256"], weights, device, runners)
         for workload, node in manifest["nodes"].items()
     }
     score = ScoreNode(packages["score"], manifest, device) if "score" in packages else None

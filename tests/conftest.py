@@ -24,6 +24,14 @@ settings.register_profile("boundserve", derandomize=True, database=None, deadlin
 settings.load_profile("boundserve")
 
 
+def pytest_configure(config):
+    """The session runs on the thread count its packages are compiled for (configs/test.toml's
+    [worker] cpu_threads = 1): a CPU package refuses to run on more threads than it was built for."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from compile.demo import train_tokenizer

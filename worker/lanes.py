@@ -1,15 +1,14 @@
-"""Compute lanes: where one in-flight batch runs (device, CUDA stream, preallocated host buffers).
+"""Compute lanes: where one in-flight batch runs (device, CUDA stream, staging buffers, turn).
 
-CPU: one lane; batches run one at a time on the configured intra-op threads.
-CUDA: one lane per configured stream, each driven by its own thread. A lane stages token ids in
-its own pinned host buffer, so the host-to-device copy is asynchronous on the lane's stream and
-overlaps the compute of other lanes' batches. A lane reuses its buffer only after its previous
-batch has been synchronised (finish()), so no copy can read a buffer being rewritten.
-
-All lanes of a worker take turns for the node call itself (`turn`): an AOTInductor package runs one
-call at a time and waits for a second one while holding the GIL, and its calls into the Python
-custom operators (compile/ops.py) need the GIL, so two threads calling at once deadlock. The turn
-is held only while the call is issued; a CUDA lane synchronises its stream after releasing it.
+CPU: one lane; batches run one at a time on config.cpu_threads intra-op threads (the thread count
+the packages are compiled for). A second CPU lane would not help: with torch 2.13 a package call
+holds the GIL for its whole run on a CPU (measured: bench/cpu_lanes.py), so two lanes take turns.
+CUDA: one lane per configured stream, each driven by its own thread. All CUDA lanes share one turn,
+held only while a call is enqueued on the lane's stream (layout, pinned input copies, the package
+call, the output copies into pinned buffers with an event), never while waiting for the device:
+the wait (Pending.result(), compile/transfer.py) happens after the turn is released, so one lane's
+batch computes while another lane enqueues. A lane's staging buffers are reused only after its
+previous batch's result() (after a failure: after its stream is synchronised).
 """
 
 from __future__ import annotations
@@ -21,22 +20,23 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from compile.transfer import Staging
 from shared.config import WorkerConfig
 
 
 class Lane:
-    """One in-flight batch slot: a device, an optional CUDA stream, and a token staging buffer."""
+    """One in-flight batch slot: a device, an optional CUDA stream, staging buffers and a turn."""
 
     def __init__(self, device: str, max_tokens: int, stream: torch.cuda.Stream | None = None,
                  turn: threading.Lock | None = None) -> None:
         self.device = device
         self.stream = stream
-        self.turn = turn or threading.Lock()  # shared by every lane calling the same packages
-        pin = stream is not None
-        self.token_buffer = torch.empty(max_tokens, dtype=torch.int64, pin_memory=pin)  # [T_max]
+        self.turn = turn or threading.Lock()  # shared by the CUDA lanes calling the same packages
+        self.staging = Staging(device)  # the node's pinned input/output buffers and event (GPU)
+        self.token_buffer = torch.empty(max_tokens, dtype=torch.int64)  # [T_max]
 
     def stage_tokens(self, parts: Sequence[np.ndarray]) -> torch.Tensor:
-        """Concatenate token id arrays into the staging buffer; returns the int64 view [T]."""
+        """Concatenate token id arrays into the lane's buffer; returns the int64 view [T]."""
         total = sum(len(p) for p in parts)
         if total > len(self.token_buffer):
             raise ValueError(f"{total} tokens exceed the lane buffer of {len(self.token_buffer)}")
@@ -46,8 +46,8 @@ class Lane:
         return out
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """Make the lane's stream current for the node call, and wait for it before returning."""
+    def enqueueing(self) -> Iterator[None]:
+        """Hold the turn with the lane's stream current, for the enqueue of one call only."""
         if self.stream is None:
             with self.turn:
                 yield
@@ -55,8 +55,9 @@ class Lane:
         try:
             with torch.cuda.stream(self.stream), self.turn:
                 yield
-        finally:  # also after a failure: the staging buffer may be rewritten only once the stream is idle
-            self.stream.synchronize()
+        except BaseException:
+            self.stream.synchronize()  # copies in flight may still read the staging buffers
+            raise
 
 
 def max_staged_tokens(bounds: Mapping[str, int]) -> int:
@@ -65,11 +66,15 @@ def max_staged_tokens(bounds: Mapping[str, int]) -> int:
     return max(bounds["max_tokens_per_batch"], beam)
 
 
+def lane_count(device: str, config: WorkerConfig) -> int:
+    """How many batches a worker has in flight at once: one on a CPU, num_streams on a GPU."""
+    return 1 if device == "cpu" else config.num_streams
+
+
 def make_lanes(device: str, config: WorkerConfig, bounds: Mapping[str, int]) -> list[Lane]:
     """The lanes of one worker: one CPU lane, or config.num_streams CUDA lanes."""
     max_tokens = max_staged_tokens(bounds)
     if device == "cpu":
-        torch.set_num_threads(config.cpu_threads)
         return [Lane(device, max_tokens)]
     index = torch.device(device).index or 0
     streams = [torch.cuda.Stream(device=index) for _ in range(config.num_streams)]
@@ -79,6 +84,6 @@ def make_lanes(device: str, config: WorkerConfig, bounds: Mapping[str, int]) -> 
 
 def spare_lane(sibling: Lane, bounds: Mapping[str, int]) -> Lane:
     """A lane of its own for work beside the served batches (the background profile refit): its own
-    staging buffer (and stream), taking turns with `sibling`'s lanes for the node call."""
+    staging buffers (and stream), taking turns with `sibling`'s lane for the node call."""
     stream = None if sibling.stream is None else torch.cuda.Stream(device=sibling.stream.device)
     return Lane(sibling.device, max_staged_tokens(bounds), stream=stream, turn=sibling.turn)

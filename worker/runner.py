@@ -54,11 +54,12 @@ class ScoreRunner:
         column = {t: j for j, t in enumerate(labels)}
         top_k = max(r.top_k for r in requests)
         try:
-            with lane.running():
-                out = self.node(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k,
-                                prefix_lens=prefix_lens, group_sizes=group_sizes)
+            with lane.enqueueing():  # the turn covers the enqueue only; the wait comes after it
+                pending = self.node.launch(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k,
+                                           prefix_lens=prefix_lens, group_sizes=group_sizes, staging=lane.staging)
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
+        out = pending.result()
         arrays = {
             "logits": out.label_logits.numpy(), "logprobs": out.label_logprobs.numpy(),  # [B, N]
             "probs": out.label_probs.numpy(), "topk_ids": out.topk_ids.numpy(),  # [B, N], [B, k]
@@ -111,14 +112,15 @@ class BeamRunner:
         prompt_ids = lane.stage_tokens(prompts)  # [T]
         prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64)  # [R]
         try:
-            with lane.running():
-                out = self.node(prompt_ids, prompt_lens, batch.num_beams, batch.max_new_tokens,
-                                batch.num_return_sequences)
+            with lane.enqueueing():
+                pending = self.node.launch(prompt_ids, prompt_lens, batch.num_beams, batch.max_new_tokens,
+                                           batch.num_return_sequences, staging=lane.staging)
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
-        sequences = out.sequences.cpu().numpy()  # [R, k, S]
-        scores = out.scores.cpu().numpy()  # [R, k]
-        lengths = out.lengths.cpu().numpy()  # [R, k]
+        out = pending.result()  # host tensors
+        sequences = out.sequences.numpy()  # [R, k, S]
+        scores = out.scores.numpy()  # [R, k]
+        lengths = out.lengths.numpy()  # [R, k]
         return {
             index: BeamResult(request_id=r.request_id, status=Status.OK, sequences=_i32(sequences[j]),
                               scores=_f32(scores[j]), lengths=_i32(lengths[j]))

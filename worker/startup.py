@@ -13,6 +13,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from compile.artifacts import read_manifest
+from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
 from shared.bounds import Bounds
 from shared.config import DeploymentConfig, WorkerConfig
@@ -20,7 +24,7 @@ from shared.protocol import PROTOCOL_VERSION, BeamBatch, Ready, ScoreBatch
 from worker.bounds_check import check_beam_batch, check_score_batch
 from worker.compute import ComputePool
 from worker import profile_cache
-from worker.lanes import make_lanes, spare_lane
+from worker.lanes import lane_count, make_lanes, spare_lane
 from worker.logs import JsonLog
 from worker.profiler import Plan, Profile, plan_batches, profile_plans, warm_up_smallest
 from worker.refit import BackgroundRefit
@@ -35,7 +39,11 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
                  worker_id: str, log: JsonLog, profile_folder: Path | None = None) -> WorkerServer:
     """Everything a worker does before serving; refuses artifacts built for another machine.
     `profile_folder`: where the last fitted profile is kept (None: always profile before serving)."""
-    nodes = load_nodes(artifacts, device)  # raises ArtifactMismatch for another machine
+    if device == "cpu":
+        refuse_other_threads(read_manifest(Path(artifacts)), config.worker)
+        torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
+    # a runner per lane and one for the background refit's spare lane: they call at once
+    nodes = load_nodes(artifacts, device, runners=lane_count(device, config.worker) + 1)  # ArtifactMismatch
     manifest = nodes.manifest
     bounds = manifest["bounds"]
     compiled = Bounds.from_manifest(bounds)
@@ -61,6 +69,17 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     )
     pool_factory = functools.partial(_make_pool, lanes, runners, log)
     return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log, refit_factory)
+
+
+def refuse_other_threads(manifest: dict, config: WorkerConfig) -> None:
+    """A CPU package runs on the thread count it was compiled for (compile/build.py): a worker
+    configured for another refuses to start, naming both."""
+    compiled = manifest.get("cpu_threads")
+    if compiled != config.cpu_threads:
+        raise ArtifactMismatch(
+            f"the artifacts were compiled for {compiled} CPU thread(s) per call but [worker] cpu_threads = "
+            f"{config.cpu_threads}; set cpu_threads = {compiled} or rebuild the artifacts with this config"
+        )
 
 
 def _profiles(plans: dict[str, Plan], lanes: list, bounds: dict, config: WorkerConfig, cache: Path | None,

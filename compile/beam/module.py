@@ -1,8 +1,8 @@
 """The bounded beam-search node: one packed prefill of R prompts, then S decode steps at width W.
 
 Exported inputs (T packed prompt tokens, R requests, L = longest prompt, W beams):
-    prompt_ids   [T] int64    all prompts concatenated
-    positions    [T] int64    position of each token inside its own prompt
+    prompt_ids   [T] int64    all prompts concatenated, padded to a multiple of the attention block
+    positions    [T] int64    position of each token inside its own prompt (padding: any)
     cu_seqlens   [R+1] int32  prompt boundaries (0, L0, L0+L1, ...)
     prompt_index [R, L] int64 packed row of each prompt's token l (padding rows point at row 0)
     prompt_valid [R, L] bool  which of those are real tokens
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
+from compile.attention import CPU_BLOCK, KeyPool, block_for, padded, pool_mask
 from compile.beam.decode import decode, prompt_kv, reorder_suffix
 from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.beam.processors import PrefixConstraint, RepetitionPenalty, build_tables, read_sequences
@@ -51,9 +52,11 @@ INPUT_NAMES = (
 class BeamModule(nn.Module):
     """Transformer + beam loop; the `model` attribute name is shared with the scoring node."""
 
-    def __init__(self, model: Transformer, rule: BeamRule, max_steps: int, constraint: nn.Module | None = None):
+    def __init__(self, model: Transformer, rule: BeamRule, max_steps: int, constraint: nn.Module | None = None,
+                 pool: KeyPool | None = None):
         super().__init__()
         self.model = model
+        self.pool = pool  # the compiled sizes; None (eager use): fitted to each call
         self.rule = rule
         self.max_steps = max_steps
         self.constraint = constraint
@@ -63,14 +66,18 @@ class BeamModule(nn.Module):
                 early_all):
         model, rule = self.model, self.rule
         r, w = prompt_index.shape[0], beam_slots.shape[0]
-        hidden, keys, values = prefill(model, prompt_ids, positions, cu_seqlens)  # [T, H]
+        t = prompt_ids.shape[0]
+        pool = self.pool or KeyPool.fitting(t, r + 1, CPU_BLOCK)
+        # each prompt causally; the rows past the last prompt (block padding) form one more segment
+        mask = pool_mask(pool, cu_seqlens, torch.full_like(cu_seqlens[1:], -1, dtype=torch.int64), t, t)
+        hidden, keys, values = prefill(model, prompt_ids, positions, mask)  # [T, H]
         last = last_token_index(cu_seqlens)  # [R]
         logits = model.logits(hidden.index_select(0, last))[:, None, :]  # [R, 1, V] float32
         prompt = (prompt_kv(keys, prompt_index), prompt_kv(values, prompt_index), prompt_valid)
         prompt_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # [R]
         state = initial_state(r, w, self.max_steps, rule.pad_id, prompt_ids.device)
         nodes = None if self.constraint is None else self.constraint.start(r, prompt_ids.device)
-        seen = None if self.penalty is None else self.penalty.prompt_seen(prompt_ids, positions, r, logits.shape[-1])
+        seen = None if self.penalty is None else self.penalty.prompt_seen(prompt_ids, cu_seqlens, r, logits.shape[-1])
         is_greedy = torch.ones_like(beam_slots).sum() == 1  # bool []: a tensor, so W stays dynamic
         suffix = None
         for step in range(1, self.max_steps + 1):
@@ -101,12 +108,13 @@ class BeamModule(nn.Module):
         return torch.where(is_greedy, greedy, beam)
 
 
-def example_inputs(vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """Two prompts (3 and 5 tokens), four beams, used to trace the node."""
+def example_inputs(vocab_size: int, block: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """Two prompts (3 and 5 tokens), four beams, used to trace the node; the tokens padded to two
+    blocks (a block count of 1 would be specialised)."""
     lens = [3, 5]
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
-    ids = (torch.arange(8, dtype=torch.int64) * 7 + 3) % vocab_size
-    positions = torch.cat([torch.arange(n) for n in lens])
+    ids = (torch.arange(2 * block, dtype=torch.int64) * 7 + 3) % vocab_size
+    positions = torch.cat([torch.arange(n) for n in lens] + [torch.zeros(2 * block - 8, dtype=torch.int64)])
     index = torch.tensor([[0, 1, 2, 0, 0], [3, 4, 5, 6, 7]], dtype=torch.int64)
     valid = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     slots = torch.zeros(4, dtype=torch.int64)
@@ -115,15 +123,15 @@ def example_inputs(vocab_size: int, device: str = "cpu") -> tuple[torch.Tensor, 
     return tuple(t.to(device) for t in (ids, positions, cu, index, valid, slots, num_steps, early))
 
 
-def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int) -> tuple:
-    """Tokens, requests, prompt length and beam width are dynamic.
+def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, block: int) -> tuple:
+    """Tokens (whole blocks), requests, prompt length and beam width are dynamic.
 
-    Each range reaches past the example's size (2 requests, 4 beams, 5 tokens) even when the
-    deployment's bound is smaller, or export would specialise it; the runtime refuses anything
+    Each range reaches past the example's size (2 requests, 4 beams, 5 tokens, 2 blocks) even when
+    the deployment's bound is smaller, or export would specialise it; the runtime refuses anything
     beyond the deployment's own bounds before the package runs.
     """
     max_prompt_tokens, max_requests, max_beams = max(max_prompt_tokens, 6), max(max_requests, 3), max(max_beams, 5)
-    tokens = Dim("tokens", min=1, max=max_prompt_tokens * max_requests)
+    tokens = block * Dim("token_blocks", min=1, max=max_token_blocks(max_prompt_tokens, max_requests, block))
     requests = Dim("requests", min=1, max=max_requests)
     length = Dim("prompt_len", min=1, max=max_prompt_tokens)
     beams = Dim("beams", min=1, max=max_beams)
@@ -132,11 +140,26 @@ def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int) ->
     return shapes
 
 
+def beam_pool(max_prompt_tokens: int, max_requests: int, device: str) -> KeyPool:
+    """The prompts' key pool as dynamic_shapes allows it: the most blocks of packed prompt tokens,
+    one segment per request and one for the rows past the last prompt (the block padding)."""
+    block = block_for(device)
+    max_prompt_tokens, max_requests = max(max_prompt_tokens, 6), max(max_requests, 3)
+    return KeyPool(block, max_token_blocks(max_prompt_tokens, max_requests, block) * block, max_requests + 1)
+
+
+def max_token_blocks(max_prompt_tokens: int, max_requests: int, block: int) -> int:
+    """The most blocks of packed prompt tokens, past the example's 2."""
+    return max(3, padded(max_prompt_tokens * max_requests, block) // block)
+
+
 def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: int, max_beams: int,
                      device: str = "cpu") -> torch.export.ExportedProgram:
-    """torch.export the node with the dynamic dimensions above."""
-    args = example_inputs(module.model.spec.vocab_size, device)
-    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams)
+    """torch.export the node with the dynamic dimensions above (its key pool sized for them)."""
+    module.pool = module.pool or beam_pool(max_prompt_tokens, max_requests, device)
+    block = module.pool.block
+    args = example_inputs(module.model.spec.vocab_size, block, device)
+    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams, block)
     with torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
@@ -158,13 +181,14 @@ def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, d
         constraint = PrefixConstraint(build_tables(sequences, vocab, bounds.max_new_tokens), rule.eos_ids)
         facts = {"valid_sequences": len(sequences), "fan_out": constraint.fan_out,
                  "prefix_nodes": int(constraint.terminal.numel())}
-    module = BeamModule(ctx.model, rule, bounds.max_new_tokens, constraint).to(ctx.device)
+    pool = beam_pool(bounds.max_prompt_tokens, bounds.max_beam_requests_per_batch, ctx.device)
+    module = BeamModule(ctx.model, rule, bounds.max_new_tokens, constraint, pool).to(ctx.device)
     program = export_beam_node(module, bounds.max_prompt_tokens, bounds.max_beam_requests_per_batch,
                                bounds.max_beam_width, ctx.device)
     facts = {
         "inputs": list(INPUT_NAMES), "outputs": ["tokens", "scores", "lengths"], "max_steps": bounds.max_new_tokens,
         "eos_ids": list(rule.eos_ids), "pad_id": rule.pad_id, "length_penalty": rule.length_penalty,
         "early_stopping": rule.early_stopping, "repetition_penalty": rule.repetition_penalty,
-        "constrained": constraint is not None, **facts,
+        "constrained": constraint is not None, "attention_block": pool.block, **facts,
     }
     return module, program, facts

@@ -11,6 +11,9 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from compile.attention import CPU_BLOCK, padded
+from compile.machine import check_threads
+from compile.transfer import Pending, Staging
 from shared.bounds import BeamShape, Bounds, BoundsError, beam_problem, outside_vocabulary
 
 
@@ -27,8 +30,9 @@ class BeamOutput(NamedTuple):
 
 
 def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, num_steps: int,
-                early_stopping_all: bool) -> tuple[torch.Tensor, ...]:
-    """The exported node's eight inputs (see compile/beam/module.py) for one batch of prompts."""
+                early_stopping_all: bool, block: int) -> tuple[torch.Tensor, ...]:
+    """The exported node's eight inputs (see compile/beam/module.py) for one batch of prompts, the
+    packed tokens padded to a multiple of the attention block (padding rows after the last prompt)."""
     lens = prompt_lens.to(torch.int64)
     cu = torch.zeros(lens.numel() + 1, dtype=torch.int64)
     cu[1:] = torch.cumsum(lens, 0)
@@ -38,8 +42,11 @@ def node_inputs(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: 
     offsets = torch.arange(longest)[None, :]  # [1, L]
     valid = offsets < lens[:, None]  # [R, L]
     index = torch.where(valid, starts[:, None] + offsets, torch.zeros_like(offsets))  # [R, L]
+    filler = padded(prompt_ids.numel(), block) - prompt_ids.numel()
+    ids = torch.cat([prompt_ids.to(torch.int64), torch.zeros(filler, dtype=torch.int64)])  # [T']
+    positions = torch.cat([positions, torch.zeros(filler, dtype=torch.int64)])
     return (
-        prompt_ids.to(torch.int64).contiguous(), positions, cu.to(torch.int32), index, valid,
+        ids, positions, cu.to(torch.int32), index, valid,
         torch.zeros(num_beams, dtype=torch.int64), torch.tensor(num_steps, dtype=torch.int64),
         torch.tensor(bool(early_stopping_all)),
     )
@@ -49,8 +56,10 @@ class BeamNode:
     """Run beam search for a batch of prompts: __call__(prompt_ids, prompt_lens, W, S, k) -> BeamOutput."""
 
     def __init__(self, run: Callable, bounds: Bounds, vocab_size: int, early_stopping: bool | str, pad_id: int,
-                 device: str = "cpu"):
+                 device: str = "cpu", block: int = CPU_BLOCK, threads: int | None = None):
         self._run = run  # the loaded AOTI package (or the eager BeamModule)
+        self.block = block  # the package's attention block: the packed prompts are padded to it
+        self.threads = threads  # the CPU threads the package was compiled for (None: unchecked)
         self.bounds = bounds
         self.vocab_size = vocab_size
         self.early_stopping = early_stopping
@@ -62,17 +71,28 @@ class BeamNode:
         """The node compile/runtime.py builds for a loaded beam package."""
         facts = manifest["nodes"]["beam"]
         bounds = Bounds.from_manifest(manifest["bounds"])
-        return cls(package, bounds, manifest["model"]["vocab_size"], facts["early_stopping"], facts["pad_id"], device)
+        threads = manifest.get("cpu_threads") if torch.device(device).type == "cpu" else None
+        return cls(package, bounds, manifest["model"]["vocab_size"], facts["early_stopping"], facts["pad_id"], device,
+                   facts["attention_block"], threads)
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
                  num_return_sequences: int) -> BeamOutput:
+        return self.launch(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences).result()
+
+    def launch(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
+               num_return_sequences: int, staging: Staging | None = None) -> Pending:
+        """Enqueue the call (see compile/transfer.py); Pending.result() builds the BeamOutput."""
         self.check(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences)
+        check_threads(self.threads, torch.get_num_threads())
         early_all = self.early_stopping is True or num_beams == 1
-        args = node_inputs(prompt_ids, prompt_lens, num_beams, max_new_tokens, early_all)
+        args = node_inputs(prompt_ids, prompt_lens, num_beams, max_new_tokens, early_all, self.block)
+        staging = staging or Staging(str(self.device))
         with torch.inference_mode():
-            outputs = self._run(*(a.to(self.device) for a in args))
-        tokens, scores, lens = (t.cpu() for t in outputs)
-        k, s = num_return_sequences, max_new_tokens
+            outputs = self._run(*staging.to_device(args))
+            return staging.to_host(list(outputs), lambda host: self._output(host, num_return_sequences, max_new_tokens))
+
+    def _output(self, outputs: list[torch.Tensor], k: int, s: int) -> BeamOutput:
+        tokens, scores, lens = outputs
         tokens, scores, lens = tokens[:, :k, :s], scores[:, :k].float(), lens[:, :k]
         # Fewer than k candidates exist (constrained decoding with a small valid set): empty slots.
         missing = scores <= NO_CANDIDATE

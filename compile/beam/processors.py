@@ -172,12 +172,14 @@ class RepetitionPenalty(nn.Module):
             raise ValueError(f"repetition_penalty must be > 0, got {penalty}")
         self.penalty = float(penalty)
 
-    def prompt_seen(self, prompt_ids: torch.Tensor, positions: torch.Tensor, num_requests: int,
+    def prompt_seen(self, prompt_ids: torch.Tensor, cu_seqlens: torch.Tensor, num_requests: int,
                     vocab_size: int) -> torch.Tensor:
-        """[R, V] bool: which token ids occur in each request's prompt (packed ids [T], positions [T])."""
-        request = torch.cumsum((positions == 0).to(torch.int64), 0) - 1  # [T] request of each token
-        seen = torch.zeros(num_requests, vocab_size, dtype=torch.bool, device=prompt_ids.device)
-        return seen.index_put((request, prompt_ids), torch.ones_like(prompt_ids, dtype=torch.bool))
+        """[R, V] bool: which token ids occur in each request's prompt (packed ids [T], prompt
+        boundaries cu_seqlens [R+1]; rows past the last prompt are padding and count for none)."""
+        rows = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+        request = torch.searchsorted(cu_seqlens[1:].to(torch.int64), rows, right=True)  # [T], padding: R
+        seen = torch.zeros(num_requests + 1, vocab_size, dtype=torch.bool, device=prompt_ids.device)
+        return seen.index_put((request, prompt_ids), torch.ones_like(prompt_ids, dtype=torch.bool))[:num_requests]
 
     def apply(self, log_probs: torch.Tensor, prompt_seen: torch.Tensor, running_tokens: torch.Tensor,
               step: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.export import Dim
 
+from compile.attention import KeyPool, block_for, padded, pool_mask
 from compile.model import Transformer, prefill
 from compile.score.heads import MlpHead
 from compile.score.layout import lay_out
@@ -24,11 +25,26 @@ def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProg
     the keys/values of the static prefix, when the prompt template starts with literal text)."""
     head = load_mlp_head(ctx.config.score.mlp_head, ctx.checkpoint.spec.hidden_size)
     static_ids = static_prefix_ids(ctx.config.score.prompt_template, Path(ctx.config.model.path))
-    static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device) if static_ids else None
-    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv).to(ctx.device)
+    block = block_for(ctx.device)
+    static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device, block) if static_ids else None
+    pool = key_pool(ctx.config.bounds, len(static_ids), block)
+    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv, pool).to(ctx.device)
     outputs = OUTPUT_NAMES + (("head",) if head is not None else ())
-    facts = {"outputs": list(outputs), "static_prefix_ids": static_ids}
+    facts = {"outputs": list(outputs), "static_prefix_ids": static_ids, "attention_block": block}
     return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
+
+
+def key_pool(bounds: BoundsConfig, static_len: int, block: int) -> KeyPool:
+    """The most keys of a call: the static rows and the most tokens of a batch, each padded to the
+    block (the filler may add a whole block); the most segments: the static prefix and its padding,
+    a prefix and a suffix per sample, the filler."""
+    return KeyPool(block, padded(static_len, block) + max_token_blocks(bounds, block) * block,
+                   2 * bounds.max_samples_per_batch + 3)
+
+
+def max_token_blocks(bounds: BoundsConfig, block: int) -> int:
+    """The most blocks of computed tokens (past the example's 2, or export would specialise)."""
+    return max(3, padded(bounds.max_tokens_per_batch + 1, block) // block)
 
 
 def static_prefix_ids(template: str | None, model_dir: Path) -> list[int]:
@@ -43,38 +59,46 @@ def static_prefix_ids(template: str | None, model_dir: Path) -> list[int]:
     return stable_prefix_ids(lambda text: tokenizer.encode(text, add_special_tokens=True).ids, header)
 
 
-def static_prefix_kv(model: Transformer, ids: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values [layers, C, Hkv, D] of the static prefix, computed once by the model itself."""
-    tokens = torch.tensor(ids, dtype=torch.int64, device=device)
-    cu = torch.tensor([0, len(ids)], dtype=torch.int32, device=device)
+def static_prefix_kv(model: Transformer, ids: list[int], device: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [layers, C', Hkv, D] of the static prefix, computed once by the model itself;
+    C' = len(ids) padded to the block, the padding rows a segment of their own that nobody reads."""
+    rows = padded(len(ids), block)
+    tokens = torch.tensor(ids + [0] * (rows - len(ids)), dtype=torch.int64, device=device)
+    positions = torch.cat([torch.arange(len(ids)), torch.arange(rows - len(ids))]).to(device)
+    cu = torch.tensor(sorted({0, len(ids), rows}), dtype=torch.int32, device=device)
+    mask = pool_mask(KeyPool.fitting(rows, len(cu), block), cu, torch.full((len(cu) - 1,), -1, device=device),
+                     rows, rows)
     with torch.no_grad():
-        _, keys, values = prefill(model, tokens, torch.arange(len(ids), device=device), cu)
+        _, keys, values = prefill(model, tokens, positions, mask)
     return torch.stack(keys), torch.stack(values)
 
 
-def example_inputs(bounds: BoundsConfig, vocab_size: int, static_ids: list[int],
+def example_inputs(bounds: BoundsConfig, vocab_size: int, static_ids: list[int], block: int,
                    device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """A small valid batch used to trace the node: one 3-token prefix shared by suffixes of 2 and 3 tokens."""
-    ids = torch.arange(8, dtype=torch.int64) % vocab_size
-    layout = lay_out(ids, [2, 3], [3], [2], torch.tensor(static_ids, dtype=torch.int64))
+    """A small valid batch used to trace the node: one 3-token prefix shared by suffixes of 2 and
+    block + 3 tokens, so that the tokens fill two blocks (a count of 1 would be specialised)."""
+    ids = torch.arange(block + 8, dtype=torch.int64) % vocab_size
+    layout = lay_out(ids, [2, block + 3], [3], [2], torch.tensor(static_ids, dtype=torch.int64), block)
     label_ids = torch.zeros(2, dtype=torch.int64)
     return tuple(t.to(device) for t in pack_inputs(ids, None, label_ids, bounds.max_labels, layout))
 
 
-def dynamic_shapes(bounds: BoundsConfig) -> tuple:
-    """Tokens, segments and samples are dynamic. One extra token allows a 1-sample batch's filler;
-    segments: at most a prefix and a suffix per sample, the static prefix and a filler."""
-    tokens = Dim("tokens", min=2, max=bounds.max_tokens_per_batch + 1)
-    segments = Dim("segments", min=2, max=2 * bounds.max_samples_per_batch + 2)
+def dynamic_shapes(bounds: BoundsConfig, block: int) -> tuple:
+    """Tokens (whole blocks: the layout pads them), segments and samples are dynamic."""
+    blocks = Dim("token_blocks", min=1, max=max_token_blocks(bounds, block))
+    tokens = block * blocks
+    segments = Dim("segments", min=2, max=2 * bounds.max_samples_per_batch + 3)
     samples = Dim("samples", min=2, max=bounds.max_samples_per_batch)
     return ({0: tokens}, {0: tokens}, {0: segments + 1}, {0: segments}, {0: samples}, None, None)
 
 
 def export_score_node(module: ScoreModule, bounds: BoundsConfig, device: str = "cpu",
                       static_ids: list[int] = ()) -> torch.export.ExportedProgram:
-    args = example_inputs(bounds, module.model.spec.vocab_size, list(static_ids), device)
+    module.pool = module.pool or key_pool(bounds, len(static_ids), block_for(device))
+    block = module.pool.block
+    args = example_inputs(bounds, module.model.spec.vocab_size, list(static_ids), block, device)
     with torch.no_grad():
-        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(bounds), strict=False)
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(bounds, block), strict=False)
 
 
 def load_mlp_head(head: MlpHeadConfig | None, hidden_size: int) -> MlpHead | None:

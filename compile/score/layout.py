@@ -9,6 +9,12 @@ suffixes of the group's samples; sample i of a group is prefix + suffix i. The n
       start with the static ids and go on after them.
 A sample whose suffix is empty ends in its group's prefix segment. Results are those of the full
 samples: only where keys/values come from changes, never which tokens are attended to.
+
+Both parts of the key pool are padded to the attention block (compile/attention.py: a count that
+is not a multiple would be silently truncated): the cached rows by a segment nobody reads (its
+keys/values are computed with the static ones and stored padded), the computed tokens by a filler
+segment at the end, which is also a sample when the batch has fewer than the 2 the package is
+compiled for. Segments with a parent read the cached rows; nothing reads the filler.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compile.attention import CPU_BLOCK, padded
 from shared.prefix import shared_static_len, static_prefix_len
 
 
@@ -36,12 +43,16 @@ class Layout:
 class _Builder:
     """Appends segments to the key pool, remembering where each one's tokens and positions go."""
 
-    def __init__(self, static_len: int) -> None:
+    def __init__(self, static_len: int, block: int) -> None:
         self.ids: list[torch.Tensor] = []
         self.positions: list[torch.Tensor] = []
-        self.bounds = [0, static_len] if static_len else [0]
+        self.bounds = [0, static_len] if static_len else [0]  # segment 0: the static prefix, when there is one
         self.parents = [-1] if static_len else []
+        if padded(static_len, block) > static_len:  # the cached rows' padding: a segment nobody reads
+            self.bounds.append(padded(static_len, block))
+            self.parents.append(-1)
         self.sample_segments: list[int] = []
+        self.block = block
 
     def segment(self, ids: torch.Tensor, start: int, parent: int) -> int:
         self.ids.append(ids)
@@ -52,14 +63,15 @@ class _Builder:
 
 
 def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[int], group_sizes: list[int],
-               static_ids: torch.Tensor) -> Layout:
-    """Lay out groups of (prefix, suffixes) over the static prefix `static_ids` [C] (may be empty).
+            static_ids: torch.Tensor, block: int = CPU_BLOCK) -> Layout:
+    """Lay out groups of (prefix, suffixes) over the static prefix `static_ids` [C] (may be empty),
+    padded to the attention block of the package (the manifest's `attention_block`).
 
     input_ids [sum(prefix_lens) + sum(sample_lens)]: per group its prefix ids, then its suffixes.
     The caller has checked the sizes (ScoreNode.check); this only arranges them.
     """
     static_len = len(static_ids)
-    builder, cached, cursor, sample = _Builder(static_len), [], 0, 0
+    builder, cached, cursor, sample = _Builder(static_len, block), [], 0, 0
     for prefix_len, size in zip(prefix_lens, group_sizes):
         prefix = input_ids[cursor: cursor + prefix_len]
         suffix_lens = sample_lens[sample: sample + size]
@@ -100,10 +112,14 @@ def _extends_static(ids: torch.Tensor, static_ids: torch.Tensor) -> int:
 
 
 def _finish(builder: _Builder, cached: list[int], num_samples: int) -> Layout:
-    # The package is compiled for >= 2 tokens, segments and samples: add a 1-token filler sample.
-    segments, tokens = len(builder.parents), sum(len(ids) for ids in builder.ids)
-    if num_samples < 2 or segments < 2 or tokens < 2:
-        builder.sample_segments.append(builder.segment(torch.zeros(1, dtype=torch.int64), 0, -1))
+    tokens = sum(len(ids) for ids in builder.ids)
+    filler = padded(tokens, builder.block) - tokens
+    if num_samples < 2 and not filler:
+        filler = builder.block  # the package is compiled for >= 2 samples: the filler is the second
+    if filler:
+        segment = builder.segment(torch.zeros(filler, dtype=torch.int64), 0, -1)
+        if num_samples < 2:
+            builder.sample_segments.append(segment)
     return Layout(
         input_ids=torch.cat(builder.ids).long(),
         positions=torch.cat(builder.positions),

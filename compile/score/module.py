@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from compile.attention import CPU_BLOCK, KeyPool, pool_mask
 from compile.model import Transformer
 from compile.score.heads import MlpHead, label_heads, topk_head
 from compile.score.layout import Layout, lay_out
@@ -32,9 +33,10 @@ class ScoreModule(nn.Module):
     """Transformer + scoring heads; the `model` attribute name is shared with the beam node."""
 
     def __init__(self, model: Transformer, max_top_k: int, mlp_head: MlpHead | None = None,
-                 static_kv: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 static_kv: tuple[torch.Tensor, torch.Tensor] | None = None, pool: KeyPool | None = None):
         super().__init__()
         self.model = model
+        self.pool = pool  # the compiled sizes; None (eager use): fitted to each call
         self.max_top_k = max_top_k
         self.mlp_head = mlp_head
         self.has_static = static_kv is not None
@@ -44,7 +46,12 @@ class ScoreModule(nn.Module):
 
     def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask):
         static_kv = (self.static_k, self.static_v) if self.has_static else None
-        last = self.model.last_hidden(input_ids, positions, cu_seqlens, parents, sample_segments, static_kv)  # [B, H]
+        num_tokens = input_ids.shape[0]
+        num_keys = num_tokens + (self.static_k.shape[1] if self.has_static else 0)  # cached rows first
+        pool = self.pool or KeyPool.fitting(num_keys, parents.shape[0], CPU_BLOCK)
+        mask = pool_mask(pool, cu_seqlens, parents, num_tokens, num_keys)  # once, for every layer
+        last = self.model.last_hidden(input_ids, positions, mask, cu_seqlens, parents, sample_segments,
+                                      static_kv)  # [B, H]
         normed = self.model.norm(last)
         logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
         logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], shared by the label and top-k heads

@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from compile.machine import check_threads
 from compile.score.layout import lay_out
 from compile.score.module import pack_inputs
+from compile.transfer import Pending, Staging
 from shared.bounds import Bounds, BoundsError, ScoreShape, outside_vocabulary, score_problem
 
 
@@ -41,28 +43,42 @@ class ScoreNode:
         facts = manifest["nodes"]["score"]
         self.has_head = "head" in facts["outputs"]
         self.static_prefix_ids = tuple(facts.get("static_prefix_ids", ()))
+        self.block = facts["attention_block"]  # the layout pads the token axis to it
         self._static = torch.tensor(self.static_prefix_ids, dtype=torch.int64)
         self.device = torch.device(device)
+        self.threads = manifest.get("cpu_threads") if self.device.type == "cpu" else None  # compiled for
 
     def __call__(self, input_ids: torch.Tensor, sample_lens: torch.Tensor, label_ids: torch.Tensor, top_k: int,
                  prefix_lens: torch.Tensor | None = None, group_sizes: torch.Tensor | None = None) -> ScoreOutput:
         """Group r's ids are its prefix (prefix_lens[r]) then its group_sizes[r] samples' suffixes
         (sample_lens); without prefix_lens every sample is a group of its own with no prefix."""
+        return self.launch(input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes).result()
+
+    def launch(self, input_ids: torch.Tensor, sample_lens: torch.Tensor, label_ids: torch.Tensor, top_k: int,
+               prefix_lens: torch.Tensor | None = None, group_sizes: torch.Tensor | None = None,
+               staging: Staging | None = None) -> Pending:
+        """Enqueue the call (on a GPU: on the current stream, through `staging`'s pinned buffers) and
+        return at once; Pending.result() waits for the outputs and builds the ScoreOutput."""
         if prefix_lens is None:
             prefix_lens, group_sizes = torch.zeros_like(sample_lens), torch.ones_like(sample_lens)
         self.check(input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes)
+        check_threads(self.threads, torch.get_num_threads())  # this thread's count, checked per call
         layout = lay_out(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
-                            self._static)
+                         self._static, self.block)
         args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds.max_labels, layout)
+        staging = staging or Staging(str(self.device))
         with torch.inference_mode():
-            outputs = self.package(*(t.to(self.device, non_blocking=True) for t in args))
-        outputs = [t[: layout.num_samples].cpu() for t in outputs]
-        n, k = len(label_ids), top_k
+            outputs = self.package(*staging.to_device(args))
+            rows = [t[: layout.num_samples] for t in outputs]  # the filler sample dropped on the device
+            return staging.to_host(rows, lambda host: self._output(host, len(label_ids), top_k, layout.cached_tokens))
+
+    def _output(self, outputs: list[torch.Tensor], num_labels: int, top_k: int, cached: list[int]) -> ScoreOutput:
+        n, k = num_labels, top_k
         return ScoreOutput(
             label_logits=outputs[0][:, :n], label_logprobs=outputs[1][:, :n], label_probs=outputs[2][:, :n],
             topk_ids=outputs[3][:, :k], topk_logprobs=outputs[4][:, :k], hidden=outputs[5],
             head=outputs[6] if self.has_head else None,
-            cached_tokens=torch.tensor(layout.cached_tokens, dtype=torch.int64),
+            cached_tokens=torch.tensor(cached, dtype=torch.int64),
         )
 
     def check(self, input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes) -> None:

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from compile.attention import CPU_BLOCK, KeyPool, pool_mask
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model, last_token_index
+from compile.score.layout import lay_out
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 
 # (family, overrides): GQA ratios 1:1, 2:1, 4:1; tied and untied; Qwen3 head_dim != hidden/heads;
@@ -23,14 +25,15 @@ LENGTH_MIXES = [[1], [1, 2, 3, 64, 17, 5, 33, 64], [64] * 4, [9, 1]]
 
 
 def packed_last_logits(model, samples):
-    lens = torch.tensor([len(s) for s in samples])
-    cu = torch.zeros(len(samples) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
-    positions = torch.cat([torch.arange(n) for n in lens.tolist()])
+    lens = [len(s) for s in samples]
+    layout = lay_out(torch.cat(samples), lens, [0] * len(lens), [1] * len(lens), torch.zeros(0, dtype=torch.int64))
+    t, cu = len(layout.input_ids), layout.cu_seqlens  # t: padded to the block, a filler segment last
+    mask = pool_mask(KeyPool.fitting(t, len(cu) - 1, CPU_BLOCK), cu, layout.parents, t, t)
     with torch.inference_mode():
-        hidden = model(torch.cat(samples), positions, cu)
-        full = model.logits(hidden[last_token_index(cu)])
-        pruned = model.logits(model.last_hidden(torch.cat(samples), positions, cu))
+        hidden = model(layout.input_ids, layout.positions, mask)
+        full = model.logits(hidden[last_token_index(cu)[: len(samples)]])
+        pruned = model.logits(model.last_hidden(layout.input_ids, layout.positions, mask, cu, layout.parents,
+                                                layout.sample_segments)[: len(samples)])
     # the scoring path runs the last layer on last tokens only; it must agree with the full pass
     relative = 1e-4 if full.dtype == torch.float32 and model.embed.weight.dtype == torch.float32 else 2e-2
     assert (full - pruned).abs().max().item() <= relative * max(1.0, full.abs().max().item())

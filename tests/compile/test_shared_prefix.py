@@ -143,5 +143,6 @@ def test_static_prefix_reuse_equals_transformers(static_node, demo_checkpoint, t
 def test_layout_never_reads_the_static_prefix_for_a_sample_that_ends_inside_it():
     static = torch.tensor([5, 6, 7])
     layout = lay_out(torch.tensor([5, 6, 7, 5, 6, 7, 1]), [3, 4], [0, 0], [1, 1], static)
-    assert layout.parents.tolist() == [-1, -1, 0]  # static segment, [5 6 7] in full, [1] over static
+    # static segment, its padding to the block, [5 6 7] in full, [1] over static, the filler
+    assert layout.parents.tolist() == [-1, -1, -1, 0, -1]
     assert layout.cached_tokens == [0, 3]

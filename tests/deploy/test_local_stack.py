@@ -48,20 +48,24 @@ def post_json(url: str, body: dict, timeout_s: float = 30.0) -> tuple[int, dict]
         return error.code, json.loads(error.read())
 
 
-def local_config(tmp_path, service_host: str, port: int) -> str:
-    """configs/compose.toml with `service_host:5555` made reachable here as 127.0.0.1:port."""
+def local_config(tmp_path, service_host: str, port: int, artifacts) -> str:
+    """configs/compose.toml with `service_host:5555` made reachable here as 127.0.0.1:port, and its
+    worker's cpu_threads set to what the stand-in artifacts were compiled for (the compose build
+    compiles for compose.toml's own count; a worker refuses artifacts compiled for another)."""
     text = (ROOT / "configs/compose.toml").read_text()
-    assert f"tcp://{service_host}:5555" in text
+    assert f"tcp://{service_host}:5555" in text and "cpu_threads = 2" in text
+    compiled = json.loads((artifacts / "manifest.json").read_text())["cpu_threads"]
     path = tmp_path / "configs" / "compose.toml"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(text.replace(f"tcp://{service_host}:5555", f"tcp://127.0.0.1:{port}"))
+    path.write_text(text.replace(f"tcp://{service_host}:5555", f"tcp://127.0.0.1:{port}")
+                    .replace("cpu_threads = 2", f"cpu_threads = {compiled}"))
     return str(path)
 
 
 def test_compose_commands_serve_a_request_outside_containers(demo_artifacts, tmp_path):
     services = load_compose()["services"]
     worker_port, http_port = free_port(), free_port()
-    config = local_config(tmp_path, "worker-cpu", worker_port)
+    config = local_config(tmp_path, "worker-cpu", worker_port, demo_artifacts)
     replace = {
         "/app/configs/compose.toml": config,
         "/artifacts/demo": str(demo_artifacts),

@@ -130,6 +130,20 @@ def test_artifacts_built_for_another_machine_are_refused(demo_artifacts, tmp_pat
 
 
 
+def test_a_worker_configured_for_another_thread_count_is_refused_naming_both(demo_artifacts, tmp_path):
+    """The demo artifacts are compiled for configs/test.toml's 1 thread; a worker set to 2 refuses."""
+    config = tmp_path / "two-threads.toml"
+    config.write_text((ROOT / "configs" / "test.toml").read_text().replace("cpu_threads = 1", "cpu_threads = 2"))
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", "--config", str(config), "--artifacts", str(demo_artifacts),
+         "--endpoint", f"ipc://{tmp_path}/w.sock"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert "startup_failed" in result.stderr
+    assert "compiled for 1 CPU thread(s)" in result.stderr and "cpu_threads = 2" in result.stderr
+
+
 def cached_worker_argv(artifacts, folder) -> tuple[str, list[str]]:
     """(endpoint, argv) of a worker keeping its profiles in folder/profiles."""
     from tests.worker.conftest import write_config

@@ -1,0 +1,159 @@
+"""Attention over a packed key pool of segments, compiled into the graph (FlexAttention, no Python op).
+
+The key pool holds cached rows first (keys/values without queries: the deployment's static prefix),
+then the batch's computed tokens, which are also the queries: query i is pool row i + (Tk - Tq). The
+pool is cut into segments (cu_seqlens [S+1] over its rows); a segment may extend another (parents
+[S], -1 for none; a parent comes before its child, two levels at most: the static prefix, then a
+request's shared prefix). A query sees every key of its segment's ancestors and its own segment's
+keys up to itself, so an unshared sample is a segment without parent: causal attention per sample.
+Rows past cu_seqlens[-1] (the beam node's block padding) form one more segment of their own.
+
+Once per forward, from the layout's tensors, `pool_mask` builds the block mask every layer uses:
+    - a row table [6 * max_keys] int64: the key intervals [lo, hi) each query row sees — its own
+      segment up to itself, its parent's and its grandparent's segments in full (empty: 0, 0).
+      Fixed size (the compiled bound), one buffer. The mask compares a key's row number with the
+      query's bounds, so it reads nothing per key (a table lookup per key was a scalar gather per
+      lane in the CPU kernel: 19 % of its time on the scoring mix);
+    - each (query block, key block) pair classified empty, full (the mask is not evaluated) or
+      partial from the same intervals: Tq x key blocks x 3 comparisons, where create_block_mask
+      evaluates the mask on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens).
+`packed_attention` then runs one flex_attention call per layer.
+
+Traps of FlexAttention inside an AOTInductor package (torch 2.13), and how this module avoids them:
+    - the query and key counts must be multiples of the block, or rows are silently dropped: the
+      layouts pad both (compile/score/layout.py, the beam node's inputs) and `pool_mask` refuses
+      counts that are not;
+    - q/k/v go in as 4-D contiguous tensors (3-D views fail lowering);
+    - the tensors the mask reads must have a fixed size (dynamic ones fail to export or to build)
+      and be one realized buffer (a lone index_select stays a Pointwise node and fails lowering);
+    - the CPU kernel sizes its scratch buffers for the thread count it was compiled with: more
+      threads at run time write past them (compile/build.py records the count, the runtime checks);
+    - Inductor may fuse the kernel's consumer into the CPU template as an epilogue, which the
+      template refuses at code generation ("Unsupported for epilogue_nodes"; seen with bf16): CPU
+      packages are built with epilogue fusion off (compile/build.py; no other template runs there);
+    - on a CPU without AMX the bfloat16 kernel leaves the fast path (no VNNI packing; its p·v
+      product goes through cpublas' generic gemm per block), so there bfloat16 runs the float32
+      kernel on upcast q/k/v (`kernel_dtype`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+# Rows per block on a CPU: the masked waste of partial blocks shrinks with the block, the per-block
+# overhead grows. Measured on the scoring mix (1 thread, CPU time, against the per-sample SDPA loop):
+# block 32 0.77x (Qwen2.5) / 0.87x (Qwen3), 64 0.90x / 1.01x, 128 1.47x (Qwen2.5); 16 mixed (0.80x Qwen2.5,
+# better on Qwen3 bf16: 0.78x against 0.85x for 32 in the same run).
+CPU_BLOCK = 32
+GPU_BLOCK = 128  # FlexAttention's own default on CUDA: the Triton kernel's tiles divide it
+
+
+def block_for(device: str) -> int:
+    """Rows per attention block for packages built for `device`."""
+    return CPU_BLOCK if device.split(":")[0] == "cpu" else GPU_BLOCK
+
+
+def padded(rows: int, block: int) -> int:
+    """rows rounded up to a multiple of the block."""
+    return -(-rows // block) * block
+
+
+@dataclass(frozen=True)
+class KeyPool:
+    """The static sizes a package's attention is compiled for (the row table is max_keys long)."""
+
+    block: int  # rows per attention block; query and key counts are multiples of it
+    max_keys: int  # the most pool rows of a call: cached rows + computed tokens, padded
+    max_segments: int  # the most segments of a call (a table of parents is indexed by segment)
+
+    @staticmethod
+    def fitting(num_keys: int, num_segments: int, block: int) -> "KeyPool":
+        """A pool just large enough for one call (eager use: nothing is compiled for it)."""
+        return KeyPool(block, max(num_keys, 1), max(num_segments, 1))
+
+
+def pool_mask(pool: KeyPool, cu_seqlens: torch.Tensor, parents: torch.Tensor, num_queries: int,
+              num_keys: int) -> BlockMask:
+    """The block mask of one call: cu_seqlens [S+1] int over the pool's num_keys rows, parents [S]
+    int64; queries are the pool's last num_queries rows. Both counts are multiples of pool.block."""
+    torch._check(num_queries % pool.block == 0, lambda: f"{num_queries} queries: not a multiple of {pool.block}")
+    torch._check(num_keys % pool.block == 0, lambda: f"{num_keys} keys: not a multiple of {pool.block}")
+    table = _interval_table(pool, cu_seqlens, parents, num_queries, num_keys)
+    partial, full = _classify_blocks(pool, table, num_queries, num_keys)
+    m = pool.max_keys
+
+    def visible(b, h, q_idx, kv_idx):
+        own = (kv_idx >= table[q_idx]) & (kv_idx < table[m + q_idx])
+        parent = (kv_idx >= table[2 * m + q_idx]) & (kv_idx < table[3 * m + q_idx])
+        grandparent = (kv_idx >= table[4 * m + q_idx]) & (kv_idx < table[5 * m + q_idx])
+        return own | parent | grandparent
+
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=pool.block, mask_mod=visible,
+                                    seq_lengths=(num_queries, num_keys))
+
+
+def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype the attention kernel runs in: bfloat16 on a CPU without AMX runs the float32 kernel."""
+    if dtype == torch.bfloat16 and device.type == "cpu" and not torch.cpu._is_amx_tile_supported():
+        return torch.float32
+    return dtype
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> torch.Tensor:
+    """q [Tq, Hq, D], k/v [Tk, Hkv, D] (Hq a multiple of Hkv) -> [Tq, Hq, D] in q's dtype."""
+    dtype = kernel_dtype(q.dtype, q.device)
+    # [1, H, T, D], each its own 4-D buffer: the cast comes last (cast first, Inductor kept the cast's
+    # 3-D buffer under a 4-D view, which the CPU template cannot lower)
+    heads_first = [t.transpose(0, 1)[None].contiguous().to(dtype) for t in (q, k, v)]
+    with warnings.catch_warnings():
+        # Eager calls (tests, the build's static prefix, fp8 calibration) take flex_attention's
+        # unfused reference, which materialises [Hq, Tq, Tk] scores and says so; packages never do.
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        out = flex_attention(*heads_first, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])  # [1, Hq, Tq, D]
+    return out[0].transpose(0, 1).to(q.dtype)
+
+
+def _interval_table(pool: KeyPool, cu_seqlens, parents, num_queries: int, num_keys: int) -> torch.Tensor:
+    """[6 * max_keys] int64, field-major: for query row i (pool row i + Tk - Tq) the key rows
+    [lo, hi) of its own segment up to itself, of its parent segment, of its grandparent segment
+    (0, 0 where there is none). Rows past the queries hold garbage nobody reads."""
+    device = cu_seqlens.device
+    starts = cu_seqlens.to(torch.int64)  # [S+1]
+    ends = torch.cat([starts[1:], starts.new_full((1,), pool.max_keys)])  # [S+1]; segment S runs to the end
+    row = torch.arange(pool.max_keys, device=device) + (num_keys - num_queries)  # pool row of each query
+    segment = torch.searchsorted(starts[1:], row, right=True).clamp(max=starts.shape[0] - 1)  # rows past: S
+    parent = torch.full((pool.max_segments + 1,), -1, dtype=torch.int64, device=device)
+    parent = parent.index_copy(0, torch.arange(parents.shape[0], device=device), parents.to(torch.int64))
+    grandparent = torch.where(parent >= 0, parent.index_select(0, parent.clamp(min=0)), -1)
+    fields = [starts.index_select(0, segment), row + 1]
+    for ancestor in (parent.index_select(0, segment), grandparent.index_select(0, segment)):
+        known = ancestor >= 0
+        fields += [torch.where(known, starts.index_select(0, ancestor.clamp(min=0)), 0),
+                   torch.where(known, ends.index_select(0, ancestor.clamp(min=0)), 0)]
+    return torch.stack(fields).reshape(-1)  # one buffer, realized before the kernel reads it
+
+
+def _classify_blocks(pool: KeyPool, table, num_queries: int, num_keys: int):
+    """(partial, full) [Tq/block, Tk/block] bool from each query row's three key intervals: a block
+    is read when an interval touches it, and full when one interval covers it."""
+    m, block = pool.max_keys, pool.block
+    lo = torch.stack([table[f * m: f * m + num_queries] for f in (0, 2, 4)], -1)[:, None, :]  # [Tq, 1, 3]
+    hi = torch.stack([table[f * m: f * m + num_queries] for f in (1, 3, 5)], -1)[:, None, :]
+    key_start = (torch.arange(num_keys // block, device=table.device) * block)[None, :, None]  # [1, NK, 1]
+    touches = ((lo < key_start + block) & (hi > key_start)).any(-1)  # [Tq, NK]
+    covers = ((lo <= key_start) & (hi >= key_start + block)).any(-1)
+    touched = touches.view(num_queries // block, block, -1).any(1)  # [NQ, NK]
+    full = covers.view(num_queries // block, block, -1).all(1)
+    return touched & ~full, full
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[NQ, NK] bool -> count [1, 1, NQ] int32 and key-block indices [1, 1, NQ, NK] int32, the
+    chosen blocks first (BlockMask's layout)."""
+    count = blocks.sum(-1, dtype=torch.int32)
+    order = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return count[None, None], order[None, None]

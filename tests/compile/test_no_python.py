@@ -1,0 +1,132 @@
+"""The compiled packages call no Python: they run in a process that never imports this project, and
+two threads share one package (both finish, with the results of one thread alone)."""
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from compile.beam.node import node_inputs
+from compile.runtime import load_nodes
+from compile.score.layout import lay_out
+from compile.score.module import pack_inputs
+from tests.compile.reference import random_batch
+
+LABELS = torch.tensor([0, 5, 17])
+
+# Loads a package with torch alone (no project module, so no Python operator could be registered),
+# runs the saved inputs and compares with the outputs the project's own runtime got.
+BARE_RUN = """
+import sys
+import torch
+from safetensors.torch import load_file
+
+torch.set_num_threads(1)
+package_path, weights_path, io_path = sys.argv[1:]
+saved = torch.load(io_path)
+package = torch._inductor.aoti_load_package(package_path)
+weights = load_file(weights_path)
+package.load_constants({n: weights[n] for n in package.get_constant_fqns()}, check_full_update=True,
+                       user_managed=True)
+outputs = package(*saved["inputs"])
+assert all(torch.equal(got, want) for got, want in zip(outputs, saved["outputs"], strict=True))
+project = sorted(m for m in sys.modules if m.split(".")[0] in ("compile", "shared", "worker", "gateway", "tests"))
+assert not project, project
+print("same outputs", len(outputs))
+"""
+
+
+def run_bare(artifacts: Path, package: str, inputs, outputs, tmp_path) -> str:
+    io_path = tmp_path / f"{package}-io.pt"
+    torch.save({"inputs": list(inputs), "outputs": list(outputs)}, io_path)
+    done = subprocess.run([sys.executable, "-c", BARE_RUN, str(artifacts / package),
+                           str(artifacts / "weights.safetensors"), str(io_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_scoring_package_runs_without_the_project(demo_artifacts, tmp_path):
+    node = load_nodes(demo_artifacts).score
+    prefix, *suffixes = random_batch(node.vocab_size, [4, 5, 50, 17], 0)  # one shared prefix, three samples
+    ids = torch.cat([prefix, *suffixes])
+    static = torch.tensor(node.static_prefix_ids, dtype=torch.int64)
+    layout = lay_out(ids, [len(s) for s in suffixes], [len(prefix)], [3], static, node.block)
+    inputs = pack_inputs(ids, None, LABELS, node.bounds.max_labels, layout)
+    with torch.inference_mode():
+        outputs = node.package(*inputs)
+    assert "same outputs 6" in run_bare(demo_artifacts, "score.pt2", inputs, outputs, tmp_path)
+
+
+def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):
+    nodes = load_nodes(beam_artifacts)
+    prompts = random_batch(nodes.beam.vocab_size, [7, 12], 1)
+    inputs = node_inputs(torch.cat(prompts), torch.tensor([7, 12]), 4, 3, False, nodes.beam.block)
+    with torch.inference_mode():
+        outputs = nodes.beam._run(*inputs)
+    assert "same outputs 3" in run_bare(beam_artifacts, "beam.pt2", inputs, outputs, tmp_path)
+
+
+def test_two_threads_share_one_package(demo_artifacts):
+    """With the attention as a Python operator this hung the process: a call waiting for the
+    package's only runner held the GIL the running call needed. (Here the calls take turns: torch
+    2.13's binding holds the GIL for a whole CPU run.)"""
+    node = load_nodes(demo_artifacts).score  # one runner: the case that deadlocked
+    batches = [random_batch(node.vocab_size, lengths, seed) for seed, lengths in enumerate([[40, 64, 9], [3, 50]])]
+    call = lambda samples: node(torch.cat(samples), torch.tensor([len(s) for s in samples]), LABELS, 3)  # noqa: E731
+    expected = [call(b).label_logits for b in batches]
+    start, results = threading.Barrier(2), [[], []]
+
+    def work(i):
+        start.wait()  # both threads enter the package together
+        for _ in range(3):
+            results[i].append(call(batches[i]).label_logits)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a call never returned"
+    for i in range(2):
+        assert len(results[i]) == 3 and all(torch.equal(r, expected[i]) for r in results[i])
+
+
+# Loading artifacts compiled for 1 thread in a process running 2: refused before any call.
+MORE_THREADS = """
+import sys
+import torch
+from compile.machine import ArtifactMismatch
+from compile.runtime import load_nodes
+
+torch.set_num_threads(2)
+try:
+    load_nodes(sys.argv[1])
+except ArtifactMismatch as exc:
+    print(exc)
+"""
+
+
+def test_a_process_on_more_threads_than_compiled_is_refused_naming_both(demo_artifacts):
+    import json
+
+    assert json.loads((demo_artifacts / "manifest.json").read_text())["cpu_threads"] == 1
+    done = subprocess.run([sys.executable, "-c", MORE_THREADS, str(demo_artifacts)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert "compiled for 1 CPU thread(s) but this process runs 2" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_call_on_more_threads_than_compiled_is_refused(demo_artifacts):
+    import pytest
+
+    from compile.machine import ArtifactMismatch
+
+    node = load_nodes(demo_artifacts).score
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ArtifactMismatch, match="compiled for 1 CPU thread"):
+            node(torch.tensor([1, 2, 3]), torch.tensor([3]), LABELS, 1)
+    finally:
+        torch.set_num_threads(1)
