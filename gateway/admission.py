@@ -21,12 +21,12 @@ class Admission:
 
     def __init__(self, pool: WorkerPool, max_queue_tokens: int, margin_ms: float, enabled: bool = True) -> None:
         self._pool = pool
-        self.settings = AdmissionSettings(max_queue_tokens, margin_ms, predict=enabled)
+        self.settings = AdmissionSettings(max_queue_tokens, margin_ms, refuse_early=enabled)
         self.lateness_ms = {w: Lateness() for w in ("score", "beam")}
 
     @property
     def enabled(self) -> bool:
-        return self.settings.predict
+        return self.settings.refuse_early
 
     def observe(self, workload: str, prediction: Prediction, finished_at: float) -> None:
         """Learn from an admitted request's real finish time (the end-to-end online correction)."""
@@ -38,14 +38,15 @@ class Admission:
             raise ApiError("no_workers", f"none of the {known} configured worker(s) is ready to serve {workload}; "
                                          "retry shortly")
 
-    def precheck(self, batcher: Batcher, deadline: float, now: float) -> None:
-        """Refuse before any tokenizing when the queue's predicted wait alone misses the deadline."""
+    def precheck(self, batcher: Batcher, deadline: float, now: float, items: int) -> None:
+        """Refuse before any tokenizing when the predicted wait where the request would run, with the
+        least its `items` (samples or beams) can take, misses the deadline."""
         self.check_workers(batcher.workload)
         model = self._pool.model(batcher.workload)
         if model is None:
             return
         refusal = precheck(batcher.queue, self._view(batcher.workload), model, deadline, now, self.settings,
-                           self.lateness_ms[batcher.workload])
+                           self.lateness_ms[batcher.workload], items)
         if refusal is not None:
             raise _error(refusal)
 

@@ -9,7 +9,8 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.generate_request import GenerateSpec
 from gateway.http_answers import Candidate, GenerateAnswer, GenerateUsage
-from gateway.job import Job, wait_all
+from gateway.job import Job
+from gateway.waste import answered
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.tokenizer import RequestTokenizer
@@ -30,7 +31,7 @@ class GenerateService:
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
         started = self._loop.time()
-        self._admission.precheck(self._batcher, deadline, started)
+        self._admission.precheck(self._batcher, deadline, started, spec.beam_width)
         prompt = self._tokenizer.encode([spec.prompt])[0]
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
@@ -45,7 +46,7 @@ class GenerateService:
         prediction = self._admission.admit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         self._batcher.submit(job)
-        (result,) = await wait_all([job], self._batcher.cancel)
+        (result,) = await answered([job], deadline, "beam", self._batcher, self._metrics)
         self._admission.observe("beam", prediction, self._loop.time())
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 

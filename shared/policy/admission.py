@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared.policy.cost import CostModel
@@ -15,11 +16,11 @@ LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """[gateway] max_queue_tokens, admission_margin_ms and admission (deadline predictions on/off)."""
+    """[gateway] max_queue_tokens, admission_margin_ms and admission (refusing early on the predicted finish)."""
 
     max_queue_tokens: int
     margin_ms: float
-    predict: bool = True
+    refuse_early: bool = True
 
 
 @dataclass(frozen=True)
@@ -43,24 +44,45 @@ class Prediction:
     """Predicted finish on the caller's clock (s), before the learnt lateness is added."""
 
 
+HORIZONS_MS = (10.0, 20.0, 50.0, 100.0, 200.0, 500.0, math.inf)
+"""Upper edges of the predicted finish horizons that learn their lateness apart (ms)."""
+
+
 class Lateness:
     """How much later than predicted admitted requests of one workload really finish: an online
-    estimate of its 90th percentile (stochastic approximation in steps of LATE_STEP_MS)."""
+    estimate of its 90th percentile (stochastic approximation in steps of LATE_STEP_MS), learnt
+    apart for each horizon of HORIZONS_MS. A finish predicted far ahead is wrong by more than one
+    predicted soon (requests with tighter deadlines overtake it meanwhile); one estimate for all
+    would hand the error of the far ones to the near ones, and refuse tight deadlines it can meet."""
 
     def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS) -> None:
         self.quantile = quantile
         self.step_ms = step_ms
-        self.value = 0.0
-        """Milliseconds."""
+        self.values = [0.0] * len(HORIZONS_MS)
+        """Milliseconds, per horizon."""
+
+    @property
+    def value(self) -> float:
+        """The largest estimate (ms): what the least predictable admitted requests are added."""
+        return max(self.values)
 
     def observe(self, prediction: Prediction, finished_at: float) -> None:
         late_ms = (finished_at - prediction.finish_at) * 1000.0
         if math.isfinite(late_ms):
-            self.value += self.step_ms * (self.quantile - (1.0 if late_ms < self.value else 0.0))
+            k = _horizon(prediction.wait_ms + prediction.service_ms)
+            self.values[k] += self.step_ms * (self.quantile - (1.0 if late_ms < self.values[k] else 0.0))
 
-    def slack_ms(self, margin_ms: float) -> float:
-        """Added to every predicted finish: the margin, plus the lateness when it is positive."""
-        return margin_ms + max(0.0, self.value)
+    def slack_ms(self, margin_ms: float, horizon_ms: float) -> float:
+        """Added to a finish predicted `horizon_ms` ahead: the margin, plus its horizon's lateness when positive."""
+        return margin_ms + max(0.0, self.values[_horizon(horizon_ms)])
+
+    def slacks(self, margin_ms: float) -> list[float]:
+        """slack_ms of each horizon of HORIZONS_MS, in order (for a walk whose horizon only grows)."""
+        return [margin_ms + max(0.0, value) for value in self.values]
+
+
+def _horizon(ms: float) -> int:
+    return bisect.bisect_left(HORIZONS_MS, ms)
 
 
 def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView) -> bool:
@@ -68,36 +90,62 @@ def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView) -> bool:
     return not model.verified and queue.jobs == 0 and pool.batches_in_flight == 0
 
 
-def finish_ms(queue: DeadlineQueue, pool: PoolView, model: CostModel, items: int = 0, tokens: int = 0) -> float:
-    """Predicted ms until the queue, plus `items`/`tokens` of new work behind it, is served: the
-    soonest-free worker's work in flight, then that work in full batches shared by the ready
-    workers. All of the queue counts as ahead: with one SLO per route later arrivals have later
-    deadlines, and the bound errs on the side of refusing rather than answering late."""
-    backlog = model.backlog_ms(queue.items + items, queue.latency_tokens + tokens)
-    return pool.soonest_free_ms + backlog / max(1, pool.ready_workers)
+def finish_ms(queue: DeadlineQueue, pool: PoolView, model: CostModel) -> float:
+    """Predicted ms until everything queued now is served (in full batches shared by the ready workers)."""
+    return _done_ms(pool, model, queue.items, queue.latency_tokens)
+
+
+def _done_ms(pool: PoolView, model: CostModel, items: int, tokens: int) -> float:
+    return pool.soonest_free_ms + model.backlog_ms(items, tokens) / max(1, pool.ready_workers)
+
+
+def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, slacks: Sequence[float],
+          deadline: float, items_new: int = 0, tokens_new: int = 0) -> float:
+    """Predicted ms until `items_new`/`tokens_new` of new work with `deadline` is served where it would
+    run: the soonest-free worker's work in flight, then the queued jobs served before it (those due no
+    later in deadline order; all of them in arrival order) in full batches shared by the ready
+    workers, then itself. The queue is walked as the batcher will serve it: a job predicted to
+    finish past its deadline (+ the slack of its horizon, `slacks` per HORIZONS_MS) will be dropped
+    before compute and takes no time. The jobs it is served before are not counted: it delays them,
+    and those it makes late are dropped in turn (refusing it to spare them was measured to lose
+    goodput in every deadline class but the loosest)."""
+    free_ms, workers, backlog_ms = pool.soonest_free_ms, max(1, pool.ready_workers), model.backlog_ms
+    now_ms = now_s * 1000.0
+    kept_items = kept_tokens = horizon = 0
+    for job in queue.ahead_of(deadline):  # hot: a pass per admission, so plain arithmetic
+        items, tokens = kept_items + job.batch_items, kept_tokens + job.latency_tokens
+        done_ms = free_ms + backlog_ms(items, tokens) / workers
+        while done_ms > HORIZONS_MS[horizon]:  # the walk's finish only grows: so does its horizon
+            horizon += 1
+        if done_ms + slacks[horizon] <= job.deadline * 1000.0 - now_ms:
+            kept_items, kept_tokens = items, tokens
+    return free_ms + backlog_ms(kept_items + items_new, kept_tokens + tokens_new) / workers
 
 
 def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s: float, now_s: float,
-             settings: AdmissionSettings, lateness: Lateness) -> Refusal | None:
-    """Refuse before any tokenizing when the queue's predicted wait alone misses the deadline."""
-    if not settings.predict:
+             settings: AdmissionSettings, lateness: Lateness, items: int = 0) -> Refusal | None:
+    """Refuse before any tokenizing when the predicted wait where the request would run, plus the
+    least its `items` (samples, or beams) can take (one token each), already misses the deadline."""
+    if not settings.refuse_early:
         return None
-    wait_ms = finish_ms(queue, pool, model)
+    least_ms = place(queue, pool, model, now_s, lateness.slacks(settings.margin_ms), deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
-    slack_ms = lateness.slack_ms(settings.margin_ms)
-    if wait_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
+    slack_ms = lateness.slack_ms(settings.margin_ms, least_ms)
+    if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
         return None
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted queue wait of {wait_ms:.1f} ms (+ margin {slack_ms:.1f} "
-                                          f"ms) is already past the deadline of {budget_ms:.1f} ms; refused "
-                                          "before any work")
+    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its "
+                                                   f"{items} item(s) can take, is {least_ms:.1f} ms (+ margin "
+                                                   f"{slack_ms:.1f} ms), already past the deadline of "
+                                                   f"{budget_ms:.1f} ms; refused before any work")
 
 
 def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float,
           settings: AdmissionSettings, lateness: Lateness) -> Prediction | Refusal:
     """The prediction for a request's jobs, or why it is refused (queue_full, deadline_unmeetable)."""
-    budget_ms = (min(j.deadline for j in jobs) - now_s) * 1000.0
+    deadline = min(j.deadline for j in jobs)
+    budget_ms = (deadline - now_s) * 1000.0
     items, tokens = sum(j.batch_items for j in jobs), sum(j.latency_tokens for j in jobs)
-    done_ms = finish_ms(queue, pool, model, items, tokens)
+    done_ms = place(queue, pool, model, now_s, lateness.slacks(settings.margin_ms), deadline, items, tokens)
     service_ms = model.backlog_ms(items, tokens)
     wait_ms = max(0.0, done_ms - service_ms)
     prediction = Prediction(wait_ms, service_ms, budget_ms, now_s + done_ms / 1000.0)
@@ -106,8 +154,10 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
         return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's {real_tokens} it "
                                      f"would pass its budget of {settings.max_queue_tokens}",
                        retry_after_s=finish_ms(queue, pool, model) / 1000.0)
-    slack_ms = lateness.slack_ms(settings.margin_ms)
-    if not settings.predict or wait_ms + service_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
+    slack_ms = lateness.slack_ms(settings.margin_ms, done_ms)
+    if not settings.refuse_early or is_probe(model, queue, pool):
+        return prediction
+    if wait_ms + service_ms + slack_ms <= budget_ms:
         return prediction
     return Refusal(DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait "
                                           f"{wait_ms:.1f} ms + service {service_ms:.1f} ms + margin {slack_ms:.1f} "
