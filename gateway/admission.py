@@ -32,6 +32,10 @@ class Admission:
         """Learn from an admitted request's real finish time (the end-to-end online correction)."""
         self.lateness_ms[workload].observe(prediction, finished_at)
 
+    def observe_missed(self, workload: str, prediction: Prediction, deadline: float) -> None:
+        """Learn from an admitted request dropped for its deadline: it would have finished no earlier."""
+        self.lateness_ms[workload].observe_missed(prediction, deadline)
+
     def check_workers(self, workload: str) -> None:
         if self._pool.ready_count(workload) == 0:
             known = len(self._pool.links)

@@ -10,7 +10,7 @@ from gateway.errors import ApiError
 from gateway.generate_request import GenerateSpec
 from gateway.http_answers import Candidate, GenerateAnswer, GenerateUsage
 from gateway.job import Job
-from gateway.waste import answered
+from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.tokenizer import RequestTokenizer
@@ -27,6 +27,7 @@ class GenerateService:
         self._batcher = batcher
         self._admission = admission
         self._metrics = metrics
+        self._end = RequestEnd(batcher, admission, metrics)
         self._loop = asyncio.get_running_loop()
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
@@ -46,8 +47,7 @@ class GenerateService:
         prediction = self._admission.admit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         self._batcher.submit(job)
-        (result,) = await answered([job], deadline, "beam", self._batcher, self._metrics)
-        self._admission.observe("beam", prediction, self._loop.time())
+        (result,) = await self._end.results([job], prediction)
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 
     def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> GenerateAnswer:

@@ -21,7 +21,7 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.http_answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
 from gateway.job import Job
-from gateway.waste import answered
+from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.score_request import ScoreSpec
@@ -39,6 +39,7 @@ class ScoreService:
         self._batcher = batcher
         self._admission = admission
         self._metrics = metrics
+        self._end = RequestEnd(batcher, admission, metrics)
         self._executor = executor
         self._offload_chars = offload_chars
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
@@ -65,8 +66,7 @@ class ScoreService:
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         for job in jobs:
             self._batcher.submit(job)
-        results = await answered(jobs, deadline, "score", self._batcher, self._metrics)
-        self._admission.observe("score", prediction, self._loop.time())
+        results = await self._end.results(jobs, prediction)
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)

@@ -200,6 +200,9 @@ class Simulator:
         if request.done:
             return
         request.done = True
+        if code == "deadline_exceeded":  # as the gateway's services: it would have come no earlier
+            deadline = min(j.deadline for j in request.jobs)
+            self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]].observe_missed(request.prediction, deadline)
         self.drops[reason] += 1
         self.reasons[job.request] = reason
         for sibling in request.jobs:  # the gateway's wait_all: the other chunks are cancelled

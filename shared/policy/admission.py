@@ -72,6 +72,15 @@ class Lateness:
             k = _horizon(prediction.wait_ms + prediction.service_ms)
             self.values[k] += self.step_ms * (self.quantile - (1.0 if late_ms < self.values[k] else 0.0))
 
+    def observe_missed(self, prediction: Prediction, deadline: float) -> None:
+        """An admitted request that was dropped for its deadline: it would have finished no earlier than
+        `deadline`, so it was at least that late. Counted when that alone is above the estimate (the
+        answers that never come would otherwise bias the estimate low); otherwise unknown, skipped."""
+        late_ms = (deadline - prediction.finish_at) * 1000.0
+        k = _horizon(prediction.wait_ms + prediction.service_ms)
+        if math.isfinite(late_ms) and late_ms >= self.values[k]:
+            self.values[k] += self.step_ms * self.quantile
+
     def slack_ms(self, margin_ms: float, horizon_ms: float) -> float:
         """Added to a finish predicted `horizon_ms` ahead: the margin, plus its horizon's lateness when positive."""
         return margin_ms + max(0.0, self.values[_horizon(horizon_ms)])
