@@ -99,6 +99,10 @@ class Metrics:
                             "they were sent.", ("workload",), registry=r)
         service = Counter("boundserve_batch_service_seconds", "Measured service time of answered batches: send to "
                           "answer, less the wait in the worker's queue.", ("workload",), registry=r)
+        answered = Counter("boundserve_answered", "Requests answered with a result, by whether the answer was ready by "
+                           "its deadline (in_time) or after it (late): the in-time rate is the goodput.",
+                           ("workload", "timing"), registry=r)
+        self._answered = {(w, t): answered.labels(w, t) for w in WORKLOADS for t in ("in_time", "late")}
         self._compute = {w: compute.labels(w) for w in WORKLOADS}
         self._wasted = {(w, why): wasted.labels(w, why) for w in WORKLOADS for why in WASTE_REASONS}
         self._predicted = {w: predicted.labels(w) for w in WORKLOADS}
@@ -142,6 +146,10 @@ class Metrics:
         self._service[answer.workload].inc(max(0.0, answer.service_ms) / 1000.0)
         if answer.dropped_ms:
             self.count_wasted(answer.workload, "dropped", answer.dropped_ms)
+
+    def count_answer(self, workload: str, in_time: bool) -> None:
+        """A request answered with a result, by its deadline or after it."""
+        self._answered[(workload, "in_time" if in_time else "late")].inc()
 
     def count_wasted(self, workload: str, reason: str, compute_ms: float) -> None:
         """Compute spent on a request whose answer was not delivered in time (reason: late, dropped)."""

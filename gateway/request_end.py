@@ -44,6 +44,7 @@ class RequestEnd:
         answered_at = asyncio.get_running_loop().time()
         self.admission.observe(workload, prediction, answered_at)
         self.batcher.learn(jobs, answered_at)
+        self.metrics.count_answer(workload, answered_at <= deadline)
         if answered_at > deadline:
             self.metrics.count_wasted(workload, "late", sum(job.compute_ms for job in jobs))
         return results
