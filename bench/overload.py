@@ -20,7 +20,8 @@ Capacity is the best goodput of an open-loop sweep: Poisson arrivals of the work
 mix, doubling from 25 requests/s until the goodput falls below 85 % of the offered rate, then 0.7x
 to 1.5x that knee on `admission` and `edf_late_drop` alike. Then, per load (x capacity) and window,
 every policy replays the same requests, the order rotated from window to window; figures are the
-median of the windows with their spread. Every gateway first serves one discarded window at 0.5x.
+median of the windows with their spread. Every gateway first serves one discarded sweep-length
+window at 0.5x.
 Workloads (bench/overload_load.py): `uniform` (Poisson, 8 x ~60-token samples, one deadline) and
 `trace` (the Azure code trace's slices, a third each at 50, 100 and 300 ms).
 
@@ -136,7 +137,7 @@ class Bench:
             await self.start(name)
         names = list(self.gateways)
         for name in names:  # every gateway's learnt state warmed alike, at half the capacity
-            await self.window(name, 0.5 * cap, 0, seed=998)
+            await self.window(name, 0.5 * cap, 0, seed=998, poisson=True)
         windows: dict[str, dict[str, list[dict]]] = {name: {} for name in names}
         turn = 0
         for load in self.args.loads:
@@ -215,7 +216,8 @@ def workloads(args) -> list[overload_load.Workload]:
         if name == "uniform":
             out.append(overload_load.uniform(args.slo_ms))
         else:
-            out.append(overload_load.trace(Path(args.trace), args.windows, args.requests_per_window, tuple(args.classes)))
+            out.append(overload_load.trace(Path(args.trace), args.windows, args.requests_per_window,
+                                           tuple(args.classes)))
     return out
 
 
@@ -236,7 +238,8 @@ def main() -> None:
     parser.add_argument("--requests-per-window", type=int, help="trace: requests in a window's slice (default 900)")
     parser.add_argument("--queue-factor", type=float, default=0.8,
                         help="edf_bounded: its token budget as a fraction of what drains within the median deadline")
-    parser.add_argument("--artifacts", help="compiled artifacts (default: build the demo model with configs/overload.toml)")
+    parser.add_argument("--artifacts",
+                        help="compiled artifacts (default: build the demo model with configs/overload.toml)")
     parser.add_argument("--no-pinning", action="store_true", help="leave every process on every CPU")
     args = parser.parse_args()
     args.windows = args.windows or (1 if args.quick else 3)

@@ -56,7 +56,8 @@ def ratios(figures: dict[str, dict[str, dict[str, Any]]], capacity_rps: float) -
         "admission_at_2x_over_capacity": _ratio(goodput[ADMISSION].get("2x"), capacity_rps),
         "admission_at_2x_over_own_best": _ratio(goodput[ADMISSION].get("2x"), own_best),
         "admission_at_4x_over_own_best": _ratio(goodput[ADMISSION].get("4x"), own_best),
-        "wasted_compute_share": {policy: loads["2x"]["wasted_share"] for policy, loads in figures.items() if "2x" in loads},
+        "wasted_compute_share": {policy: loads["2x"]["wasted_share"] for policy, loads in figures.items()
+                                 if "2x" in loads},
         "admission_over_best_ablation_by_load": {},
         "best_ablation_by_load": {},
     }
@@ -113,7 +114,8 @@ def _class_goal(by_class: dict[str, dict[str, float]], best: str) -> dict[str, A
         rows[cls] = {"admission": value, "best_ablation": others[best].get(cls),
                      "best_in_class": {"policy": top, "goodput_rps": others[top].get(cls)}}
     return {"classes": rows,
-            "holds_against_best_ablation": all((r["admission"] or 0) >= (r["best_ablation"] or 0) for r in rows.values()),
+            "holds_against_best_ablation": all((r["admission"] or 0) >= (r["best_ablation"] or 0)
+                                               for r in rows.values()),
             "holds_against_best_in_each_class": all((r["admission"] or 0) >= (r["best_in_class"]["goodput_rps"] or 0)
                                                     for r in rows.values())}
 

@@ -1,12 +1,14 @@
 """Deadline-ordered micro-batching: the async shell around shared/policy's batch plan and drops.
 
 One Batcher per workload. Its loop asks the pool for the least-loaded worker with a free slot, and
-the policy what to do with the head of the queue (`dispatch`): hold a partial batch while that
-worker is predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so
-a wrong prediction costs no idle time), or send it, answering the members predicted to finish past
-their deadline 504 instead. A job whose deadline passes while queued is answered 504 at once by its
-own timer (`take_expired`) and never sent. If the loop ever ends (cancelled, or failing step after
-step), it logs why and answers every job it holds 503 at once, and so every later submit.
+the policy what to do with the head of the queue (`dispatch`): hold the batch while that worker is
+predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so a wrong
+prediction costs no idle time), or send it, answering the jobs that cannot finish in time 504
+instead (predicted late, before any compute). Its `lateness` learns how late answers come against
+the finish predicted when their batch was sent: the slack of those drops. A job whose deadline
+passes while queued is answered 504 at once by its own timer (`take_expired`) and never sent. If the
+loop ever ends (cancelled, or failing step after step), it logs why and answers every job it holds
+503 at once, and so every later submit.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.metrics import Metrics
 from gateway.worker_pool import WorkerPool
-from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, dispatch, take_expired
+from shared.policy import (BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, dispatch,
+                           take_expired)
 
 __all__ = ["BatchBounds", "Batcher"]
 log = logging.getLogger("gateway.batcher")

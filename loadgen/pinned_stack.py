@@ -136,8 +136,9 @@ class GatewayProcess:
                 if _all_ready(await _readyz(session, self.url), self.workers.count):
                     return
                 await asyncio.sleep(0.2)
-        raise TimeoutError(f"gateway {self.name} had not every worker ready after {self.workers.startup_timeout_s:.0f} s;"
-                           f" its log:\n{self.log_tail()}\nworkers' logs in {self.workers.folder}")
+        raise TimeoutError(f"gateway {self.name} had not every worker ready after "
+                           f"{self.workers.startup_timeout_s:.0f} s; its log:\n{self.log_tail()}\n"
+                           f"workers' logs in {self.workers.folder}")
 
     def stop(self) -> None:
         if self._process is not None:

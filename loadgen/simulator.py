@@ -262,7 +262,8 @@ class Simulator:
             plan = dispatch(queue, workload, self.settings.bounds(workload), worker.models[workload],
                             worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
                             self.settings.drop_predicted_late,
-                            functools.partial(self.batch_lateness[workload].slack_ms, self.settings.admission_margin_ms))
+                            functools.partial(self.batch_lateness[workload].slack_ms,
+                                              self.settings.admission_margin_ms))
             if isinstance(plan, Hold):
                 self._wake(workload, self.now + plan.wait_ms / 1000.0)
                 return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.policy.cost import CostModel
@@ -49,11 +49,13 @@ HORIZONS_MS = (10.0, 20.0, 50.0, 100.0, 200.0, 500.0, math.inf)
 
 
 class Lateness:
-    """How much later than predicted admitted requests of one workload really finish: an online
-    estimate of its 90th percentile (stochastic approximation in steps of LATE_STEP_MS), learnt
-    apart for each horizon of HORIZONS_MS. A finish predicted far ahead is wrong by more than one
-    predicted soon (requests with tighter deadlines overtake it meanwhile); one estimate for all
-    would hand the error of the far ones to the near ones, and refuse tight deadlines it can meet."""
+    """How much later than predicted work of one workload really finishes (admitted requests against
+    admission's prediction; the gateway's batcher keeps one against its own, made when it sends a
+    batch): an online estimate of its 90th percentile (stochastic approximation in steps of
+    LATE_STEP_MS), learnt apart for each horizon of HORIZONS_MS. A finish predicted far ahead is
+    wrong by more than one predicted soon (requests with tighter deadlines overtake it meanwhile);
+    one estimate for all would hand the error of the far ones to the near ones, and refuse tight
+    deadlines it can meet."""
 
     def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS) -> None:
         self.quantile = quantile
@@ -63,7 +65,7 @@ class Lateness:
 
     @property
     def value(self) -> float:
-        """The largest estimate (ms): what the least predictable admitted requests are added."""
+        """The largest estimate over the horizons (ms)."""
         return max(self.values)
 
     def observe(self, prediction: Prediction, finished_at: float) -> None:
@@ -94,9 +96,11 @@ def _horizon(ms: float) -> int:
     return bisect.bisect_left(HORIZONS_MS, ms)
 
 
-def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView) -> bool:
-    """Admit anyway: the start-up profile is unconfirmed and nothing else is queued or running."""
-    return not model.verified and queue.jobs == 0 and pool.batches_in_flight == 0
+def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView, fits_unpadded: bool) -> bool:
+    """Admit anyway while nothing else is queued or running, when the start-up profile is unconfirmed
+    or the prediction meets the deadline without the learnt lateness: refusing everything would
+    never produce the measurements that confirm the profile or bring a learnt lateness back down."""
+    return queue.jobs == 0 and pool.batches_in_flight == 0 and (fits_unpadded or not model.verified)
 
 
 def finish_ms(queue: DeadlineQueue, pool: PoolView, model: CostModel) -> float:
@@ -140,7 +144,8 @@ def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s:
     least_ms = place(queue, pool, model, now_s, lateness.slacks(settings.margin_ms), deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
     slack_ms = lateness.slack_ms(settings.margin_ms, least_ms)
-    if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
+    fits_unpadded = least_ms + settings.margin_ms <= budget_ms
+    if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool, fits_unpadded):
         return None
     return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its "
                                                    f"{items} item(s) can take, is {least_ms:.1f} ms (+ margin "
@@ -160,11 +165,11 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
     prediction = Prediction(wait_ms, service_ms, budget_ms, now_s + done_ms / 1000.0)
     real_tokens = sum(j.tokens for j in jobs)
     if queue.tokens + real_tokens > settings.max_queue_tokens and queue.jobs > 0:
-        return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's {real_tokens} it "
-                                     f"would pass its budget of {settings.max_queue_tokens}",
+        return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's "
+                                              f"{real_tokens} it would pass its budget of {settings.max_queue_tokens}",
                        retry_after_s=finish_ms(queue, pool, model) / 1000.0)
     slack_ms = lateness.slack_ms(settings.margin_ms, done_ms)
-    if not settings.refuse_early or is_probe(model, queue, pool):
+    if not settings.refuse_early or is_probe(model, queue, pool, done_ms + settings.margin_ms <= budget_ms):
         return prediction
     if wait_ms + service_ms + slack_ms <= budget_ms:
         return prediction

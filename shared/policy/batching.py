@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -150,7 +149,9 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     pass it) until the worker is predicted free within max_wait_ms.
 
     With `drop_late` and a trusted model (measured batches confirmed it), a job that cannot finish
-    in time even alone is dropped before any compute, and of two plans the one that answers more
+    in time even alone is dropped before any compute (when the slack would drop every queued job
+    and the worker is idle, by its prediction alone: the slack is learnt from answers, and dropping
+    everything would never produce one), and of two plans the one that answers more
     jobs in time per predicted millisecond is taken: the batch packed to the bounds, less the
     members it would make late (dropped); or the batch of only those companions that keep every
     member in time, then the rest of the packed batch after it (the second batch pays its own fixed
@@ -164,6 +165,9 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     if not (drop_late and model.verified):
         return _send(packed, [], timing)
     short, doomed = form_batch(queue, workload, bounds, timing)
+    if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
+        timing = Timing(model, now_s, worker_busy_ms)
+        short, doomed = form_batch(queue, workload, bounds, timing)
     if doomed:
         return Send([], doomed, 0.0, now_s)
     packed_ms, late = _plan(packed, timing)

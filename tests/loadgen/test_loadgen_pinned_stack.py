@@ -31,7 +31,8 @@ def test_two_gateways_share_one_pinned_worker(heavy_deployment, tmp_path):
         try:
             for gateway in gateways:
                 asyncio.run(gateway.ready())
-            assert "admission = false" in gateways[1].config_text and 'queue_order = "arrival"' in gateways[1].config_text
+            fcfs = gateways[1].config_text
+            assert "admission = false" in fcfs and 'queue_order = "arrival"' in fcfs
             assert [asyncio.run(_score(g.url, 30_000)) for g in gateways] == [200, 200]
             if pinning is not None:  # a one-CPU machine runs everything everywhere
                 assert os.sched_getaffinity(workers.pids[0]) == set(pinning.worker_cpus)

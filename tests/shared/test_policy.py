@@ -104,7 +104,8 @@ def test_admit_refuses_a_deadline_it_cannot_meet_and_learnt_lateness_counts():
     for _ in range(40):                                   # answers predicted 3 ms ahead come 10 ms late
         late.observe(Prediction(0, 3.0, 0, finish_at=1.0), finished_at=1.010)
     assert late.slack_ms(0.0, 3.0) == pytest.approx(40 * 0.25 * 0.9)  # climbs 0.225 ms a step towards 10 ms
-    refused = admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late)
+    running = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)  # (idle: a probe goes)
+    refused = admit([job], DeadlineQueue(), running, model(), 0.0, SETTINGS, late)
     assert isinstance(refused, Refusal) and refused.reason == "deadline_unmeetable"
     assert refused.code == "deadline_unmeetable" and "past the deadline" in refused.message
 
@@ -257,3 +258,25 @@ def test_every_drop_reason_has_a_code():
     assert set(DROP_CODES) == set(DropReason)  # every reason answered, none answered twice over
     assert set(DROP_CODES.values()) == {"queue_full", "deadline_unmeetable", "deadline_exceeded", "worker_lost"}
     assert {"expired_in_queue", "predicted_late", "expired_in_worker", "worker_overdue"} <= set(DROP_CODES)
+
+
+def test_a_learnt_lateness_that_refuses_everything_is_measured_again_by_a_probe():
+    late = Lateness()
+    for _ in range(400):                                  # finishes predicted 3 ms ahead came 90 ms late
+        late.observe(Prediction(0, 3.0, 0, finish_at=1.0), finished_at=1.090)
+    job = FakeJob(0.050)                                  # 3 ms alone, due in 50 ms: in time but for the slack
+    busy = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)
+    assert isinstance(admit([job], DeadlineQueue(), busy, model(), 0.0, SETTINGS, late), Refusal)
+    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late), Prediction)
+    assert precheck(DeadlineQueue(), IDLE, model(), 0.050, 0.0, SETTINGS, late, items=1) is None
+    hopeless = FakeJob(0.002)                             # not even its raw prediction fits: no probe
+    assert isinstance(admit([hopeless], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late), Refusal)
+
+
+def test_an_idle_worker_gets_a_job_its_raw_prediction_finishes_whatever_the_learnt_slack():
+    queue = queue_of(FakeJob(0.050))                      # 3 ms alone, due in 50 ms
+    slack = lambda horizon_ms: 90.0                       # noqa: E731  (a learnt slack that drops everything)
+    busy = dispatch(queue, "score", SCORE, model(), 1.0, 2.0, 0.0, slack_ms=slack)
+    assert isinstance(busy, Send) and busy.late and not busy.live     # a busy worker: dropped
+    idle = dispatch(queue_of(FakeJob(0.050)), "score", SCORE, model(), 0.0, 2.0, 0.0, slack_ms=slack)
+    assert isinstance(idle, Send) and len(idle.live) == 1 and not idle.late
