@@ -3,7 +3,10 @@ ratios the issue asks for, and the goals checked against them.
 
 Every figure of a policy at a load is the median of its windows (goodput with the spread: the
 smallest and largest window); p99 and the shares likewise. The ablations are every policy but
-`admission`; "best ablation" is the one with the highest median goodput at that load.
+`admission`; "best ablation" is the one with the highest median goodput at that load. The issue
+named three (the bounded queue, the fair FCFS and deadline order with expiry); `edf_late_drop`
+(predicted-late drops without early refusal) is here too, and the goals are judged against all
+four, with the figure against the three alone beside it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 ADMISSION = "admission"
 FAIR_FCFS = "fcfs_late_drop"
 BOUNDED = "edf_bounded"
+NAMED_IN_ISSUE = ("edf_bounded", "fcfs_late_drop", "edf_expiry")
 
 
 def table(windows: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -67,6 +71,14 @@ def ratios(figures: dict[str, dict[str, dict[str, Any]]], capacity_rps: float) -
         out["admission_over_best_ablation_by_load"][load] = _ratio(goodput[ADMISSION][load], goodput[best][load])
     out["best_ablation_at_2x"] = out["best_ablation_by_load"].get("2x")
     out["admission_at_2x_over_best_ablation"] = out["admission_over_best_ablation_by_load"].get("2x")
+    out["admission_at_2x_over_each_ablation"] = {p: _ratio(goodput[ADMISSION].get("2x"), goodput[p].get("2x"))
+                                                 for p in figures if p != ADMISSION}
+    named = [p for p in NAMED_IN_ISSUE if "2x" in figures.get(p, {})]
+    if named:
+        best_named = max(named, key=lambda p: goodput[p]["2x"])
+        out["best_named_ablation_at_2x"] = best_named
+        out["admission_at_2x_over_best_named_ablation"] = _ratio(goodput[ADMISSION].get("2x"),
+                                                                 goodput[best_named]["2x"])
     for name, policy in (("fair_fcfs", FAIR_FCFS), ("bounded_queue", BOUNDED)):
         if policy in goodput:
             out[f"admission_over_{name}_by_load"] = {load: _ratio(goodput[ADMISSION][load], goodput[policy].get(load))
@@ -99,25 +111,27 @@ def goals(figures: dict[str, dict[str, dict[str, Any]]], keys: dict[str, Any], w
         goal("admission_over_bounded_queue_at_every_load", worst, 1.0)
     else:
         goal("admission_at_2x_over_best_ablation", keys["admission_at_2x_over_best_ablation"], 1.2)
-        out["every_class_at_2x"] = _class_goal(keys["goodput_by_class_at_2x"], keys["best_ablation_at_2x"])
+        goal("admission_at_2x_over_best_named_ablation", keys.get("admission_at_2x_over_best_named_ablation"), 1.2)
+        out["every_class_at_2x"] = _class_goal(keys["goodput_by_class_at_2x"], keys["best_ablation_at_2x"],
+                                               keys.get("best_named_ablation_at_2x"))
     return out
 
 
-def _class_goal(by_class: dict[str, dict[str, float]], best: str) -> dict[str, Any]:
-    """Admission's goodput in each class at 2x against the best ablation's (the one best in all) and
-    against the best of any ablation in that class."""
-    mine = by_class[ADMISSION]
+def _class_goal(by_class: dict[str, dict[str, float]], best: str, best_named: str | None) -> dict[str, Any]:
+    """Admission's goodput in each class at 2x against every ablation's, and whether it is at least
+    that of the best ablation (the one best in all classes together), of the best of those the issue
+    named, and of whichever ablation is best in that class."""
     others = {p: c for p, c in by_class.items() if p != ADMISSION}
-    rows = {}
-    for cls, value in mine.items():
-        top = max(others, key=lambda p: others[p].get(cls) or 0.0)
-        rows[cls] = {"admission": value, "best_ablation": others[best].get(cls),
-                     "best_in_class": {"policy": top, "goodput_rps": others[top].get(cls)}}
+    rows = {cls: {"admission": value, **{p: others[p].get(cls) for p in others}}
+            for cls, value in by_class[ADMISSION].items()}
+
+    def holds(against) -> bool:
+        return all((row["admission"] or 0.0) >= (against(row) or 0.0) for row in rows.values())
+
     return {"classes": rows,
-            "holds_against_best_ablation": all((r["admission"] or 0) >= (r["best_ablation"] or 0)
-                                               for r in rows.values()),
-            "holds_against_best_in_each_class": all((r["admission"] or 0) >= (r["best_in_class"]["goodput_rps"] or 0)
-                                                    for r in rows.values())}
+            "holds_against_best_ablation": holds(lambda row: row[best]),
+            "holds_against_best_named_ablation": holds(lambda row: row[best_named]) if best_named else None,
+            "holds_against_best_in_each_class": holds(lambda row: max(row[p] or 0.0 for p in others))}
 
 
 def _median(values: list[float | None]) -> float | None:
