@@ -163,11 +163,8 @@ async def idle(url: str, timeout_s: float = 10.0) -> None:
     await asyncio.sleep(0.3)
 
 
-async def run(workload: overload_load.Workload, args) -> dict[str, Any]:
+async def run(workload: overload_load.Workload, args, pinning: Pinning | None) -> dict[str, Any]:
     artifacts = artifacts_folder(args.artifacts)
-    pinning = None if args.no_pinning else Pinning.split()
-    if pinning is not None:
-        pinning.pin_caller()
     bodies = BodyFactory(BodyOptions(tokenizer_path=str(artifacts / "tokenizer.json"), label_token_ids=(10, 11)))
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as scratch:
@@ -247,8 +244,11 @@ def main() -> None:
     args.sweep_s = args.sweep_s or (2.0 if args.quick else 4.0)
     args.loads = args.loads or ([1.0, 2.0, 4.0] if args.quick else [1.0, 1.5, 2.0, 4.0])
     args.requests_per_window = args.requests_per_window or (300 if args.quick else 900)
+    pinning = None if args.no_pinning else Pinning.split()  # once: after pin_caller this process sees one CPU
+    if pinning is not None:
+        pinning.pin_caller()
     for workload in workloads(args):
-        result = uvloop.run(run(workload, args))  # the faster loop: the client lags less
+        result = uvloop.run(run(workload, args, pinning))  # the faster loop: the client lags less
         write_result(f"overload-{workload.name}" + ("-quick" if args.quick else ""), result, quick=args.quick,
                      threads=1)
 

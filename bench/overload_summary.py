@@ -41,6 +41,7 @@ def _figures(rows: list[dict]) -> dict[str, Any]:
         "wasted_share": round(sum(r["wasted_s"] for r in rows) / compute, 4) if compute > 0 else 0.0,
         "worker_busy": _median([r["worker_busy"] for r in rows]),
         "worker_cpu": _median([r["worker_cpu"] for r in rows]),
+        "worker_cpu_while_busy": _median([r.get("worker_cpu_while_busy") for r in rows]),
         "gateway_cpu": _median([r["gateway_cpu"] for r in rows]),
         "batch_fill": _median([r["batch_fill"] for r in rows]),
         "measured_over_predicted_service": _median([r["measured_over_predicted_service"] for r in rows]),

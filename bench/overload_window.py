@@ -6,7 +6,9 @@ counts from then); goodput, percentiles and sender lag are loadgen.stats' (goodp
 the request's own deadline per second of the window). What the server did comes from declared data
 only: the gateway's Prometheus series (drops by reason, batches and their fill, predicted and
 measured batch service time, worker compute and the part of it wasted, the gateway's own CPU, the
-queue, the learnt lateness) and /proc/<pid>/stat of the worker processes (their CPU).
+queue, the learnt lateness) and /proc/<pid>/stat of the worker processes (their CPU). The worker's
+CPU seconds over its compute seconds (`worker_cpu_while_busy`) say how much of the time it computed
+it really had a CPU: about 1 on a quiet machine, less where other processes took its core.
 """
 
 from __future__ import annotations
@@ -131,6 +133,8 @@ def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[fl
         "wasted_share": round(wasted_s / spent["compute_s"], 4) if spent["compute_s"] > 0 else 0.0,
         "worker_busy": round(spent["compute_s"] / span_s, 3),
         "worker_cpu": round((last[1] - first[1]) / span_s, 3),
+        "worker_cpu_while_busy": (round((last[1] - first[1]) / spent["compute_s"], 3) if spent["compute_s"] > 0
+                                  else None),
         "gateway_cpu": round(spent["gateway_cpu_s"] / span_s, 3),
         "batches": int(spent["batches"]),
         "batch_fill": round(spent["fill_sum"] / spent["batches"], 3) if spent["batches"] else None,
