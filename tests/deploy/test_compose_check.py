@@ -41,15 +41,17 @@ def test_one_tag_built_two_ways_is_refused():
 def test_pulled_images_and_the_variables_that_name_them():
     pulled = pulled_images(raw_compose(), load_compose())
     assert [(p.service, p.image, p.variable) for p in pulled] == [
+        ("grafana", "grafana/grafana:12.1.1", "GRAFANA_IMAGE"),
         ("prometheus", "prom/prometheus:v3.5.0", "PROMETHEUS_IMAGE")]
     raw = raw_compose()
     raw["services"]["prometheus"]["image"] = "prom/prometheus:v3.5.0"  # written literally: nothing to swap
-    assert pulled_images(raw, load_compose())[0].variable is None
+    assert pulled_images(raw, load_compose())[1].variable is None
 
 
 def test_published_ports_become_free_ports_and_every_other_variable_its_default(tmp_path):
     raw = raw_compose()
-    assert port_variables(raw) == {"GATEWAY_PORT": ("gateway", 8000), "PROMETHEUS_PORT": ("prometheus", 9090)}
+    assert port_variables(raw) == {"GATEWAY_PORT": ("gateway", 8000), "PROMETHEUS_PORT": ("prometheus", 9090),
+                                   "GRAFANA_PORT": ("grafana", 3000)}
     env = compose_variables(COMPOSE_FILE.read_text(), raw, tmp_path)
     assert env["MODELS_DIR"] == str(tmp_path) and env["MODEL_DIR"] == str(tmp_path / "demo")
     assert env["BOUNDSERVE_CONFIG"] == "" and env["PROMETHEUS_IMAGE"] == ""  # "" -> the file's default
@@ -66,8 +68,8 @@ def test_a_fixed_host_port_is_refused_with_the_fix():
         port_variables(raw)
 
 
-def test_up_with_monitoring_runs_the_cpu_stack_and_prometheus_only():
-    assert running_services(load_compose(), ["monitoring"]) == ["gateway", "prometheus", "worker-cpu"]
+def test_up_with_monitoring_runs_the_cpu_stack_prometheus_and_grafana_only():
+    assert running_services(load_compose(), ["monitoring"]) == ["gateway", "grafana", "prometheus", "worker-cpu"]
 
 
 def test_build_arguments_for_each_source():
