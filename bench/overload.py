@@ -52,6 +52,7 @@ from bench.provenance import ROOT, write_result
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.pinned_stack import GatewayProcess, Pinning, SharedWorkers
 from loadgen.prometheus import fetch_metrics, parse
+from shared.config import load_config
 
 CONFIG = ROOT / "configs" / "overload.toml"
 UNBOUNDED = 10**8
@@ -196,7 +197,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning 
         "policies": {name: POLICIES[name] for name in figures}, "table": figures,
         "capacity_sweep": measured["sweep"],
         "pinning": pinning.to_json() if pinning else "none: fewer than 2 CPUs, or --no-pinning",
-        "worker_threads": 1, "cpus": os.cpu_count(),
+        "worker_threads": load_config(CONFIG).worker.cpu_threads, "cpus": os.cpu_count(),
         "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
         "wall_s": round(wall_s, 1),
         "per_second_of_median_window": median_window,
@@ -250,7 +251,7 @@ def main() -> None:
     for workload in workloads(args):
         result = uvloop.run(run(workload, args, pinning))  # the faster loop: the client lags less
         write_result(f"overload-{workload.name}" + ("-quick" if args.quick else ""), result, quick=args.quick,
-                     threads=1)
+                     threads={"worker": load_config(CONFIG).worker.cpu_threads})
 
 
 if __name__ == "__main__":
