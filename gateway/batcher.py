@@ -14,8 +14,8 @@ loop ever ends (cancelled, or failing step after step), it logs why and answers 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import math
 
 from gateway.errors import ApiError
 from gateway.job import Job
@@ -45,9 +45,9 @@ class Batcher:
         self._pool = pool
         self._max_wait_ms = max_wait_ms
         self._drop_late = drop_late
-        self.lateness = Lateness()
+        self.lateness = Lateness(edges=(math.inf,))
         """How much later than predicted at send its requests are answered (learnt; the drops' slack)."""
-        self._slack_ms = functools.partial(self.lateness.slack_ms, margin_ms)
+        self._margin_ms = margin_ms
         self._grace_s = answer_grace_ms / 1000.0
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
@@ -142,7 +142,7 @@ class Batcher:
             return None  # the pool wakes us when a slot frees or a worker becomes ready
         now = self._loop.time()
         plan = dispatch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
-                        self._max_wait_ms, now, self._drop_late, self._slack_ms)
+                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms, 0.0))
         if isinstance(plan, Hold):
             return plan.wait_ms / 1000.0
         self._send(link, plan, Prediction(link.busy_ms(now), plan.predicted_ms, 0.0, plan.finish_at))

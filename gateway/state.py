@@ -12,7 +12,7 @@ from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.generation import GenerateService
 from gateway.limits import Limits
-from gateway.metrics import HORIZON_LABELS, Metrics
+from gateway.metrics import BUDGET_LABELS, Metrics
 from gateway.scoring import ScoreService
 from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
@@ -76,8 +76,8 @@ class Gateway:
             m.queue_jobs.labels(workload).set_function(lambda b=batcher: b.queued_jobs)
             m.queue_tokens.labels(workload).set_function(lambda b=batcher: b.queued_tokens)
         for workload, tracker in self.admission.lateness_ms.items():
-            for k, horizon in enumerate(HORIZON_LABELS):
-                m.admission_lateness.labels(workload, horizon).set_function(lambda t=tracker, k=k: t.values[k] / 1000.0)
+            for k, budget in enumerate(BUDGET_LABELS):
+                m.admission_lateness.labels(workload, budget).set_function(lambda t=tracker, k=k: t.values[k] / 1000.0)
         m.workers_ready.set_function(lambda: self.pool.ready_count())
         m.batches_in_flight.set_function(self.pool.in_flight_batches)
 

@@ -21,8 +21,8 @@ ones (loadgen/result.py); `drops` counts the policy's drop reasons.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
+import math
 import itertools
 from collections import Counter
 from dataclasses import dataclass
@@ -144,7 +144,7 @@ class Simulator:
         self.requests: dict[int, _Request] = {}
         self.queues = {w: DeadlineQueue(s.queue_order) for w in WORKLOAD_ROUTE}
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
-        self.batch_lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
+        self.batch_lateness = {w: Lateness(edges=(math.inf,)) for w in WORKLOAD_ROUTE}
         self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms)
                         for i in range(s.workers)]
@@ -262,8 +262,7 @@ class Simulator:
             plan = dispatch(queue, workload, self.settings.bounds(workload), worker.models[workload],
                             worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
                             self.settings.drop_predicted_late,
-                            functools.partial(self.batch_lateness[workload].slack_ms,
-                                              self.settings.admission_margin_ms))
+                            self.batch_lateness[workload].slack_ms(self.settings.admission_margin_ms, 0.0))
             if isinstance(plan, Hold):
                 self._wake(workload, self.now + plan.wait_ms / 1000.0)
                 return

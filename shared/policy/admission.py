@@ -11,7 +11,7 @@ from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, Work
 from shared.policy.drops import DropReason, Refusal
 
-LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
+LATE_QUANTILE, LATE_STEP_MS, LATE_STEP_SHARE = 0.9, 0.25, 0.05
 
 
 @dataclass(frozen=True)
@@ -44,56 +44,58 @@ class Prediction:
     """Predicted finish on the caller's clock (s), before the learnt lateness is added."""
 
 
-HORIZONS_MS = (10.0, 20.0, 50.0, 100.0, 200.0, 500.0, math.inf)
-"""Upper edges of the predicted finish horizons that learn their lateness apart (ms)."""
+BUDGETS_MS = (10.0, 20.0, 50.0, 100.0, 200.0, 500.0, math.inf)
+"""Upper edges of the deadline budgets (ms from admission to the deadline) that learn their lateness apart."""
 
 
 class Lateness:
-    """How much later than predicted work of one workload really finishes (admitted requests against
-    admission's prediction; the gateway's batcher keeps one against its own, made when it sends a
-    batch): an online estimate of its 90th percentile (stochastic approximation in steps of
-    LATE_STEP_MS), learnt apart for each horizon of HORIZONS_MS. A finish predicted far ahead is
-    wrong by more than one predicted soon (requests with tighter deadlines overtake it meanwhile);
-    one estimate for all would hand the error of the far ones to the near ones, and refuse tight
-    deadlines it can meet."""
+    """How much later than predicted work of one workload really finishes: an online estimate of its
+    90th percentile (stochastic approximation in steps of LATE_STEP_MS, or LATE_STEP_SHARE of the
+    estimate when that is more: an estimate tens of ms off, learnt in a slow spell, comes back within
+    a few hundred answers instead of thousands), learnt apart for each group
+    of deadline budgets of `edges` (the gateway's admission: BUDGETS_MS; its batcher, one group for
+    the batches it sends). A request with a loose deadline is overtaken by the tighter ones that
+    arrive after it, and finishes later than predicted but in time; one estimate for every budget
+    would hand that lateness to the tight ones, which nothing overtakes, and refuse them."""
 
-    def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS) -> None:
+    def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS,
+                 edges: tuple[float, ...] = BUDGETS_MS) -> None:
         self.quantile = quantile
         self.step_ms = step_ms
-        self.values = [0.0] * len(HORIZONS_MS)
-        """Milliseconds, per horizon."""
+        self.edges = edges
+        self.values = [0.0] * len(edges)
+        """Milliseconds, per group of budgets."""
 
     @property
     def value(self) -> float:
-        """The largest estimate over the horizons (ms)."""
+        """The largest estimate over the groups (ms)."""
         return max(self.values)
 
     def observe(self, prediction: Prediction, finished_at: float) -> None:
         late_ms = (finished_at - prediction.finish_at) * 1000.0
         if math.isfinite(late_ms):
-            k = _horizon(prediction.wait_ms + prediction.service_ms)
-            self.values[k] += self.step_ms * (self.quantile - (1.0 if late_ms < self.values[k] else 0.0))
+            k = self._group(prediction.budget_ms)
+            self.values[k] += self._step(k) * (self.quantile - (1.0 if late_ms < self.values[k] else 0.0))
 
     def observe_missed(self, prediction: Prediction, deadline: float) -> None:
         """An admitted request that was dropped for its deadline: it would have finished no earlier than
         `deadline`, so it was at least that late. Counted when that alone is above the estimate (the
         answers that never come would otherwise bias the estimate low); otherwise unknown, skipped."""
         late_ms = (deadline - prediction.finish_at) * 1000.0
-        k = _horizon(prediction.wait_ms + prediction.service_ms)
+        k = self._group(prediction.budget_ms)
         if math.isfinite(late_ms) and late_ms >= self.values[k]:
-            self.values[k] += self.step_ms * self.quantile
+            self.values[k] += self._step(k) * self.quantile
 
-    def slack_ms(self, margin_ms: float, horizon_ms: float) -> float:
-        """Added to a finish predicted `horizon_ms` ahead: the margin, plus its horizon's lateness when positive."""
-        return margin_ms + max(0.0, self.values[_horizon(horizon_ms)])
+    def slack_ms(self, margin_ms: float, budget_ms: float) -> float:
+        """Added to a prediction for work due `budget_ms` after admission: the margin, plus its group's
+        lateness when positive."""
+        return margin_ms + max(0.0, self.values[self._group(budget_ms)])
 
-    def slacks(self, margin_ms: float) -> list[float]:
-        """slack_ms of each horizon of HORIZONS_MS, in order (for a walk whose horizon only grows)."""
-        return [margin_ms + max(0.0, value) for value in self.values]
+    def _step(self, k: int) -> float:
+        return max(self.step_ms, LATE_STEP_SHARE * abs(self.values[k]))
 
-
-def _horizon(ms: float) -> int:
-    return bisect.bisect_left(HORIZONS_MS, ms)
+    def _group(self, budget_ms: float) -> int:
+        return min(bisect.bisect_left(self.edges, budget_ms), len(self.edges) - 1)
 
 
 def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView, fits_unpadded: bool) -> bool:
@@ -112,25 +114,22 @@ def _done_ms(pool: PoolView, model: CostModel, items: int, tokens: int) -> float
     return pool.soonest_free_ms + model.backlog_ms(items, tokens) / max(1, pool.ready_workers)
 
 
-def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, slacks: Sequence[float],
+def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, margin_ms: float,
           deadline: float, items_new: int = 0, tokens_new: int = 0) -> float:
     """Predicted ms until `items_new`/`tokens_new` of new work with `deadline` is served where it would
     run: the soonest-free worker's work in flight, then the queued jobs served before it (those due no
     later in deadline order; all of them in arrival order) in full batches shared by the ready
     workers, then itself. The queue is walked as the batcher will serve it: a job predicted to
-    finish past its deadline (+ the slack of its horizon, `slacks` per HORIZONS_MS) will be dropped
-    before compute and takes no time. The jobs it is served before are not counted: it delays them,
-    and those it makes late are dropped in turn (refusing it to spare them was measured to lose
-    goodput in every deadline class but the loosest)."""
+    finish past its deadline (+ `margin_ms`) will be dropped before compute and takes no time. The
+    jobs it is served before are not counted: it delays them, and those it makes late are dropped
+    in turn (refusing it to spare them was measured to lose goodput in every deadline class but the
+    loosest)."""
     free_ms, workers, backlog_ms = pool.soonest_free_ms, max(1, pool.ready_workers), model.backlog_ms
-    now_ms = now_s * 1000.0
-    kept_items = kept_tokens = horizon = 0
+    now_ms = now_s * 1000.0 + margin_ms
+    kept_items = kept_tokens = 0
     for job in queue.ahead_of(deadline):  # hot: a pass per admission, so plain arithmetic
         items, tokens = kept_items + job.batch_items, kept_tokens + job.latency_tokens
-        done_ms = free_ms + backlog_ms(items, tokens) / workers
-        while done_ms > HORIZONS_MS[horizon]:  # the walk's finish only grows: so does its horizon
-            horizon += 1
-        if done_ms + slacks[horizon] <= job.deadline * 1000.0 - now_ms:
+        if free_ms + backlog_ms(items, tokens) / workers <= job.deadline * 1000.0 - now_ms:
             kept_items, kept_tokens = items, tokens
     return free_ms + backlog_ms(kept_items + items_new, kept_tokens + tokens_new) / workers
 
@@ -141,9 +140,9 @@ def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s:
     least its `items` (samples, or beams) can take (one token each), already misses the deadline."""
     if not settings.refuse_early:
         return None
-    least_ms = place(queue, pool, model, now_s, lateness.slacks(settings.margin_ms), deadline_s, items, items)
+    least_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
-    slack_ms = lateness.slack_ms(settings.margin_ms, least_ms)
+    slack_ms = lateness.slack_ms(settings.margin_ms, budget_ms)
     fits_unpadded = least_ms + settings.margin_ms <= budget_ms
     if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool, fits_unpadded):
         return None
@@ -159,7 +158,7 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
     deadline = min(j.deadline for j in jobs)
     budget_ms = (deadline - now_s) * 1000.0
     items, tokens = sum(j.batch_items for j in jobs), sum(j.latency_tokens for j in jobs)
-    done_ms = place(queue, pool, model, now_s, lateness.slacks(settings.margin_ms), deadline, items, tokens)
+    done_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline, items, tokens)
     service_ms = model.backlog_ms(items, tokens)
     wait_ms = max(0.0, done_ms - service_ms)
     prediction = Prediction(wait_ms, service_ms, budget_ms, now_s + done_ms / 1000.0)
@@ -168,7 +167,7 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
         return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's "
                                               f"{real_tokens} it would pass its budget of {settings.max_queue_tokens}",
                        retry_after_s=finish_ms(queue, pool, model) / 1000.0)
-    slack_ms = lateness.slack_ms(settings.margin_ms, done_ms)
+    slack_ms = lateness.slack_ms(settings.margin_ms, budget_ms)
     if not settings.refuse_early or is_probe(model, queue, pool, done_ms + settings.margin_ms <= budget_ms):
         return prediction
     if wait_ms + service_ms + slack_ms <= budget_ms:

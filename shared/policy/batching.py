@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -83,18 +83,16 @@ class Timing:
     model: CostModel
     now_s: float
     busy_ms: float
-    slack_ms: Callable[[float], float] = lambda horizon_ms: 0.0
-    """Added to a finish predicted `horizon_ms` ahead when it is checked against a deadline: the
-    margin and the learnt lateness of a finish predicted that soon (the answer's way back to the
-    client, the model's error)."""
+    slack_ms: float = 0.0
+    """Added to a finish when it is checked against a deadline: the margin and the learnt lateness of
+    the batches' answers (their way back to the client, the model's error)."""
 
     def finish_at(self, items: int, latency_tokens: int) -> float:
         """Predicted finish (caller's clock, s) of a batch of `items` items and `latency_tokens` tokens."""
         return self.now_s + (self.busy_ms + self.predict_ms(items, latency_tokens)) / 1000.0
 
     def in_time(self, items: int, latency_tokens: int, deadline: float) -> bool:
-        horizon_ms = self.busy_ms + self.predict_ms(items, latency_tokens)
-        return self.now_s + (horizon_ms + self.slack_ms(horizon_ms)) / 1000.0 <= deadline
+        return self.finish_at(items, latency_tokens) + self.slack_ms / 1000.0 <= deadline
 
     def predict_ms(self, items: int, latency_tokens: int) -> float:
         return self.model.predict_ms(items, latency_tokens / max(1, items))
@@ -141,8 +139,7 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
 
 
 def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
-             max_wait_ms: float, now_s: float, drop_late: bool = True,
-             slack_ms: Callable[[float], float] = lambda horizon_ms: 0.0) -> Hold | Send[W]:
+             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
     `worker_busy_ms`. A batch sent to a busy worker would only wait in its FIFO, where nothing can
     overtake it: it stays here (in serving order, where a later, tighter deadline can still join or

@@ -88,55 +88,46 @@ def test_a_tight_deadline_is_admitted_ahead_of_a_long_queue_of_loose_ones():
 def test_place_skips_the_queued_jobs_the_batcher_will_drop():
     doomed = FakeJob(0.003, samples=8)                   # 10 ms alone, due in 3 ms: dropped before compute
     kept = FakeJob(0.050, samples=8)
-    slacks = Lateness().slacks(0.0)
-    assert place(queue_of(doomed, kept), IDLE, model(), 0.0, slacks, 1.0) == pytest.approx(10.0)
-    assert place(queue_of(kept), IDLE, model(), 0.0, slacks, 1.0, items_new=8, tokens_new=10) == pytest.approx(20.0)
+    assert place(queue_of(doomed, kept), IDLE, model(), 0.0, 0.0, 1.0) == pytest.approx(10.0)
+    assert place(queue_of(kept), IDLE, model(), 0.0, 0.0, 1.0, items_new=8, tokens_new=10) == pytest.approx(20.0)
     arrival = DeadlineQueue(QueueOrder.ARRIVAL)          # first come, first served: all of it is ahead
     for job in (FakeJob(0.9, samples=8), FakeJob(0.8, samples=8)):
         arrival.push(job)
-    assert place(arrival, IDLE, model(), 0.0, slacks, 0.1) == pytest.approx(20.0)
+    assert place(arrival, IDLE, model(), 0.0, 0.0, 0.1) == pytest.approx(20.0)
 
 
 def test_admit_refuses_a_deadline_it_cannot_meet_and_learnt_lateness_counts():
     job = FakeJob(0.0065)                                 # 6.5 ms; alone it takes 3 ms + 1 ms margin
     assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, Lateness()), Prediction)
     late = Lateness()
-    for _ in range(40):                                   # answers predicted 3 ms ahead come 10 ms late
-        late.observe(Prediction(0, 3.0, 0, finish_at=1.0), finished_at=1.010)
-    assert late.slack_ms(0.0, 3.0) == pytest.approx(40 * 0.25 * 0.9)  # climbs 0.225 ms a step towards 10 ms
+    for _ in range(20):                                   # answers of 6.5 ms budgets come 10 ms late
+        late.observe(Prediction(0, 3.0, 6.5, finish_at=1.0), finished_at=1.010)
+    assert late.slack_ms(0.0, 6.5) == pytest.approx(20 * 0.25 * 0.9)  # 0.225 ms a step towards the 10 ms
     running = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)  # (idle: a probe goes)
     refused = admit([job], DeadlineQueue(), running, model(), 0.0, SETTINGS, late)
     assert isinstance(refused, Refusal) and refused.reason == "deadline_unmeetable"
     assert refused.code == "deadline_unmeetable" and "past the deadline" in refused.message
 
 
-def test_lateness_is_learnt_apart_for_each_prediction_horizon():
+def test_a_far_off_lateness_comes_back_in_steps_of_its_own_size():
     late = Lateness()
-    for _ in range(100):                                  # finishes predicted 150 ms ahead come 40 ms late
-        late.observe(Prediction(140.0, 10.0, 0, finish_at=1.0), finished_at=1.040)
-    assert late.slack_ms(1.0, 150.0) > 20.0 and late.value == late.slack_ms(0.0, 150.0)
-    assert late.slack_ms(1.0, 8.0) == 1.0                 # a near finish keeps the margin alone
-    near = FakeJob(0.008)                                 # alone: 3 ms + 1 ms margin, within 8 ms
-    assert isinstance(admit([near], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late), Prediction)
+    late.values[3] = 40.0                                  # learnt in a slow spell: 40 ms for 100 ms budgets
+    for _ in range(300):                                   # now every answer comes on time
+        late.observe(Prediction(0, 5.0, 100.0, finish_at=1.0), finished_at=1.0)
+    assert late.slack_ms(0.0, 100.0) < 10.0                # in fixed 0.25 ms steps: 32.5 ms after 300
 
 
-def test_an_unconfirmed_profile_admits_a_probe_only_when_idle():
-    job = FakeJob(0.001)                                  # 1 ms: never meetable by the model
-    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(verified=False), 0.0, SETTINGS, Lateness()),
-                      Prediction)
-    busy = PoolView(1, 3.0, 1)
-    assert isinstance(admit([job], DeadlineQueue(), busy, model(verified=False), 0.0, SETTINGS, Lateness()),
-                      Refusal)
-    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, Lateness()), Refusal)
-
-
-def test_the_queue_budget_refuses_with_retry_after_but_never_an_empty_queue():
-    tight = AdmissionSettings(max_queue_tokens=15, margin_ms=0.0)
-    big = FakeJob(9.0, tokens=50)
-    assert isinstance(admit([big], DeadlineQueue(), IDLE, model(), 0.0, tight, Lateness()), Prediction)
-    refused = admit([big], queue_of(FakeJob(9.0, tokens=10)), IDLE, model(), 0.0, tight, Lateness())
-    assert isinstance(refused, Refusal) and refused.code == "queue_full"
-    assert refused.retry_after_s == pytest.approx(0.003)  # the queued job's 3 ms
+def test_lateness_is_learnt_apart_for_each_deadline_budget():
+    late = Lateness()
+    for _ in range(100):                                  # requests due in 300 ms, overtaken: 40 ms late
+        late.observe(Prediction(140.0, 10.0, 300.0, finish_at=1.0), finished_at=1.040)
+    assert late.slack_ms(1.0, 300.0) > 20.0 and late.value == late.slack_ms(0.0, 300.0)
+    assert late.slack_ms(1.0, 50.0) == 1.0                # a tight budget keeps the margin alone
+    tight = FakeJob(0.050)
+    running = PoolView(ready_workers=1, soonest_free_ms=40.0, batches_in_flight=1)  # 40 + 3 + 1 ms < 50 ms
+    assert isinstance(admit([tight], DeadlineQueue(), running, model(), 0.0, SETTINGS, late), Prediction)
+    assert isinstance(admit([FakeJob(0.300)], DeadlineQueue(), PoolView(1, 270.0, 1), model(), 0.0, SETTINGS,
+                            late), Refusal)                # 270 + 3 + 1 + > 20 ms past 300 ms
 
 
 def test_precheck_refuses_on_the_wait_where_the_request_would_run():
@@ -262,8 +253,8 @@ def test_every_drop_reason_has_a_code():
 
 def test_a_learnt_lateness_that_refuses_everything_is_measured_again_by_a_probe():
     late = Lateness()
-    for _ in range(400):                                  # finishes predicted 3 ms ahead came 90 ms late
-        late.observe(Prediction(0, 3.0, 0, finish_at=1.0), finished_at=1.090)
+    for _ in range(400):                                  # requests due in 50 ms came 90 ms late
+        late.observe(Prediction(0, 3.0, 50.0, finish_at=1.0), finished_at=1.090)
     job = FakeJob(0.050)                                  # 3 ms alone, due in 50 ms: in time but for the slack
     busy = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)
     assert isinstance(admit([job], DeadlineQueue(), busy, model(), 0.0, SETTINGS, late), Refusal)
@@ -274,9 +265,8 @@ def test_a_learnt_lateness_that_refuses_everything_is_measured_again_by_a_probe(
 
 
 def test_an_idle_worker_gets_a_job_its_raw_prediction_finishes_whatever_the_learnt_slack():
-    queue = queue_of(FakeJob(0.050))                      # 3 ms alone, due in 50 ms
-    slack = lambda horizon_ms: 90.0                       # noqa: E731  (a learnt slack that drops everything)
-    busy = dispatch(queue, "score", SCORE, model(), 1.0, 2.0, 0.0, slack_ms=slack)
+    queue = queue_of(FakeJob(0.050))                      # 3 ms alone, due in 50 ms; a slack that drops all
+    busy = dispatch(queue, "score", SCORE, model(), 1.0, 2.0, 0.0, slack_ms=90.0)
     assert isinstance(busy, Send) and busy.late and not busy.live     # a busy worker: dropped
-    idle = dispatch(queue_of(FakeJob(0.050)), "score", SCORE, model(), 0.0, 2.0, 0.0, slack_ms=slack)
+    idle = dispatch(queue_of(FakeJob(0.050)), "score", SCORE, model(), 0.0, 2.0, 0.0, slack_ms=90.0)
     assert isinstance(idle, Send) and len(idle.live) == 1 and not idle.late
