@@ -18,7 +18,8 @@ Every request carries its deadline (`deadline_ms` in the body); goodput counts t
 
 Capacity is the best goodput of an open-loop sweep: Poisson arrivals of the workload's own request
 mix, doubling from 25 requests/s until the goodput falls below 85 % of the offered rate, then 0.7x
-to 1.5x that knee on `admission` and `edf_late_drop` alike. Then, per load (x capacity) and window,
+to 1.5x that knee on `admission` and `edf_late_drop` alike, and on up in steps of 15 % while the
+best is at the top. Then, per load (x capacity) and window,
 every policy replays the same requests, the order rotated from window to window; figures are the
 median of the windows with their spread. Every gateway first serves one discarded sweep-length
 window at 0.5x.
@@ -64,6 +65,9 @@ POLICIES: dict[str, dict[str, Any]] = {
     "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
 }
 SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
+SWEEP_STEP_UP, MAX_SWEEP_STEPS = 1.15, 12
+"""While the best goodput is at the highest rate tried, the sweep goes on in steps of 15 % (at most
+12 rates in all), so that capacity is a peak with a lower goodput above it, not the sweep's edge."""
 
 
 def artifacts_folder(given: str | None) -> Path:
@@ -116,12 +120,17 @@ class Bench:
                 break
             rate *= 2.0
         knee = max(s["goodput_rps"] for s in steps)
-        for k, factor in enumerate(SWEEP_FACTORS):
+        rates = [factor * knee for factor in SWEEP_FACTORS]
+        k = 0
+        while k < len(rates):
             for name in ("admission", "edf_late_drop")[:: 1 if k % 2 == 0 else -1]:
-                row = await self.window(name, factor * knee, 0, seed=100 + k, poisson=True)
-                steps.append({"policy": name, "offered_rps": round(factor * knee, 1), "goodput_rps": row["goodput_rps"],
+                row = await self.window(name, rates[k], 0, seed=100 + k, poisson=True)
+                steps.append({"policy": name, "offered_rps": round(rates[k], 1), "goodput_rps": row["goodput_rps"],
                               "ok_p99_ms": row["ok_p99_ms"]})
-        best = max(steps, key=lambda s: s["goodput_rps"])
+            best = max(steps, key=lambda s: s["goodput_rps"])
+            if k == len(rates) - 1 and best["offered_rps"] >= round(rates[-1], 1) and len(rates) < MAX_SWEEP_STEPS:
+                rates.append(rates[-1] * SWEEP_STEP_UP)  # the best is at the top: the peak is not bracketed yet
+            k += 1
         return {"capacity_rps": best["goodput_rps"], "capacity_found_by": best, "sweep": steps}
 
     async def measure(self) -> dict[str, Any]:

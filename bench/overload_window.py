@@ -58,18 +58,18 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def read(text: str) -> dict[str, Any]:
-    """The COUNTERS, the queue and the learnt lateness (ms by deadline budget) of one /metrics page."""
+    """The COUNTERS, the queue and the learnt lateness (ms) of one /metrics page."""
     samples = parse(text)
     out: dict[str, Any] = {name: 0.0 for name in COUNTERS}
-    out["lateness_ms"], out["queue_jobs"] = {}, 0.0
+    out["lateness_ms"], out["queue_jobs"] = 0.0, 0.0
     for name, labels, value in samples:
         for key, (series, wanted) in COUNTERS.items():
             if name == series and all(labels.get(k) == v for k, v in wanted.items()):
                 out[key] += value
         if name == "boundserve_queue_jobs" and labels.get("workload") == "score":
             out["queue_jobs"] = value
-        if name == "boundserve_admission_lateness_seconds" and labels.get("workload") == "score":
-            out["lateness_ms"][labels.get("budget", "")] = round(value * 1000.0, 2)
+        if name == "boundserve_lateness_seconds" and labels.get("workload") == "score":
+            out["lateness_ms"] = round(value * 1000.0, 2)
     return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 
 from gateway.errors import ApiError
 from gateway.job import Job
@@ -45,8 +44,9 @@ class Batcher:
         self._pool = pool
         self._max_wait_ms = max_wait_ms
         self._drop_late = drop_late
-        self.lateness = Lateness(edges=(math.inf,))
-        """How much later than predicted at send its requests are answered (learnt; the drops' slack)."""
+        self.lateness = Lateness()
+        """How much later than predicted at send its requests are answered (learnt): the slack of its
+        drops and of admission's refusals."""
         self._margin_ms = margin_ms
         self._grace_s = answer_grace_ms / 1000.0
         self._metrics = metrics
@@ -79,6 +79,13 @@ class Batcher:
         for job in jobs:
             if job.dispatched is not None:
                 self.lateness.observe(job.dispatched, answered_at)
+
+    def learn_missed(self, jobs: list[Job], deadline: float) -> None:
+        """A request's sent work missed its deadline (expired in the worker, or overdue): it would
+        have been answered no earlier than the deadline."""
+        for job in jobs:
+            if job.dispatched is not None:
+                self.lateness.observe_missed(job.dispatched, deadline)
 
     def abandon(self, job: Job, error: ApiError) -> None:
         """Answer a job of a request that failed (a sibling chunk failed) with `error`: taken out of the
@@ -142,7 +149,7 @@ class Batcher:
             return None  # the pool wakes us when a slot frees or a worker becomes ready
         now = self._loop.time()
         plan = dispatch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
-                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms, 0.0))
+                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms))
         if isinstance(plan, Hold):
             return plan.wait_ms / 1000.0
         self._send(link, plan, Prediction(link.busy_ms(now), plan.predicted_ms, 0.0, plan.finish_at))

@@ -27,7 +27,7 @@ class GenerateService:
         self._batcher = batcher
         self._admission = admission
         self._metrics = metrics
-        self._end = RequestEnd(batcher, admission, metrics)
+        self._end = RequestEnd(batcher, metrics)
         self._loop = asyncio.get_running_loop()
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
@@ -44,10 +44,10 @@ class GenerateService:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
         job = Job(request_id, "beam", deadline, [prompt], beam_key=key)
-        prediction = self._admission.admit(self._batcher, [job], now)
+        self._admission.admit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         self._batcher.submit(job)
-        (result,) = await self._end.results([job], prediction)
+        (result,) = await self._end.results([job])
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 
     def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> GenerateAnswer:

@@ -3,8 +3,8 @@
 Exposed on GET /metrics: requests by route and outcome, latency per stage in seconds (admission,
 tokenize, queue, worker, total), queue depth, batch fill, workers ready, batches in flight, drops
 by reason, the workers' compute (as they report it per batch) and the share of it wasted on answers
-not delivered in time, predicted against measured batch service time, the learnt lateness per
-deadline budget, the prompt tokens of answered scoring requests with those the workers reused
+not delivered in time, predicted against measured batch service time, the learnt lateness (the
+slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests with those the workers reused
 instead of computing (shared prefixes, the static prefix), and the process's own CPU, memory and
 file descriptors. Gauges read the gateway's state when scraped (`Gauge.set_function`), so nothing is
 updated per request for them. Each gateway has its own registry (never prometheus_client's global
@@ -25,7 +25,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                PlatformCollector, ProcessCollector, generate_latest)
 
 from gateway.worker_link import Answered
-from shared.policy import BUDGETS_MS, DropReason
+from shared.policy import DropReason
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -33,8 +33,6 @@ STAGES = ("admission", "tokenize", "queue", "worker", "total")
 WORKLOADS = ("score", "beam")
 DROP_REASONS = tuple(DropReason)
 WASTE_REASONS = ("late", "dropped")
-BUDGET_LABELS = tuple("+Inf" if ms == float("inf") else f"{ms / 1000.0:g}" for ms in BUDGETS_MS)
-"""The learnt lateness is labelled by the upper edge of its group of deadline budgets, in seconds."""
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # `*_created` series (one timestamp per labelled counter) double the page for nothing a dashboard uses
@@ -114,10 +112,10 @@ class Metrics:
                                 registry=r)
         self.queue_tokens = Gauge("boundserve_queue_tokens", "Tokens waiting in a workload's queue.", ("workload",),
                                   registry=r)
-        self.admission_lateness = Gauge(
-            "boundserve_admission_lateness_seconds", "Learnt 90th percentile of how much later than predicted "
-            "admitted requests finish, by their deadline budget at admission (upper edge, seconds); added to "
-            "predictions for requests of that budget.", ("workload", "budget"), registry=r)
+        self.lateness = Gauge(
+            "boundserve_lateness_seconds", "Learnt 90th percentile of how much later than predicted when their "
+            "batch was sent requests are answered; added to predictions by admission and by the predicted-late "
+            "drops.", ("workload",), registry=r)
         self.workers_ready = Gauge("boundserve_workers_ready", "Workers ready to take batches.", registry=r)
         self.batches_in_flight = Gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.",
                                        registry=r)

@@ -1,9 +1,9 @@
 """How a request's jobs end: the results joined, the predictions learnt from, wasted compute counted.
 
 When a request's jobs are all answered (or the first fails, and the others are abandoned: taken
-out of the queue, or failed if already sent), admission learns how late the answer came against
-the finish it predicted (a request dropped for its deadline would have come no earlier than that),
-the batcher learns the same against the finish it predicted when it sent the jobs, and the compute
+out of the queue, or failed if already sent), the batcher learns how late the answer came against
+the finish it predicted when it sent the jobs (a request dropped for its deadline would have come
+no earlier than that; the lateness is the slack of its drops and of admission), and the compute
 the workers spent on the request (each job's share of its batch, gateway/worker_link.py) is wasted
 if the answer comes after the deadline (`late`) or the request fails after some of it was computed
 (`dropped`). A job answered after its request gave up on it is counted on arrival, by the link.
@@ -16,11 +16,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.admission import Admission, Prediction
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.job import Job, wait_all
 from gateway.metrics import Metrics
+from shared.policy import SENT_AND_MISSED
 
 
 @dataclass(frozen=True)
@@ -28,21 +28,19 @@ class RequestEnd:
     """One workload's end of the request path (see module docstring)."""
 
     batcher: Batcher
-    admission: Admission
     metrics: Metrics
 
-    async def results(self, jobs: list[Job], prediction: Prediction) -> list[Any]:
+    async def results(self, jobs: list[Job]) -> list[Any]:
         """The jobs' results in order, once all are answered; raises the first failure."""
         workload, deadline = self.batcher.workload, min(job.deadline for job in jobs)
         try:
             results = await wait_all(jobs, self.batcher.abandon)
         except ApiError as error:
-            if error.code == "deadline_exceeded":
-                self.admission.observe_missed(workload, prediction, deadline)
+            if error.drop_reason in SENT_AND_MISSED:
+                self.batcher.learn_missed(jobs, deadline)
             self.metrics.count_wasted(workload, "dropped", sum(job.compute_ms for job in jobs))
             raise
         answered_at = asyncio.get_running_loop().time()
-        self.admission.observe(workload, prediction, answered_at)
         self.batcher.learn(jobs, answered_at)
         self.metrics.count_answer(workload, answered_at <= deadline)
         if answered_at > deadline:

@@ -39,7 +39,7 @@ class ScoreService:
         self._batcher = batcher
         self._admission = admission
         self._metrics = metrics
-        self._end = RequestEnd(batcher, admission, metrics)
+        self._end = RequestEnd(batcher, metrics)
         self._executor = executor
         self._offload_chars = offload_chars
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
@@ -62,11 +62,11 @@ class ScoreService:
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
-        prediction = self._admission.admit(self._batcher, jobs, now)
+        self._admission.admit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         for job in jobs:
             self._batcher.submit(job)
-        results = await self._end.results(jobs, prediction)
+        results = await self._end.results(jobs)
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)

@@ -12,7 +12,7 @@ from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.generation import GenerateService
 from gateway.limits import Limits
-from gateway.metrics import BUDGET_LABELS, Metrics
+from gateway.metrics import Metrics
 from gateway.scoring import ScoreService
 from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
@@ -75,9 +75,7 @@ class Gateway:
         for workload, batcher in self.batchers.items():
             m.queue_jobs.labels(workload).set_function(lambda b=batcher: b.queued_jobs)
             m.queue_tokens.labels(workload).set_function(lambda b=batcher: b.queued_tokens)
-        for workload, tracker in self.admission.lateness_ms.items():
-            for k, budget in enumerate(BUDGET_LABELS):
-                m.admission_lateness.labels(workload, budget).set_function(lambda t=tracker, k=k: t.values[k] / 1000.0)
+            m.lateness.labels(workload).set_function(lambda b=batcher: b.lateness.value / 1000.0)
         m.workers_ready.set_function(lambda: self.pool.ready_count())
         m.batches_in_flight.set_function(self.pool.in_flight_batches)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import math
 import itertools
 from collections import Counter
 from dataclasses import dataclass
@@ -34,8 +33,9 @@ from loadgen.service import ServiceFn
 from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
                                speed_at)
 from loadgen.trace import Trace
-from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView,
-                           Prediction, Refusal, admit, least_busy, dispatch, precheck, take_expired)
+from shared.policy import (SENT_AND_MISSED, AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold,
+                           Lateness, PoolView, Prediction, Refusal, admit, least_busy, dispatch, precheck,
+                           take_expired)
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -144,7 +144,7 @@ class Simulator:
         self.requests: dict[int, _Request] = {}
         self.queues = {w: DeadlineQueue(s.queue_order) for w in WORKLOAD_ROUTE}
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
-        self.batch_lateness = {w: Lateness(edges=(math.inf,)) for w in WORKLOAD_ROUTE}
+        """The batcher's learnt lateness per workload: the slack of its drops and of admission."""
         self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms)
                         for i in range(s.workers)]
@@ -200,9 +200,12 @@ class Simulator:
         if request.done:
             return
         request.done = True
-        if code == "deadline_exceeded":  # as the gateway's services: it would have come no earlier
+        if reason in SENT_AND_MISSED:  # as the gateway's request end: it would have come no earlier
             deadline = min(j.deadline for j in request.jobs)
-            self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]].observe_missed(request.prediction, deadline)
+            lateness = self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]]
+            for sent in request.jobs:
+                if sent.dispatched is not None:
+                    lateness.observe_missed(sent.dispatched, deadline)
         self.drops[reason] += 1
         self.reasons[job.request] = reason
         for sibling in request.jobs:  # the gateway's wait_all: the other chunks are cancelled
@@ -216,10 +219,9 @@ class Simulator:
         if request.open_jobs == 0 and not request.done:
             request.done = True
             workload = ROUTE_WORKLOAD[self.records[job.request].route]
-            self.lateness[workload].observe(request.prediction, self.now)
             for sibling in request.jobs:
                 if sibling.dispatched is not None:
-                    self.batch_lateness[workload].observe(sibling.dispatched, self.now)
+                    self.lateness[workload].observe(sibling.dispatched, self.now)
             self._answer(job.request, "ok")
 
     def _answer(self, index: int, code: str) -> None:
@@ -262,7 +264,7 @@ class Simulator:
             plan = dispatch(queue, workload, self.settings.bounds(workload), worker.models[workload],
                             worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
                             self.settings.drop_predicted_late,
-                            self.batch_lateness[workload].slack_ms(self.settings.admission_margin_ms, 0.0))
+                            self.lateness[workload].slack_ms(self.settings.admission_margin_ms))
             if isinstance(plan, Hold):
                 self._wake(workload, self.now + plan.wait_ms / 1000.0)
                 return

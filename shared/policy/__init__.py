@@ -14,9 +14,11 @@ reasons) hold the vocabulary; admission.py and batching.py the decisions.
              Predicted finish (`place`) = the soonest-free worker's work in flight, then the queued
              jobs served before it (in deadline order: those due no later), skipping those the
              batcher will drop as late, in full batches shared by the ready workers, then itself;
-             plus margin and the lateness learnt for requests of its deadline budget (`Lateness`,
-             per group of BUDGETS_MS). A probe is admitted anyway while nothing else is queued or
-             running and the start-up profile is unconfirmed or only the learnt lateness refuses it.
+             plus margin and the batcher's learnt lateness (`Lateness`: how late answers come against
+             the finish predicted at send), the slack its drops use: admission refuses what the
+             batcher would drop were the queue to stay as it is. A probe is admitted anyway while
+             nothing else is queued or running and the start-up profile is unconfirmed or only the
+             learnt lateness refuses it.
   batching   one queue per workload, served in deadline order (or arrival order: an ablation); a
              batch is sent only when its worker is predicted free within max_batch_wait_ms (until
              then a later, tighter deadline can still join or pass it); it takes jobs in serving
@@ -32,16 +34,16 @@ predicted-late drops (`dispatch(drop_late=...)`) and deadline order (`QueueOrder
 queue budget always holds and requests always expire at their deadline.
 """
 
-from shared.policy.admission import (BUDGETS_MS, AdmissionSettings, Lateness, PoolView, Prediction, admit,
+from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit,
                                      finish_ms, is_probe, place, precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, Timing, busy_ms,
                                     chunk_bounds, dispatch, form_batch, least_busy, take_expired)
 from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, QueueOrder, Work
-from shared.policy.drops import DROP_CODES, DropReason, Refusal
+from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
 
 __all__ = [
-    "BUDGETS_MS", "DROP_CODES", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds",
+    "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds",
     "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "QueueOrder", "Refusal", "Send",
     "Timing", "Work", "admit", "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe",
     "least_busy", "place", "precheck", "take_expired",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,58 +43,47 @@ class Prediction:
     """Predicted finish on the caller's clock (s), before the learnt lateness is added."""
 
 
-BUDGETS_MS = (10.0, 20.0, 50.0, 100.0, 200.0, 500.0, math.inf)
-"""Upper edges of the deadline budgets (ms from admission to the deadline) that learn their lateness apart."""
-
-
 class Lateness:
-    """How much later than predicted work of one workload really finishes: an online estimate of its
-    90th percentile (stochastic approximation in steps of LATE_STEP_MS, or LATE_STEP_SHARE of the
+    """How much later than predicted at send a workload's requests are answered: an online estimate of
+    its 90th percentile (stochastic approximation in steps of LATE_STEP_MS, or LATE_STEP_SHARE of the
     estimate when that is more: an estimate tens of ms off, learnt in a slow spell, comes back within
-    a few hundred answers instead of thousands), learnt apart for each group
-    of deadline budgets of `edges` (the gateway's admission: BUDGETS_MS; its batcher, one group for
-    the batches it sends). A request with a loose deadline is overtaken by the tighter ones that
-    arrive after it, and finishes later than predicted but in time; one estimate for every budget
-    would hand that lateness to the tight ones, which nothing overtakes, and refuse them."""
+    a few hundred answers instead of thousands). It is the model's error over one batch and the
+    answer's way back, the slack of the batcher's predicted-late drops; admission adds the same
+    slack, so that it refuses what the batcher would drop were the queue to stay as it is.
 
-    def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS,
-                 edges: tuple[float, ...] = BUDGETS_MS) -> None:
+    It is not learnt from the finish predicted at admission: a request is overtaken afterwards by
+    tighter ones that arrive after it, and that lateness, tens to hundreds of ms on a bursty trace,
+    says nothing about whether it meets its deadline (a loose one is served late but in time, one
+    pushed past its deadline is dropped before compute, which wastes nothing); added to admission's
+    predictions it refused most tight and loose requests that would have been served in time
+    (measured: README, "Overload")."""
+
+    def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS) -> None:
         self.quantile = quantile
         self.step_ms = step_ms
-        self.edges = edges
-        self.values = [0.0] * len(edges)
-        """Milliseconds, per group of budgets."""
-
-    @property
-    def value(self) -> float:
-        """The largest estimate over the groups (ms)."""
-        return max(self.values)
+        self.value = 0.0
+        """Milliseconds."""
 
     def observe(self, prediction: Prediction, finished_at: float) -> None:
         late_ms = (finished_at - prediction.finish_at) * 1000.0
         if math.isfinite(late_ms):
-            k = self._group(prediction.budget_ms)
-            self.values[k] += self._step(k) * (self.quantile - (1.0 if late_ms < self.values[k] else 0.0))
+            self.value += self._step() * (self.quantile - (1.0 if late_ms < self.value else 0.0))
 
     def observe_missed(self, prediction: Prediction, deadline: float) -> None:
-        """An admitted request that was dropped for its deadline: it would have finished no earlier than
-        `deadline`, so it was at least that late. Counted when that alone is above the estimate (the
-        answers that never come would otherwise bias the estimate low); otherwise unknown, skipped."""
+        """Work sent that was dropped for its deadline (given up as overdue): it would have finished no
+        earlier than `deadline`, so it was at least that late. Counted when that alone is above the
+        estimate (the answers that never come would otherwise bias the estimate low); otherwise
+        unknown, skipped."""
         late_ms = (deadline - prediction.finish_at) * 1000.0
-        k = self._group(prediction.budget_ms)
-        if math.isfinite(late_ms) and late_ms >= self.values[k]:
-            self.values[k] += self._step(k) * self.quantile
+        if math.isfinite(late_ms) and late_ms >= self.value:
+            self.value += self._step() * self.quantile
 
-    def slack_ms(self, margin_ms: float, budget_ms: float) -> float:
-        """Added to a prediction for work due `budget_ms` after admission: the margin, plus its group's
-        lateness when positive."""
-        return margin_ms + max(0.0, self.values[self._group(budget_ms)])
+    def slack_ms(self, margin_ms: float) -> float:
+        """Added to a prediction checked against a deadline: the margin, plus the estimate when positive."""
+        return margin_ms + max(0.0, self.value)
 
-    def _step(self, k: int) -> float:
-        return max(self.step_ms, LATE_STEP_SHARE * abs(self.values[k]))
-
-    def _group(self, budget_ms: float) -> int:
-        return min(bisect.bisect_left(self.edges, budget_ms), len(self.edges) - 1)
+    def _step(self) -> float:
+        return max(self.step_ms, LATE_STEP_SHARE * abs(self.value))
 
 
 def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView, fits_unpadded: bool) -> bool:
@@ -142,7 +130,7 @@ def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s:
         return None
     least_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
-    slack_ms = lateness.slack_ms(settings.margin_ms, budget_ms)
+    slack_ms = lateness.slack_ms(settings.margin_ms)
     fits_unpadded = least_ms + settings.margin_ms <= budget_ms
     if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool, fits_unpadded):
         return None
@@ -167,7 +155,7 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
         return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's "
                                               f"{real_tokens} it would pass its budget of {settings.max_queue_tokens}",
                        retry_after_s=finish_ms(queue, pool, model) / 1000.0)
-    slack_ms = lateness.slack_ms(settings.margin_ms, budget_ms)
+    slack_ms = lateness.slack_ms(settings.margin_ms)
     if not settings.refuse_early or is_probe(model, queue, pool, done_ms + settings.margin_ms <= budget_ms):
         return prediction
     if wait_ms + service_ms + slack_ms <= budget_ms:

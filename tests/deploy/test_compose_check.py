@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from deploy import probes
-from deploy.compose_check import compose_variables, running_services, url_of
+from deploy.compose_check import OPTIONAL, compose_variables, running_services, url_of
 from deploy.images import STANDIN_TAG, build_args, build_argv, planned_builds, port_variables, pulled_images
 from deploy.steps import StepFailed, Steps
 from tests.deploy.stack import COMPOSE_FILE, load_compose, raw_compose
@@ -162,3 +162,10 @@ def test_a_hanging_command_is_stopped_at_its_timeout(tmp_path):
         steps.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout_s=0.2, echo=False)
     with pytest.raises(StepFailed, match="`no-such-program-here` is not installed"):
         steps.run(["no-such-program-here"], timeout_s=5, echo=False)
+
+
+def test_only_the_dashboard_may_be_left_out_and_only_from_the_monitoring_profile():
+    services = load_compose()["services"]
+    assert set(OPTIONAL) == {"grafana"}  # the gateway, the worker and Prometheus are what the check asserts
+    assert all(services[name]["profiles"] == ["monitoring"] for name in OPTIONAL)
+    assert "grafana" in running_services(load_compose(), ["monitoring"])
