@@ -198,6 +198,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning 
         "bench": "overload", "workload": workload.name, "deadlines_ms": list(workload.classes_ms),
         **keys, "goals": overload_summary.goals(figures, keys, workload.name),
         "capacity_rps": measured["capacity_rps"], "capacity_found_by": measured["capacity_found_by"],
+        "capacity_check": overload_summary.capacity_check(figures, measured["capacity_rps"]),
         "loads": [f"{load:g}x" for load in args.loads], "windows": args.windows,
         "window_s": args.window_s if workload.name == "uniform" else "one trace slice each (its mean rate at the load)",
         "requests_per_window": args.requests_per_window if workload.name == "trace" else None,
@@ -234,7 +235,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 window of 3 s per load, loads 1x, 2x, 4x")
     parser.add_argument("--windows", type=int, help="windows per policy and load (default 3, quick 1)")
     parser.add_argument("--window-s", type=float, help="seconds of a uniform window (default 10, quick 3)")
-    parser.add_argument("--sweep-s", type=float, help="seconds of a capacity-sweep step (default 4, quick 2)")
+    parser.add_argument("--sweep-s", type=float, help="seconds of a capacity-sweep step (default 6, quick 2)")
     parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")],
                         help="offered load, x capacity (default 1,1.5,2,4; quick 1,2,4)")
     parser.add_argument("--slo-ms", type=float, default=100.0, help="uniform: every request's deadline (default 100)")
@@ -251,7 +252,7 @@ def main() -> None:
     args = parser.parse_args()
     args.windows = args.windows or (1 if args.quick else 3)
     args.window_s = args.window_s or (3.0 if args.quick else 10.0)
-    args.sweep_s = args.sweep_s or (2.0 if args.quick else 4.0)
+    args.sweep_s = args.sweep_s or (2.0 if args.quick else 6.0)
     args.loads = args.loads or ([1.0, 2.0, 4.0] if args.quick else [1.0, 1.5, 2.0, 4.0])
     args.requests_per_window = args.requests_per_window or (300 if args.quick else 900)
     pinning = None if args.no_pinning else Pinning.split()  # once: after pin_caller this process sees one CPU
