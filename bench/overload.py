@@ -1,274 +1,267 @@
-"""Overload: goodput and p99 of deadline-aware admission against two fair ablations, at 1x-2x capacity.
+"""Overload: goodput, tail and wasted compute of deadline-aware admission against fair ablations, 1x-4x capacity.
 
-With the tiny demo model compiled for this CPU (configs/test.toml bounds) behind the real gateway
-and one real worker: capacity is measured once (requests/s, closed loop, no deadlines, on a fresh
-stack) and shared by every policy. Each policy then gets a fresh stack and open-loop Poisson load
-at 1x, 1.5x and 2x that capacity for `--seconds` each, the policies taking turns at each load (on a
-shared machine, a busy spell then falls on all of them alike):
-  admission      [gateway] admission on, deadline = SLO: refused early (503) when the predicted
-                 finish misses it, dropped (504) when predicted late or expired;
-  fcfs_expiry    admission off (first come, first served), deadline = SLO: nothing refused, a
-                 request still queued at its deadline is answered 504 (Triton's queue timeout);
-  bounded_queue  admission off, no deadline, a queue budget of `--queue-factor` x (what the worker
-                 drains within the SLO at capacity): beyond it 429 at once (a bounded FIFO).
-Goodput = answers within the SLO per second, measured by the client from each request's scheduled
-send time; p99 is over successful answers; send_lag_p99_ms says how far behind its schedule the
-client itself fell (the client, the gateway and the worker share this machine's cores: when the
-client lags, the figures at that load are the machine's, not the policy's). A fresh stack keeps
-the CPU busy for a while after it answers /readyz: its standby spare imports torch and its worker
-re-times its cached profile in the background (seconds each on a shared 2-core machine). Nothing
-is measured before every stack has settled (both logged), or the first measurement pays for them:
-the capacity run, or whichever policy goes first. Capacity is measured again on the admission stack at the end (relaxed
-per-request deadlines); the drift between the two says how much the machine changed meanwhile.
+The tiny demo model compiled with configs/overload.toml, one real CPU worker (`python -m worker`,
+profiled before it serves) shared by one real gateway per policy (`python -m gateway`,
+loadgen/pinned_stack.py). Where the machine has two CPUs or more, the worker runs alone on the
+last one with one thread, and the gateways and this client on the others, so a policy's refusals
+never take CPU from the model. Every policy serves with the same gateway code and settings except:
+  admission       the product: refused at once (503) when the predicted finish where the request
+                  would run misses its deadline; queued work predicted late dropped before compute
+  edf_late_drop   no early refusal; deadline order; predicted-late drops (what early refusal adds)
+  fcfs_late_drop  the fair FCFS: first come first served, predicted-late drops, no early refusal
+  edf_bounded     the bounded queue handed the measured capacity: a token budget of `queue_factor`
+                  x (what capacity drains within the median deadline), 429 beyond it; deadline
+                  order, no predictions (requests still expire at their deadline)
+  edf_expiry      no predictions, no budget: deadline order, a request still queued at its
+                  deadline is answered 504 (what the old `fcfs_expiry` was)
+Every request carries its deadline (`deadline_ms` in the body); goodput counts the answers within it.
 
-    python bench/overload.py [--quick] [--artifacts DIR] [--seconds 20] [--slo-ms 100]
+Capacity is the best goodput of an open-loop sweep: Poisson arrivals of the workload's own request
+mix, doubling from 25 requests/s until the goodput falls below 85 % of the offered rate, then 0.7x
+to 1.5x that knee on `admission` and `edf_late_drop` alike, and on up in steps of 15 % while the
+best is at the top. Then, per load (x capacity) and window,
+every policy replays the same requests, the order rotated from window to window; figures are the
+median of the windows with their spread. Every gateway first serves one discarded sweep-length
+window at 0.5x.
+Workloads (bench/overload_load.py): `uniform` (Poisson, 8 x ~60-token samples, one deadline) and
+`trace` (the Azure code trace's slices, a third each at 50, 100 and 300 ms).
 
-Prints one JSON object as its last line and writes it to bench/results/overload.json (quick runs:
-overload-quick.json), with its provenance (bench/provenance.py).
+    python bench/overload.py [--workload uniform|trace|both] [--quick] [--windows 3] [--window-s 10]
+
+Each workload prints one JSON object and writes bench/results/overload-<workload>.json (quick runs:
+overload-<workload>-quick.json) with its provenance (bench/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from bench.gateway_overhead import Client, free_port, post, sequential, wait_ready
+import aiohttp
+import uvloop
+
+from bench import overload_load, overload_summary
+from bench.overload_window import run_window
 from bench.provenance import ROOT, write_result
+from loadgen.bodies import BodyFactory, BodyOptions
+from loadgen.pinned_stack import GatewayProcess, Pinning, SharedWorkers
+from loadgen.prometheus import fetch_metrics, parse
 from shared.config import load_config
 
-WORDS = "red blue shoe phone case cheap premium coffee tea book laptop hotel city beach best top".split()
-MAX_CONNECTIONS = 400
-LOADS = (1.0, 1.5, 2.0)
-SAMPLES_PER_REQUEST = 4  # ~20-30 tokens each: two requests fill one compiled batch (8 samples, 256 tokens)
-RELAXED_MS = 60_000
-SETTLED_EVENTS = ('"event":"standby"', ('"event":"profile_refitted"', '"event":"profile_refit_failed"',
-                                         '"event":"profile_refit_stopped"'))
-"""A spare waiting, and the worker's background refit over (when it started on a cached profile)."""
+CONFIG = ROOT / "configs" / "overload.toml"
+UNBOUNDED = 10**8
+POLICIES: dict[str, dict[str, Any]] = {
+    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline"},
+    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline"},
+    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival"},
+    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
+    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
+}
+SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
+SWEEP_STEP_UP, MAX_SWEEP_STEPS = 1.15, 12
+"""While the best goodput is at the highest rate tried, the sweep goes on in steps of 15 % (at most
+12 rates in all), so that capacity is a peak with a lower goodput above it, not the sweep's edge."""
 
 
 def artifacts_folder(given: str | None) -> Path:
     """The compiled demo model (built here once when missing; the build skips when up to date)."""
     if given:
         return Path(given)
-    model, out = ROOT / "models" / "demo", ROOT / "artifacts" / "overload-test"
+    model, out = ROOT / "models" / "demo", ROOT / "artifacts" / "overload"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if not (model / "config.json").exists():
         subprocess.run([sys.executable, "-m", "compile.demo", "--out", str(model)], cwd=ROOT, env=env, check=True)
-    subprocess.run([sys.executable, "-m", "compile", "--model", str(model), "--config", "configs/test.toml",
-                    "--out", str(out)], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "compile", "--model", str(model), "--config", str(CONFIG), "--out", str(out)],
+                   cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     return out
 
 
-def bodies(count: int = 64) -> list[dict]:
-    rng = random.Random(0)
-    return [{"samples": [" ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 25)))
-                         for _ in range(SAMPLES_PER_REQUEST)], "labels": ["yes", "no"]} for _ in range(count)]
+class Bench:
+    """One workload's run: the shared workers, a gateway per policy, and the windows."""
+
+    def __init__(self, workload: overload_load.Workload, workers: SharedWorkers, bodies: BodyFactory, args) -> None:
+        self.workload, self.workers, self.bodies, self.args = workload, workers, bodies, args
+        self.gateways: dict[str, GatewayProcess] = {}
+
+    async def start(self, name: str, **extra: Any) -> None:
+        knobs = {**POLICIES[name], "max_queue_tokens": UNBOUNDED,
+                 "score_deadline_ms": int(max(self.workload.classes_ms)), **extra}
+        gateway = GatewayProcess(self.workers, name, knobs).start()
+        self.gateways[name] = gateway
+        await gateway.ready()
+
+    def stop(self) -> None:
+        for gateway in self.gateways.values():
+            gateway.stop()
+
+    async def window(self, name: str, rate_rps: float, index: int, seed: int, poisson: bool = False) -> dict:
+        seconds = self.args.window_s
+        trace = (self.workload.poisson(rate_rps, self.args.sweep_s, seed) if poisson
+                 else self.workload.window(index, rate_rps, seconds, seed))
+        gateway = self.gateways[name]
+        result = await run_window(gateway.url, trace, self.bodies, self.workers.pids)
+        await idle(gateway.url)
+        return result
+
+    async def capacity(self) -> dict[str, Any]:
+        """The best goodput of an open-loop sweep (see module docstring)."""
+        rate, steps = 25.0, []
+        while True:
+            row = await self.window("admission", rate, 0, seed=len(steps), poisson=True)
+            steps.append({"policy": "admission", "offered_rps": round(rate, 1), "goodput_rps": row["goodput_rps"]})
+            if row["goodput_rps"] < 0.85 * rate or rate > 5000:
+                break
+            rate *= 2.0
+        knee = max(s["goodput_rps"] for s in steps)
+        rates = [factor * knee for factor in SWEEP_FACTORS]
+        k = 0
+        while k < len(rates):
+            for name in ("admission", "edf_late_drop")[:: 1 if k % 2 == 0 else -1]:
+                row = await self.window(name, rates[k], 0, seed=100 + k, poisson=True)
+                steps.append({"policy": name, "offered_rps": round(rates[k], 1), "goodput_rps": row["goodput_rps"],
+                              "ok_p99_ms": row["ok_p99_ms"]})
+            best = max(steps, key=lambda s: s["goodput_rps"])
+            if k == len(rates) - 1 and best["offered_rps"] >= round(rates[-1], 1) and len(rates) < MAX_SWEEP_STEPS:
+                rates.append(rates[-1] * SWEEP_STEP_UP)  # the best is at the top: the peak is not bracketed yet
+            k += 1
+        return {"capacity_rps": best["goodput_rps"], "capacity_found_by": best, "sweep": steps}
+
+    async def measure(self) -> dict[str, Any]:
+        for name in ("admission", "edf_late_drop"):
+            await self.start(name)
+        for name in self.gateways:
+            await self.window(name, 12.0, 0, seed=999, poisson=True)  # a first measured batch of each size
+        capacity = await self.capacity()
+        cap = capacity["capacity_rps"]
+        budget = int(self.args.queue_factor * cap * self.workload.budget_deadline_ms / 1000.0
+                     * self.workload.mean_tokens())
+        await self.start("edf_bounded", max_queue_tokens=max(1, budget))
+        for name in ("fcfs_late_drop", "edf_expiry"):
+            await self.start(name)
+        names = list(self.gateways)
+        for name in names:  # every gateway's learnt state warmed alike, at half the capacity
+            await self.window(name, 0.5 * cap, 0, seed=998, poisson=True)
+        windows: dict[str, dict[str, list[dict]]] = {name: {} for name in names}
+        turn = 0
+        for load in self.args.loads:
+            for index in range(self.args.windows):
+                for name in names[turn % len(names):] + names[:turn % len(names)]:
+                    row = await self.window(name, load * cap, index, seed=1000 * index + int(10 * load))
+                    windows[name].setdefault(f"{load:g}x", []).append(row)
+                turn += 1
+        settings = {name: g.config_text for name, g in self.gateways.items()}
+        return {**capacity, "token_budget": budget, "windows": windows, "gateway_configs": settings}
 
 
-def tokens_per_request(artifacts: Path) -> float:
-    """Mean tokens a request of bodies() queues (its samples, as the served tokenizer counts them)."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(artifacts / "tokenizer.json"))
-    counts = [sum(len(tokenizer.encode(s, add_special_tokens=False).ids) for s in b["samples"]) for b in bodies()]
-    return sum(counts) / len(counts)
-
-
-def policies(slo_ms: float, capacity_rps: float, request_tokens: float, queue_factor: float) -> dict[str, dict]:
-    """[gateway] settings of each policy (see module docstring)."""
-    bound = int(queue_factor * capacity_rps * slo_ms / 1000.0 * request_tokens)
-    return {
-        "admission": {"admission": True, "score_deadline_ms": int(slo_ms), "max_queue_tokens": 10**8},
-        "fcfs_expiry": {"admission": False, "score_deadline_ms": int(slo_ms), "max_queue_tokens": 10**8},
-        "bounded_queue": {"admission": False, "score_deadline_ms": RELAXED_MS, "max_queue_tokens": max(1, bound)},
-    }
+async def idle(url: str, timeout_s: float = 10.0) -> None:
+    """Until the gateway has nothing queued or in flight (its own gauges), then a short pause."""
+    end = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < end:
+            page = {name: value for name, _, value in parse(await fetch_metrics(session, url))
+                    if name in ("boundserve_queue_jobs", "boundserve_batches_in_flight")}
+            if page and not any(page.values()):
+                break
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
 
 
-def start_gateway(folder: Path, artifacts: Path, port: int, gateway: dict) -> subprocess.Popen:
-    config = (ROOT / "configs/test.toml").read_text().replace(
-        'endpoints = ["ipc:///tmp/boundserve-test-worker-0"]', f'endpoints = ["ipc://{folder}/w-{port}"]')
-    config += f"\n[gateway]\nport = {port}\naccess_log = false\n"
-    config += "".join(f"{k} = {json.dumps(v)}\n" for k, v in gateway.items())
-    path = folder / f"gateway-{port}.toml"
-    path.write_text(config)
-    with open(folder / f"gateway-{port}.log", "wb") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(path), "--artifacts",
-                                 str(artifacts), "--spawn-workers"], cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=log)
-
-
-async def settle(folder: Path, port: int, timeout_s: float = 300.0) -> float:
-    """Wait until the stack on `port` has settled (SETTLED_EVENTS in its log); seconds waited."""
-    started, log = time.perf_counter(), folder / f"gateway-{port}.log"
-    spare, refit = SETTLED_EVENTS
-    while time.perf_counter() - started < timeout_s:
-        text = log.read_text(errors="replace")
-        if spare in text and ('"event":"profile_reused"' not in text or any(e in text for e in refit)):
-            return round(time.perf_counter() - started, 1)
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"the stack on port {port} did not settle within {timeout_s:g} s (see {log})")
-
-
-async def capacity(port: int, requests: list[bytes], seconds: float, concurrency: int = 64) -> float:
-    end = time.perf_counter() + seconds
-    done = 0
-
-    async def loop(offset: int) -> None:
-        nonlocal done
-        client = await Client.connect(port)
-        i = offset
-        while time.perf_counter() < end:
-            status, body = await client.call(requests[i % len(requests)])
-            assert status == 200, body[:200]
-            done, i = done + 1, i + 1
-        client.writer.close()
-
-    start = time.perf_counter()
-    await asyncio.gather(*(loop(k) for k in range(concurrency)))
-    return done / (time.perf_counter() - start)
-
-
-async def open_loop(port: int, requests: list[bytes], rate: float, seconds: float, slo_ms: float, seed: int) -> dict:
-    """Poisson arrivals at `rate`; latency counts from each request's scheduled time."""
-    rng = random.Random(seed)
-    idle: list[Client] = []
-    slots = asyncio.Semaphore(MAX_CONNECTIONS)
-    outcomes: list[tuple[int, float]] = []
-    lags_ms: list[float] = []
-
-    async def one(request: bytes, scheduled: float) -> None:
-        async with slots:
-            client = idle.pop() if idle else await Client.connect(port)
-            lags_ms.append((time.perf_counter() - scheduled) * 1000)  # behind schedule when it is sent
-            status, _ = await client.call(request)
-            outcomes.append((status, (time.perf_counter() - scheduled) * 1000))
-            idle.append(client)
-
-    tasks, start = [], time.perf_counter()
-    scheduled, i = start, 0
-    while scheduled < start + seconds:
-        scheduled += rng.expovariate(rate)
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(requests[i % len(requests)], scheduled)))
-        i += 1
-    await asyncio.gather(*tasks)
-    for client in idle:
-        client.writer.close()
-    lags_ms.sort()
-    return {**_summary(outcomes, seconds, slo_ms), "send_lag_p99_ms": round(lags_ms[int(len(lags_ms) * 0.99)], 2)}
-
-
-def _summary(outcomes: list[tuple[int, float]], seconds: float, slo_ms: float) -> dict:
-    good = sum(1 for status, ms in outcomes if status == 200 and ms <= slo_ms)
-    answered_ms = sorted(ms for status, ms in outcomes if status == 200) or [0.0]
-    refused_ms = sorted(ms for status, ms in outcomes if status != 200) or [0.0]
-    by_status: dict[str, int] = {}
-    for status, _ in outcomes:
-        by_status[str(status)] = by_status.get(str(status), 0) + 1
-    return {"offered": len(outcomes), "good": good, "goodput_rps": round(good / seconds, 1), "statuses": by_status,
-            "ok_p50_ms": round(answered_ms[len(answered_ms) // 2], 2),
-            "ok_p99_ms": round(answered_ms[int(len(answered_ms) * 0.99)], 2),
-            "refused_p50_ms": round(refused_ms[len(refused_ms) // 2], 2)}
-
-
-async def measure_capacity(folder: Path, artifacts: Path, args) -> dict:
-    """Once, on a fresh stack with relaxed deadlines: warm up, unloaded latency, closed-loop capacity."""
-    port = free_port()
-    gateway = start_gateway(folder, artifacts, port, {"score_deadline_ms": RELAXED_MS, "max_queue_tokens": 10**8})
-    try:
-        await wait_ready(port, timeout_s=180)
-        relaxed = [post("/v1/score", b) for b in bodies()]
-        await sequential(port, relaxed[:50])  # warm-up
-        settle_s = await settle(folder, port)
-        unloaded = sorted(await sequential(port, relaxed * 2))
-        await capacity(port, relaxed, 1.0)  # the first batches of each size are slower
-        cap = await capacity(port, relaxed, 3.0 if args.quick else 10.0)
-        return {"capacity_rps": round(cap, 1), "unloaded_p50_ms": round(unloaded[len(unloaded) // 2], 3),
-                "capacity_stack_settled_after_s": settle_s}
-    finally:
-        gateway.terminate()
-        gateway.wait(timeout=60)
-
-
-async def run_policies(folder: Path, artifacts: Path, settings: dict[str, dict], cap: float, args) -> dict:
-    """A fresh stack per policy, all started (and warmed up) first; then, load by load, each policy in
-    turn (the order rotated per load), so that a busy spell of a shared machine falls on all alike."""
-    ports = {name: free_port() for name in settings}
-    gateways = [start_gateway(folder, artifacts, ports[name], gw) for name, gw in settings.items()]
-    try:
-        requests = [post("/v1/score", b) for b in bodies()]
-        warm = [post("/v1/score", {**b, "deadline_ms": RELAXED_MS}) for b in bodies()[:30]]
-        for port in ports.values():  # relaxed deadlines: a worker may still be re-profiling after its start
-            await wait_ready(port, timeout_s=180)
-            await sequential(port, warm)
-        settled_s = {name: await settle(folder, port) for name, port in ports.items()}
-        rows: dict[str, dict] = {name: {} for name in settings}
-        names = list(settings)
-        for k, load in enumerate(LOADS):
-            for name in names[k % len(names):] + names[:k % len(names)]:
-                row = await open_loop(ports[name], requests, load * cap, args.seconds, args.slo_ms, seed=1 + k)
-                rows[name][f"{load:g}x"] = {**row, "goodput_over_capacity": round(row["goodput_rps"] / cap, 3)}
-                await asyncio.sleep(1.0)
-        relaxed = [post("/v1/score", {**b, "deadline_ms": RELAXED_MS}) for b in bodies()]
-        after = await capacity(ports["admission"], relaxed, 3.0 if args.quick else 10.0)
-        return {"capacity_after_rps": round(after, 1), "settled_after_s": settled_s,
-                "policies": {name: {"gateway": settings[name], "loads": rows[name]} for name in settings}}
-    finally:
-        for gateway in gateways:
-            gateway.terminate()
-        for gateway in gateways:
-            gateway.wait(timeout=60)
-
-
-async def measure(args) -> dict:
+async def run(workload: overload_load.Workload, args, pinning: Pinning | None) -> dict[str, Any]:
     artifacts = artifacts_folder(args.artifacts)
-    started = time.perf_counter()
+    bodies = BodyFactory(BodyOptions(tokenizer_path=str(artifacts / "tokenizer.json"), label_token_ids=(10, 11)))
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as scratch:
-        folder = Path(scratch)
-        base = await measure_capacity(folder, artifacts, args)
-        cap = base["capacity_rps"]
-        settings = policies(args.slo_ms, cap, tokens_per_request(artifacts), args.queue_factor)
-        run = await run_policies(folder, artifacts, settings, cap, args)
-    results = run.pop("policies")
-    at_2x = {name: r["loads"]["2x"]["goodput_rps"] for name, r in results.items()}
-    best_ablation = max(at_2x["fcfs_expiry"], at_2x["bounded_queue"])
+        with SharedWorkers(CONFIG, artifacts, scratch, pinning) as workers:
+            bench = Bench(workload, workers, bodies, args)
+            try:
+                measured = await bench.measure()
+            finally:
+                bench.stop()
+    return assemble(workload, measured, pinning, args, load_before, time.perf_counter() - started)
+
+
+def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning | None, args, load_before: float,
+             wall_s: float) -> dict[str, Any]:
+    windows = measured.pop("windows")
+    figures = overload_summary.table({name: loads for name, loads in windows.items()})
+    keys = overload_summary.ratios(figures, measured["capacity_rps"])
+    median_window = {name: {load: rows[len(rows) // 2]["seconds"] for load, rows in loads.items()}
+                     for name, loads in windows.items()}
     return {
-        "bench": "overload", **base, **run, "slo_ms": args.slo_ms, "seconds": args.seconds, "loads": list(LOADS),
-        "queue_factor": args.queue_factor, "goodput_at_2x_rps": at_2x,
-        "admission_at_2x_over_capacity": round(at_2x["admission"] / cap, 3),
-        "admission_at_2x_over_best_ablation": round(at_2x["admission"] / best_ablation, 3) if best_ablation else None,
-        "policies": results, "samples_per_request": SAMPLES_PER_REQUEST,
-        "model": "tiny demo (configs/test.toml), 1 CPU worker", "cpus": os.cpu_count(),
-        "load_average": os.getloadavg()[0], "wall_s": round(time.perf_counter() - started, 1),
-        "note": "capacity measured once (closed loop, fresh stack, once settled) and shared; each policy on its own "
-                "fresh stack, the policies taking turns at each load once every stack settled; capacity_after_rps: "
-                "the same measurement on the admission stack at the end",
+        "bench": "overload", "workload": workload.name, "deadlines_ms": list(workload.classes_ms),
+        **keys, "goals": overload_summary.goals(figures, keys, workload.name),
+        "capacity_rps": measured["capacity_rps"], "capacity_found_by": measured["capacity_found_by"],
+        "capacity_check": overload_summary.capacity_check(figures, measured["capacity_rps"]),
+        "loads": [f"{load:g}x" for load in args.loads], "windows": args.windows,
+        "window_s": args.window_s if workload.name == "uniform" else "one trace slice each (its mean rate at the load)",
+        "requests_per_window": args.requests_per_window if workload.name == "trace" else None,
+        "trace_clipped_rows": workload.clipped_rows if workload.name == "trace" else None,
+        "token_budget_edf_bounded": measured["token_budget"], "queue_factor": args.queue_factor,
+        "policies": {name: POLICIES[name] for name in figures}, "table": figures,
+        "capacity_sweep": measured["sweep"],
+        "pinning": pinning.to_json() if pinning else "none: fewer than 2 CPUs, or --no-pinning",
+        "worker_threads": load_config(CONFIG).worker.cpu_threads, "cpus": os.cpu_count(),
+        "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
+        "wall_s": round(wall_s, 1),
+        "per_second_of_median_window": median_window,
+        "window_summaries": {name: {load: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+                                    for load, rows in loads.items()} for name, loads in windows.items()},
+        "gateway_configs": measured["gateway_configs"],
     }
+
+
+def workloads(args) -> list[overload_load.Workload]:
+    chosen = ("uniform", "trace") if args.workload == "both" else (args.workload,)
+    out = []
+    for name in chosen:
+        if name == "uniform":
+            out.append(overload_load.uniform(args.slo_ms))
+        else:
+            out.append(overload_load.trace(Path(args.trace), args.windows, args.requests_per_window,
+                                           tuple(args.classes)))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="6 s per load and a 3 s capacity run")
-    parser.add_argument("--artifacts", help="compiled artifacts (default: build the demo model with configs/test.toml)")
-    parser.add_argument("--seconds", type=float, help="length of each load (default 20, quick 6)")
-    parser.add_argument("--slo-ms", type=float, default=100.0, help="the SLO deadline in ms (default 100)")
+    parser.add_argument("--workload", choices=("uniform", "trace", "both"), default="both")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 window of 3 s per load, loads 1x, 2x, 4x")
+    parser.add_argument("--windows", type=int, help="windows per policy and load (default 3, quick 1)")
+    parser.add_argument("--window-s", type=float, help="seconds of a uniform window (default 10, quick 3)")
+    parser.add_argument("--sweep-s", type=float, help="seconds of a capacity-sweep step (default 6, quick 2)")
+    parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")],
+                        help="offered load, x capacity (default 1,1.5,2,4; quick 1,2,4)")
+    parser.add_argument("--slo-ms", type=float, default=100.0, help="uniform: every request's deadline (default 100)")
+    parser.add_argument("--classes", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 100.0, 300.0],
+                        help="trace: the deadline classes, drawn with equal chance (default 50,100,300)")
+    parser.add_argument("--trace", default=str(overload_load.TRACE), help="an Azure LLM inference trace CSV "
+                        "(default: the committed slice, bench/data/azure_code_2023_slice.csv)")
+    parser.add_argument("--requests-per-window", type=int, help="trace: requests in a window's slice (default 900)")
     parser.add_argument("--queue-factor", type=float, default=0.8,
-                        help="bounded_queue: its token budget as a fraction of what drains within the SLO")
+                        help="edf_bounded: its token budget as a fraction of what drains within the median deadline")
+    parser.add_argument("--artifacts",
+                        help="compiled artifacts (default: build the demo model with configs/overload.toml)")
+    parser.add_argument("--no-pinning", action="store_true", help="leave every process on every CPU")
     args = parser.parse_args()
-    args.seconds = args.seconds or (6.0 if args.quick else 20.0)
-    result = asyncio.run(measure(args))
-    threads = {"worker": load_config(ROOT / "configs/test.toml").worker.cpu_threads}  # the config every stack runs
-    write_result("overload" + ("-quick" if args.quick else ""), result, quick=args.quick, threads=threads)
+    args.windows = args.windows or (1 if args.quick else 3)
+    args.window_s = args.window_s or (3.0 if args.quick else 10.0)
+    args.sweep_s = args.sweep_s or (2.0 if args.quick else 6.0)
+    args.loads = args.loads or ([1.0, 2.0, 4.0] if args.quick else [1.0, 1.5, 2.0, 4.0])
+    args.requests_per_window = args.requests_per_window or (300 if args.quick else 900)
+    pinning = None if args.no_pinning else Pinning.split()  # once: after pin_caller this process sees one CPU
+    if pinning is not None:
+        pinning.pin_caller()
+    for workload in workloads(args):
+        result = uvloop.run(run(workload, args, pinning))  # the faster loop: the client lags less
+        write_result(f"overload-{workload.name}" + ("-quick" if args.quick else ""), result, quick=args.quick,
+                     threads={"worker": load_config(CONFIG).worker.cpu_threads})
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ class ComposeProject:
         """`run --rm` a one-off service (no TTY) and fail unless it exits 0."""
         self.steps.run(self._argv([profile], "run", "--rm", "-T", service), timeout_s=RUN_TIMEOUT_S, env=self.env)
 
-    def up(self, profiles: list[str]) -> None:
-        self.steps.run(self._argv(profiles, "up", "-d", "--no-build"), timeout_s=UP_TIMEOUT_S, env=self.env)
+    def up(self, profiles: list[str], services: list[str] | None = None) -> None:
+        """`up -d` the profiles' services (only `services`, when given)."""
+        self.steps.run(self._argv(profiles, "up", "-d", "--no-build", *(services or [])), timeout_s=UP_TIMEOUT_S,
+                       env=self.env)
 
     def down(self) -> None:
         self.steps.run(self._argv(self.profiles, "down", "--volumes", "--remove-orphans"),

@@ -1,7 +1,8 @@
 """Admission control: the shell around shared/policy's precheck and admit for the gateway.
 
 It reads the pool (ready workers, the soonest-free worker's work in flight, the fastest worker's
-corrected latency model) and the batcher's queue, asks the policy, and raises the refusal as an
+corrected latency model), the batcher's queue and its learnt lateness (the slack of its drops), asks
+the policy, and raises the refusal as an
 ApiError (429 queue_full with Retry-After, 503 deadline_unmeetable). A refusal costs no compute.
 """
 
@@ -11,7 +12,7 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.worker_pool import WorkerPool
-from shared.policy import AdmissionSettings, Lateness, PoolView, Prediction, Refusal, admit, precheck
+from shared.policy import AdmissionSettings, PoolView, Prediction, Refusal, admit, precheck
 
 __all__ = ["Admission", "Prediction"]
 
@@ -21,16 +22,11 @@ class Admission:
 
     def __init__(self, pool: WorkerPool, max_queue_tokens: int, margin_ms: float, enabled: bool = True) -> None:
         self._pool = pool
-        self.settings = AdmissionSettings(max_queue_tokens, margin_ms, predict=enabled)
-        self.lateness_ms = {w: Lateness() for w in ("score", "beam")}
+        self.settings = AdmissionSettings(max_queue_tokens, margin_ms, refuse_early=enabled)
 
     @property
     def enabled(self) -> bool:
-        return self.settings.predict
-
-    def observe(self, workload: str, prediction: Prediction, finished_at: float) -> None:
-        """Learn from an admitted request's real finish time (the end-to-end online correction)."""
-        self.lateness_ms[workload].observe(prediction, finished_at)
+        return self.settings.refuse_early
 
     def check_workers(self, workload: str) -> None:
         if self._pool.ready_count(workload) == 0:
@@ -38,14 +34,15 @@ class Admission:
             raise ApiError("no_workers", f"none of the {known} configured worker(s) is ready to serve {workload}; "
                                          "retry shortly")
 
-    def precheck(self, batcher: Batcher, deadline: float, now: float) -> None:
-        """Refuse before any tokenizing when the queue's predicted wait alone misses the deadline."""
+    def precheck(self, batcher: Batcher, deadline: float, now: float, items: int) -> None:
+        """Refuse before any tokenizing when the predicted wait where the request would run, with the
+        least its `items` (samples or beams) can take, misses the deadline."""
         self.check_workers(batcher.workload)
         model = self._pool.model(batcher.workload)
         if model is None:
             return
         refusal = precheck(batcher.queue, self._view(batcher.workload), model, deadline, now, self.settings,
-                           self.lateness_ms[batcher.workload])
+                           batcher.lateness, items)
         if refusal is not None:
             raise _error(refusal)
 
@@ -55,7 +52,7 @@ class Admission:
         model = self._pool.model(batcher.workload)
         assert model is not None
         decision = admit(jobs, batcher.queue, self._view(batcher.workload), model, now, self.settings,
-                         self.lateness_ms[batcher.workload])
+                         batcher.lateness)
         if isinstance(decision, Refusal):
             raise _error(decision)
         return decision

@@ -1,12 +1,14 @@
 """Deadline-ordered micro-batching: the async shell around shared/policy's batch plan and drops.
 
 One Batcher per workload. Its loop asks the pool for the least-loaded worker with a free slot, and
-the policy what to do with the head of the queue (`dispatch`): hold a partial batch while that
-worker is predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so
-a wrong prediction costs no idle time), or send it, answering the members predicted to finish past
-their deadline 504 instead. A job whose deadline passes while queued is answered 504 at once by its
-own timer (`take_expired`) and never sent. If the loop ever ends (cancelled, or failing step after
-step), it logs why and answers every job it holds 503 at once, and so every later submit.
+the policy what to do with the head of the queue (`dispatch`): hold the batch while that worker is
+predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so a wrong
+prediction costs no idle time), or send it, answering the jobs that cannot finish in time 504
+instead (predicted late, before any compute). Its `lateness` learns how late answers come against
+the finish predicted when their batch was sent: the slack of those drops. A job whose deadline
+passes while queued is answered 504 at once by its own timer (`take_expired`) and never sent. If the
+loop ever ends (cancelled, or failing step after step), it logs why and answers every job it holds
+503 at once, and so every later submit.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.metrics import Metrics
 from gateway.worker_pool import WorkerPool
-from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Send, dispatch, take_expired
+from shared.policy import (BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, dispatch,
+                           take_expired)
 
 __all__ = ["BatchBounds", "Batcher"]
 log = logging.getLogger("gateway.batcher")
@@ -31,15 +34,20 @@ class Batcher:
     """The queue and batching loop of one workload."""
 
     def __init__(self, workload: str, pool: WorkerPool, bounds: BatchBounds, max_wait_ms: float,
-                 answer_grace_ms: float, metrics: Metrics, predict: bool = True) -> None:
+                 answer_grace_ms: float, metrics: Metrics, drop_late: bool = True, margin_ms: float = 0.0,
+                 order: str = "deadline") -> None:
         self.workload = workload
         self.bounds = bounds
-        self.queue: DeadlineQueue[Job] = DeadlineQueue()
+        self.queue: DeadlineQueue[Job] = DeadlineQueue(order)
         self.stopped = ""
         """Why the loop ended ("" while it runs)."""
         self._pool = pool
         self._max_wait_ms = max_wait_ms
-        self._predict = predict
+        self._drop_late = drop_late
+        self.lateness = Lateness()
+        """How much later than predicted at send its requests are answered (learnt): the slack of its
+        drops and of admission's refusals."""
+        self._margin_ms = margin_ms
         self._grace_s = answer_grace_ms / 1000.0
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
@@ -66,10 +74,24 @@ class Batcher:
         job.expiry = self._loop.call_at(job.deadline, self._expire, job)
         self._wake.set()
 
-    def cancel(self, job: Job, error: ApiError) -> None:
-        """Take a still-queued job out (a sibling chunk failed) and answer it with `error`."""
-        if self.queue.remove(job):
-            job.fail(error)
+    def learn(self, jobs: list[Job], answered_at: float) -> None:
+        """A request was answered: how late against the finish predicted when its jobs were sent."""
+        for job in jobs:
+            if job.dispatched is not None:
+                self.lateness.observe(job.dispatched, answered_at)
+
+    def learn_missed(self, jobs: list[Job], deadline: float) -> None:
+        """A request's sent work missed its deadline (expired in the worker, or overdue): it would
+        have been answered no earlier than the deadline."""
+        for job in jobs:
+            if job.dispatched is not None:
+                self.lateness.observe_missed(job.dispatched, deadline)
+
+    def abandon(self, job: Job, error: ApiError) -> None:
+        """Answer a job of a request that failed (a sibling chunk failed) with `error`: taken out of the
+        queue if still there; if already sent, its answer will find it done (its compute is wasted)."""
+        self.queue.remove(job)
+        job.fail(error)
 
     def _expire(self, job: Job) -> None:
         # a timer may fire a hair before its time: the job's own deadline has passed by definition
@@ -127,25 +149,27 @@ class Batcher:
             return None  # the pool wakes us when a slot frees or a worker becomes ready
         now = self._loop.time()
         plan = dispatch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
-                          self._max_wait_ms, now, self._predict)
+                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms))
         if isinstance(plan, Hold):
             return plan.wait_ms / 1000.0
-        self._send(link, plan, now)
+        self._send(link, plan, Prediction(link.busy_ms(now), plan.predicted_ms, 0.0, plan.finish_at))
         return 0.0
 
-    def _send(self, link, plan: Send[Job], now: float) -> None:
+    def _send(self, link, plan: Send[Job], dispatched: Prediction) -> None:
         for job in plan.late:
             self.queue.remove(job)
-            job.fail(ApiError("deadline_exceeded", f"the request would finish {(plan.finish_at - now) * 1000:.1f} ms "
-                                                   "from now, past its deadline; it was dropped before any compute",
+            job.fail(ApiError("deadline_exceeded", "the request is predicted to finish past its deadline behind the "
+                                                   "worker's work in flight; it was dropped before any compute",
                               drop_reason=DropReason.PREDICTED_LATE))
         if not plan.live:
             return
         if not link.send_batch(self._pool.next_batch_id(), self.workload, plan.live, plan.predicted_ms):
             link.declare_lost("its socket is disconnected")  # the jobs stay queued for another worker
             return
+        now = self._loop.time()
         for job in plan.live:
             self.queue.remove(job)
+            job.dispatched = dispatched
             self._metrics.observe_stage("queue", (now - job.enqueued_at) * 1000.0)
             if job.expiry is not None:
                 job.expiry.cancel()

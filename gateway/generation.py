@@ -9,7 +9,8 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.generate_request import GenerateSpec
 from gateway.http_answers import Candidate, GenerateAnswer, GenerateUsage
-from gateway.job import Job, wait_all
+from gateway.job import Job
+from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.tokenizer import RequestTokenizer
@@ -26,11 +27,12 @@ class GenerateService:
         self._batcher = batcher
         self._admission = admission
         self._metrics = metrics
+        self._end = RequestEnd(batcher, metrics)
         self._loop = asyncio.get_running_loop()
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
         started = self._loop.time()
-        self._admission.precheck(self._batcher, deadline, started)
+        self._admission.precheck(self._batcher, deadline, started, spec.beam_width)
         prompt = self._tokenizer.encode([spec.prompt])[0]
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
@@ -42,11 +44,10 @@ class GenerateService:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
         job = Job(request_id, "beam", deadline, [prompt], beam_key=key)
-        prediction = self._admission.admit(self._batcher, [job], now)
+        self._admission.admit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         self._batcher.submit(job)
-        (result,) = await wait_all([job], self._batcher.cancel)
-        self._admission.observe("beam", prediction, self._loop.time())
+        (result,) = await self._end.results([job])
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 
     def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> GenerateAnswer:

@@ -20,6 +20,7 @@ import numpy as np
 
 from gateway.errors import ApiError
 from gateway.sharing import computed_tokens, sent_tokens
+from shared.policy import Prediction
 
 
 class JobState(enum.StrEnum):
@@ -58,6 +59,10 @@ class Job:
     state: JobState = QUEUED
     enqueued_at: float = 0.0
     expiry: asyncio.TimerHandle | None = None
+    compute_ms: float = 0.0
+    """Its share of the compute of the batch that served it, as the worker reported it."""
+    dispatched: Prediction | None = None
+    """The finish predicted when it was sent (its batch's, behind the worker's work in flight)."""
 
     samples: int = field(init=False)
     prompt_tokens: int = field(init=False)

@@ -2,15 +2,20 @@
 
 Exposed on GET /metrics: requests by route and outcome, latency per stage in seconds (admission,
 tokenize, queue, worker, total), queue depth, batch fill, workers ready, batches in flight, drops
-by reason, the prompt tokens of answered scoring requests with those the workers reused instead of
-computing (shared prefixes, the static prefix), and the process's own CPU, memory and file
-descriptors. Gauges read the gateway's state when scraped (`Gauge.set_function`), so nothing is
+by reason, the workers' compute (as they report it per batch) and the share of it wasted on answers
+not delivered in time, predicted against measured batch service time, the learnt lateness (the
+slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests with those the workers reused
+instead of computing (shared prefixes, the static prefix), and the process's own CPU, memory and
+file descriptors. Gauges read the gateway's state when scraped (`Gauge.set_function`), so nothing is
 updated per request for them. Each gateway has its own registry (never prometheus_client's global
 one), so several gateways can live in one process (tests).
 
 A drop is work the gateway took and then did not serve, counted once per request by the policy's
 reason (shared.policy.DropReason); client errors (400, 401, 413, ...) are only
-requests by outcome.
+requests by outcome. Wasted compute is compute a worker spent on a request whose answer was not
+delivered in time: `late` (answered after its deadline) or `dropped` (it failed after compute: the
+answer came after the gateway gave up on it, or a sibling chunk failed); a batch's compute is shared
+among its requests by the tokens each computed. Work dropped before compute wastes none.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import prometheus_client
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
+from gateway.worker_link import Answered
 from shared.policy import DropReason
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -26,6 +32,7 @@ FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 STAGES = ("admission", "tokenize", "queue", "worker", "total")
 WORKLOADS = ("score", "beam")
 DROP_REASONS = tuple(DropReason)
+WASTE_REASONS = ("late", "dropped")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # `*_created` series (one timestamp per labelled counter) double the page for nothing a dashboard uses
@@ -64,6 +71,7 @@ class Metrics:
         for reason in DROP_REASONS:
             self.drops.labels(reason)  # every reason shows from the start, at 0
         self._declare_score_tokens()
+        self._declare_compute()
         self._declare_gauges()
 
     def _declare_score_tokens(self) -> None:
@@ -78,15 +86,36 @@ class Metrics:
                          "were sent as one shared prefix plus suffixes.", ("shared",), registry=self.registry)
         self._shared = {True: shared.labels("true"), False: shared.labels("false")}
 
+    def _declare_compute(self) -> None:
+        r = self.registry
+        compute = Counter("boundserve_worker_compute_seconds", "Seconds the workers computed answered batches, as "
+                          "they reported them (their busy time).", ("workload",), registry=r)
+        wasted = Counter("boundserve_wasted_compute_seconds", "Worker compute spent on requests whose answer was not "
+                         "delivered in time: answered after the deadline (late) or failed after compute (dropped).",
+                         ("workload", "reason"), registry=r)
+        predicted = Counter("boundserve_batch_predicted_seconds", "Service time predicted for answered batches when "
+                            "they were sent.", ("workload",), registry=r)
+        service = Counter("boundserve_batch_service_seconds", "Measured service time of answered batches: send to "
+                          "answer, less the wait in the worker's queue.", ("workload",), registry=r)
+        answered = Counter("boundserve_answered", "Requests answered with a result, by whether the answer was ready by "
+                           "its deadline (in_time) or after it (late): the in-time rate is the goodput.",
+                           ("workload", "timing"), registry=r)
+        self._answered = {(w, t): answered.labels(w, t) for w in WORKLOADS for t in ("in_time", "late")}
+        self._compute = {w: compute.labels(w) for w in WORKLOADS}
+        self._wasted = {(w, why): wasted.labels(w, why) for w in WORKLOADS for why in WASTE_REASONS}
+        self._predicted = {w: predicted.labels(w) for w in WORKLOADS}
+        self._service = {w: service.labels(w) for w in WORKLOADS}
+
     def _declare_gauges(self) -> None:
         r = self.registry
         self.queue_jobs = Gauge("boundserve_queue_jobs", "Jobs waiting in a workload's queue.", ("workload",),
                                 registry=r)
         self.queue_tokens = Gauge("boundserve_queue_tokens", "Tokens waiting in a workload's queue.", ("workload",),
                                   registry=r)
-        self.admission_lateness = Gauge(
-            "boundserve_admission_lateness_seconds", "Learnt 90th percentile of how much later than predicted "
-            "admitted requests finish (added to predictions).", ("workload",), registry=r)
+        self.lateness = Gauge(
+            "boundserve_lateness_seconds", "Learnt 90th percentile of how much later than predicted when their "
+            "batch was sent requests are answered; added to predictions by admission and by the predicted-late "
+            "drops.", ("workload",), registry=r)
         self.workers_ready = Gauge("boundserve_workers_ready", "Workers ready to take batches.", registry=r)
         self.batches_in_flight = Gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.",
                                        registry=r)
@@ -106,6 +135,23 @@ class Metrics:
 
     def observe_batch(self, workload: str, fill: float) -> None:
         self._fill[workload].observe(fill)
+
+    def observe_answer(self, answer: Answered) -> None:
+        """A batch a worker answered: its round trip, compute, prediction and compute already wasted."""
+        self._stage["worker"].observe(answer.round_trip_ms / 1000.0)
+        self._compute[answer.workload].inc(answer.compute_ms / 1000.0)
+        self._predicted[answer.workload].inc(answer.predicted_ms / 1000.0)
+        self._service[answer.workload].inc(max(0.0, answer.service_ms) / 1000.0)
+        if answer.dropped_ms:
+            self.count_wasted(answer.workload, "dropped", answer.dropped_ms)
+
+    def count_answer(self, workload: str, in_time: bool) -> None:
+        """A request answered with a result, by its deadline or after it."""
+        self._answered[(workload, "in_time" if in_time else "late")].inc()
+
+    def count_wasted(self, workload: str, reason: str, compute_ms: float) -> None:
+        """Compute spent on a request whose answer was not delivered in time (reason: late, dropped)."""
+        self._wasted[(workload, reason)].inc(compute_ms / 1000.0)
 
     def count_score_tokens(self, prompt: int, cached: int, shared: bool) -> None:
         """An answered scoring request: tokens submitted, tokens reused, and whether it was sent shared."""

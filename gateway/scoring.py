@@ -20,7 +20,8 @@ from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.http_answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
-from gateway.job import Job, wait_all
+from gateway.job import Job
+from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.score_request import ScoreSpec
@@ -38,6 +39,7 @@ class ScoreService:
         self._batcher = batcher
         self._admission = admission
         self._metrics = metrics
+        self._end = RequestEnd(batcher, metrics)
         self._executor = executor
         self._offload_chars = offload_chars
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
@@ -51,7 +53,7 @@ class ScoreService:
             self._active -= 1
 
     async def _score(self, spec: ScoreSpec, request_id: str, deadline: float) -> ScoreAnswer | SglangScoreAnswer:
-        self._admission.precheck(self._batcher, deadline, self._loop.time())
+        self._admission.precheck(self._batcher, deadline, self._loop.time(), len(spec.samples))
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
@@ -60,12 +62,11 @@ class ScoreService:
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
-        prediction = self._admission.admit(self._batcher, jobs, now)
+        self._admission.admit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         for job in jobs:
             self._batcher.submit(job)
-        results = await wait_all(jobs, self._batcher.cancel)
-        self._admission.observe("score", prediction, self._loop.time())
+        results = await self._end.results(jobs)
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)

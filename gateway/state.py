@@ -28,8 +28,6 @@ class Settings:
     manifest: dict[str, Any]
     tokenizer: RequestTokenizer
     auth_token: str | None = None
-    admission_enabled: bool = True
-    """False only for the overload benchmark's first-come-first-served baseline."""
 
 
 @dataclass
@@ -57,12 +55,12 @@ class Gateway:
         limits = Limits.from_manifest(config, settings.manifest, vocab)
         metrics = Metrics()
         pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
-                          lambda ms: metrics.observe_stage("worker", ms))
+                          metrics.observe_answer)
         bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
-        margin, predict = gw.admission_margin_ms, settings.admission_enabled and gw.admission
-        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, predict)
+        admission = Admission(pool, gw.max_queue_tokens, gw.admission_margin_ms, gw.admission)
+        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, gw.drop_predicted_late,
+                               gw.admission_margin_ms, gw.queue_order)
                     for w, b in bounds.items()}
-        admission = Admission(pool, gw.max_queue_tokens, margin, predict)
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
                              gw.tokenize_offload_chars)
@@ -77,8 +75,7 @@ class Gateway:
         for workload, batcher in self.batchers.items():
             m.queue_jobs.labels(workload).set_function(lambda b=batcher: b.queued_jobs)
             m.queue_tokens.labels(workload).set_function(lambda b=batcher: b.queued_tokens)
-        for workload, tracker in self.admission.lateness_ms.items():
-            m.admission_lateness.labels(workload).set_function(lambda t=tracker: t.value / 1000.0)
+            m.lateness.labels(workload).set_function(lambda b=batcher: b.lateness.value / 1000.0)
         m.workers_ready.set_function(lambda: self.pool.ready_count())
         m.batches_in_flight.set_function(self.pool.in_flight_batches)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from gateway.errors import ApiError
-from gateway.job import SENT, Job
+from gateway.job import DONE, SENT, Job
 from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol as p
@@ -30,6 +31,23 @@ from shared.policy import busy_ms
 log = logging.getLogger("gateway.worker")
 CONNECTING, READY, DRAINING, LOST, STALLED = "connecting", "ready", "draining", "lost", "stalled"
 HELLO_REQUIRED = getattr(p.ErrorCode, "HELLO_REQUIRED", "hello_required")
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What one answered batch tells the gateway's metrics."""
+
+    workload: str
+    round_trip_ms: float
+    """Send to answer."""
+    service_ms: float
+    """The round trip less the time the batch waited in the worker's queue."""
+    predicted_ms: float
+    """The service time predicted when it was sent."""
+    compute_ms: float
+    """The model call, as the worker measured it (0: every request had expired)."""
+    dropped_ms: float
+    """Compute spent on requests that had already failed (overdue, a sibling chunk failed): wasted."""
 
 
 @dataclass
@@ -48,7 +66,7 @@ class WorkerLink:
     """One worker as the gateway sees it: state, latency models, batches in flight."""
 
     def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
-                 on_change: Callable[[], None], observe_ms: Callable[[float], None] = lambda ms: None) -> None:
+                 on_change: Callable[[], None], on_answer: Callable[[Answered], None] = lambda answer: None) -> None:
         self.endpoint = endpoint
         self.pid = 0
         self.gateway_id = gateway_id
@@ -56,11 +74,13 @@ class WorkerLink:
         self.worker_id = ""
         self.models: dict[str, CorrectedModel] = {}
         self.in_flight: dict[int, InFlight] = {}
+        self.answered_at = -math.inf
+        """Loop time of the worker's last answer to a batch (the batches after it started no earlier)."""
         self.out_of_service_since: float | None = None
         """Loop time at which a worker that had been ready was declared lost or stalled."""
         self._clock = clock
         self._on_change = on_change
-        self._observe_ms = observe_ms
+        self._on_answer = on_answer
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
 
@@ -85,7 +105,7 @@ class WorkerLink:
 
     def busy_ms(self, now: float) -> float:
         """Predicted milliseconds until everything in flight here is done (the policy's rule)."""
-        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now)
+        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now, self.answered_at)
 
     async def serve(self) -> str:
         """Read messages and connection events until either stops; returns why it stopped."""
@@ -186,11 +206,13 @@ class WorkerLink:
         batch = self.in_flight.pop(message.batch_id, None)
         if batch is None:
             return  # answered after the batch was given up (worker declared lost)
-        round_trip_ms = (self._clock() - batch.sent_at) * 1000.0
-        self._observe_ms(round_trip_ms)
+        self.answered_at = self._clock()
+        round_trip_ms = (self.answered_at - batch.sent_at) * 1000.0
+        service_ms = round_trip_ms - message.queue_ms
         model = self.models.get(batch.workload)
         if model is not None and message.compute_ms > 0:
-            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, round_trip_ms - message.queue_ms)
+            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms)
+        dropped_ms = _share_compute(batch, message)
         for result in message.results:
             job = batch.jobs.pop(result.request_id, None)
             if job is None:
@@ -204,6 +226,8 @@ class WorkerLink:
                 job.fail(ApiError("worker_error", f"the worker refused this request: {result.error}"))
         for job in batch.jobs.values():
             job.fail(ApiError("worker_error", "the worker answered the batch without this request"))
+        self._on_answer(Answered(batch.workload, round_trip_ms, service_ms, batch.predicted_ms, message.compute_ms,
+                                 dropped_ms))
         self._on_change()
 
     def _on_heartbeat(self, beat: p.Heartbeat) -> None:
@@ -254,6 +278,20 @@ class WorkerLink:
                                                  "computing this request"))
         log.warning("worker %s %s: %s (%d batches failed)", self.endpoint, state, why, len(batches))
         self._on_change()
+
+
+def _share_compute(batch: InFlight, message: p.ScoreResults | p.BeamResults) -> float:
+    """Give each computed job its share of the batch's compute (by tokens computed); returns the ms
+    spent on jobs that had already failed (their answers were no longer wanted)."""
+    computed = [batch.jobs[r.request_id] for r in message.results
+                if r.status == p.Status.OK and r.request_id in batch.jobs]
+    tokens = sum(job.latency_tokens for job in computed)
+    dropped_ms = 0.0
+    for job in computed:
+        share_ms = message.compute_ms * job.latency_tokens / tokens if tokens else 0.0
+        job.compute_ms += share_ms
+        dropped_ms += share_ms if job.state == DONE else 0.0
+    return dropped_ms
 
 
 def _consume(future) -> None:

@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy
-from gateway.worker_link import CONNECTING, LOST, READY, STALLED, WorkerLink
+from gateway.worker_link import CONNECTING, LOST, READY, STALLED, Answered, WorkerLink
 from shared.policy import least_busy
 
 log = logging.getLogger("gateway.pool")
@@ -31,12 +31,12 @@ class WorkerPool:
     """The gateway's workers; `pick` chooses the least-loaded ready one with a free batch slot."""
 
     def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
-                 observe_worker_ms: Callable[[float], None] = lambda ms: None) -> None:
+                 on_answer: Callable[[Answered], None] = lambda answer: None) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
         self.liveness = LivenessPolicy.from_timeout(worker_timeout_ms)
         self.max_inflight_batches = max_inflight_batches
         self._loop = asyncio.get_running_loop()
-        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, observe_worker_ms)
+        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, on_answer)
                       for e in endpoints]
         self._listeners: list[Callable[[], None]] = []
         self._batch_ids = itertools.count(1)

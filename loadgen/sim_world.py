@@ -10,6 +10,7 @@ overhead per batch delays each batch on its way there and back without keeping t
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from shared.latency_correction import CorrectedModel
 from loadgen.service import ServiceFn
 from loadgen.trace import TraceRecord
 from shared.latency_model import LatencyModel
-from shared.policy import BatchBounds, busy_ms, chunk_bounds
+from shared.policy import BatchBounds, Prediction, busy_ms, chunk_bounds
 
 ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
 
@@ -38,6 +39,8 @@ class SimJob:
     beam_key: tuple[int, int, int] | None = None
     done: bool = False
     """Answered (computed, or failed): a late answer from a worker changes nothing."""
+    dispatched: Prediction | None = None
+    """The finish the batcher predicted when it sent the job."""
 
 
 def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds,
@@ -88,10 +91,12 @@ class SimWorker:
     """When it will have computed everything it was sent (simulated seconds)."""
     overhead_ms: float = 0.0
     """Per batch, on the way there and back (half each way)."""
+    answered_at: float = -math.inf
+    """When the gateway got its last answer (simulated seconds)."""
 
     def busy_ms(self, now_s: float) -> float:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
-        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s)
+        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s, self.answered_at)
 
     def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None) -> None:
         """Accept `batch` at its send time. The overhead is time on the way there and back (messages,
@@ -111,6 +116,7 @@ class SimWorker:
     def finish(self, batch: SimBatch) -> None:
         """The answer is back: teach the model what the gateway would learn from it."""
         del self.in_flight[batch.batch_id]
+        self.answered_at = batch.finish_at
         model = self.models[batch.workload]
         items = sum(j.batch_items for j in batch.jobs)
         if batch.compute_ms > 0:  # the gateway's service time: the round trip less the wait in the worker

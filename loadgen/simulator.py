@@ -33,8 +33,9 @@ from loadgen.service import ServiceFn
 from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
                                speed_at)
 from loadgen.trace import Trace
-from shared.policy import (AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView,
-                           Prediction, Refusal, admit, least_busy, dispatch, precheck, take_expired)
+from shared.policy import (SENT_AND_MISSED, AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold,
+                           Lateness, PoolView, Prediction, Refusal, admit, least_busy, dispatch, precheck,
+                           take_expired)
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -48,7 +49,11 @@ class SimSettings:
     max_queue_tokens: int = 65536
     admission_margin_ms: float = 1.0
     admission: bool = True
-    """[gateway].admission: deadline predictions on (refusals, predicted-late drops) or off (FCFS)."""
+    """[gateway].admission: refuse at once a request predicted to finish past its deadline."""
+    drop_predicted_late: bool = True
+    """[gateway].drop_predicted_late: drop, before compute, queued work predicted to finish late."""
+    queue_order: str = "deadline"
+    """[gateway].queue_order: deadline (earliest deadline first) or arrival (first come, first served)."""
     score_deadline_ms: float = 100.0
     generate_deadline_ms: float = 200.0
     max_batch_tokens: int = 4096
@@ -96,6 +101,7 @@ class SimSettings:
         g, b = config.gateway, config.bounds
         return cls(max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
                    admission_margin_ms=g.admission_margin_ms, admission=g.admission,
+                   drop_predicted_late=g.drop_predicted_late, queue_order=g.queue_order,
                    score_deadline_ms=g.score_deadline_ms, generate_deadline_ms=g.generate_deadline_ms,
                    max_batch_tokens=b.max_tokens_per_batch, max_batch_samples=b.max_samples_per_batch,
                    max_beam_requests=b.max_beam_requests_per_batch, max_beam_width=b.max_beam_width,
@@ -136,8 +142,9 @@ class Simulator:
         self.now, self.records, self._ids = 0.0, trace.records, itertools.count(1)
         self.results = [RequestResult(i, r.route, r.t_ms, sent_ms=r.t_ms) for i, r in enumerate(trace.records)]
         self.requests: dict[int, _Request] = {}
-        self.queues = {w: DeadlineQueue() for w in WORKLOAD_ROUTE}
+        self.queues = {w: DeadlineQueue(s.queue_order) for w in WORKLOAD_ROUTE}
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
+        """The batcher's learnt lateness per workload: the slack of its drops and of admission."""
         self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms)
                         for i in range(s.workers)]
@@ -173,7 +180,8 @@ class Simulator:
         deadline = self.now + budget_ms / 1000.0
         jobs = jobs_of(index, record, deadline, self.settings.bounds(workload), self.settings.default_beam_width)
         queue, view, model = self.queues[workload], self._view(), self._admission_model(workload)
-        decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload])
+        decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload],
+                            sum(j.batch_items for j in jobs))
         if decision is None:
             decision = admit(jobs, queue, view, model, self.now, self.admission, self.lateness[workload])
         if isinstance(decision, Refusal):
@@ -192,6 +200,12 @@ class Simulator:
         if request.done:
             return
         request.done = True
+        if reason in SENT_AND_MISSED:  # as the gateway's request end: it would have come no earlier
+            deadline = min(j.deadline for j in request.jobs)
+            lateness = self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]]
+            for sent in request.jobs:
+                if sent.dispatched is not None:
+                    lateness.observe_missed(sent.dispatched, deadline)
         self.drops[reason] += 1
         self.reasons[job.request] = reason
         for sibling in request.jobs:  # the gateway's wait_all: the other chunks are cancelled
@@ -204,7 +218,10 @@ class Simulator:
         request.open_jobs -= 1
         if request.open_jobs == 0 and not request.done:
             request.done = True
-            self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]].observe(request.prediction, self.now)
+            workload = ROUTE_WORKLOAD[self.records[job.request].route]
+            for sibling in request.jobs:
+                if sibling.dispatched is not None:
+                    self.lateness[workload].observe(sibling.dispatched, self.now)
             self._answer(job.request, "ok")
 
     def _answer(self, index: int, code: str) -> None:
@@ -245,8 +262,9 @@ class Simulator:
             if worker is None:
                 return  # an answer (a freed slot) triggers the next look
             plan = dispatch(queue, workload, self.settings.bounds(workload), worker.models[workload],
-                              worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
-                              self.settings.admission)
+                            worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
+                            self.settings.drop_predicted_late,
+                            self.lateness[workload].slack_ms(self.settings.admission_margin_ms))
             if isinstance(plan, Hold):
                 self._wake(workload, self.now + plan.wait_ms / 1000.0)
                 return
@@ -254,6 +272,9 @@ class Simulator:
                 queue.remove(job)
                 self._fail(job, DropReason.PREDICTED_LATE)
             if plan.live:
+                dispatched = Prediction(worker.busy_ms(self.now), plan.predicted_ms, 0.0, plan.finish_at)
+                for job in plan.live:
+                    job.dispatched = dispatched
                 self._send(worker, workload, plan.live, plan.predicted_ms)
 
     def _send(self, worker: SimWorker, workload: str, jobs: list[SimJob], predicted_ms: float) -> None:

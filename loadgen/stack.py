@@ -54,7 +54,7 @@ class LocalStack:
         self.log_path = self.folder / "stack.log"
         self.startup_timeout_s = startup_timeout_s
         raw = apply_knobs(tomllib.loads(Path(config_path).read_text()), knobs or {})
-        self.raw_config = _local(raw, self.folder, self.port)
+        self.raw_config = local_config(raw, self.folder, self.port)
         self._process: subprocess.Popen | None = None
 
     def start(self) -> LocalStack:
@@ -119,7 +119,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _local(raw: dict[str, Any], folder: Path, port: int) -> dict[str, Any]:
+def local_config(raw: dict[str, Any], folder: Path, port: int) -> dict[str, Any]:
     """The config on 127.0.0.1:port, its workers on endpoints in `folder`, no access log."""
     out = dict(raw)
     worker = dict(out.get("worker", {}))

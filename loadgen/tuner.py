@@ -25,7 +25,7 @@ from loadgen.stats import percentile, summarize
 
 Evaluator = Callable[[dict[str, Any]], list[RequestResult]]
 GATEWAY_KEYS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
-                "generate_deadline_ms")
+                "generate_deadline_ms", "admission", "drop_predicted_late", "queue_order")
 INT_KEYS = ("max_queue_tokens", "score_deadline_ms", "generate_deadline_ms", "max_batch_tokens",
             "max_batch_samples", "max_beam_requests", "workers")
 """Settings shared/config.py declares as integers (TOML must carry them as integers)."""
@@ -161,6 +161,8 @@ def table(result: TuneResult) -> str:
 
 
 def config_value(key: str, value: Any) -> Any:
-    """The value as shared/config.py types the key (integers stay integers)."""
+    """The value as shared/config.py types the key (integers stay integers; switches and choices as given)."""
+    if isinstance(value, (bool, str)):
+        return value
     return int(round(value)) if key in INT_KEYS else float(value)
 

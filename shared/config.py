@@ -227,8 +227,15 @@ class GatewayConfig:
     access_log: bool = True
     """One JSON line per request (id, route, status, milliseconds) on stderr."""
     admission: bool = True
-    """false: no deadline predictions (no deadline_unmeetable, no predicted-late drop): first come first
-    served within max_queue_tokens, requests still expire at their deadline; for baselines."""
+    """Refuse at once (503 deadline_unmeetable) a request predicted to finish past its deadline where
+    it would run in the queue; false: only the queue budget refuses (for baselines)."""
+    drop_predicted_late: bool = True
+    """Drop before compute (504) queued work predicted to finish past its deadline, and pack a batch
+    only with companions that keep every member in time; false: work is sent until its deadline
+    passes in the queue (for baselines)."""
+    queue_order: Literal["deadline", "arrival"] = "deadline"
+    """Serving order of the queue: deadline (earliest deadline first) or arrival (first come, first
+    served; for baselines). Either way a request expires (504) when its deadline passes in the queue."""
 
 
 @dataclass(frozen=True)

@@ -8,36 +8,43 @@ event loop, so a setting tuned offline means the same thing live. deadline_queue
 what it reads of a job), cost.py (what it reads of a latency prediction) and drops.py (the drop
 reasons) hold the vocabulary; admission.py and batching.py the decisions.
 
-  admission  precheck: the queue's predicted wait alone misses the deadline (refused before any
-             tokenizing); admit: the queue's token budget is spent (429 queue_full) or the
-             predicted finish is past the deadline (503 deadline_unmeetable). Predicted finish =
-             the soonest-free worker's work in flight + the queued work and this request's, in full
-             batches shared by the ready workers, + margin + learnt lateness. A probe is admitted
-             anyway while no measured batch has confirmed the start-up profile and nothing else is
-             queued or running (refusing everything would never produce the measurements).
-  batching   one deadline-ordered queue per workload; a batch takes jobs in deadline order up to
-             the compiled bounds, looking past at most SCAN_LIMIT jobs that do not fit; a partial
-             batch waits while its worker is predicted busy for longer than max_batch_wait_ms.
-  drops      one set of reasons (DropReason, answered with DROP_CODES); expired_in_queue, predicted_late (the batch would
-             finish past a member's deadline behind the worker's work in flight), the worker's
+  admission  precheck: the predicted wait where the request would run already misses its deadline
+             (refused before any tokenizing); admit: the queue's token budget is spent (429
+             queue_full) or the predicted finish is past the deadline (503 deadline_unmeetable).
+             Predicted finish (`place`) = the soonest-free worker's work in flight, then the queued
+             jobs served before it (in deadline order: those due no later), skipping those the
+             batcher will drop as late, in full batches shared by the ready workers, then itself;
+             plus margin and the batcher's learnt lateness (`Lateness`: how late answers come against
+             the finish predicted at send), the slack its drops use: admission refuses what the
+             batcher would drop were the queue to stay as it is. A probe is admitted anyway while
+             nothing else is queued or running and the start-up profile is unconfirmed or only the
+             learnt lateness refuses it.
+  batching   one queue per workload, served in deadline order (or arrival order: an ablation); a
+             batch is sent only when its worker is predicted free within max_batch_wait_ms (until
+             then a later, tighter deadline can still join or pass it); it takes jobs in serving
+             order up to the compiled bounds, looking past at most SCAN_LIMIT that do not fit, and,
+             with predicted-late drops on, only companions that keep every member in time; a job
+             that cannot finish in time even alone is dropped before compute.
+  drops      one set of reasons (DropReason, answered with DROP_CODES); expired_in_queue, predicted_late (it
+             cannot finish in time behind the worker's work in flight), the worker's
              expired_in_worker and worker_overdue (no answer within the grace after the deadline)
              are all answered 504 deadline_exceeded.
-Without deadline predictions (`AdmissionSettings.predict` false: the FCFS ablation) nothing is
-refused for its deadline and nothing dropped as predicted late; the queue budget still holds and
-requests still expire at their deadline.
+Each part can be turned off for baselines: early refusal (`AdmissionSettings.refuse_early`), the
+predicted-late drops (`dispatch(drop_late=...)`) and deadline order (`QueueOrder.ARRIVAL`); the
+queue budget always holds and requests always expire at their deadline.
 """
 
-from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit, finish_ms, is_probe,
-                                     precheck)
-from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, busy_ms, chunk_bounds,
-                                    dispatch, form_batch, least_busy, take_expired)
+from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit,
+                                     finish_ms, is_probe, place, precheck)
+from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, Timing, busy_ms,
+                                    chunk_bounds, dispatch, form_batch, least_busy, take_expired)
 from shared.policy.cost import CostModel
-from shared.policy.deadline_queue import DeadlineQueue, Work
-from shared.policy.drops import DROP_CODES, DropReason, Refusal
+from shared.policy.deadline_queue import DeadlineQueue, QueueOrder, Work
+from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
 
 __all__ = [
-    "DROP_CODES", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds", "CostModel",
-    "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "Refusal", "Send", "Work", "admit",
-    "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe", "least_busy", "precheck",
-    "take_expired",
+    "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds",
+    "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "QueueOrder", "Refusal", "Send",
+    "Timing", "Work", "admit", "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe",
+    "least_busy", "place", "precheck", "take_expired",
 ]

@@ -10,16 +10,16 @@ from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, Work
 from shared.policy.drops import DropReason, Refusal
 
-LATE_QUANTILE, LATE_STEP_MS = 0.9, 0.25
+LATE_QUANTILE, LATE_STEP_MS, LATE_STEP_SHARE = 0.9, 0.25, 0.05
 
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """[gateway] max_queue_tokens, admission_margin_ms and admission (deadline predictions on/off)."""
+    """[gateway] max_queue_tokens, admission_margin_ms and admission (refusing early on the predicted finish)."""
 
     max_queue_tokens: int
     margin_ms: float
-    predict: bool = True
+    refuse_early: bool = True
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,19 @@ class Prediction:
 
 
 class Lateness:
-    """How much later than predicted admitted requests of one workload really finish: an online
-    estimate of its 90th percentile (stochastic approximation in steps of LATE_STEP_MS)."""
+    """How much later than predicted at send a workload's requests are answered: an online estimate of
+    its 90th percentile (stochastic approximation in steps of LATE_STEP_MS, or LATE_STEP_SHARE of the
+    estimate when that is more: an estimate tens of ms off, learnt in a slow spell, comes back within
+    a few hundred answers instead of thousands). It is the model's error over one batch and the
+    answer's way back, the slack of the batcher's predicted-late drops; admission adds the same
+    slack, so that it refuses what the batcher would drop were the queue to stay as it is.
+
+    It is not learnt from the finish predicted at admission: a request is overtaken afterwards by
+    tighter ones that arrive after it, and that lateness, tens to hundreds of ms on a bursty trace,
+    says nothing about whether it meets its deadline (a loose one is served late but in time, one
+    pushed past its deadline is dropped before compute, which wastes nothing); added to admission's
+    predictions it refused most tight and loose requests that would have been served in time
+    (measured: README, "Overload")."""
 
     def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS) -> None:
         self.quantile = quantile
@@ -56,58 +67,98 @@ class Lateness:
     def observe(self, prediction: Prediction, finished_at: float) -> None:
         late_ms = (finished_at - prediction.finish_at) * 1000.0
         if math.isfinite(late_ms):
-            self.value += self.step_ms * (self.quantile - (1.0 if late_ms < self.value else 0.0))
+            self.value += self._step() * (self.quantile - (1.0 if late_ms < self.value else 0.0))
+
+    def observe_missed(self, prediction: Prediction, deadline: float) -> None:
+        """Work sent that was dropped for its deadline (given up as overdue): it would have finished no
+        earlier than `deadline`, so it was at least that late. Counted when that alone is above the
+        estimate (the answers that never come would otherwise bias the estimate low); otherwise
+        unknown, skipped."""
+        late_ms = (deadline - prediction.finish_at) * 1000.0
+        if math.isfinite(late_ms) and late_ms >= self.value:
+            self.value += self._step() * self.quantile
 
     def slack_ms(self, margin_ms: float) -> float:
-        """Added to every predicted finish: the margin, plus the lateness when it is positive."""
+        """Added to a prediction checked against a deadline: the margin, plus the estimate when positive."""
         return margin_ms + max(0.0, self.value)
 
-
-def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView) -> bool:
-    """Admit anyway: the start-up profile is unconfirmed and nothing else is queued or running."""
-    return not model.verified and queue.jobs == 0 and pool.batches_in_flight == 0
+    def _step(self) -> float:
+        return max(self.step_ms, LATE_STEP_SHARE * abs(self.value))
 
 
-def finish_ms(queue: DeadlineQueue, pool: PoolView, model: CostModel, items: int = 0, tokens: int = 0) -> float:
-    """Predicted ms until the queue, plus `items`/`tokens` of new work behind it, is served: the
-    soonest-free worker's work in flight, then that work in full batches shared by the ready
-    workers. All of the queue counts as ahead: with one SLO per route later arrivals have later
-    deadlines, and the bound errs on the side of refusing rather than answering late."""
-    backlog = model.backlog_ms(queue.items + items, queue.latency_tokens + tokens)
-    return pool.soonest_free_ms + backlog / max(1, pool.ready_workers)
+def is_probe(model: CostModel, queue: DeadlineQueue, pool: PoolView, fits_unpadded: bool) -> bool:
+    """Admit anyway while nothing else is queued or running, when the start-up profile is unconfirmed
+    or the prediction meets the deadline without the learnt lateness: refusing everything would
+    never produce the measurements that confirm the profile or bring a learnt lateness back down."""
+    return queue.jobs == 0 and pool.batches_in_flight == 0 and (fits_unpadded or not model.verified)
+
+
+def finish_ms(queue: DeadlineQueue, pool: PoolView, model: CostModel) -> float:
+    """Predicted ms until everything queued now is served (in full batches shared by the ready workers)."""
+    return _done_ms(pool, model, queue.items, queue.latency_tokens)
+
+
+def _done_ms(pool: PoolView, model: CostModel, items: int, tokens: int) -> float:
+    return pool.soonest_free_ms + model.backlog_ms(items, tokens) / max(1, pool.ready_workers)
+
+
+def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, margin_ms: float,
+          deadline: float, items_new: int = 0, tokens_new: int = 0) -> float:
+    """Predicted ms until `items_new`/`tokens_new` of new work with `deadline` is served where it would
+    run: the soonest-free worker's work in flight, then the queued jobs served before it (those due no
+    later in deadline order; all of them in arrival order) in full batches shared by the ready
+    workers, then itself. The queue is walked as the batcher will serve it: a job predicted to
+    finish past its deadline (+ `margin_ms`) will be dropped before compute and takes no time. The
+    jobs it is served before are not counted: it delays them, and those it makes late are dropped
+    in turn (refusing it to spare them was measured to lose goodput in every deadline class but the
+    loosest)."""
+    free_ms, workers, backlog_ms = pool.soonest_free_ms, max(1, pool.ready_workers), model.backlog_ms
+    now_ms = now_s * 1000.0 + margin_ms
+    kept_items = kept_tokens = 0
+    for job in queue.ahead_of(deadline):  # hot: a pass per admission, so plain arithmetic
+        items, tokens = kept_items + job.batch_items, kept_tokens + job.latency_tokens
+        if free_ms + backlog_ms(items, tokens) / workers <= job.deadline * 1000.0 - now_ms:
+            kept_items, kept_tokens = items, tokens
+    return free_ms + backlog_ms(kept_items + items_new, kept_tokens + tokens_new) / workers
 
 
 def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s: float, now_s: float,
-             settings: AdmissionSettings, lateness: Lateness) -> Refusal | None:
-    """Refuse before any tokenizing when the queue's predicted wait alone misses the deadline."""
-    if not settings.predict:
+             settings: AdmissionSettings, lateness: Lateness, items: int = 0) -> Refusal | None:
+    """Refuse before any tokenizing when the predicted wait where the request would run, plus the
+    least its `items` (samples, or beams) can take (one token each), already misses the deadline."""
+    if not settings.refuse_early:
         return None
-    wait_ms = finish_ms(queue, pool, model)
+    least_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
     slack_ms = lateness.slack_ms(settings.margin_ms)
-    if wait_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
+    fits_unpadded = least_ms + settings.margin_ms <= budget_ms
+    if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool, fits_unpadded):
         return None
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted queue wait of {wait_ms:.1f} ms (+ margin {slack_ms:.1f} "
-                                          f"ms) is already past the deadline of {budget_ms:.1f} ms; refused "
-                                          "before any work")
+    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its "
+                                                   f"{items} item(s) can take, is {least_ms:.1f} ms (+ margin "
+                                                   f"{slack_ms:.1f} ms), already past the deadline of "
+                                                   f"{budget_ms:.1f} ms; refused before any work")
 
 
 def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float,
           settings: AdmissionSettings, lateness: Lateness) -> Prediction | Refusal:
     """The prediction for a request's jobs, or why it is refused (queue_full, deadline_unmeetable)."""
-    budget_ms = (min(j.deadline for j in jobs) - now_s) * 1000.0
+    deadline = min(j.deadline for j in jobs)
+    budget_ms = (deadline - now_s) * 1000.0
     items, tokens = sum(j.batch_items for j in jobs), sum(j.latency_tokens for j in jobs)
-    done_ms = finish_ms(queue, pool, model, items, tokens)
+    done_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline, items, tokens)
     service_ms = model.backlog_ms(items, tokens)
     wait_ms = max(0.0, done_ms - service_ms)
     prediction = Prediction(wait_ms, service_ms, budget_ms, now_s + done_ms / 1000.0)
     real_tokens = sum(j.tokens for j in jobs)
     if queue.tokens + real_tokens > settings.max_queue_tokens and queue.jobs > 0:
-        return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's {real_tokens} it "
-                                     f"would pass its budget of {settings.max_queue_tokens}",
+        return Refusal(DropReason.QUEUE_FULL, f"the queue holds {queue.tokens} tokens; with this request's "
+                                              f"{real_tokens} it would pass its budget of {settings.max_queue_tokens}",
                        retry_after_s=finish_ms(queue, pool, model) / 1000.0)
     slack_ms = lateness.slack_ms(settings.margin_ms)
-    if not settings.predict or wait_ms + service_ms + slack_ms <= budget_ms or is_probe(model, queue, pool):
+    if not settings.refuse_early or is_probe(model, queue, pool, done_ms + settings.margin_ms <= budget_ms):
+        return prediction
+    if wait_ms + service_ms + slack_ms <= budget_ms:
         return prediction
     return Refusal(DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait "
                                           f"{wait_ms:.1f} ms + service {service_ms:.1f} ms + margin {slack_ms:.1f} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -46,13 +47,14 @@ class Send(Generic[W]):
     """Predicted finish of the batch behind the worker's work in flight (caller's clock, s)."""
 
 
-def busy_ms(in_flight: Iterable[tuple[float, float]], now_s: float) -> float:
+def busy_ms(in_flight: Iterable[tuple[float, float]], now_s: float, free_since: float = -math.inf) -> float:
     """Predicted ms until a worker has done its (sent_at_s, predicted_ms) batches, run one after another
-    from the first send."""
+    from the first send, or from `free_since` (when its last answer came) if that is later: a batch
+    sent while the worker still computed the one before it started only once that one ended."""
     batches = list(in_flight)
     if not batches:
         return 0.0
-    first = min(sent for sent, _ in batches)
+    first = max(min(sent for sent, _ in batches), free_since)
     return max(0.0, sum(ms for _, ms in batches) - (now_s - first) * 1000.0)
 
 
@@ -74,25 +76,55 @@ def least_busy(workers: Iterable[K], now_s: float, max_inflight_batches: int) ->
     return min(free, key=lambda w: (w.busy_ms(now_s), len(w.in_flight)), default=None)
 
 
-def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds) -> tuple[list[W], bool]:
-    """The next batch's jobs in deadline order, and whether it is full (a bound reached, or a
-    queued job did not fit)."""
+@dataclass(frozen=True)
+class Timing:
+    """When a batch sent now would finish: behind the worker's work in flight, at the model's speed."""
+
+    model: CostModel
+    now_s: float
+    busy_ms: float
+    slack_ms: float = 0.0
+    """Added to a finish when it is checked against a deadline: the margin and the learnt lateness of
+    the batches' answers (their way back to the client, the model's error)."""
+
+    def finish_at(self, items: int, latency_tokens: int) -> float:
+        """Predicted finish (caller's clock, s) of a batch of `items` items and `latency_tokens` tokens."""
+        return self.now_s + (self.busy_ms + self.predict_ms(items, latency_tokens)) / 1000.0
+
+    def in_time(self, items: int, latency_tokens: int, deadline: float) -> bool:
+        return self.finish_at(items, latency_tokens) + self.slack_ms / 1000.0 <= deadline
+
+    def predict_ms(self, items: int, latency_tokens: int) -> float:
+        return self.model.predict_ms(items, latency_tokens / max(1, items))
+
+
+def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
+               timing: Timing | None = None) -> tuple[list[W], list[W]]:
+    """The next batch's jobs in serving order, up to the compiled bounds (looking past at most
+    SCAN_LIMIT jobs that do not fit). With `timing`, a job joins only if the batch still finishes
+    before every member's deadline, its own included, and the jobs that cannot finish in time even
+    alone are returned apart (second value) instead."""
     taken: list[W] = []
-    samples, tokens, labels, skipped, full = 0, 0, set(), 0, False
+    doomed: list[W] = []
+    samples, tokens, items, computed, labels, skipped = 0, 0, 0, 0, set(), 0
+    due = math.inf  # the earliest deadline in the batch
     for job in queue.in_order():
-        if taken and not _fits(job, taken, samples, tokens, labels, workload, bounds):
-            skipped, full = skipped + 1, True
+        if timing is not None and not timing.in_time(job.batch_items, job.latency_tokens, job.deadline):
+            doomed.append(job)
+            continue
+        late = timing is not None and taken and not timing.in_time(
+            items + job.batch_items, computed + job.latency_tokens, min(due, job.deadline))
+        if taken and (late or not _fits(job, taken, samples, tokens, labels, workload, bounds)):
+            skipped += 1
             if skipped >= SCAN_LIMIT:
                 break
             continue
         taken.append(job)
-        samples, tokens = samples + job.samples, tokens + job.tokens
-        labels.update(job.label_ids)
-        reached = (samples if workload == "score" else len(taken)) >= bounds.max_jobs
-        if reached or len(taken) == bounds.max_requests:
-            full = True
+        samples, tokens, labels = samples + job.samples, tokens + job.tokens, labels | set(job.label_ids)
+        items, computed, due = items + job.batch_items, computed + job.latency_tokens, min(due, job.deadline)
+        if (samples if workload == "score" else len(taken)) >= bounds.max_jobs or len(taken) == bounds.max_requests:
             break
-    return taken, full
+    return taken, doomed
 
 
 def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[int], workload: str,
@@ -107,29 +139,61 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
 
 
 def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
-               max_wait_ms: float, now_s: float, predict: bool = True) -> Hold | Send[W]:
+             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
-    `worker_busy_ms`. A partial batch sent to a busy worker would only wait in its FIFO: it stays here
-    (in deadline order, gathering companions) until the worker is predicted free within max_wait_ms.
-    A trusted model (measured batches confirmed it) drops the members predicted to finish late."""
-    jobs, full = form_batch(queue, workload, bounds)
+    `worker_busy_ms`. A batch sent to a busy worker would only wait in its FIFO, where nothing can
+    overtake it: it stays here (in serving order, where a later, tighter deadline can still join or
+    pass it) until the worker is predicted free within max_wait_ms.
+
+    With `drop_late` and a trusted model (measured batches confirmed it), a job that cannot finish
+    in time even alone is dropped before any compute (when the slack would drop every queued job
+    and the worker is idle, by its prediction alone: the slack is learnt from answers, and dropping
+    everything would never produce one), and of two plans the one that answers more
+    jobs in time per predicted millisecond is taken: the batch packed to the bounds, less the
+    members it would make late (dropped); or the batch of only those companions that keep every
+    member in time, then the rest of the packed batch after it (the second batch pays its own fixed
+    cost, and what it would make late counts against the plan). Where a batch's fixed cost is large,
+    packing wins; where a tight deadline would wait behind a large batch, the short batch goes."""
     hold_ms = worker_busy_ms - max_wait_ms
-    if not full and hold_ms > MIN_HOLD_MS:
+    if hold_ms > MIN_HOLD_MS:
         return Hold(hold_ms)
-    items = sum(j.batch_items for j in jobs)
-    predicted_ms = model.predict_ms(items, sum(j.latency_tokens for j in jobs) / max(1, items))
-    finish_at = now_s + (worker_busy_ms + predicted_ms) / 1000.0
-    drop = predict and model.verified
-    late = [j for j in jobs if drop and finish_at > j.deadline]
-    live = [j for j in jobs if not (drop and finish_at > j.deadline)]
-    return Send(live, late, predicted_ms, finish_at)
+    timing = Timing(model, now_s, worker_busy_ms, slack_ms)
+    packed, _ = form_batch(queue, workload, bounds)
+    if not (drop_late and model.verified):
+        return _send(packed, [], timing)
+    short, doomed = form_batch(queue, workload, bounds, timing)
+    if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
+        timing = Timing(model, now_s, worker_busy_ms)
+        short, doomed = form_batch(queue, workload, bounds, timing)
+    if doomed:
+        return Send([], doomed, 0.0, now_s)
+    packed_ms, late = _plan(packed, timing)
+    rest = [j for j in packed if j not in short]
+    if not rest:
+        return _send(short, [], timing)
+    short_ms, _ = _plan(short, timing)
+    rest_ms, rest_late = _plan(rest, Timing(model, now_s, worker_busy_ms + short_ms, slack_ms))
+    if (len(packed) - len(late)) * (short_ms + rest_ms) > (len(packed) - len(rest_late)) * packed_ms:
+        return _send([j for j in packed if j not in late], late, timing)
+    return _send(short, [], timing)
+
+
+def _plan(jobs: list[W], timing: Timing) -> tuple[float, list[W]]:
+    """The predicted ms of `jobs` as one batch, and those of them it would finish late."""
+    items, computed = sum(j.batch_items for j in jobs), sum(j.latency_tokens for j in jobs)
+    return timing.predict_ms(items, computed), [j for j in jobs if not timing.in_time(items, computed, j.deadline)]
+
+
+def _send(live: list[W], late: list[W], timing: Timing) -> Send[W]:
+    items, computed = sum(j.batch_items for j in live), sum(j.latency_tokens for j in live)
+    return Send(live, late, timing.predict_ms(items, computed), timing.finish_at(items, computed))
 
 
 def take_expired(queue: DeadlineQueue[W], now_s: float) -> list[W]:
     """Remove and return the queued jobs whose deadline has passed (answered 504 expired_in_queue)."""
     expired = []
     while (deadline := queue.earliest_deadline()) is not None and deadline <= now_s:
-        job = next(iter(queue.in_order()))
+        job = queue.earliest()
         queue.remove(job)
         expired.append(job)
     return expired

@@ -1,10 +1,18 @@
-"""The deadline-ordered queue of one workload and what it reads of a queued job (pure: no I/O, no clock)."""
+"""The queue of one workload and what it reads of a queued job (pure: no I/O, no clock).
+
+Jobs are served in deadline order (earliest deadline first; the default) or, for the first-come
+first-served ablation, in arrival order. Either way the queue knows its earliest deadline (expiry)
+and, for a job about to arrive with a given deadline, the queued jobs it would be served after
+(`ahead_of`): admission predicts a request's finish from where it will really run, not from
+the back of the whole queue.
+"""
 
 from __future__ import annotations
 
 import bisect
+import enum
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 
@@ -25,13 +33,22 @@ class Work(Protocol):
 W = TypeVar("W", bound=Work)
 
 
-class DeadlineQueue(Generic[W]):
-    """Queued jobs of one workload in deadline order (ties: arrival order), with the totals
-    admission reads. Removal is eager, so every job in it is still waiting."""
+class QueueOrder(enum.StrEnum):
+    """[gateway] queue_order: the order queued jobs are served in."""
 
-    def __init__(self) -> None:
-        self._entries: list[tuple[float, int, W]] = []  # sorted by (deadline, arrival number)
-        self._keys: dict[int, tuple[float, int]] = {}  # id(job) -> its sort key
+    DEADLINE = "deadline"  # earliest deadline first (ties: arrival order)
+    ARRIVAL = "arrival"  # first come, first served (an ablation: a tight deadline waits its turn)
+
+
+class DeadlineQueue(Generic[W]):
+    """Queued jobs of one workload in serving order, with the totals admission reads. Removal is
+    eager, so every job in it is still waiting."""
+
+    def __init__(self, order: QueueOrder | str = QueueOrder.DEADLINE) -> None:
+        self.order = QueueOrder(order)
+        self._entries: list[tuple[float, int, W]] = []  # serving order: sorted by (key, arrival number)
+        self._by_deadline: list[tuple[float, int]] = []  # (deadline, arrival number), for expiry (arrival order)
+        self._keys: dict[int, tuple[float, int]] = {}  # id(job) -> its deadline and arrival number
         self._arrivals = itertools.count()
         self.jobs = self.tokens = self.items = self.latency_tokens = 0
 
@@ -42,9 +59,11 @@ class DeadlineQueue(Generic[W]):
         return id(job) in self._keys
 
     def push(self, job: W) -> None:
-        key = (job.deadline, next(self._arrivals))
-        self._keys[id(job)] = key
-        bisect.insort(self._entries, (*key, job))
+        number = next(self._arrivals)
+        self._keys[id(job)] = (job.deadline, number)
+        bisect.insort(self._entries, (*self._sort_key(job.deadline, number), job))
+        if self.order is QueueOrder.ARRIVAL:
+            bisect.insort(self._by_deadline, (job.deadline, number))
         self._count(job, 1)
 
     def remove(self, job: W) -> bool:
@@ -52,15 +71,41 @@ class DeadlineQueue(Generic[W]):
         key = self._keys.pop(id(job), None)
         if key is None:
             return False
-        del self._entries[bisect.bisect_left(self._entries, key)]  # (d, n) sorts just before (d, n, job)
+        sort_key = self._sort_key(*key)
+        del self._entries[bisect.bisect_left(self._entries, sort_key)]  # (k, n) sorts just before (k, n, job)
+        if self.order is QueueOrder.ARRIVAL:
+            del self._by_deadline[bisect.bisect_left(self._by_deadline, key)]
         self._count(job, -1)
         return True
 
     def in_order(self) -> Iterable[W]:
+        """The jobs in the order they are served."""
         return (entry[2] for entry in self._entries)
 
     def earliest_deadline(self) -> float | None:
-        return self._entries[0][0] if self._entries else None
+        if self.order is QueueOrder.DEADLINE:
+            return self._entries[0][0] if self._entries else None
+        return self._by_deadline[0][0] if self._by_deadline else None
+
+    def earliest(self) -> W | None:
+        """The queued job with the earliest deadline (the next to expire)."""
+        if self.order is QueueOrder.DEADLINE:
+            return self._entries[0][2] if self._entries else None
+        if not self._by_deadline:
+            return None
+        return self._entries[bisect.bisect_left(self._entries, self._sort_key(*self._by_deadline[0]))][2]
+
+    def ahead_of(self, deadline: float) -> Iterator[W]:
+        """The queued jobs served ahead of a new job with `deadline`, in serving order."""
+        end = len(self._entries) if self.order is QueueOrder.ARRIVAL else self._cut(deadline)
+        return (entry[2] for entry in itertools.islice(self._entries, end))
+
+    def _cut(self, deadline: float) -> int:
+        """Serving position of a new job with `deadline` (after every queued job due no later)."""
+        return bisect.bisect_right(self._entries, (deadline, float("inf")))
+
+    def _sort_key(self, deadline: float, number: int) -> tuple[float, int]:
+        return (deadline, number) if self.order is QueueOrder.DEADLINE else (float(number), number)
 
     def _count(self, job: W, sign: int) -> None:
         self.jobs += sign

@@ -28,6 +28,9 @@ DROP_CODES = {
     DropReason.WORKER_LOST: "worker_lost",
 }
 """Drop reason -> the API error code it is answered with (gateway/errors.py gives the HTTP status)."""
+SENT_AND_MISSED = (DropReason.EXPIRED_IN_WORKER, DropReason.WORKER_OVERDUE)
+"""Drops of work the batcher sent as predicted in time that still missed its deadline: what its learnt
+lateness counts as at least that late (the answers that never come would otherwise bias it low)."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from deploy import probes
-from deploy.compose_check import compose_variables, running_services, url_of
+from deploy.compose_check import OPTIONAL, compose_variables, running_services, url_of
 from deploy.images import STANDIN_TAG, build_args, build_argv, planned_builds, port_variables, pulled_images
 from deploy.steps import StepFailed, Steps
 from tests.deploy.stack import COMPOSE_FILE, load_compose, raw_compose
@@ -41,15 +41,17 @@ def test_one_tag_built_two_ways_is_refused():
 def test_pulled_images_and_the_variables_that_name_them():
     pulled = pulled_images(raw_compose(), load_compose())
     assert [(p.service, p.image, p.variable) for p in pulled] == [
+        ("grafana", "grafana/grafana:12.1.1", "GRAFANA_IMAGE"),
         ("prometheus", "prom/prometheus:v3.5.0", "PROMETHEUS_IMAGE")]
     raw = raw_compose()
     raw["services"]["prometheus"]["image"] = "prom/prometheus:v3.5.0"  # written literally: nothing to swap
-    assert pulled_images(raw, load_compose())[0].variable is None
+    assert pulled_images(raw, load_compose())[1].variable is None
 
 
 def test_published_ports_become_free_ports_and_every_other_variable_its_default(tmp_path):
     raw = raw_compose()
-    assert port_variables(raw) == {"GATEWAY_PORT": ("gateway", 8000), "PROMETHEUS_PORT": ("prometheus", 9090)}
+    assert port_variables(raw) == {"GATEWAY_PORT": ("gateway", 8000), "PROMETHEUS_PORT": ("prometheus", 9090),
+                                   "GRAFANA_PORT": ("grafana", 3000)}
     env = compose_variables(COMPOSE_FILE.read_text(), raw, tmp_path)
     assert env["MODELS_DIR"] == str(tmp_path) and env["MODEL_DIR"] == str(tmp_path / "demo")
     assert env["BOUNDSERVE_CONFIG"] == "" and env["PROMETHEUS_IMAGE"] == ""  # "" -> the file's default
@@ -66,8 +68,8 @@ def test_a_fixed_host_port_is_refused_with_the_fix():
         port_variables(raw)
 
 
-def test_up_with_monitoring_runs_the_cpu_stack_and_prometheus_only():
-    assert running_services(load_compose(), ["monitoring"]) == ["gateway", "prometheus", "worker-cpu"]
+def test_up_with_monitoring_runs_the_cpu_stack_prometheus_and_grafana_only():
+    assert running_services(load_compose(), ["monitoring"]) == ["gateway", "grafana", "prometheus", "worker-cpu"]
 
 
 def test_build_arguments_for_each_source():
@@ -160,3 +162,10 @@ def test_a_hanging_command_is_stopped_at_its_timeout(tmp_path):
         steps.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout_s=0.2, echo=False)
     with pytest.raises(StepFailed, match="`no-such-program-here` is not installed"):
         steps.run(["no-such-program-here"], timeout_s=5, echo=False)
+
+
+def test_only_the_dashboard_may_be_left_out_and_only_from_the_monitoring_profile():
+    services = load_compose()["services"]
+    assert set(OPTIONAL) == {"grafana"}  # the gateway, the worker and Prometheus are what the check asserts
+    assert all(services[name]["profiles"] == ["monitoring"] for name in OPTIONAL)
+    assert "grafana" in running_services(load_compose(), ["monitoring"])

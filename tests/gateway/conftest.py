@@ -65,12 +65,12 @@ class Stack:
 
 
 async def start_stack(request_tokenizer: RequestTokenizer, workers: list[StandInWorker], auth_token=None,
-                      admission=True, wait=True, score=None, manifest=None, **gateway) -> Stack:
+                      wait=True, score=None, manifest=None, **gateway) -> Stack:
     """`score`: a [score] section (ScoreConfig); `manifest`: the artifacts' manifest (default: BOUNDS)."""
     config = deployment([w.endpoint for w in workers], **gateway)
     config = config if score is None else config.replace(score=score)
     manifest = manifest or {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
-    app = make_app(Settings(config, manifest, request_tokenizer, auth_token, admission))
+    app = make_app(Settings(config, manifest, request_tokenizer, auth_token))
     client = TestClient(TestServer(app))
     await client.start_server()
     stack = Stack(client, workers)

@@ -88,27 +88,27 @@ async def test_an_expiry_in_the_queue_is_one_drop(request_tokenizer):
 
 
 async def test_a_predicted_late_drop_is_counted_once_by_its_reason(request_tokenizer):
-    """A tight request queued first, then a 15-sample one with a loose deadline: the batch of both
-    is predicted to take 16 x 100 ms, past the tight one's deadline, which is dropped unsent."""
+    """Early refusal off: a 15-sample request (predicted 15 x 100 ms alone) with a 1.2 s deadline is
+    queued behind a held batch; once the worker is free it cannot finish in time, and is dropped unsent."""
     per_sample = LatencyModel(0.0, 0.0, 100.0, 0.0)  # 100 ms a sample, and the stand-in takes that for one
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, latency=per_sample,
                            delay_ms=100).start()
-    stack = await start_stack(request_tokenizer, [worker], max_inflight_batches_per_worker=1, max_batch_wait_ms=0.0)
+    stack = await start_stack(request_tokenizer, [worker], max_inflight_batches_per_worker=1, max_batch_wait_ms=0.0,
+                              admission=False)
     try:
         for _ in range(3):  # measured batches confirm the profile: predicted-late drops start
             assert (await stack.post(SCORE, {"samples": ["x"], "labels": ["yes"], "deadline_ms": 10_000}))[0] == 200
         worker.gate = threading.Event()
         blocker = asyncio.create_task(stack.post(SCORE, {"samples": ["b"], "labels": ["yes"], "deadline_ms": 10_000}))
         await until(lambda: len(worker.requests) == 4, what="the worker holding the blocker")
-        tight = asyncio.create_task(stack.post(SCORE, {"samples": ["t"], "labels": ["yes"], "deadline_ms": 1_500}))
-        await until(lambda: stack.gateway.batchers["score"].queued_jobs == 1, what="the tight request queued")
-        loose = asyncio.create_task(stack.post(SCORE, {"samples": ["l"] * 15, "labels": ["yes"],
-                                                       "deadline_ms": 10_000}))
-        await until(lambda: stack.gateway.batchers["score"].queued_jobs == 2, what="the loose request queued")
+        doomed = asyncio.create_task(stack.post(SCORE, {"samples": ["l"] * 15, "labels": ["yes"],
+                                                        "deadline_ms": 1_200}))
+        await until(lambda: stack.gateway.batchers["score"].queued_jobs == 1, what="the doomed request queued")
         worker.gate.set()
-        status, body, _ = await tight
+        status, body, _ = await doomed
         assert status == 504 and "past its deadline" in body["error"]["message"], body
-        assert (await loose)[0] == 200 and (await blocker)[0] == 200
+        assert (await blocker)[0] == 200
+        assert len(worker.requests) == 4  # never sent
         text = await scrape(stack)
         assert requests(text, "deadline_exceeded") == 1
         assert drops(text) == {**dict.fromkeys(DROP_REASONS, 0.0), "predicted_late": 1.0}

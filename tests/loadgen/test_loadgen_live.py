@@ -83,7 +83,9 @@ def test_cli_synth_tune_offline_writes_a_loadable_config_and_sweeps(tmp_path, ca
     model.write_text(json.dumps({"score": {"alpha": 0.0, "beta": 0.01, "gamma": 0.2, "delta": 2.0},
                                  "beam": {"alpha": 0.0002, "beta": 0.0, "gamma": 0.05, "delta": 3.0}}))
     out, written = tmp_path / "tune.json", tmp_path / "tuned.toml"
-    code = main(["tune", "--trace", str(trace_path), "--slo-ms", "40", "--offline", "--latency-model", str(model),
+    # an SLO with room above the 40 ms deadline candidates: admission admits up to the deadline, so
+    # the tail of answers sits near it (the check is the CLI's plumbing, not a latency figure)
+    code = main(["tune", "--trace", str(trace_path), "--slo-ms", "50", "--offline", "--latency-model", str(model),
                  "--config", str(ROOT / "configs" / "demo.toml"), "--grid", "max_batch_wait_ms=0,2",
                  "--grid", "score_deadline_ms=20,40", "--capacity", "--max-workers", "4", "--out", str(out),
                  "--write-config", str(written)])

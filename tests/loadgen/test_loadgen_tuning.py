@@ -132,11 +132,13 @@ def test_service_model_from_a_worker_log(tmp_path):
         model("generate", 1, 1)
 
 
-def test_without_admission_requests_wait_first_come_first_served_and_expire_in_the_queue():
-    # Twice what one worker serves, 30 ms deadlines, admission off: nothing is refused, what waits
-    # past its deadline is answered 504, and what was sent just in time is answered late.
+def test_without_predictions_requests_wait_in_deadline_order_and_expire_in_the_queue():
+    # Twice what one worker serves, 30 ms deadlines, no early refusal and no predicted-late drops:
+    # nothing is refused, what waits past its deadline is answered 504, and what was sent just in
+    # time is answered late.
     trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=1000, duration_s=1, samples=1, tokens_per_sample=10))
-    settings = SimSettings(**SIMPLE, admission=False, score_deadline_ms=30.0, max_batch_samples=4)
+    settings = SimSettings(**SIMPLE, admission=False, drop_predicted_late=False, score_deadline_ms=30.0,
+                           max_batch_samples=4)
     simulator = Simulator(settings, _batch_cost)
     results = simulator.run(trace)
     assert {r.outcome for r in results} == {"ok", "deadline_exceeded"}

@@ -9,8 +9,8 @@ import pytest
 from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
 from shared.policy import (DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
-                           PoolView, Prediction, Refusal, Send, admit, busy_ms, chunk_bounds, form_batch,
-                           dispatch, precheck, take_expired)
+                           PoolView, Prediction, QueueOrder, Refusal, Send, admit, busy_ms, chunk_bounds, dispatch,
+                           form_batch, place, precheck, take_expired)
 
 SCORE = BatchBounds(max_jobs=8, max_tokens=100, max_labels=2)
 IDLE = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=0)
@@ -62,76 +62,142 @@ def test_the_queue_keeps_deadline_order_and_totals():
     assert (queue.jobs, queue.tokens, queue.items) == (2, 8, 3)
 
 
-def test_admit_predicts_the_finish_behind_the_queue():
-    queue = queue_of(FakeJob(10.0, samples=4))
+def test_admit_predicts_the_finish_where_the_request_runs_in_deadline_order():
+    earlier, later = FakeJob(0.5, samples=4), FakeJob(10.0, samples=4)
+    queue = queue_of(earlier, later)
     busy = PoolView(ready_workers=1, soonest_free_ms=5.0, batches_in_flight=1)
     decision = admit([FakeJob(1.0, samples=4)], queue, busy, model(), now_s=0.0, settings=SETTINGS,
                      lateness=Lateness())
-    # 5 ms in flight, then 8 queued+new samples in one full batch (2 + 8 ms); service alone 2 + 4
+    # 5 ms in flight, then the earlier job and itself in one full batch of 8 (2 + 8 ms); the later
+    # job runs after it and does not count; its service alone is 2 + 4 ms
     assert isinstance(decision, Prediction)
     assert decision.finish_at == pytest.approx(0.015) and decision.service_ms == pytest.approx(6.0)
     assert decision.wait_ms == pytest.approx(9.0) and decision.budget_ms == pytest.approx(1000.0)
+
+
+def test_a_tight_deadline_is_admitted_ahead_of_a_long_queue_of_loose_ones():
+    loose = queue_of(*(FakeJob(0.300, samples=8) for _ in range(10)))   # 10 full batches: 100 ms of work
+    tight = FakeJob(0.050, samples=4)
+    assert isinstance(admit([tight], loose, IDLE, model(), 0.0, SETTINGS, Lateness()), Prediction)
+    assert precheck(loose, IDLE, model(), 0.050, 0.0, SETTINGS, Lateness()) is None
+    due = queue_of(*(FakeJob(0.100, samples=8) for _ in range(10)))     # 9 fit by 100 ms (+ 1 ms margin)
+    behind = admit([FakeJob(0.100, samples=8)], due, IDLE, model(), 0.0, SETTINGS, Lateness())
+    assert isinstance(behind, Refusal) and "predicted finish in 100.0 ms" in behind.message
+
+
+def test_place_skips_the_queued_jobs_the_batcher_will_drop():
+    doomed = FakeJob(0.003, samples=8)                   # 10 ms alone, due in 3 ms: dropped before compute
+    kept = FakeJob(0.050, samples=8)
+    assert place(queue_of(doomed, kept), IDLE, model(), 0.0, 0.0, 1.0) == pytest.approx(10.0)
+    assert place(queue_of(kept), IDLE, model(), 0.0, 0.0, 1.0, items_new=8, tokens_new=10) == pytest.approx(20.0)
+    arrival = DeadlineQueue(QueueOrder.ARRIVAL)          # first come, first served: all of it is ahead
+    for job in (FakeJob(0.9, samples=8), FakeJob(0.8, samples=8)):
+        arrival.push(job)
+    assert place(arrival, IDLE, model(), 0.0, 0.0, 0.1) == pytest.approx(20.0)
 
 
 def test_admit_refuses_a_deadline_it_cannot_meet_and_learnt_lateness_counts():
     job = FakeJob(0.0065)                                 # 6.5 ms; alone it takes 3 ms + 1 ms margin
     assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, Lateness()), Prediction)
     late = Lateness()
-    for _ in range(40):                                   # answers keep coming 10 ms after their prediction
-        late.observe(Prediction(0, 0, 0, finish_at=1.0), finished_at=1.010)
-    assert late.value == pytest.approx(40 * 0.25 * 0.9)  # climbs 0.225 ms a step towards the 10 ms
-    refused = admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late)
+    for _ in range(20):                                   # answers of 6.5 ms budgets come 10 ms late
+        late.observe(Prediction(0, 3.0, 6.5, finish_at=1.0), finished_at=1.010)
+    assert late.slack_ms(0.0) == pytest.approx(20 * 0.25 * 0.9)  # 0.225 ms a step towards the 10 ms
+    running = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)  # (idle: a probe goes)
+    refused = admit([job], DeadlineQueue(), running, model(), 0.0, SETTINGS, late)
     assert isinstance(refused, Refusal) and refused.reason == "deadline_unmeetable"
     assert refused.code == "deadline_unmeetable" and "past the deadline" in refused.message
 
 
-def test_an_unconfirmed_profile_admits_a_probe_only_when_idle():
-    job = FakeJob(0.001)                                  # 1 ms: never meetable by the model
-    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(verified=False), 0.0, SETTINGS, Lateness()),
+def test_a_far_off_lateness_comes_back_in_steps_of_its_own_size():
+    late = Lateness()
+    late.value = 40.0                                      # learnt in a slow spell: 40 ms
+    for _ in range(300):                                   # now every answer comes on time
+        late.observe(Prediction(0, 5.0, 100.0, finish_at=1.0), finished_at=1.0)
+    assert late.slack_ms(0.0) < 10.0                       # in fixed 0.25 ms steps: 32.5 ms after 300
+
+
+def test_a_missed_answer_counts_as_at_least_as_late_as_its_deadline():
+    late = Lateness()
+    sent = Prediction(0, 3.0, 0.0, finish_at=1.0)
+    late.observe_missed(sent, deadline=1.020)             # never answered; due 20 ms after its predicted finish
+    assert late.value == pytest.approx(0.25 * 0.9)        # counted as late, a step up
+    late.value = 30.0
+    late.observe_missed(sent, deadline=1.020)             # 20 ms is below the estimate: unknown, skipped
+    assert late.value == 30.0
+
+
+@pytest.mark.parametrize("slack_ms", [0.0, 4.0])
+@pytest.mark.parametrize("busy_ms", [0.0, 1.5, 7.0])
+def test_admission_refuses_exactly_what_the_batcher_would_drop_were_the_queue_to_stay(slack_ms, busy_ms):
+    """Admission's check is the batcher's, taken at arrival with the same learnt slack: a request
+    admitted is one the batcher sends (the queue staying as it is), one refused it would drop."""
+    late = Lateness()
+    late.value = slack_ms
+    pool = PoolView(ready_workers=1, soonest_free_ms=busy_ms, batches_in_flight=1 if busy_ms else 0)
+    queued = [FakeJob(0.020, samples=4), FakeJob(0.300, samples=8)]  # one served first, one after
+    for due_ms in (k + 0.5 for k in range(2, 40)):        # never on a boundary (float sums)
+        job = FakeJob(due_ms / 1000.0, samples=4)
+        queue = queue_of(*queued)
+        admitted = isinstance(admit([job], queue, pool, model(), 0.0, SETTINGS, late), Prediction)
+        queue.push(job)
+        sent, now = False, 0.0
+        worker_busy = busy_ms
+        while queue and not sent:                          # the batcher's steps, the worker's time advanced
+            plan = dispatch(queue, "score", SCORE, model(), worker_busy, 0.0, now, slack_ms=late.slack_ms(1.0))
+            if isinstance(plan, Hold):
+                now, worker_busy = now + worker_busy / 1000.0, 0.0
+                continue
+            for gone in plan.late + plan.live:
+                queue.remove(gone)
+            if job in plan.late:
+                break
+            sent = job in plan.live
+            now, worker_busy = plan.finish_at, 0.0
+        assert admitted == sent, f"due in {due_ms} ms: admitted {admitted}, sent {sent}"
+
+
+def test_precheck_refuses_on_the_wait_where_the_request_would_run():
+    queue = queue_of(*(FakeJob(0.021, samples=8) for _ in range(3)))   # 3 full batches of 10 ms, due at 21 ms
+    # with the 1 ms margin the first two fit (10, 20 ms); the third would end at 30 ms: dropped, no wait.
+    # Behind them, one sample of one token at least: 20 + 3 ms, + 1 ms margin, past 23 ms
+    refusal = precheck(queue, IDLE, model(), deadline_s=0.023, now_s=0.0, settings=SETTINGS, lateness=Lateness(),
+                       items=1)
+    assert isinstance(refusal, Refusal) and "is 23.0 ms" in refusal.message
+    assert precheck(queue, IDLE, model(), 0.024, 0.0, SETTINGS, Lateness(), items=1) is None
+    assert precheck(queue, IDLE, model(), 0.020, 0.0, SETTINGS, Lateness(), items=1) is None  # ahead of them
+
+
+def test_without_early_refusal_nothing_is_refused_for_its_deadline():
+    no_refusal = AdmissionSettings(max_queue_tokens=15, margin_ms=1.0, refuse_early=False)
+    queue = queue_of(*(FakeJob(0.001, samples=8) for _ in range(3)))
+    assert precheck(queue, IDLE, model(), 0.001, 0.0, no_refusal, Lateness()) is None
+    assert isinstance(admit([FakeJob(0.001, tokens=1)], DeadlineQueue(), IDLE, model(), 0.0, no_refusal, Lateness()),
                       Prediction)
-    busy = PoolView(1, 3.0, 1)
-    assert isinstance(admit([job], DeadlineQueue(), busy, model(verified=False), 0.0, SETTINGS, Lateness()),
-                      Refusal)
-    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, Lateness()), Refusal)
-
-
-def test_the_queue_budget_refuses_with_retry_after_but_never_an_empty_queue():
-    tight = AdmissionSettings(max_queue_tokens=15, margin_ms=0.0)
-    big = FakeJob(9.0, tokens=50)
-    assert isinstance(admit([big], DeadlineQueue(), IDLE, model(), 0.0, tight, Lateness()), Prediction)
-    refused = admit([big], queue_of(FakeJob(9.0, tokens=10)), IDLE, model(), 0.0, tight, Lateness())
-    assert isinstance(refused, Refusal) and refused.code == "queue_full"
-    assert refused.retry_after_s == pytest.approx(0.003)  # the queued job's 3 ms
-
-
-def test_precheck_refuses_on_the_queue_wait_alone():
-    queue = queue_of(*(FakeJob(9.0, samples=8) for _ in range(3)))   # 3 full batches of 10 ms
-    refusal = precheck(queue, IDLE, model(), deadline_s=0.025, now_s=0.0, settings=SETTINGS, lateness=Lateness())
-    assert isinstance(refusal, Refusal) and "queue wait of 30.0 ms" in refusal.message
-    assert precheck(queue, IDLE, model(), 0.040, 0.0, SETTINGS, Lateness()) is None
-
-
-def test_without_predictions_nothing_is_refused_for_its_deadline():
-    fcfs = AdmissionSettings(max_queue_tokens=15, margin_ms=1.0, predict=False)
-    queue = queue_of(*(FakeJob(9.0, samples=8) for _ in range(3)))
-    assert precheck(queue, IDLE, model(), 0.001, 0.0, fcfs, Lateness()) is None
-    assert isinstance(admit([FakeJob(0.001, tokens=1)], DeadlineQueue(), IDLE, model(), 0.0, fcfs, Lateness()),
-                      Prediction)
-    assert admit([FakeJob(0.001)], queue, IDLE, model(), 0.0, fcfs, Lateness()).reason == "queue_full"
-    plan = dispatch(queue_of(FakeJob(0.001)), "score", SCORE, model(), 50.0, 60.0, 0.0, predict=False)
+    assert admit([FakeJob(0.001)], queue, IDLE, model(), 0.0, no_refusal, Lateness()).reason == "queue_full"
+    plan = dispatch(queue_of(FakeJob(0.001)), "score", SCORE, model(), 0.0, 60.0, 0.0, drop_late=False)
     assert isinstance(plan, Send) and len(plan.live) == 1 and not plan.late
+
+
+def test_an_arrival_order_queue_serves_first_come_first_and_expires_by_deadline():
+    first, second, third = FakeJob(3.0), FakeJob(1.0), FakeJob(2.0)
+    queue = DeadlineQueue(QueueOrder.ARRIVAL)
+    for job in (first, second, third):
+        queue.push(job)
+    assert list(queue.in_order()) == [first, second, third]
+    assert queue.earliest() is second and queue.earliest_deadline() == 1.0
+    assert take_expired(queue, now_s=2.0) == [second, third]
+    assert list(queue.in_order()) == [first] and queue.jobs == 1 and queue.remove(first) and not queue
 
 
 def test_a_batch_takes_jobs_in_deadline_order_up_to_the_bounds():
     jobs = [FakeJob(1.0, samples=3), FakeJob(2.0, samples=6), FakeJob(3.0, samples=5), FakeJob(4.0, samples=1)]
-    taken, full = form_batch(queue_of(*jobs), "score", SCORE)
-    assert taken == [jobs[0], jobs[2]] and full        # 6 does not fit beside 3; 5 does; then 8 samples
+    taken, doomed = form_batch(queue_of(*jobs), "score", SCORE)
+    assert taken == [jobs[0], jobs[2]] and not doomed  # 6 does not fit beside 3; 5 does; then 8 samples
     tokens = [FakeJob(1.0, tokens=60), FakeJob(2.0, tokens=60), FakeJob(3.0, tokens=30)]
     assert form_batch(queue_of(*tokens), "score", SCORE)[0] == [tokens[0], tokens[2]]
     labels = [FakeJob(1.0, label_ids=(1, 2)), FakeJob(2.0, label_ids=(3,)), FakeJob(3.0, label_ids=(2,))]
     assert form_batch(queue_of(*labels), "score", SCORE)[0] == [labels[0], labels[2]]
-    taken, full = form_batch(queue_of(FakeJob(1.0), FakeJob(2.0)), "score", SCORE)
-    assert len(taken) == 2 and not full                # everything fits and no bound reached
 
 
 def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits():
@@ -139,29 +205,47 @@ def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits(
     first = FakeJob(0.5, beam_key=(4, 2, 1))
     others = [FakeJob(1.0 + i, beam_key=(8, 2, 1)) for i in range(SCAN_LIMIT)]
     last = FakeJob(99.0, beam_key=(4, 2, 1))
-    taken, full = form_batch(queue_of(first, *others, last), "beam", beams)
-    assert taken == [first] and full                   # the matching job past SCAN_LIMIT misfits is not seen
+    taken, _ = form_batch(queue_of(first, *others, last), "beam", beams)
+    assert taken == [first]                            # the matching job past SCAN_LIMIT misfits is not seen
     taken, _ = form_batch(queue_of(first, *others[:2], last), "beam", beams)
     assert taken == [first, last]
 
 
-def test_a_partial_batch_holds_while_its_worker_is_busy_and_a_full_one_goes():
+def test_a_batch_holds_while_its_worker_is_busy_longer_than_the_lead_time():
     queue = queue_of(FakeJob(1.0, samples=2))
     assert dispatch(queue, "score", SCORE, model(), worker_busy_ms=10.0, max_wait_ms=2.0, now_s=0.0) == Hold(8.0)
     plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=1.5, max_wait_ms=2.0, now_s=0.0)
     assert isinstance(plan, Send) and plan.predicted_ms == pytest.approx(4.0)
-    full = queue_of(FakeJob(1.0, samples=8))
-    assert isinstance(dispatch(full, "score", SCORE, model(), 10.0, 2.0, 0.0), Send)
+    full = queue_of(FakeJob(1.0, samples=8))          # full or not: in the worker's FIFO nothing could pass it
+    assert dispatch(full, "score", SCORE, model(), 10.0, 2.0, 0.0) == Hold(8.0)
 
 
-def test_members_predicted_late_are_dropped_only_by_a_confirmed_model():
-    queue = queue_of(FakeJob(0.005), FakeJob(0.020))
-    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=3.0, max_wait_ms=5.0, now_s=0.0)
-    # 3 ms in flight + 2 + 2 ms: finishes at 7 ms, past the first deadline (5 ms), before the second
-    assert isinstance(plan, Send) and plan.finish_at == pytest.approx(0.007)
-    assert [j.deadline for j in plan.late] == [0.005] and [j.deadline for j in plan.live] == [0.020]
-    trusting = dispatch(queue, "score", SCORE, model(verified=False), 3.0, 5.0, 0.0)
+def test_a_job_that_cannot_finish_even_alone_is_dropped_only_by_a_confirmed_model():
+    queue = queue_of(FakeJob(0.004), FakeJob(0.020))
+    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=2.0, max_wait_ms=5.0, now_s=0.0)
+    # 2 ms in flight + 3 ms alone: 5 ms, past the first deadline (4 ms): dropped, nothing sent yet
+    assert isinstance(plan, Send) and [j.deadline for j in plan.late] == [0.004] and not plan.live
+    trusting = dispatch(queue, "score", SCORE, model(verified=False), 2.0, 5.0, 0.0)
     assert not trusting.late and len(trusting.live) == 2
+
+
+def test_a_tight_deadline_goes_in_a_short_batch_when_its_companions_would_make_it_late():
+    tight, big = FakeJob(0.012, samples=1), FakeJob(0.100, samples=7)    # 1 + 7 samples: 2 + 8 ms together
+    slow = model(ms_per_item=1.0, fixed_ms=2.0)
+    plan = dispatch(queue_of(tight, big), "score", SCORE, slow, worker_busy_ms=4.0, max_wait_ms=5.0, now_s=0.0)
+    # together: 4 + 10 = 14 ms, past 12; alone: 4 + 3 = 7 ms, then the big one by 4 + 3 + 9 = 16 ms
+    assert isinstance(plan, Send) and plan.live == [tight] and not plan.late
+    assert plan.finish_at == pytest.approx(0.007)
+
+
+def test_a_large_fixed_cost_packs_the_batch_and_drops_the_member_it_makes_late():
+    head = FakeJob(0.022, samples=1)
+    rest = [FakeJob(0.030 + 0.001 * i, samples=1) for i in range(7)]
+    costly = model(ms_per_item=1.0, fixed_ms=15.0)     # 15 ms a call: two calls cost more than one head
+    plan = dispatch(queue_of(head, *rest), "score", SCORE, costly, worker_busy_ms=0.0, max_wait_ms=5.0, now_s=0.0)
+    # packed: 8 samples in 23 ms, head late (22 ms), 7 in time; short: the head alone (16 ms), then
+    # the 7 others by 16 + 22 = 38 ms, past every deadline: 1 answered in 38 ms against 7 in 23 ms
+    assert isinstance(plan, Send) and plan.late == [head] and plan.live == rest
 
 
 def test_expiry_takes_exactly_the_jobs_whose_deadline_passed():
@@ -172,10 +256,12 @@ def test_expiry_takes_exactly_the_jobs_whose_deadline_passed():
     assert list(queue.in_order()) == [jobs[3]] and queue.jobs == 1
 
 
-def test_busy_ms_counts_work_in_flight_from_the_first_send():
+def test_busy_ms_counts_work_in_flight_from_the_first_send_or_the_last_answer():
     assert busy_ms([], 5.0) == 0.0
     assert busy_ms([(1.0, 10.0), (1.002, 5.0)], now_s=1.004) == pytest.approx(11.0)
     assert busy_ms([(1.0, 10.0)], now_s=2.0) == 0.0
+    # sent at 1.000 while the worker still computed the batch answered at 1.006: it started then
+    assert busy_ms([(1.0, 10.0)], now_s=1.008, free_since=1.006) == pytest.approx(8.0)
 
 
 def test_chunks_fit_one_batch_each_and_keep_every_sample():
@@ -190,3 +276,24 @@ def test_every_drop_reason_has_a_code():
     assert set(DROP_CODES) == set(DropReason)  # every reason answered, none answered twice over
     assert set(DROP_CODES.values()) == {"queue_full", "deadline_unmeetable", "deadline_exceeded", "worker_lost"}
     assert {"expired_in_queue", "predicted_late", "expired_in_worker", "worker_overdue"} <= set(DROP_CODES)
+
+
+def test_a_learnt_lateness_that_refuses_everything_is_measured_again_by_a_probe():
+    late = Lateness()
+    for _ in range(400):                                  # requests due in 50 ms came 90 ms late
+        late.observe(Prediction(0, 3.0, 50.0, finish_at=1.0), finished_at=1.090)
+    job = FakeJob(0.050)                                  # 3 ms alone, due in 50 ms: in time but for the slack
+    busy = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)
+    assert isinstance(admit([job], DeadlineQueue(), busy, model(), 0.0, SETTINGS, late), Refusal)
+    assert isinstance(admit([job], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late), Prediction)
+    assert precheck(DeadlineQueue(), IDLE, model(), 0.050, 0.0, SETTINGS, late, items=1) is None
+    hopeless = FakeJob(0.002)                             # not even its raw prediction fits: no probe
+    assert isinstance(admit([hopeless], DeadlineQueue(), IDLE, model(), 0.0, SETTINGS, late), Refusal)
+
+
+def test_an_idle_worker_gets_a_job_its_raw_prediction_finishes_whatever_the_learnt_slack():
+    queue = queue_of(FakeJob(0.050))                      # 3 ms alone, due in 50 ms; a slack that drops all
+    busy = dispatch(queue, "score", SCORE, model(), 1.0, 2.0, 0.0, slack_ms=90.0)
+    assert isinstance(busy, Send) and busy.late and not busy.live     # a busy worker: dropped
+    idle = dispatch(queue_of(FakeJob(0.050)), "score", SCORE, model(), 0.0, 2.0, 0.0, slack_ms=90.0)
+    assert isinstance(idle, Send) and len(idle.live) == 1 and not idle.late

@@ -1,0 +1,182 @@
+"""One measured window of the overload benchmark: an open-loop replay, and the gateway's /metrics and
+the workers' CPU read every second while it runs.
+
+The replay is loadgen's (loadgen/replayer.py: each request leaves at its scheduled time, latency
+counts from then); goodput, percentiles and sender lag are loadgen.stats' (goodput: answers within
+the request's own deadline per second of the window). What the server did comes from declared data
+only: the gateway's Prometheus series (drops by reason, batches and their fill, predicted and
+measured batch service time, worker compute and the part of it wasted, the gateway's own CPU, the
+queue, the learnt lateness) and /proc/<pid>/stat of the worker processes (their CPU). The worker's
+CPU seconds over its compute seconds (`worker_cpu_while_busy`) say how much of the time it computed
+it really had a CPU: about 1 on a quiet machine, less where other processes took its core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from loadgen.bodies import BodyFactory
+from loadgen.prometheus import fetch_metrics, parse
+from loadgen.replayer import ReplayOptions, replay
+from loadgen.result import RequestResult
+from loadgen.stats import percentile, route_summary, sender_summary, window_of
+from loadgen.trace import Trace
+
+COUNTERS = {
+    "compute_s": ("boundserve_worker_compute_seconds_total", {}),
+    "wasted_late_s": ("boundserve_wasted_compute_seconds_total", {"reason": "late"}),
+    "wasted_dropped_s": ("boundserve_wasted_compute_seconds_total", {"reason": "dropped"}),
+    "predicted_s": ("boundserve_batch_predicted_seconds_total", {}),
+    "service_s": ("boundserve_batch_service_seconds_total", {}),
+    "batches": ("boundserve_batch_fill_ratio_count", {"workload": "score"}),
+    "fill_sum": ("boundserve_batch_fill_ratio_sum", {"workload": "score"}),
+    "gateway_cpu_s": ("process_cpu_seconds_total", {}),
+}
+"""What is read of each scrape: (series, labels it must carry), summed over the others."""
+REFUSED = ("deadline_unmeetable", "queue_full")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of the processes (their /proc/<pid>/stat), 0 for one that is gone."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+    return total
+
+
+def read(text: str) -> dict[str, Any]:
+    """The COUNTERS, the queue and the learnt lateness (ms) of one /metrics page."""
+    samples = parse(text)
+    out: dict[str, Any] = {name: 0.0 for name in COUNTERS}
+    out["lateness_ms"], out["queue_jobs"] = 0.0, 0.0
+    for name, labels, value in samples:
+        for key, (series, wanted) in COUNTERS.items():
+            if name == series and all(labels.get(k) == v for k, v in wanted.items()):
+                out[key] += value
+        if name == "boundserve_queue_jobs" and labels.get("workload") == "score":
+            out["queue_jobs"] = value
+        if name == "boundserve_lateness_seconds" and labels.get("workload") == "score":
+            out["lateness_ms"] = round(value * 1000.0, 2)
+    return out
+
+
+async def run_window(url: str, trace: Trace, bodies: BodyFactory, worker_pids: Sequence[int],
+                     sample_s: float = 1.0) -> dict[str, Any]:
+    """Replay `trace` against `url`; returns the window's summary (see summarize)."""
+    samples: list[tuple[float, float, dict[str, Any]]] = []  # (s from the start, worker CPU s, page)
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        async def scrape() -> None:
+            text = await fetch_metrics(session, url)
+            if text is not None:  # a scrape that failed is left out; the next one covers its second
+                samples.append((time.monotonic() - start, cpu_seconds(worker_pids), read(text)))
+
+        async def sample_every() -> None:
+            while True:
+                await asyncio.sleep(sample_s - (time.monotonic() - start) % sample_s)
+                await scrape()
+
+        await scrape()
+        sampler = asyncio.create_task(sample_every())
+        try:
+            run = await replay(trace, bodies, ReplayOptions(url=url, progress=False, scrape_metrics=False))
+        finally:
+            sampler.cancel()
+        await scrape()
+    return summarize(trace, run.results, samples)
+
+
+def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[float, float, dict]]) -> dict[str, Any]:
+    """Goodput in all and by deadline class, the tail, what was refused, late or dropped, what the
+    server spent (and wasted), and the same second by second (`seconds`)."""
+    deadlines = [r.deadline_ms for r in trace.records]
+    window_s = window_of(results)
+    by_class: dict[str, dict[str, Any]] = {}
+    for deadline in sorted(set(deadlines)):
+        chosen = [res for res, d in zip(results, deadlines) if d == deadline]
+        summary = route_summary(chosen, window_s, deadline)
+        by_class[f"{deadline:g}"] = {"offered": summary["sent"], "goodput_rps": summary["goodput_rps"],
+                                     "outcomes": summary["outcomes"]}
+    ok_ms = [r.latency_ms for r in results if r.outcome == "ok"]
+    outcomes = Counter(r.outcome for r in results)
+    late = sum(1 for r, d in zip(results, deadlines) if r.outcome == "ok" and r.latency_ms > d)
+    first, last = samples[0], samples[-1]
+    spent = {key: last[2][key] - first[2][key] for key in COUNTERS}
+    span_s = max(1e-9, last[0] - first[0])
+    wasted_s = spent["wasted_late_s"] + spent["wasted_dropped_s"]
+    return {
+        "window_s": round(window_s, 3),
+        "offered": len(results),
+        "offered_rps": round(len(results) / window_s, 2) if window_s else None,
+        "goodput_rps": round(sum(c["goodput_rps"] or 0.0 for c in by_class.values()), 2),
+        "by_class": by_class,
+        "ok_p50_ms": _rounded(percentile(ok_ms, 50.0)),
+        "ok_p99_ms": _rounded(percentile(ok_ms, 99.0)),
+        "outcomes": dict(sorted(outcomes.items())),
+        "refused": sum(outcomes[code] for code in REFUSED),
+        "ok_late": late,
+        "compute_s": round(spent["compute_s"], 4),
+        "wasted_s": round(wasted_s, 4),
+        "wasted_share": round(wasted_s / spent["compute_s"], 4) if spent["compute_s"] > 0 else 0.0,
+        "worker_busy": round(spent["compute_s"] / span_s, 3),
+        "worker_cpu": round((last[1] - first[1]) / span_s, 3),
+        "worker_cpu_while_busy": (round((last[1] - first[1]) / spent["compute_s"], 3) if spent["compute_s"] > 0
+                                  else None),
+        "gateway_cpu": round(spent["gateway_cpu_s"] / span_s, 3),
+        "batches": int(spent["batches"]),
+        "batch_fill": round(spent["fill_sum"] / spent["batches"], 3) if spent["batches"] else None,
+        "measured_over_predicted_service": (round(spent["service_s"] / spent["predicted_s"], 3)
+                                            if spent["predicted_s"] > 0 else None),
+        "sender": sender_summary(results),
+        "seconds": per_second(results, deadlines, samples),
+    }
+
+
+def per_second(results: list[RequestResult], deadlines: list[float],
+               samples: list[tuple[float, float, dict]]) -> list[dict[str, Any]]:
+    """Per 1 s of the window (requests by scheduled second; the server between two scrapes)."""
+    client: dict[int, Counter] = defaultdict(Counter)
+    for r, deadline in zip(results, deadlines):
+        row = client[int(r.scheduled_ms // 1000.0)]
+        row["offered"] += 1
+        row["refused"] += r.outcome in REFUSED
+        row["in_time"] += r.outcome == "ok" and r.latency_ms <= deadline
+        row["late"] += r.outcome == "ok" and r.latency_ms > deadline
+        row["dropped"] += r.outcome == "deadline_exceeded"
+    rows = []
+    for k, ((t0, cpu0, a), (t1, cpu1, b)) in enumerate(zip(samples, samples[1:])):
+        dt = max(1e-9, t1 - t0)
+        d = {key: b[key] - a[key] for key in COUNTERS}
+        rows.append({
+            "t_s": round(t0, 2), **{key: client[k][key] for key in ("offered", "refused", "in_time", "late",
+                                                                     "dropped")},
+            "admitted": client[k]["offered"] - client[k]["refused"],
+            "batches": int(d["batches"]),
+            "batch_fill": round(d["fill_sum"] / d["batches"], 3) if d["batches"] else None,
+            "predicted_ms": round(1000.0 * d["predicted_s"] / d["batches"], 2) if d["batches"] else None,
+            "measured_ms": round(1000.0 * d["service_s"] / d["batches"], 2) if d["batches"] else None,
+            "worker_busy": round(d["compute_s"] / dt, 3),
+            "wasted_ms": round(1000.0 * (d["wasted_late_s"] + d["wasted_dropped_s"]), 2),
+            "worker_cpu": round((cpu1 - cpu0) / dt, 3),
+            "gateway_cpu": round(d["gateway_cpu_s"] / dt, 3),
+            "queue_jobs": b["queue_jobs"],
+            "lateness_ms": b["lateness_ms"],
+        })
+    return rows
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

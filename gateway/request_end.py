@@ -1,0 +1,48 @@
+"""How a request's jobs end: the results joined, the predictions learnt from, wasted compute counted.
+
+When a request's jobs are all answered (or the first fails, and the others are abandoned: taken
+out of the queue, or failed if already sent), the batcher learns how late the answer came against
+the finish it predicted when it sent the jobs (a request dropped for its deadline would have come
+no earlier than that; the lateness is the slack of its drops and of admission), and the compute
+the workers spent on the request (each job's share of its batch, gateway/worker_link.py) is wasted
+if the answer comes after the deadline (`late`) or the request fails after some of it was computed
+(`dropped`). A job answered after its request gave up on it is counted on arrival, by the link.
+Work dropped before compute (refused, expired, predicted late) wastes none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.batcher import Batcher
+from gateway.errors import ApiError
+from gateway.job import Job, wait_all
+from gateway.metrics import Metrics
+from shared.policy import SENT_AND_MISSED
+
+
+@dataclass(frozen=True)
+class RequestEnd:
+    """One workload's end of the request path (see module docstring)."""
+
+    batcher: Batcher
+    metrics: Metrics
+
+    async def results(self, jobs: list[Job]) -> list[Any]:
+        """The jobs' results in order, once all are answered; raises the first failure."""
+        workload, deadline = self.batcher.workload, min(job.deadline for job in jobs)
+        try:
+            results = await wait_all(jobs, self.batcher.abandon)
+        except ApiError as error:
+            if error.drop_reason in SENT_AND_MISSED:
+                self.batcher.learn_missed(jobs, deadline)
+            self.metrics.count_wasted(workload, "dropped", sum(job.compute_ms for job in jobs))
+            raise
+        answered_at = asyncio.get_running_loop().time()
+        self.batcher.learn(jobs, answered_at)
+        self.metrics.count_answer(workload, answered_at <= deadline)
+        if answered_at > deadline:
+            self.metrics.count_wasted(workload, "late", sum(job.compute_ms for job in jobs))
+        return results
