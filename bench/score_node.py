@@ -1,4 +1,4 @@
-"""Prefill-only scoring: our compiled node against transformers (careful, and at its best) and CTranslate2.
+"""Prefill-only scoring: our compiled node against transformers (careful, and at its best), CTranslate2 and OpenVINO.
 
 Model: Qwen2.5-0.5B's or Qwen3-0.6B's shapes at their real depth (or --layers N), random weights
 written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (fixed seed).
@@ -11,7 +11,10 @@ Contenders, timed interleaved request by request in one process, same threads:
               our float32 node uses (bench/hf_baselines.linears_on), at its own fastest micro-batch:
               its ratio is what the engine adds beyond the GEMM library;
   ct2         CTranslate2 at the max_batch_size (and, for bf16 runs, the CPU compute type) that was
-              fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16).
+              fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16);
+  openvino    OpenVINO (bench/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
+              the run's precision, last position projected, at the micro-batch size that was fastest in
+              a sweep (openvino_setting says which).
 Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
@@ -21,7 +24,7 @@ Parity is asserted before anything is written: a run that fails it writes no res
 non-zero (bench/provenance.py).
 
     .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--layers N]
-                                         [--requests R] [--quick] [--no-ct2] [--build-only]
+                                         [--requests R] [--quick] [--no-ct2] [--no-openvino] [--build-only]
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocab
 PAD_ID = 0
 HF_MICRO_BATCHES = (1, 4, 8, 15)  # 15: the whole request, i.e. careful (so best <= careful)
 CT2_BATCH_SIZES = (1, 2, 4, SAMPLES)
+OPENVINO_MICRO_BATCHES = (1, 4, SAMPLES)
 
 
 def make_requests(count: int, samples: int, low: int, high: int, vocab: int, seed: int = 0):
@@ -85,9 +89,10 @@ class Contenders:
     """The four callables of one request, each returning what its parity check needs."""
 
     def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None,
-                 onednn_micro_batch: int | None = None):
-        self.node, self.hf, self.ct2 = node, hf, ct2
+                 onednn_micro_batch: int | None = None, openvino=None, openvino_setting: tuple[str, int] | None = None):
+        self.node, self.hf, self.ct2, self.openvino = node, hf, ct2, openvino
         self.micro_batch, self.ct2_setting, self.onednn_micro_batch = micro_batch, ct2_setting, onednn_micro_batch
+        self.openvino_setting = openvino_setting
 
     def for_request(self, samples: list[torch.Tensor]) -> dict:
         ids, lens = torch.cat(samples), torch.tensor([len(s) for s in samples])
@@ -101,6 +106,9 @@ class Contenders:
         if self.ct2_setting is not None:
             rows, (compute_type, batch) = self.ct2.strings(samples), self.ct2_setting
             fns["ct2"] = lambda: self.ct2.score(compute_type, rows, batch)
+        if self.openvino_setting is not None:
+            precision, micro_batch = self.openvino_setting
+            fns["openvino"] = lambda: self.openvino.logits(precision, samples, micro_batch)
         return fns
 
 
@@ -129,6 +137,25 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     by_type = {t: (lambda t=t: ct2.score(t, rows, batch)) for t in types}
     _, report["ct2_compute_type_ms"], outs = sweep(by_type)
     return micro_batch, (fastest_at_parity(report, outs, reference), batch), report, outs
+
+
+def pick_openvino_setting(openvino, dtype: torch.dtype, request) -> tuple[tuple[str, int], dict]:
+    """OpenVINO's precision (the run's) and its fastest micro-batch on the sweep's request (after a warm-up call)."""
+    from bench.openvino_baseline import PRECISIONS
+
+    precision = PRECISIONS[dtype]
+    openvino.logits(precision, request[:2], 1)  # compiles the model for this precision
+    fns = {m: (lambda m=m: openvino.logits(precision, request, m)) for m in OPENVINO_MICRO_BATCHES}
+    micro_batch, table, _ = sweep(fns, give_up_factor=2.0)
+    return (precision, micro_batch), table
+
+
+def openvino_label(setting: tuple[str, int] | None) -> str | None:
+    if setting is None:
+        return None
+    precision, micro_batch = setting
+    batching = "one sample per call" if micro_batch == 1 else f"length-sorted micro-batches of {micro_batch}"
+    return f"{precision}, {batching} (right-padded), last token only, PERFORMANCE_HINT=LATENCY"
 
 
 def hf_best_onednn(hf, samples: list[torch.Tensor], micro_batch: int) -> torch.Tensor:
@@ -183,6 +210,9 @@ def fp32_checks(outputs: list[dict]) -> list[dict]:
                                         out["ours"].topk_logprobs[:, 0], careful, parity.FP32_ABS))
         if "ct2" in out:
             checks.append(parity.top1_check(f"ct2_top1_vs_hf_careful[{r}]", *out["ct2"], careful, parity.FP32_ABS))
+        if "openvino" in out:
+            checks.append(parity.close_check(f"openvino_vs_hf_careful_logits[{r}]", out["openvino"], careful,
+                                             parity.FP32_ABS))
     return checks
 
 
@@ -196,6 +226,9 @@ def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sw
         checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
     if "ct2" in out and ct2_type != "float32":
         checks.append(parity.top1_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference, parity.QUANTIZED_ABS))
+    if "openvino" in out:
+        checks.append(parity.bf16_check("openvino_label_logits_vs_fp32", out["openvino"][:, LABELS], careful,
+                                        ref_labels))
     return checks
 
 
@@ -208,8 +241,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out (speedup_vs_ct2 is null)")
+    parser.add_argument("--no-openvino", action="store_true",
+                        help="leave OpenVINO out (speedup_vs_openvino is null)")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
-                        "it for CTranslate2 (all cached in bench/.cache) and stop")
+                        "it for CTranslate2 and OpenVINO (all cached in bench/.cache) and stop")
     return parser.parse_args()
 
 
@@ -226,14 +261,16 @@ class Run:
     node: object = None
     hf: object = None
     ct2: object = None
+    openvino: object = None
 
 
 def prepare(args) -> Run:
-    """Checkpoint, compiled node and CTranslate2 conversion (cached); transformers unless --build-only."""
+    """Checkpoint, compiled node, CTranslate2 and OpenVINO conversions (cached); transformers unless --build-only."""
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
     from bench.ct2_baseline import Ct2Model
+    from bench.openvino_baseline import OpenVinoModel
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)
@@ -243,6 +280,7 @@ def prepare(args) -> Run:
               read_spec(checkpoint))
     run.node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.model}-{args.dtype}-{layers}l")
     run.ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
+    run.openvino = None if args.no_openvino else OpenVinoModel(checkpoint, torch.get_num_threads())
     if not args.build_only:
         run.hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
     return run
@@ -266,8 +304,12 @@ def measure(run: Run, requests) -> dict:
     onednn_micro_batch = None
     if run.args.dtype == "fp32":  # bf16 linears already run on oneDNN through aten
         onednn_micro_batch, sweeps["hf_best_onednn_micro_batch_ms"] = pick_onednn_micro_batch(run.hf, requests[0])
+    openvino_setting = None
+    if run.openvino is not None:
+        openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0])
     clock.lap("warm_up_and_sweeps")
-    contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch)
+    contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
+                            run.openvino, openvino_setting)
     with timed_part():
         seconds, outputs = time_requests(contenders, requests)
     clock.lap("timed_requests")
@@ -279,13 +321,13 @@ def measure(run: Run, requests) -> dict:
         checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
     clock.lap("parity")
     return {"seconds": seconds, "micro_batch": micro_batch, "onednn_micro_batch": onednn_micro_batch,
-            "ct2": ct2_setting, "sweeps": sweeps, "checks": checks, "peaks": (peak_before, peak_after),
+            "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks, "peaks": (peak_before, peak_after),
             "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2)}
 
 
 def threads_by_side(seconds: dict, ct2) -> dict[str, int]:
-    """The intra-op threads each contender ran with (torch's for ours and transformers; the
-    CTranslate2 generator's own)."""
+    """The intra-op threads each contender ran with (torch's for ours, transformers and OpenVINO,
+    whose INFERENCE_NUM_THREADS is set to it; the CTranslate2 generator's own)."""
     return {name: (ct2.threads if name == "ct2" else torch.get_num_threads()) for name in seconds}
 
 
@@ -302,6 +344,7 @@ def report(run: Run, requests, m: dict) -> dict:
         "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
         "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
+        "speedup_vs_openvino": ratio("openvino"), "openvino_setting": openvino_label(m["openvino"]),
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
         "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if run.args.dtype == "fp32"
@@ -315,7 +358,8 @@ def report(run: Run, requests, m: dict) -> dict:
                      "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
                      "hf_best_onednn": m["onednn_micro_batch"] and f"length-sorted micro-batches of "
                                                                     f"{m['onednn_micro_batch']}",
-                     "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}"},
+                     "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}",
+                     "openvino": openvino_label(m["openvino"])},
         "gemm": gemm_labels(run.args.dtype, seconds),
         "sweeps_ms": m["sweeps"], "executed_gflop_per_request": flops / 1e9,
         "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
@@ -326,9 +370,11 @@ def report(run: Run, requests, m: dict) -> dict:
 def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
     """Which GEMM library each side's linear layers called."""
     if dtype != "fp32":
-        return {name: "oneDNN (bfloat16 through aten)" if name != "ct2" else "its own" for name in seconds}
+        return {name: "oneDNN (bfloat16 through aten)" if name not in ("ct2", "openvino") else "its own"
+                for name in seconds}
     labels = {"ours": "oneDNN matmul (model.gemm = auto)", "hf_careful": "torch default (MKL sgemm)",
-              "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own"}
+              "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
+              "openvino": "its own (oneDNN inside its CPU plugin)"}
     return {name: labels[name] for name in seconds}
 
 
