@@ -26,6 +26,7 @@ from compile.fp8 import fp8_for_build
 from compile.linear import resolve_gemm, use_gemm
 from compile.machine import machine_facts
 from compile.model import Transformer, build_model
+from compile.packing import combine, packable
 from compile.score import export as score_export
 from shared.config import DeploymentConfig
 
@@ -88,11 +89,12 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     ctx = BuildContext(config, checkpoint, model, dtype, device)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-built folder must never look up to date
-    nodes, weights = {}, {}
+    nodes, weights, packings = {}, {}, []
     for workload in enabled_workloads(config):
         progress.stage(f"exporting the {workload} node")
         module, program, facts = NODE_BUILDERS[workload](ctx)
         weights.update(module.state_dict())
+        packings.append(packable(program))
         progress.stage(f"compiling the {workload} node with AOTInductor (minutes on a small CPU)")
         package = out / f"{workload}.pt2"
         aoti_compile(program, package, compiled_threads(config), kernel_profile)
@@ -107,6 +109,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "dtype": str(dtype).removeprefix("torch."),
         "gemm": gemm,
+        "prepacked": combine(packings),  # weights the runtime packs at load (compile/packing.py)
         "machine": machine_facts(device),
         "cpu_threads": compiled_threads(config),
         "bounds": config.bounds.resolved(),
