@@ -35,15 +35,15 @@ serve: compile
 test: venv
 	$(PY) -m pytest
 
-# Benchmarks need the peer engine (CTranslate2), which `make test` never installs.
+# Benchmarks need the peer engines (CTranslate2, OpenVINO), which `make test` never installs.
 bench-venv: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(VENV)/bin/pip install -q -e '.[test,bench]'
 	touch $@
 
-# The headline set: full-depth scoring (Qwen2.5-0.5B 24 layers, Qwen3-0.6B 28 layers; fp32 and
-# bf16) and beam search (Qwen2.5-0.5B, W=100, S=4, 256-token prompts), each against transformers
+# The headline set: full-depth scoring (Qwen2.5-0.5B 24 layers, Qwen3-0.6B 28 layers; fp32, bf16 and
+# int8, each against transformers, CTranslate2 and OpenVINO, int8 also against our bf16) and beam search (Qwen2.5-0.5B, W=100, S=4, 256-token prompts), each against transformers
 # and CTranslate2 in the same run; and shared-prefix scoring (one context x 15 items, Qwen2.5-0.5B
 # 24 layers, fp32 and bf16) against the unshared node and transformers; then where the time goes
 # (operator families and every GEMM shape against the peak, fp32 and bf16). Results land in
@@ -58,6 +58,8 @@ bench-build: bench-venv
 	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --build-only
 	$(SCORE) --model qwen3-0.6b --dtype fp32 --build-only
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --build-only
+	$(SCORE) --model qwen2.5-0.5b --dtype int8 --build-only
+	$(SCORE) --model qwen3-0.6b --dtype int8 --build-only
 	$(BEAM) --model qwen2.5-0.5b --build-only
 
 bench: bench-build
@@ -65,9 +67,12 @@ bench: bench-build
 	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype fp32 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen2.5-0.5b --dtype int8 --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen3-0.6b --dtype int8 --requests $(SCORE_REQUESTS)
 	$(BEAM) --model qwen2.5-0.5b
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype bf16
+	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype int8
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype bf16
 

@@ -15,6 +15,10 @@ Contenders, timed interleaved request by request in one process, same threads:
   openvino    OpenVINO (bench/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
               the run's precision, last position projected, at the micro-batch size that was fastest in
               a sweep (openvino_setting says which).
+  ours_bf16   (--dtype int8) our bf16 node: --dtype int8 builds the bf16 model with `[quantize] int8`
+              (calibrated on random token ids, the default gate) and reports speedup_vs_bf16, the label
+              log-prob drift of ours and of CTranslate2's int8 against transformers in float32 on the same
+              inputs (max_label_logprob_drift, ct2_max_label_logprob_drift); OpenVINO runs bf16.
 Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
@@ -23,7 +27,7 @@ after the timed part.
 Parity is asserted before anything is written: a run that fails it writes no result and exits
 non-zero (bench/provenance.py).
 
-    .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--layers N]
+    .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16|int8] [--layers N]
                                          [--requests R] [--quick] [--no-ct2] [--no-openvino] [--build-only]
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import random
 
 import torch
@@ -41,7 +46,8 @@ from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, m
                           peak_by_library, shaped_checkpoint, these_threads, timed_part)
 from bench.flops import executed_mfu, score_flops
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# int8: the bf16 model with the linear layers `[quantize] int8` chose running oneDNN's int8 GEMMs (compile/quantize/)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
 SAMPLES = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
@@ -59,16 +65,18 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
     return requests
 
 
-def build_node(checkpoint, dtype_name: str, name: str):
+def build_node(checkpoint, dtype_name: str, name: str, int8: bool = False):
     from compile.build import build
     from compile.runtime import load_nodes
-    from shared.config import load_config
+    from shared.config import QuantizeConfig, load_config
 
     config = load_config(ROOT / "configs/test.toml")
     bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
                                  max_tokens_per_batch=8192)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    build(these_threads(config.replace(model=model, bounds=bounds)), CACHE / "artifacts" / name)
+    # int8 calibrates on random token ids (the benchmark's models have random weights), gated by the defaults
+    config = config.replace(model=model, bounds=bounds, quantize=QuantizeConfig(int8=int8))
+    build(these_threads(config), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name).score
 
 
@@ -89,8 +97,9 @@ class Contenders:
     """The four callables of one request, each returning what its parity check needs."""
 
     def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None,
-                 onednn_micro_batch: int | None = None, openvino=None, openvino_setting: tuple[str, int] | None = None):
-        self.node, self.hf, self.ct2, self.openvino = node, hf, ct2, openvino
+                 onednn_micro_batch: int | None = None, openvino=None, openvino_setting: tuple[str, int] | None = None,
+                 bf16_node=None):
+        self.node, self.hf, self.ct2, self.openvino, self.bf16_node = node, hf, ct2, openvino, bf16_node
         self.micro_batch, self.ct2_setting, self.onednn_micro_batch = micro_batch, ct2_setting, onednn_micro_batch
         self.openvino_setting = openvino_setting
 
@@ -98,6 +107,7 @@ class Contenders:
         ids, lens = torch.cat(samples), torch.tensor([len(s) for s in samples])
         fns = {
             "ours": lambda: self.node(ids, lens, LABELS, 2),
+            **({"ours_bf16": lambda: self.bf16_node(ids, lens, LABELS, 2)} if self.bf16_node is not None else {}),
             "hf_careful": lambda: hf_side.careful(self.hf, samples, PAD_ID),
             "hf_best": lambda: hf_side.best(self.hf, samples, PAD_ID, self.micro_batch),
         }
@@ -220,7 +230,8 @@ def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sw
     """Request 0 of a bf16 run against transformers in float32 on the same (bf16-valued) weights;
     CTranslate2 in float32 (from its sweep) strictly, its timed compute type within its own bound."""
     ref_labels, careful = reference[:, LABELS], out["hf_careful"][:, LABELS]
-    checks = [parity.bf16_check("ours_label_logits_vs_fp32", out["ours"].label_logits, careful, ref_labels),
+    ours = "ours_bf16" if "ours_bf16" in out else "ours"  # an int8 run's float side (int8 has its own check)
+    checks = [parity.bf16_check(f"{ours}_label_logits_vs_fp32", out[ours].label_logits, careful, ref_labels),
               parity.bf16_check("hf_best_label_logits_vs_fp32", out["hf_best"][:, LABELS], careful, ref_labels)]
     if "float32" in ct2_sweep:
         checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
@@ -235,7 +246,8 @@ def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sw
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="int8: the bf16 model with [quantize] int8, against our bf16 node as well")
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
@@ -259,6 +271,8 @@ class Run:
     checkpoint: object
     spec: object
     node: object = None
+    bf16_node: object = None  # int8 runs: the same model without int8 layers
+    quantized: dict | None = None  # int8 runs: the manifest's record of the int8 layers and the gate
     hf: object = None
     ct2: object = None
     openvino: object = None
@@ -278,7 +292,12 @@ def prepare(args) -> Run:
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     run = Run(args, layers, args.quick or layers != depth, (32, 160 if args.quick else 480), checkpoint,
               read_spec(checkpoint))
-    run.node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.model}-{args.dtype}-{layers}l")
+    dtype_name = str(dtype).removeprefix("torch.")
+    name = f"score-{args.model}-{args.dtype}-{layers}l"
+    run.node = build_node(checkpoint, dtype_name, name, args.dtype == "int8")
+    if args.dtype == "int8":
+        run.quantized = json.loads((CACHE / "artifacts" / name / "manifest.json").read_text())["quantize"]
+        run.bf16_node = build_node(checkpoint, dtype_name, f"score-{args.model}-bf16-{layers}l")
     run.ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     run.openvino = None if args.no_openvino else OpenVinoModel(checkpoint, torch.get_num_threads())
     if not args.build_only:
@@ -293,7 +312,7 @@ def measure(run: Run, requests) -> dict:
     peak_before = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_before")
     reference = None
-    if run.args.dtype == "bf16":  # transformers in float32 on the same (bf16-valued) weights, request 0
+    if run.args.dtype != "fp32":  # transformers in float32 on the same (bf16-valued) weights, request 0
         from transformers import AutoModelForCausalLM
 
         fp32 = AutoModelForCausalLM.from_pretrained(run.checkpoint, dtype=torch.float32).eval()
@@ -301,6 +320,8 @@ def measure(run: Run, requests) -> dict:
         del fp32
     clock.lap("reference")
     micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(run.node, run.hf, run.ct2, requests[0], reference)
+    if run.bf16_node is not None:  # warm-up
+        run.bf16_node(torch.cat(requests[0]), torch.tensor([len(s) for s in requests[0]]), LABELS, 2)
     onednn_micro_batch = None
     if run.args.dtype == "fp32":  # bf16 linears already run on oneDNN through aten
         onednn_micro_batch, sweeps["hf_best_onednn_micro_batch_ms"] = pick_onednn_micro_batch(run.hf, requests[0])
@@ -309,20 +330,39 @@ def measure(run: Run, requests) -> dict:
         openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0])
     clock.lap("warm_up_and_sweeps")
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
-                            run.openvino, openvino_setting)
+                            run.openvino, openvino_setting, run.bf16_node)
     with timed_part():
         seconds, outputs = time_requests(contenders, requests)
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
+    drift = None
     if run.args.dtype == "fp32":
         checks = fp32_checks(outputs)
     else:
         checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
+    if run.args.dtype == "int8":
+        drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
+        checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
+                                        outputs[0]["ours"].topk_logprobs[:, 0], reference, parity.QUANTIZED_ABS))
     clock.lap("parity")
     return {"seconds": seconds, "micro_batch": micro_batch, "onednn_micro_batch": onednn_micro_batch,
             "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks, "peaks": (peak_before, peak_after),
-            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2)}
+            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2), "int8_drift": drift}
+
+
+def int8_drift(run: Run, ours, request, reference: torch.Tensor) -> dict:
+    """Label log-prob drift against transformers in float32 on the same weights (request 0): ours in int8, and
+    CTranslate2's int8 on the same inputs (its score_batch: the label token's log-prob after the sample)."""
+    ref = torch.log_softmax(reference, dim=-1)[:, LABELS]  # [B, labels]
+    drift = {"max_label_logprob_drift": float((ours.label_logprobs - ref).abs().max()),
+             "mean_label_logprob_drift": float((ours.label_logprobs - ref).abs().mean()),
+             "ct2_max_label_logprob_drift": None}
+    if run.ct2 is not None:
+        theirs = run.ct2.label_logprobs("int8", run.ct2.strings(request), LABELS.tolist())
+        drift["ct2_max_label_logprob_drift"] = float((theirs - ref).abs().max())
+        drift["ct2_mean_label_logprob_drift"] = float((theirs - ref).abs().mean())
+    return drift
 
 
 def threads_by_side(seconds: dict, ct2) -> dict[str, int]:
@@ -338,9 +378,18 @@ def report(run: Run, requests, m: dict) -> dict:
     flops = sum(score_flops(run.spec, [len(s) for s in r]) for r in requests) / count
     ratio = lambda name: seconds[name] / seconds["ours"] if name in seconds else None  # noqa: E731
     ours_checks = [c for c in checks if c["check"].startswith("ours_") and "label" in c["check"]]
+    int8 = m["int8_drift"] or {}
     return {
         "bench": "score_node", "model": run.args.model, "layers": run.layers, "dtype": run.args.dtype,
-        "quick": run.quick, "executed_mfu": executed_mfu(flops, seconds["ours"], peak),
+        "quick": run.quick,
+        # int8 layers run integer dot products against a float peak: no single peak to divide by
+        "executed_mfu": None if run.args.dtype == "int8" else executed_mfu(flops, seconds["ours"], peak),
+        "speedup_vs_bf16": ratio("ours_bf16"),
+        "max_label_logprob_drift": int8.get("max_label_logprob_drift"),
+        "ct2_max_label_logprob_drift": int8.get("ct2_max_label_logprob_drift"), "int8_drift": m["int8_drift"],
+        "int8_layers": run.quantized and f"{len(run.quantized['int8_layers'])} of "
+                                         f"{len(run.quantized['int8_layers']) + len(run.quantized['float_layers'])}",
+        "int8_gate": run.quantized and run.quantized["gate"],
         "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
         "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
@@ -370,9 +419,12 @@ def report(run: Run, requests, m: dict) -> dict:
 def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
     """Which GEMM library each side's linear layers called."""
     if dtype != "fp32":
-        return {name: "oneDNN (bfloat16 through aten)" if name not in ("ct2", "openvino") else "its own"
-                for name in seconds}
-    labels = {"ours": "oneDNN matmul (model.gemm = auto)", "hf_careful": "torch default (MKL sgemm)",
+        ours = "oneDNN int8 (VNNI) for the chosen layers, bfloat16 oneDNN for the rest" if dtype == "int8" else \
+            "oneDNN matmul, weights prepacked at load (model.gemm = auto)"
+        labels = {"ours": ours, "ours_bf16": "oneDNN matmul, weights prepacked at load", "ct2": "its own",
+                  "openvino": "its own"}
+        return {name: labels.get(name, "oneDNN (bfloat16 through aten)") for name in seconds}
+    labels = {"ours": "oneDNN matmul, weights prepacked at load (model.gemm = auto)", "hf_careful": "torch default (MKL sgemm)",
               "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
               "openvino": "its own (oneDNN inside its CPU plugin)"}
     return {name: labels[name] for name in seconds}

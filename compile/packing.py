@@ -15,7 +15,8 @@ That is only sound for a constant the graph uses *whole, as the weight of such a
 view of it would read the blocked bytes as if they were dense (silently wrong). `packable` reads it
 off each exported program; a constant is packed only if every node that uses it uses it that way
 (the pruned last layer's q / k,v slices of the fused q/k/v weight and the tied embedding stay dense).
-The build records the packed names in the manifest (`prepacked`).
+int8 weights (compile/quantize/int8.py) are packed the same way, into oneDNN's VNNI layout. The build records
+the packed names in the manifest (`prepacked`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from __future__ import annotations
 import torch
 
 ONEDNN = "onednn"
+ONEDNN_INT8 = "onednn_int8"
 
 # op -> (position of its weight argument, the packing it takes)
-_WEIGHT_ARG = {torch.ops.mkldnn._linear_pointwise.default: (1, ONEDNN)}
+_WEIGHT_ARG = {torch.ops.mkldnn._linear_pointwise.default: (1, ONEDNN),
+               torch.ops.onednn.qlinear_pointwise.tensor: (3, ONEDNN_INT8)}
 
 
 def packable(program: torch.export.ExportedProgram) -> dict[str, str | None]:
@@ -60,10 +63,14 @@ def combine(per_node: list[dict[str, str | None]]) -> dict[str, str]:
 
 def pack(weights: dict[str, torch.Tensor], packing: dict[str, str]) -> dict[str, torch.Tensor]:
     """The weights with every named constant replaced by its packed form (the dense copy is dropped)."""
+    from compile.quantize.int8 import pack_int8
+
     out = dict(weights)
     for name, kind in packing.items():
         if kind == ONEDNN:
             out[name] = torch.ops.mkldnn._reorder_linear_weight(weights[name], 1024)  # the layout ignores the hint
+        elif kind == ONEDNN_INT8:
+            out[name] = pack_int8(weights[name])  # the dense [K, N] int8 weight (compile/quantize/int8.py)
         else:
             raise ValueError(f"manifest: unknown packing {kind!r} for weight {name}; rebuild the artifacts")
     return out
