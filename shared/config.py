@@ -53,8 +53,9 @@ class ModelConfig:
     float32 on a CPU), or auto: onednn for float32 and bfloat16 on a CPU (weights prepacked at load,
     compile/packing.py), aten otherwise."""
     fp8: bool = False
-    """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss
-    run torch._scaled_mm in float8 e4m3 with offline scales. Off by default."""
+    """Selective FP8 for GPU builds (compile/fp8.py): linear layers chosen at build time by measured accuracy
+    loss run torch._scaled_mm in float8 e4m3 with offline scales. Off by default; refused on a CPU, where
+    [quantize] int8 is the quantization."""
     fp8_max_prob_change: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
     """FP8 budget: largest change of any label probability allowed on the calibration set."""
 
@@ -282,6 +283,9 @@ class DeploymentConfig:
         if self.quantize.int8 and self.model.device != "cpu":
             raise ConfigError(f"quantize.int8 = true is for CPU builds (oneDNN's int8 GEMMs); model.device is "
                               f"{self.model.device!r}: GPUs quantize with model.fp8 = true")
+        if self.model.fp8 and self.model.device == "cpu":
+            raise ConfigError("model.fp8 = true is for GPU builds (torch._scaled_mm on CUDA, compute capability "
+                              "8.9+); a CPU has no float8 GEMM: set quantize.int8 = true for oneDNN's int8 GEMMs")
         if self.quantize.int8 and self.model.fp8:
             raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
 
