@@ -50,6 +50,10 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # bench/results/. Run it from one commit on a quiet machine; `make bench-build` first does the
 # compiling (cached in bench/.cache), so that the timed runs are all `make bench` does.
 SCORE_REQUESTS ?= 2
+# INT8_BUDGET=0.5: the int8 runs select layers under that many nats (gate loosened to match) instead of
+# [quantize]'s defaults (bench/score_node.py --int8-budget)
+INT8_BUDGET ?=
+INT8_BUDGET_ARG = $(if $(INT8_BUDGET),--int8-budget $(INT8_BUDGET))
 SCORE := $(PY) bench/score_node.py
 BEAM  := $(PY) bench/beam_node.py
 
@@ -58,18 +62,18 @@ bench-build: bench-venv
 	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --build-only
 	$(SCORE) --model qwen3-0.6b --dtype fp32 --build-only
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --build-only
-	$(SCORE) --model qwen2.5-0.5b --dtype int8 --build-only
-	$(SCORE) --model qwen3-0.6b --dtype int8 --build-only
-	$(BEAM) --model qwen2.5-0.5b --build-only
+	$(SCORE) --model qwen2.5-0.5b --dtype int8 $(INT8_BUDGET_ARG) --build-only
+	$(SCORE) --model qwen3-0.6b --dtype int8 $(INT8_BUDGET_ARG) --build-only
+	$(BEAM) --model qwen2.5-0.5b --int8 --build-only
 
 bench: bench-build
 	$(SCORE) --model qwen2.5-0.5b --dtype fp32 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype fp32 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --requests $(SCORE_REQUESTS)
-	$(SCORE) --model qwen2.5-0.5b --dtype int8 --requests $(SCORE_REQUESTS)
-	$(SCORE) --model qwen3-0.6b --dtype int8 --requests $(SCORE_REQUESTS)
-	$(BEAM) --model qwen2.5-0.5b
+	$(SCORE) --model qwen2.5-0.5b --dtype int8 $(INT8_BUDGET_ARG) --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen3-0.6b --dtype int8 $(INT8_BUDGET_ARG) --requests $(SCORE_REQUESTS)
+	$(BEAM) --model qwen2.5-0.5b --int8
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype bf16
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype int8

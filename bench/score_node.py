@@ -65,7 +65,19 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
     return requests
 
 
-def build_node(checkpoint, dtype_name: str, name: str, int8: bool = False):
+def int8_config(budget: float | None):
+    """[quantize] for an int8 run: the product's defaults, or with --int8-budget a selection budget of that many
+    nats and a gate loosened to match (max drift 2x the budget, mean drift the budget, agreements 0.5), so that a
+    run can trade drift for int8 coverage up to, say, CTranslate2 int8's own drift."""
+    from shared.config import QuantizeConfig
+
+    if budget is None:
+        return QuantizeConfig(int8=True)
+    return QuantizeConfig(int8=True, selection_max_drift=budget, max_label_logprob_drift=2 * budget,
+                          mean_label_logprob_drift=budget, min_top1_agreement=0.5, min_rank_agreement=0.5)
+
+
+def build_node(checkpoint, dtype_name: str, name: str, quantize=None):
     from compile.build import build
     from compile.runtime import load_nodes
     from shared.config import QuantizeConfig, load_config
@@ -75,7 +87,7 @@ def build_node(checkpoint, dtype_name: str, name: str, int8: bool = False):
                                  max_tokens_per_batch=8192)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
     # int8 calibrates on random token ids (the benchmark's models have random weights), gated by the defaults
-    config = config.replace(model=model, bounds=bounds, quantize=QuantizeConfig(int8=int8))
+    config = config.replace(model=model, bounds=bounds, quantize=quantize or QuantizeConfig())
     build(these_threads(config), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name).score
 
@@ -251,6 +263,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
+    parser.add_argument("--int8-budget", type=float, help="--dtype int8: selection budget in nats (default: "
+                        "[quantize]'s defaults), the gate loosened to match (score_node.int8_config)")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out (speedup_vs_ct2 is null)")
     parser.add_argument("--no-openvino", action="store_true",
@@ -293,8 +307,9 @@ def prepare(args) -> Run:
     run = Run(args, layers, args.quick or layers != depth, (32, 160 if args.quick else 480), checkpoint,
               read_spec(checkpoint))
     dtype_name = str(dtype).removeprefix("torch.")
-    name = f"score-{args.model}-{args.dtype}-{layers}l"
-    run.node = build_node(checkpoint, dtype_name, name, args.dtype == "int8")
+    budget = "" if args.int8_budget is None else f"-{args.int8_budget:g}nats"
+    name = f"score-{args.model}-{args.dtype}-{layers}l" + (budget if args.dtype == "int8" else "")
+    run.node = build_node(checkpoint, dtype_name, name, int8_config(args.int8_budget) if args.dtype == "int8" else None)
     if args.dtype == "int8":
         run.quantized = json.loads((CACHE / "artifacts" / name / "manifest.json").read_text())["quantize"]
         run.bf16_node = build_node(checkpoint, dtype_name, f"score-{args.model}-bf16-{layers}l")
@@ -347,7 +362,8 @@ def measure(run: Run, requests) -> dict:
                                         outputs[0]["ours"].topk_logprobs[:, 0], reference, parity.QUANTIZED_ABS))
     clock.lap("parity")
     return {"seconds": seconds, "micro_batch": micro_batch, "onednn_micro_batch": onednn_micro_batch,
-            "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks, "peaks": (peak_before, peak_after),
+            "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks,
+            "peaks": (peak_before, peak_after),
             "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2), "int8_drift": drift}
 
 
@@ -390,6 +406,7 @@ def report(run: Run, requests, m: dict) -> dict:
         "int8_layers": run.quantized and f"{len(run.quantized['int8_layers'])} of "
                                          f"{len(run.quantized['int8_layers']) + len(run.quantized['float_layers'])}",
         "int8_gate": run.quantized and run.quantized["gate"],
+        "int8_limits": run.quantized and run.quantized["limits"],
         "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
         "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
@@ -424,7 +441,8 @@ def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
         labels = {"ours": ours, "ours_bf16": "oneDNN matmul, weights prepacked at load", "ct2": "its own",
                   "openvino": "its own"}
         return {name: labels.get(name, "oneDNN (bfloat16 through aten)") for name in seconds}
-    labels = {"ours": "oneDNN matmul, weights prepacked at load (model.gemm = auto)", "hf_careful": "torch default (MKL sgemm)",
+    labels = {"ours": "oneDNN matmul, weights prepacked at load (model.gemm = auto)",
+              "hf_careful": "torch default (MKL sgemm)",
               "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
               "openvino": "its own (oneDNN inside its CPU plugin)"}
     return {name: labels[name] for name in seconds}
@@ -444,7 +462,8 @@ def main() -> None:
     measured = measure(run, requests)
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(run, requests, measured)
-    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l" + ("-quick" if args.quick else ""), result,
+    budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
+    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l{budget}" + ("-quick" if args.quick else ""), result,
          threads=measured["threads"])  # refuses (exit 1, nothing written) when parity failed
 
 

@@ -102,12 +102,13 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
              if beam_changes else ""))
     check(gate, GateLimits(q.max_label_logprob_drift, q.mean_label_logprob_drift, q.min_top1_agreement,
                            q.min_rank_agreement))
+    limits = {k: v for k, v in vars(q).items() if k not in ("int8", "calibration")}
     return {"int8_layers": selection.chosen, "float_layers": sorted(set(candidates) - set(selection.chosen)),
             "kept_float": "embeddings, final norm, output projection, last layer's q/k/v",
             "calibration": source, "selection": {"max_drift": selection.max_drift,
                                                  "mean_drift": selection.mean_drift, "budget": selection.budget,
                                                  "probes": selection.probes},
-            "gate": gate.to_dict(), "beam_candidates_changed": beam_changes, "limits": {k: v for k, v in vars(q).items() if k not in ("int8", "calibration")}}
+            "gate": gate.to_dict(), "beam_candidates_changed": beam_changes, "limits": limits}
 
 
 def beam_searcher(config, model: nn.Module, batches: list[tuple]):
