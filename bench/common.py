@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ CACHE = ROOT / "bench" / ".cache"
 
 __all__ = ["CACHE", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
            "interleaved_times", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "peak_by_library",
-           "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
+           "run_together", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
 
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
@@ -147,6 +148,18 @@ def time_calls(fn, repeats: int, warmup: int = 1) -> list[float]:
         fn()
         times.append(time.perf_counter() - start)
     return times
+
+
+def run_together(calls) -> float:
+    """Run each of `calls` (no-argument callables) on a thread of its own, all started together;
+    the wall seconds until the last one finished."""
+    threads = [threading.Thread(target=call) for call in calls]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
 
 
 def median(values: list[float]) -> float:

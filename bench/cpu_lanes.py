@@ -8,7 +8,7 @@ package's thread count is fixed at compile time (compile/build.py), so each sett
 build: cpu_threads = 2 (one lane) and cpu_threads = 1 (two lanes, runners = 2).
 Rounds alternate the two settings (the process's thread count switched between them); each round
 scores the same `--requests` requests of bench/score_node.py's mix: one lane calls them one after
-another, two lanes split them between two threads started together. Reported: requests per second
+another from one thread, two lanes split them between two threads started together. Reported: requests per second
 and per-request latency of each setting, their ratio, and parity of the outputs (float32).
 
     .venv/bin/python bench/cpu_lanes.py [--model qwen2.5-0.5b] [--dtype fp32|bf16] [--layers N]
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import threading
 import time
@@ -26,7 +27,7 @@ import time
 import torch
 
 from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint, timed_part
+from bench.common import CACHE, MODELS, ROOT, emit, run_together, shaped_checkpoint, timed_part
 from bench.score_node import DTYPES, LABELS, SAMPLES, make_requests
 
 
@@ -52,11 +53,13 @@ def score(node, samples) -> tuple[float, torch.Tensor]:
 
 
 def one_lane(node, requests) -> tuple[float, list[float], list]:
-    """All requests one after another on 2 threads: (wall seconds, per-request seconds, outputs)."""
-    torch.set_num_threads(2)
-    start = time.perf_counter()
-    done = [score(node, r) for r in requests]
-    return time.perf_counter() - start, [s for s, _ in done], [o for _, o in done]
+    """All requests one after another on 2 intra-op threads, called from a thread of its own like a
+    worker's compute thread (a call from the main thread ran 3x slower on this busy machine):
+    (wall seconds, per-request seconds, outputs)."""
+    torch.set_num_threads(2)  # before the thread starts: it takes the process's count
+    done: list[tuple[float, torch.Tensor]] = []
+    wall = run_together([lambda: done.extend(score(node, r) for r in requests)])
+    return wall, [s for s, _ in done], [o for _, o in done]
 
 
 def two_lanes(node, requests) -> tuple[float, list[float], list]:
@@ -70,13 +73,7 @@ def two_lanes(node, requests) -> tuple[float, list[float], list]:
         for i in indices:
             done[i] = score(node, requests[i])
 
-    threads = [threading.Thread(target=lane, args=(range(k, len(requests), 2),)) for k in range(2)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_together([functools.partial(lane, range(k, len(requests), 2)) for k in range(2)])
     return wall, [done[i][0] for i in range(len(requests))], [done[i][1] for i in range(len(requests))]
 
 
