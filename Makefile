@@ -35,21 +35,25 @@ serve: compile
 test: venv
 	$(PY) -m pytest
 
-# Benchmarks need the peer engine (CTranslate2), which `make test` never installs.
+# Benchmarks need the peer engines (CTranslate2, OpenVINO), which `make test` never installs.
 bench-venv: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(VENV)/bin/pip install -q -e '.[test,bench]'
 	touch $@
 
-# The headline set: full-depth scoring (Qwen2.5-0.5B 24 layers, Qwen3-0.6B 28 layers; fp32 and
-# bf16) and beam search (Qwen2.5-0.5B, W=100, S=4, 256-token prompts), each against transformers
+# The headline set: full-depth scoring (Qwen2.5-0.5B 24 layers, Qwen3-0.6B 28 layers; fp32, bf16 and
+# int8, each against transformers, CTranslate2 and OpenVINO, int8 also against our bf16) and beam search (Qwen2.5-0.5B, W=100, S=4, 256-token prompts), each against transformers
 # and CTranslate2 in the same run; and shared-prefix scoring (one context x 15 items, Qwen2.5-0.5B
 # 24 layers, fp32 and bf16) against the unshared node and transformers; then where the time goes
 # (operator families and every GEMM shape against the peak, fp32 and bf16). Results land in
 # bench/results/. Run it from one commit on a quiet machine; `make bench-build` first does the
 # compiling (cached in bench/.cache), so that the timed runs are all `make bench` does.
 SCORE_REQUESTS ?= 2
+# INT8_BUDGET=0.5: the int8 runs select layers under that many nats (gate loosened to match) instead of
+# [quantize]'s defaults (bench/score_node.py --int8-budget)
+INT8_BUDGET ?=
+INT8_BUDGET_ARG = $(if $(INT8_BUDGET),--int8-budget $(INT8_BUDGET))
 SCORE := $(PY) bench/score_node.py
 BEAM  := $(PY) bench/beam_node.py
 
@@ -58,16 +62,21 @@ bench-build: bench-venv
 	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --build-only
 	$(SCORE) --model qwen3-0.6b --dtype fp32 --build-only
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --build-only
-	$(BEAM) --model qwen2.5-0.5b --build-only
+	$(SCORE) --model qwen2.5-0.5b --dtype int8 $(INT8_BUDGET_ARG) --build-only
+	$(SCORE) --model qwen3-0.6b --dtype int8 $(INT8_BUDGET_ARG) --build-only
+	$(BEAM) --model qwen2.5-0.5b --int8 --build-only
 
 bench: bench-build
 	$(SCORE) --model qwen2.5-0.5b --dtype fp32 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen2.5-0.5b --dtype bf16 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype fp32 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --requests $(SCORE_REQUESTS)
-	$(BEAM) --model qwen2.5-0.5b
+	$(SCORE) --model qwen2.5-0.5b --dtype int8 $(INT8_BUDGET_ARG) --requests $(SCORE_REQUESTS)
+	$(SCORE) --model qwen3-0.6b --dtype int8 $(INT8_BUDGET_ARG) --requests $(SCORE_REQUESTS)
+	$(BEAM) --model qwen2.5-0.5b --int8
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype bf16
+	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype int8
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype bf16
 

@@ -10,8 +10,12 @@ beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender, t
 transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
 once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
 Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
+--int8 adds our node built with `[quantize] int8` (random-id calibration, the default gate) as `ours_int8`,
+timed interleaved with the others: `int8` reports its speed-up over our float32 node and how many of the
+returned top-k candidates differ from our float32 node's on the same prompts (not held to parity: int8
+changes scores).
 
-    .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2]
+    .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2] [--int8]
 """
 
 from __future__ import annotations
@@ -33,16 +37,17 @@ PAD_ID = 0
 IDENTICAL_ABS, PEER_ABS = 1e-4, 1e-3  # score tolerance: our node against generate(); CTranslate2 against it
 
 
-def build_node(checkpoint, name: str, max_width: int):
+def build_node(checkpoint, name: str, max_width: int, int8: bool = False):
     from compile.build import build
     from compile.runtime import load_nodes
-    from shared.config import BeamConfig, ScoreConfig, load_config
+    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig, load_config
 
     config = load_config(ROOT / "configs/test.toml")
     bounds = dataclasses.replace(config.bounds, max_beam_width=max_width, max_new_tokens=S, max_prompt_tokens=512,
                                  max_beam_requests_per_batch=4)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype="float32")
-    config = config.replace(model=model, bounds=bounds, score=ScoreConfig(enabled=False), beam=BeamConfig(enabled=True))
+    config = config.replace(model=model, bounds=bounds, score=ScoreConfig(enabled=False), beam=BeamConfig(enabled=True),
+                            quantize=QuantizeConfig(int8=int8))
     build(these_threads(config), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name)
 
@@ -50,12 +55,12 @@ def build_node(checkpoint, name: str, max_width: int):
 class Contenders:
     """Callables for a batch of prompts, each returning (tokens [R, k, S], scores [R, k], lens or None)."""
 
-    def __init__(self, node, hf, ct2):
-        self.node, self.hf, self.ct2 = node, hf, ct2
+    def __init__(self, node, hf, ct2, int8_node=None):
+        self.node, self.hf, self.ct2, self.int8_node = node, hf, ct2, int8_node
 
-    def ours(self, prompts, width: int = W):
-        ids, lens = torch.cat(prompts), torch.tensor([len(p) for p in prompts])
-        return lambda: self.node(ids, lens, width, S, K)
+    def ours(self, prompts, width: int = W, node=None):
+        ids, lens, node = torch.cat(prompts), torch.tensor([len(p) for p in prompts]), node or self.node
+        return lambda: node(ids, lens, width, S, K)
 
     def hf_call(self, prompts):
         return lambda: (*hf_side.beams(self.hf, prompts, PAD_ID, W, S, K), None)
@@ -68,11 +73,15 @@ class Contenders:
         fns = {"ours": self.ours(prompts), "hf": self.hf_call(prompts)}
         if self.ct2 is not None:
             fns["ct2"] = self.ct2_call(prompts)
+        if self.int8_node is not None:
+            fns["ours_int8"] = self.ours(prompts, node=self.int8_node)
         return fns
 
 
 def warm_up(contenders: Contenders, prompt) -> None:
     contenders.ours([prompt])()
+    if contenders.int8_node is not None:
+        contenders.ours([prompt], node=contenders.int8_node)()
     hf_side.beams(contenders.hf, [prompt[:8]], PAD_ID, 2, S, 2)
     if contenders.ct2 is not None:
         contenders.ct2.beams("float32", contenders.ct2.strings([prompt[:8]]), 2, S, 2, 1, PAD_ID)
@@ -128,6 +137,8 @@ def checks(outputs: list[dict]) -> list[dict]:
     transformers' batched calls within IDENTICAL_ABS."""
     ref, found = references(outputs), []
     for o in outputs:
+        if o["name"] == "ours_int8":  # int8 changes scores: counted by int8_changes, not held to parity
+            continue
         for p in o["prompts"]:
             r = ref[p]
             if r is o:
@@ -138,6 +149,20 @@ def checks(outputs: list[dict]) -> list[dict]:
             found.append(parity.beams_check(f"{o['name']}[batch {len(o['prompts'])}] prompt {p} vs {r['name']}",
                                             tokens, scores, lens, ref_tokens, ref_scores, tolerance))
     return found
+
+
+def int8_changes(outputs: list[dict]) -> dict:
+    """How many of our int8 node's returned candidates are not among our float32 node's for the same prompt."""
+    ours = {p: o for o in outputs if o["name"] == "ours" for p in o["prompts"]}
+    changed = total = 0
+    for o in outputs:
+        if o["name"] != "ours_int8":
+            continue
+        for p in o["prompts"]:
+            tokens, ref_tokens = row(o, p)[0][0].tolist(), row(ours[p], p)[0][0].tolist()
+            changed += sum(candidate not in ref_tokens for candidate in tokens)
+            total += len(tokens)
+    return {"candidates_changed": changed, "candidates": total}
 
 
 def sweep_ours(node, vocab: int, widths, lengths) -> list[dict]:
@@ -161,6 +186,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 layers, 64-token prompts")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument("--int8", action="store_true", help="add our node built with [quantize] int8")
     parser.add_argument("--sweep", action="store_true", help="add our node's latency over W x prompt length")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
                         "it for CTranslate2 (all cached in bench/.cache) and stop")
@@ -177,6 +203,13 @@ def speedups(sides: dict) -> dict:
     return out
 
 
+def int8_summary(sides: dict, changes: dict) -> dict:
+    """Our int8 node against our float32 node: single latency and best-batching throughput ratios."""
+    ours, int8 = sides["ours"], sides["ours_int8"]
+    return {"speedup_vs_fp32_single": ours["single_ms"] / int8["single_ms"],
+            "speedup_vs_fp32_batched": int8["best_requests_per_s"] / ours["best_requests_per_s"], **changes}
+
+
 def summary(singles: dict, batched: dict) -> dict:
     """Per contender: single latency, and the best requests/s over its batch sizes (1 = singles)."""
     out = {}
@@ -189,7 +222,8 @@ def summary(singles: dict, batched: dict) -> dict:
 
 
 def prepare(args):
-    """(spec, compiled nodes, transformers or None with --build-only, CTranslate2 or None, layers)."""
+    """(spec, compiled nodes, transformers or None with --build-only, CTranslate2 or None, layers, the int8
+    beam node or None)."""
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
@@ -199,9 +233,10 @@ def prepare(args):
     layers = args.layers or (2 if args.quick else depth)
     checkpoint = shaped_checkpoint(family, shape, layers, torch.float32)
     nodes = build_node(checkpoint, f"beam-{args.model}-{layers}l", 400)
+    int8 = build_node(checkpoint, f"beam-{args.model}-int8-{layers}l", 400, int8=True).beam if args.int8 else None
     ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     hf = None if args.build_only else AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    return read_spec(checkpoint), nodes, hf, ct2, layers
+    return read_spec(checkpoint), nodes, hf, ct2, layers, int8
 
 
 def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
@@ -212,12 +247,15 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     clock.lap("peak_before_and_warm_up")
     single_s, single_outputs = run_singles(contenders, prompts[:singles])
     clock.lap("singles")
-    sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {})
+    sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {}) \
+        | ({"ours_int8": (2, 4)} if contenders.int8_node is not None else {})
     batched_s, batched_outputs = run_batched(contenders, prompts, sizes)
     clock.lap("batched")
     peak_after = matmul_peaks(torch.float32, peak_shapes)
     clock.lap("peak_after")
-    return {"sides": summary(single_s, batched_s), "checks": checks(single_outputs + batched_outputs),
+    outputs = single_outputs + batched_outputs
+    return {"sides": summary(single_s, batched_s), "checks": checks(outputs), "int8": int8_changes(outputs)
+            if contenders.int8_node is not None else None,
             "peaks": (peak_before, peak_after), "phase_seconds": clock.laps}
 
 
@@ -233,6 +271,7 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "executed_mfu_single": executed_mfu(beam_flops(spec, [length], W, S), 1e-3 * sides["ours"]["single_ms"], peak),
         "executed_mfu_batched": executed_mfu(beam_flops(spec, [length] * best, W, S),
                                              best / sides["ours"]["best_requests_per_s"], peak),
+        "int8": m["int8"] and int8_summary(sides, m["int8"]),
         "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
@@ -246,14 +285,14 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = Clock()
-    spec, nodes, hf, ct2, layers = prepare(args)
+    spec, nodes, hf, ct2, layers, int8 = prepare(args)
     if args.build_only:
         return
     clock.lap("prepare")
     length = args.prompt_tokens or (64 if args.quick else 256)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, spec.vocab_size, (length,), generator=g) for _ in range(4)]
-    measured = measure(Contenders(nodes.beam, hf, ct2), prompts, args.singles, spec)
+    measured = measure(Contenders(nodes.beam, hf, ct2, int8), prompts, args.singles, spec)
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(args, spec, layers, length, measured)
     if args.sweep:

@@ -70,6 +70,13 @@ class Ct2Model:
         ids = torch.tensor([r.sequences_ids[0][0] for r in results])
         return ids, torch.tensor([r.scores[0] for r in results], dtype=torch.float32)
 
+    def label_logprobs(self, compute_type: str, rows: list[list[str]], label_ids: list[int]) -> torch.Tensor:
+        """log P(label | sample) [B, labels] float32: score_batch on sample + label, the last token's log-prob."""
+        labels = [self.vocabulary[i] for i in label_ids]
+        scored = self.generator(compute_type).score_batch([row + [label] for row in rows for label in labels])
+        values = torch.tensor([s.log_probs[-1] for s in scored], dtype=torch.float32)
+        return values.view(len(rows), len(labels))
+
     def beams(self, compute_type: str, rows: list[list[str]], num_beams: int, steps: int, k: int,
               max_batch_size: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Its beam search -> tokens [R, k, S] (pad after an end), scores [R, k] (log-prob / length)."""

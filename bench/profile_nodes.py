@@ -59,14 +59,17 @@ def score_gemm_shapes(spec, lengths: list[int]) -> dict[tuple[int, int, int], in
 
 
 def gemm_table(shapes: dict, dtype: torch.dtype, peak: float) -> tuple[list[dict], dict[str, float]]:
-    """Each shape timed alone with torch.mm (MKL for float32) and oneDNN: ms per call and the
-    fraction of the peak each reaches; the request's total GEMM ms per library."""
-    rows, totals = [], {"torch.mm": 0.0, "onednn": 0.0}
+    """Each shape timed alone with torch.mm (MKL for float32), oneDNN, and oneDNN on a weight prepacked as
+    the worker packs it (compile/packing.py: what our node's linears call): ms per call and the fraction of
+    the peak each reaches; the request's total GEMM ms per library."""
+    rows, totals = [], {"torch.mm": 0.0, "onednn": 0.0, "onednn_prepacked": 0.0}
     for (m, k, n), count in shapes.items():
         a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
         a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
+        w_packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
         calls = {"torch.mm": lambda: torch.mm(a, w.t()),
-                 "onednn": lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None)}
+                 "onednn": lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None),
+                 "onednn_prepacked": lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], "")}
         row = {"m": m, "k": k, "n": n, "calls": count}
         for lib, fn in calls.items():
             seconds = min(time_calls(fn, repeats=5))

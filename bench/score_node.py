@@ -1,4 +1,4 @@
-"""Prefill-only scoring: our compiled node against transformers (careful, and at its best) and CTranslate2.
+"""Prefill-only scoring: our compiled node against transformers (careful, and at its best), CTranslate2 and OpenVINO.
 
 Model: Qwen2.5-0.5B's or Qwen3-0.6B's shapes at their real depth (or --layers N), random weights
 written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (fixed seed).
@@ -11,7 +11,14 @@ Contenders, timed interleaved request by request in one process, same threads:
               our float32 node uses (bench/hf_baselines.linears_on), at its own fastest micro-batch:
               its ratio is what the engine adds beyond the GEMM library;
   ct2         CTranslate2 at the max_batch_size (and, for bf16 runs, the CPU compute type) that was
-              fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16).
+              fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16);
+  openvino    OpenVINO (bench/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
+              the run's precision, last position projected, at the micro-batch size that was fastest in
+              a sweep (openvino_setting says which).
+  ours_bf16   (--dtype int8) our bf16 node: --dtype int8 builds the bf16 model with `[quantize] int8`
+              (calibrated on random token ids, the default gate) and reports speedup_vs_bf16, the label
+              log-prob drift of ours and of CTranslate2's int8 against transformers in float32 on the same
+              inputs (max_label_logprob_drift, ct2_max_label_logprob_drift); OpenVINO runs bf16.
 Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
@@ -20,14 +27,15 @@ after the timed part.
 Parity is asserted before anything is written: a run that fails it writes no result and exits
 non-zero (bench/provenance.py).
 
-    .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--layers N]
-                                         [--requests R] [--quick] [--no-ct2] [--build-only]
+    .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16|int8] [--layers N]
+                                         [--requests R] [--quick] [--no-ct2] [--no-openvino] [--build-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import random
 
 import torch
@@ -38,12 +46,14 @@ from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, m
                           peak_by_library, shaped_checkpoint, these_threads, timed_part)
 from bench.flops import executed_mfu, score_flops
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# int8: the bf16 model with the linear layers `[quantize] int8` chose running oneDNN's int8 GEMMs (compile/quantize/)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
 SAMPLES = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
 HF_MICRO_BATCHES = (1, 4, 8, 15)  # 15: the whole request, i.e. careful (so best <= careful)
 CT2_BATCH_SIZES = (1, 2, 4, SAMPLES)
+OPENVINO_MICRO_BATCHES = (1, 4, SAMPLES)
 
 
 def make_requests(count: int, samples: int, low: int, high: int, vocab: int, seed: int = 0):
@@ -55,16 +65,30 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
     return requests
 
 
-def build_node(checkpoint, dtype_name: str, name: str):
+def int8_config(budget: float | None):
+    """[quantize] for an int8 run: the product's defaults, or with --int8-budget a selection budget of that many
+    nats and a gate loosened to match (max drift 2x the budget, mean drift the budget, agreements 0.5), so that a
+    run can trade drift for int8 coverage up to, say, CTranslate2 int8's own drift."""
+    from shared.config import QuantizeConfig
+
+    if budget is None:
+        return QuantizeConfig(int8=True)
+    return QuantizeConfig(int8=True, selection_max_drift=budget, max_label_logprob_drift=2 * budget,
+                          mean_label_logprob_drift=budget, min_top1_agreement=0.5, min_rank_agreement=0.5)
+
+
+def build_node(checkpoint, dtype_name: str, name: str, quantize=None):
     from compile.build import build
     from compile.runtime import load_nodes
-    from shared.config import load_config
+    from shared.config import QuantizeConfig, load_config
 
     config = load_config(ROOT / "configs/test.toml")
     bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
                                  max_tokens_per_batch=8192)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    build(these_threads(config.replace(model=model, bounds=bounds)), CACHE / "artifacts" / name)
+    # int8 calibrates on random token ids (the benchmark's models have random weights), gated by the defaults
+    config = config.replace(model=model, bounds=bounds, quantize=quantize or QuantizeConfig())
+    build(these_threads(config), CACHE / "artifacts" / name)
     return load_nodes(CACHE / "artifacts" / name).score
 
 
@@ -85,14 +109,17 @@ class Contenders:
     """The four callables of one request, each returning what its parity check needs."""
 
     def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None,
-                 onednn_micro_batch: int | None = None):
-        self.node, self.hf, self.ct2 = node, hf, ct2
+                 onednn_micro_batch: int | None = None, openvino=None, openvino_setting: tuple[str, int] | None = None,
+                 bf16_node=None):
+        self.node, self.hf, self.ct2, self.openvino, self.bf16_node = node, hf, ct2, openvino, bf16_node
         self.micro_batch, self.ct2_setting, self.onednn_micro_batch = micro_batch, ct2_setting, onednn_micro_batch
+        self.openvino_setting = openvino_setting
 
     def for_request(self, samples: list[torch.Tensor]) -> dict:
         ids, lens = torch.cat(samples), torch.tensor([len(s) for s in samples])
         fns = {
             "ours": lambda: self.node(ids, lens, LABELS, 2),
+            **({"ours_bf16": lambda: self.bf16_node(ids, lens, LABELS, 2)} if self.bf16_node is not None else {}),
             "hf_careful": lambda: hf_side.careful(self.hf, samples, PAD_ID),
             "hf_best": lambda: hf_side.best(self.hf, samples, PAD_ID, self.micro_batch),
         }
@@ -101,6 +128,9 @@ class Contenders:
         if self.ct2_setting is not None:
             rows, (compute_type, batch) = self.ct2.strings(samples), self.ct2_setting
             fns["ct2"] = lambda: self.ct2.score(compute_type, rows, batch)
+        if self.openvino_setting is not None:
+            precision, micro_batch = self.openvino_setting
+            fns["openvino"] = lambda: self.openvino.logits(precision, samples, micro_batch)
         return fns
 
 
@@ -129,6 +159,25 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     by_type = {t: (lambda t=t: ct2.score(t, rows, batch)) for t in types}
     _, report["ct2_compute_type_ms"], outs = sweep(by_type)
     return micro_batch, (fastest_at_parity(report, outs, reference), batch), report, outs
+
+
+def pick_openvino_setting(openvino, dtype: torch.dtype, request) -> tuple[tuple[str, int], dict]:
+    """OpenVINO's precision (the run's) and its fastest micro-batch on the sweep's request (after a warm-up call)."""
+    from bench.openvino_baseline import PRECISIONS
+
+    precision = PRECISIONS[dtype]
+    openvino.logits(precision, request[:2], 1)  # compiles the model for this precision
+    fns = {m: (lambda m=m: openvino.logits(precision, request, m)) for m in OPENVINO_MICRO_BATCHES}
+    micro_batch, table, _ = sweep(fns, give_up_factor=2.0)
+    return (precision, micro_batch), table
+
+
+def openvino_label(setting: tuple[str, int] | None) -> str | None:
+    if setting is None:
+        return None
+    precision, micro_batch = setting
+    batching = "one sample per call" if micro_batch == 1 else f"length-sorted micro-batches of {micro_batch}"
+    return f"{precision}, {batching} (right-padded), last token only, PERFORMANCE_HINT=LATENCY"
 
 
 def hf_best_onednn(hf, samples: list[torch.Tensor], micro_batch: int) -> torch.Tensor:
@@ -183,6 +232,9 @@ def fp32_checks(outputs: list[dict]) -> list[dict]:
                                         out["ours"].topk_logprobs[:, 0], careful, parity.FP32_ABS))
         if "ct2" in out:
             checks.append(parity.top1_check(f"ct2_top1_vs_hf_careful[{r}]", *out["ct2"], careful, parity.FP32_ABS))
+        if "openvino" in out:
+            checks.append(parity.close_check(f"openvino_vs_hf_careful_logits[{r}]", out["openvino"], careful,
+                                             parity.FP32_ABS))
     return checks
 
 
@@ -190,26 +242,35 @@ def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sw
     """Request 0 of a bf16 run against transformers in float32 on the same (bf16-valued) weights;
     CTranslate2 in float32 (from its sweep) strictly, its timed compute type within its own bound."""
     ref_labels, careful = reference[:, LABELS], out["hf_careful"][:, LABELS]
-    checks = [parity.bf16_check("ours_label_logits_vs_fp32", out["ours"].label_logits, careful, ref_labels),
+    ours = "ours_bf16" if "ours_bf16" in out else "ours"  # an int8 run's float side (int8 has its own check)
+    checks = [parity.bf16_check(f"{ours}_label_logits_vs_fp32", out[ours].label_logits, careful, ref_labels),
               parity.bf16_check("hf_best_label_logits_vs_fp32", out["hf_best"][:, LABELS], careful, ref_labels)]
     if "float32" in ct2_sweep:
         checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
     if "ct2" in out and ct2_type != "float32":
         checks.append(parity.top1_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference, parity.QUANTIZED_ABS))
+    if "openvino" in out:
+        checks.append(parity.bf16_check("openvino_label_logits_vs_fp32", out["openvino"][:, LABELS], careful,
+                                        ref_labels))
     return checks
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="int8: the bf16 model with [quantize] int8, against our bf16 node as well")
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
+    parser.add_argument("--int8-budget", type=float, help="--dtype int8: selection budget in nats (default: "
+                        "[quantize]'s defaults), the gate loosened to match (score_node.int8_config)")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out (speedup_vs_ct2 is null)")
+    parser.add_argument("--no-openvino", action="store_true",
+                        help="leave OpenVINO out (speedup_vs_openvino is null)")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
-                        "it for CTranslate2 (all cached in bench/.cache) and stop")
+                        "it for CTranslate2 and OpenVINO (all cached in bench/.cache) and stop")
     return parser.parse_args()
 
 
@@ -224,16 +285,20 @@ class Run:
     checkpoint: object
     spec: object
     node: object = None
+    bf16_node: object = None  # int8 runs: the same model without int8 layers
+    quantized: dict | None = None  # int8 runs: the manifest's record of the int8 layers and the gate
     hf: object = None
     ct2: object = None
+    openvino: object = None
 
 
 def prepare(args) -> Run:
-    """Checkpoint, compiled node and CTranslate2 conversion (cached); transformers unless --build-only."""
+    """Checkpoint, compiled node, CTranslate2 and OpenVINO conversions (cached); transformers unless --build-only."""
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
     from bench.ct2_baseline import Ct2Model
+    from bench.openvino_baseline import OpenVinoModel
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)
@@ -241,8 +306,15 @@ def prepare(args) -> Run:
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     run = Run(args, layers, args.quick or layers != depth, (32, 160 if args.quick else 480), checkpoint,
               read_spec(checkpoint))
-    run.node = build_node(checkpoint, str(dtype).removeprefix("torch."), f"score-{args.model}-{args.dtype}-{layers}l")
+    dtype_name = str(dtype).removeprefix("torch.")
+    budget = "" if args.int8_budget is None else f"-{args.int8_budget:g}nats"
+    name = f"score-{args.model}-{args.dtype}-{layers}l" + (budget if args.dtype == "int8" else "")
+    run.node = build_node(checkpoint, dtype_name, name, int8_config(args.int8_budget) if args.dtype == "int8" else None)
+    if args.dtype == "int8":
+        run.quantized = json.loads((CACHE / "artifacts" / name / "manifest.json").read_text())["quantize"]
+        run.bf16_node = build_node(checkpoint, dtype_name, f"score-{args.model}-bf16-{layers}l")
     run.ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
+    run.openvino = None if args.no_openvino else OpenVinoModel(checkpoint, torch.get_num_threads())
     if not args.build_only:
         run.hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
     return run
@@ -255,7 +327,7 @@ def measure(run: Run, requests) -> dict:
     peak_before = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_before")
     reference = None
-    if run.args.dtype == "bf16":  # transformers in float32 on the same (bf16-valued) weights, request 0
+    if run.args.dtype != "fp32":  # transformers in float32 on the same (bf16-valued) weights, request 0
         from transformers import AutoModelForCausalLM
 
         fp32 = AutoModelForCausalLM.from_pretrained(run.checkpoint, dtype=torch.float32).eval()
@@ -263,29 +335,55 @@ def measure(run: Run, requests) -> dict:
         del fp32
     clock.lap("reference")
     micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(run.node, run.hf, run.ct2, requests[0], reference)
+    if run.bf16_node is not None:  # warm-up
+        run.bf16_node(torch.cat(requests[0]), torch.tensor([len(s) for s in requests[0]]), LABELS, 2)
     onednn_micro_batch = None
     if run.args.dtype == "fp32":  # bf16 linears already run on oneDNN through aten
         onednn_micro_batch, sweeps["hf_best_onednn_micro_batch_ms"] = pick_onednn_micro_batch(run.hf, requests[0])
+    openvino_setting = None
+    if run.openvino is not None:
+        openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0])
     clock.lap("warm_up_and_sweeps")
-    contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch)
+    contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
+                            run.openvino, openvino_setting, run.bf16_node)
     with timed_part():
         seconds, outputs = time_requests(contenders, requests)
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
+    drift = None
     if run.args.dtype == "fp32":
         checks = fp32_checks(outputs)
     else:
         checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
+    if run.args.dtype == "int8":
+        drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
+        checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
+                                        outputs[0]["ours"].topk_logprobs[:, 0], reference, parity.QUANTIZED_ABS))
     clock.lap("parity")
     return {"seconds": seconds, "micro_batch": micro_batch, "onednn_micro_batch": onednn_micro_batch,
-            "ct2": ct2_setting, "sweeps": sweeps, "checks": checks, "peaks": (peak_before, peak_after),
-            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2)}
+            "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks,
+            "peaks": (peak_before, peak_after),
+            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2), "int8_drift": drift}
+
+
+def int8_drift(run: Run, ours, request, reference: torch.Tensor) -> dict:
+    """Label log-prob drift against transformers in float32 on the same weights (request 0): ours in int8, and
+    CTranslate2's int8 on the same inputs (its score_batch: the label token's log-prob after the sample)."""
+    ref = torch.log_softmax(reference, dim=-1)[:, LABELS]  # [B, labels]
+    drift = {"max_label_logprob_drift": float((ours.label_logprobs - ref).abs().max()),
+             "mean_label_logprob_drift": float((ours.label_logprobs - ref).abs().mean()),
+             "ct2_max_label_logprob_drift": None}
+    if run.ct2 is not None:
+        theirs = run.ct2.label_logprobs("int8", run.ct2.strings(request), LABELS.tolist())
+        drift["ct2_max_label_logprob_drift"] = float((theirs - ref).abs().max())
+        drift["ct2_mean_label_logprob_drift"] = float((theirs - ref).abs().mean())
+    return drift
 
 
 def threads_by_side(seconds: dict, ct2) -> dict[str, int]:
-    """The intra-op threads each contender ran with (torch's for ours and transformers; the
-    CTranslate2 generator's own)."""
+    """The intra-op threads each contender ran with (torch's for ours, transformers and OpenVINO,
+    whose INFERENCE_NUM_THREADS is set to it; the CTranslate2 generator's own)."""
     return {name: (ct2.threads if name == "ct2" else torch.get_num_threads()) for name in seconds}
 
 
@@ -296,12 +394,23 @@ def report(run: Run, requests, m: dict) -> dict:
     flops = sum(score_flops(run.spec, [len(s) for s in r]) for r in requests) / count
     ratio = lambda name: seconds[name] / seconds["ours"] if name in seconds else None  # noqa: E731
     ours_checks = [c for c in checks if c["check"].startswith("ours_") and "label" in c["check"]]
+    int8 = m["int8_drift"] or {}
     return {
         "bench": "score_node", "model": run.args.model, "layers": run.layers, "dtype": run.args.dtype,
-        "quick": run.quick, "executed_mfu": executed_mfu(flops, seconds["ours"], peak),
+        "quick": run.quick,
+        # int8 layers run integer dot products against a float peak: no single peak to divide by
+        "executed_mfu": None if run.args.dtype == "int8" else executed_mfu(flops, seconds["ours"], peak),
+        "speedup_vs_bf16": ratio("ours_bf16"),
+        "max_label_logprob_drift": int8.get("max_label_logprob_drift"),
+        "ct2_max_label_logprob_drift": int8.get("ct2_max_label_logprob_drift"), "int8_drift": m["int8_drift"],
+        "int8_layers": run.quantized and f"{len(run.quantized['int8_layers'])} of "
+                                         f"{len(run.quantized['int8_layers']) + len(run.quantized['float_layers'])}",
+        "int8_gate": run.quantized and run.quantized["gate"],
+        "int8_limits": run.quantized and run.quantized["limits"],
         "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
         "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
+        "speedup_vs_openvino": ratio("openvino"), "openvino_setting": openvino_label(m["openvino"]),
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
         "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if run.args.dtype == "fp32"
@@ -315,7 +424,8 @@ def report(run: Run, requests, m: dict) -> dict:
                      "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
                      "hf_best_onednn": m["onednn_micro_batch"] and f"length-sorted micro-batches of "
                                                                     f"{m['onednn_micro_batch']}",
-                     "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}"},
+                     "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}",
+                     "openvino": openvino_label(m["openvino"])},
         "gemm": gemm_labels(run.args.dtype, seconds),
         "sweeps_ms": m["sweeps"], "executed_gflop_per_request": flops / 1e9,
         "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
@@ -326,9 +436,15 @@ def report(run: Run, requests, m: dict) -> dict:
 def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
     """Which GEMM library each side's linear layers called."""
     if dtype != "fp32":
-        return {name: "oneDNN (bfloat16 through aten)" if name != "ct2" else "its own" for name in seconds}
-    labels = {"ours": "oneDNN matmul (model.gemm = auto)", "hf_careful": "torch default (MKL sgemm)",
-              "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own"}
+        ours = "oneDNN int8 (VNNI) for the chosen layers, bfloat16 oneDNN for the rest" if dtype == "int8" else \
+            "oneDNN matmul, weights prepacked at load (model.gemm = auto)"
+        labels = {"ours": ours, "ours_bf16": "oneDNN matmul, weights prepacked at load", "ct2": "its own",
+                  "openvino": "its own"}
+        return {name: labels.get(name, "oneDNN (bfloat16 through aten)") for name in seconds}
+    labels = {"ours": "oneDNN matmul, weights prepacked at load (model.gemm = auto)",
+              "hf_careful": "torch default (MKL sgemm)",
+              "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
+              "openvino": "its own (oneDNN inside its CPU plugin)"}
     return {name: labels[name] for name in seconds}
 
 
@@ -346,7 +462,8 @@ def main() -> None:
     measured = measure(run, requests)
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(run, requests, measured)
-    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l" + ("-quick" if args.quick else ""), result,
+    budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
+    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l{budget}" + ("-quick" if args.quick else ""), result,
          threads=measured["threads"])  # refuses (exit 1, nothing written) when parity failed
 
 

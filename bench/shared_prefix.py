@@ -7,7 +7,8 @@ one sample per item (fixed seed). Contenders, timed interleaved request by reque
   unshared    our node, the 15 full samples packed (no padding computed; the context 15 times);
   hf_careful  transformers on the 15 full samples as one left-padded batch, last position projected.
 Outputs must agree (bench/parity.py tolerances; shared against unshared 1e-4 in fp32; in bf16 each
-against transformers in float32 within the bf16 bound) or the run exits non-zero. flop_bound = FLOPs executed unshared / FLOPs executed shared on the same requests: the
+against transformers in float32 within the bf16 bound; in int8 shared against unshared, and each one's top-1
+against transformers in float32, within the quantized sanity bound) or the run exits non-zero. flop_bound = FLOPs executed unshared / FLOPs executed shared on the same requests: the
 speed-up a perfect implementation would reach (bench/flops.py counts). executed_mfu is the shared
 node's executed FLOPs / time / the matmul peak of the dtype measured in the same run.
 
@@ -16,7 +17,7 @@ sharing (the default threshold) and one that never shares; requests sent one at 
 as token ids over HTTP. It also reports the worker's fitted latency model's error on the shared
 batches it served (predicted from their computed tokens, against the worker's measured compute_ms).
 
-    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16] [--layers N] [--requests R] [--e2e] [--quick]
+    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16|int8] [--layers N] [--requests R] [--e2e] [--quick]
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_pe
     these_threads
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# int8: the bf16 model with `[quantize] int8` (random-id calibration, the default gate; compile/quantize/)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
 ITEMS = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
@@ -47,14 +49,14 @@ def make_requests(count: int, vocab: int, context: tuple[int, int], item: tuple[
     return [(ids(rng.randint(*context)), [ids(rng.randint(*item)) for _ in range(ITEMS)]) for _ in range(count)]
 
 
-def build_config(checkpoint, dtype_name: str):
-    from shared.config import load_config
+def build_config(checkpoint, dtype_name: str, int8: bool = False):
+    from shared.config import QuantizeConfig, load_config
 
     config = load_config(ROOT / "configs/test.toml")
     bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
                                  max_tokens_per_batch=8192)
     model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    return config.replace(model=model, bounds=bounds)
+    return config.replace(model=model, bounds=bounds, quantize=QuantizeConfig(int8=int8))
 
 
 def build_node(config, name: str):
@@ -90,14 +92,22 @@ def time_requests(node, hf, requests) -> tuple[dict, list[dict]]:
     return {name: sum(s) / len(s) for name, s in seconds.items()}, outputs
 
 
-def checks_for(outputs: list[dict], is_bf16: bool, reference: list[torch.Tensor] | None) -> list[dict]:
+def checks_for(outputs: list[dict], dtype: str, reference: list[torch.Tensor] | None) -> list[dict]:
     """fp32: shared equals unshared (SHARED_ABS, same top-1) and transformers (FP32_ABS). bf16: a changed
     summation order moves bf16 results by more than any fixed bound, so shared and unshared are each
-    held to the bf16 bound against transformers in float32 (1.5x transformers' own bf16 error + 0.02)."""
+    held to the bf16 bound against transformers in float32 (1.5x transformers' own bf16 error + 0.02).
+    int8: shared against unshared and each top-1 against transformers in float32 within QUANTIZED_ABS."""
     checks = []
     for r, out in enumerate(outputs):
         shared, unshared, careful = out["shared"], out["unshared"], out["hf_careful"][:, LABELS]
-        if is_bf16:
+        if dtype == "int8":
+            checks.append(parity.close_check(f"shared_vs_unshared_label_logits[{r}]", shared.label_logits,
+                                             unshared.label_logits, parity.QUANTIZED_ABS))
+            for name, side in (("shared", shared), ("unshared", unshared)):
+                checks.append(parity.top1_check(f"{name}_top1_vs_fp32[{r}]", side.topk_ids[:, 0],
+                                                side.topk_logprobs[:, 0], reference[r], parity.QUANTIZED_ABS))
+            continue
+        if dtype == "bf16":
             for name, side in (("shared", shared), ("unshared", unshared)):
                 checks.append(parity.bf16_check(f"{name}_label_logits_vs_fp32[{r}]", side.label_logits, careful,
                                                 reference[r][:, LABELS]))
@@ -136,7 +146,7 @@ def main() -> None:
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
-    config = build_config(checkpoint, str(dtype).removeprefix("torch."))
+    config = build_config(checkpoint, str(dtype).removeprefix("torch."), args.dtype == "int8")
     artifacts_name = f"shared-{args.model}-{args.dtype}-{layers}l"
     node = build_node(config, artifacts_name)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
@@ -148,10 +158,10 @@ def main() -> None:
     seconds, outputs = time_requests(node, hf, timed)
     peak = max(peak_before, matmul_peak_flops(dtype, peak_shapes))
     reference = None
-    if args.dtype == "bf16":
+    if args.dtype != "fp32":
         hf32 = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
         reference = [hf_side.careful(hf32, [torch.cat([c, i]) for i in items], PAD_ID) for c, items in timed]
-    checks = checks_for(outputs, args.dtype == "bf16", reference)
+    checks = checks_for(outputs, args.dtype, reference)
     flops_shared = sum(shared_score_flops(spec, len(c), [len(i) for i in items]) for c, items in timed)
     flops_unshared = sum(score_flops(spec, [len(c) + len(i) for i in items]) for c, items in timed)
     result = {
@@ -163,8 +173,11 @@ def main() -> None:
         "speedup_vs_unshared": seconds["unshared"] / seconds["shared"],
         "speedup_vs_hf": seconds["hf_careful"] / seconds["shared"],
         "flop_bound": flops_unshared / flops_shared,
-        "executed_mfu": executed_mfu(flops_shared / len(timed), seconds["shared"], peak),
-        "executed_mfu_unshared": executed_mfu(flops_unshared / len(timed), seconds["unshared"], peak),
+        # int8 layers run integer dot products against a float peak: no single peak to divide by
+        "executed_mfu": None if args.dtype == "int8" else executed_mfu(flops_shared / len(timed),
+                                                                       seconds["shared"], peak),
+        "executed_mfu_unshared": None if args.dtype == "int8" else executed_mfu(flops_unshared / len(timed),
+                                                                                 seconds["unshared"], peak),
         "peak_gflops": peak / 1e9,
         "max_abs_diff_vs_hf": max(float((o["shared"].label_logits - o["hf_careful"][:, LABELS]).abs().max())
                                   for o in outputs),

@@ -14,10 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from compile.machine import ArtifactMismatch
+from compile.packing import pack
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
-FORMAT_VERSION = 2  # 2: attention in the graph, the CPU thread count recorded (1 called Python operators)
+FORMAT_VERSION = 3  # 3: weights prepacked at load; 2: attention in the graph, the CPU thread count recorded
 
 
 def file_hash(path: Path) -> str:
@@ -40,11 +41,12 @@ def read_manifest(folder: Path) -> dict:
 
 
 def load_weights(folder: Path, manifest: dict, device: str) -> dict[str, torch.Tensor]:
-    """The one weights file every node of the folder shares, checked against its hash."""
+    """The one weights file every node of the folder shares, checked against its hash; the weights
+    the manifest lists under `prepacked` are packed into their kernel's layout once, here."""
     weights_file = folder / manifest["weights"]["file"]
     if file_hash(weights_file) != manifest["weights"]["sha256"]:
         raise ArtifactMismatch(f"{weights_file}: content does not match the manifest's hash")
-    return {k: v.to(device) for k, v in load_file(weights_file).items()}
+    return pack({k: v.to(device) for k, v in load_file(weights_file).items()}, manifest["prepacked"])
 
 
 def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str, runners: int = 1):

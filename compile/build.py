@@ -26,6 +26,8 @@ from compile.fp8 import fp8_for_build
 from compile.linear import resolve_gemm, use_gemm
 from compile.machine import machine_facts
 from compile.model import Transformer, build_model
+from compile.packing import combine, packable
+from compile.quantize.build_step import int8_for_build
 from compile.score import export as score_export
 from shared.config import DeploymentConfig
 
@@ -85,14 +87,16 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     gemm = resolve_gemm(config.model.gemm, device, dtype)
     use_gemm(model, gemm)  # before fp8 calibration, so it measures the kernels that will run
     fp8 = fp8_for_build(config, model, progress.stage)  # [model] fp8: swaps chosen layers in place
+    int8 = int8_for_build(config, model, progress.stage)  # [quantize] int8: the same, or refuses the build
     ctx = BuildContext(config, checkpoint, model, dtype, device)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-built folder must never look up to date
-    nodes, weights = {}, {}
+    nodes, weights, packings = {}, {}, []
     for workload in enabled_workloads(config):
         progress.stage(f"exporting the {workload} node")
         module, program, facts = NODE_BUILDERS[workload](ctx)
         weights.update(module.state_dict())
+        packings.append(packable(program))
         progress.stage(f"compiling the {workload} node with AOTInductor (minutes on a small CPU)")
         package = out / f"{workload}.pt2"
         aoti_compile(program, package, compiled_threads(config), kernel_profile)
@@ -107,12 +111,14 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "dtype": str(dtype).removeprefix("torch."),
         "gemm": gemm,
+        "prepacked": combine(packings),  # weights the runtime packs at load (compile/packing.py)
         "machine": machine_facts(device),
         "cpu_threads": compiled_threads(config),
         "bounds": config.bounds.resolved(),
         "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
         "nodes": nodes,
         "fp8": fp8,
+        "quantize": int8,  # [quantize] int8: layers, calibration, drift measured (compile/quantize/build_step.py)
         "weights": {"file": WEIGHTS, "sha256": file_hash(out / WEIGHTS)},
         "tokenizer_files": tokenizer_files,
         "config": asdict(config),
@@ -159,7 +165,7 @@ def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
 def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: bool = False) -> str:
     """Everything the artifacts depend on: checkpoint, config, torch, machine and this code."""
     digest = hashlib.sha256()
-    relevant = {k: asdict(config)[k] for k in ("model", "bounds", "score", "beam")}
+    relevant = {k: asdict(config)[k] for k in ("model", "bounds", "score", "beam", "quantize")}
     relevant["cpu_threads"] = compiled_threads(config)
     relevant["kernel_profile"] = kernel_profile
     relevant["model"] = {**relevant["model"], "path": None}  # the content counts, not the path
@@ -168,6 +174,8 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
         digest.update(file_hash(Path(config.score.mlp_head.weights)).encode())
     if config.beam.constraints:
         digest.update(file_hash(Path(config.beam.constraints)).encode())
+    if config.quantize.calibration:
+        digest.update(file_hash(Path(config.quantize.calibration)).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
     for source in sorted(Path(__file__).parent.rglob("*.py")):

@@ -2,13 +2,15 @@
 
 On the CPU, a float32 `F.linear` lowers to aten mm/addmm, which calls MKL's sgemm; on the AVX-512
 machine this was measured on, that ran at about half the rate of oneDNN's float32 matmul
-(`mkldnn::_linear_pointwise`, fed the plain [out, in] weight: no prepacking, so the weights keep
-their names and every node still shares one copy). Inductor's own freezing + cpp.weight_prepack
+(`mkldnn::_linear_pointwise`, compiled against the plain [out, in] weight, so the weights keep their
+names and every node still shares one copy; the runtime hands it prepacked: compile/packing.py). Inductor's own freezing + cpp.weight_prepack
 does not help here: with a dynamic token axis it left aten addmm in the package (torch 2.13, seen
 on a compiled 2-layer MLP at the same speed as without freezing). bfloat16 linears already go to oneDNN through
-aten (bit-identical outputs, measured), so the option only matters for float32. The op is CPU-only.
+aten (bit-identical outputs, measured), but unpacked: through `mkldnn::_linear_pointwise` their
+weights are prepacked once at load (compile/packing.py), so "auto" takes oneDNN for bfloat16 too. The
+op is CPU-only.
 
-Default "auto": oneDNN for float32 on a CPU, aten otherwise. At Qwen2.5-0.5B's shapes it made the
+Default "auto": oneDNN for float32 and bfloat16 on a CPU, aten otherwise. At Qwen2.5-0.5B's shapes it made the
 float32 scoring node 1.6x faster at 24 layers (1.7x at 4) and the beam node 1.5x at 4 layers
 (medians of interleaved rounds, bench/gemm_ab.py). Its float32 results differ from aten's only in
 summation order: at 24 layers, 3 requests of 15 samples, the largest label-logit difference from
@@ -47,12 +49,12 @@ class Linear(nn.Linear):
 
 def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
     """The backend a build uses, checked against its device: oneDNN's op exists on a CPU only;
-    "auto" takes it for float32 there (the only dtype where it differs from aten)."""
+    "auto" takes it for float32 and bfloat16 there (compile/packing.py prepacks its weights)."""
     if choice not in GEMM_CHOICES:
         raise ValueError(f"model.gemm = {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
     on_cpu = device == "cpu" and torch.backends.mkldnn.is_available()
     if choice == "auto":
-        return "onednn" if on_cpu and dtype == torch.float32 else "aten"
+        return "onednn" if on_cpu and dtype in (torch.float32, torch.bfloat16) else "aten"
     if choice == "onednn" and not on_cpu:
         raise ValueError(f"model.gemm = 'onednn' needs a CPU build with oneDNN (model.device is {device!r})")
     return choice  # type: ignore[return-value]

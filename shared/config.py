@@ -50,13 +50,42 @@ class ModelConfig:
     gemm: Literal["auto", "aten", "onednn"] = "auto"
     """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul, 1.5-1.7x
     faster than aten for float32 on the AVX-512 CPU measured), aten (torch's default: MKL sgemm for
-    float32 on a CPU), or auto: onednn for float32 on a CPU, aten otherwise (bfloat16 linears are
-    oneDNN's through aten already)."""
+    float32 on a CPU), or auto: onednn for float32 and bfloat16 on a CPU (weights prepacked at load,
+    compile/packing.py), aten otherwise."""
     fp8: bool = False
-    """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss
-    run torch._scaled_mm in float8 e4m3 with offline scales. Off by default."""
+    """Selective FP8 for GPU builds (compile/fp8.py): linear layers chosen at build time by measured accuracy
+    loss run torch._scaled_mm in float8 e4m3 with offline scales. Off by default; refused on a CPU, where
+    [quantize] int8 is the quantization."""
     fp8_max_prob_change: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
     """FP8 budget: largest change of any label probability allowed on the calibration set."""
+
+
+Nats = Annotated[float, Meta(ge=0.0)]
+Share = Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Selective int8 for CPU builds (compile/quantize/): the layers, how they are chosen, the gate they must pass."""
+
+    int8: bool = False
+    """W8A8 linear layers (int8 weights per channel, int8 activations per token, oneDNN's VNNI GEMM), chosen at
+    build time by their measured effect on the label log-probabilities; CPU builds only. Off by default."""
+    calibration: str = ""
+    """A file of calibration samples, one per line as space-separated token ids (the deployment's own texts,
+    tokenized as the gateway does); half of its batches choose the layers, the other half is held out for the
+    gate. Empty: random token ids, a last resort the manifest says it used."""
+    selection_max_drift: Nats = 0.1
+    """Selection budget: the chosen layers together change no label log-probability of the calibration half by
+    more than this (nats)."""
+    max_label_logprob_drift: Nats = 0.25
+    """Gate, on the held-out half: largest change of any label log-probability (nats)."""
+    mean_label_logprob_drift: Nats = 0.05
+    """Gate: mean change of the label log-probabilities (nats)."""
+    min_top1_agreement: Share = 0.9
+    """Gate: share of samples whose most likely next token is unchanged."""
+    min_rank_agreement: Share = 0.95
+    """Gate: share of the pairs of items within a request kept in the same order by the first label."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +278,7 @@ class DeploymentConfig:
     beam: BeamConfig = field(default_factory=BeamConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -257,6 +287,14 @@ class DeploymentConfig:
                 value.validate()
         if not (self.score.enabled or self.beam.enabled):
             raise ConfigError("at least one of score.enabled and beam.enabled must be true")
+        if self.quantize.int8 and self.model.device != "cpu":
+            raise ConfigError(f"quantize.int8 = true is for CPU builds (oneDNN's int8 GEMMs); model.device is "
+                              f"{self.model.device!r}: GPUs quantize with model.fp8 = true")
+        if self.model.fp8 and self.model.device == "cpu":
+            raise ConfigError("model.fp8 = true is for GPU builds (torch._scaled_mm on CUDA, compute capability "
+                              "8.9+); a CPU has no float8 GEMM: set quantize.int8 = true for oneDNN's int8 GEMMs")
+        if self.quantize.int8 and self.model.fp8:
+            raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
 
     def replace(self, **sections: typing.Any) -> DeploymentConfig:
         """A copy with whole sections or fields replaced, decoded and validated again (types and

@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from compile.linear import linear, resolve_gemm
+from compile.linear import Linear, linear, resolve_gemm
+from compile.packing import combine, pack, packable
 from shared.config import ConfigError, parse_config
 from tests.compile.test_score_node import check_against_transformers
 from tests.conftest import build_artifacts
@@ -36,11 +38,12 @@ def test_onednn_linear_reads_a_row_slice_of_the_weight():
 
 
 @needs_onednn
-def test_both_kernels_are_accepted_for_a_cpu_build_and_auto_takes_onednn_for_float32_only():
+def test_both_kernels_are_accepted_for_a_cpu_build_and_auto_takes_onednn_there():
     assert resolve_gemm("aten", "cpu", torch.float32) == "aten"
     assert resolve_gemm("onednn", "cpu", torch.float32) == "onednn"
     assert resolve_gemm("auto", "cpu", torch.float32) == "onednn"
-    assert resolve_gemm("auto", "cpu", torch.bfloat16) == "aten"
+    assert resolve_gemm("auto", "cpu", torch.bfloat16) == "onednn"
+    assert resolve_gemm("auto", "cpu", torch.float16) == "aten"
     assert resolve_gemm("auto", "cuda", torch.float32) == "aten"
     assert resolve_gemm("aten", "cuda", torch.float32) == "aten"
 
@@ -67,3 +70,61 @@ def test_an_aten_build_matches_transformers(demo_checkpoint):
     artifacts = build_artifacts(demo_checkpoint, "demo-aten", model={"gemm": "aten"})
     assert json.loads((artifacts / "manifest.json").read_text())["gemm"] == "aten"
     check_against_transformers(artifacts, demo_checkpoint)
+
+
+class WholeAndSliced(nn.Module):
+    """One linear whose weight the oneDNN op takes whole, one read through a row slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.whole, self.sliced = Linear(8, 8), Linear(8, 16, bias=False)
+        self.whole.gemm = "onednn"
+
+    def forward(self, x):
+        return self.whole(x), linear(x, self.sliced.weight[:8], None, "onednn")
+
+
+@needs_onednn
+def test_only_weights_the_onednn_op_takes_whole_are_packed():
+    """A packed constant read through a slice would read oneDNN's blocked bytes as dense: never packed."""
+    program = torch.export.export(WholeAndSliced(), (torch.randn(4, 8),))
+    found = packable(program)
+    assert found == {"whole.weight": "onednn", "whole.bias": None, "sliced.weight": None}
+    # a weight one node takes whole and another slices stays dense for both
+    assert combine([found, {"whole.weight": None}]) == {}
+    assert combine([found, {"other.weight": "onednn"}]) == {"other.weight": "onednn", "whole.weight": "onednn"}
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_weight_gives_the_dense_weights_results(dtype):
+    generator = torch.Generator().manual_seed(3)
+    weights = {"w": torch.randn(96, 64, generator=generator).to(dtype), "b": torch.randn(96).to(dtype)}
+    packed = pack(weights, {"w": "onednn"})
+    assert packed["w"].is_mkldnn and not packed["b"].is_mkldnn
+    for rows in (1, 37, 300):
+        x = torch.randn(rows, 64, generator=generator).to(dtype)
+        got = linear(x, packed["w"], weights["b"], "onednn").float()
+        dense = linear(x, weights["w"], weights["b"], "onednn").float()
+        # the same products; a 1-row call may take another kernel (summation order: 5e-6 here)
+        assert (got - dense).abs().max() <= 1e-4
+
+
+def test_an_unknown_packing_in_a_manifest_is_refused():
+    with pytest.raises(ValueError, match="unknown packing 'mkl' for weight w"):
+        pack({"w": torch.ones(2, 2)}, {"w": "mkl"})
+
+
+@needs_onednn
+def test_both_nodes_get_the_same_prepacked_weights(beam_artifacts):
+    """Every linear weight but the last layer's q/k/v (sliced by its queries-only pass) and the tied
+    embedding is packed once at load and handed to both packages."""
+    from compile.runtime import load_nodes
+
+    nodes = load_nodes(beam_artifacts)
+    prepacked = nodes.manifest["prepacked"]
+    last = nodes.manifest["model"]["num_layers"] - 1
+    assert "model.layers.0.mlp.gate_up.weight" in prepacked and "model.layers.0.attn.qkv.weight" in prepacked
+    assert f"model.layers.{last}.attn.qkv.weight" not in prepacked and "model.embed.weight" not in prepacked
+    assert all(nodes.weights[name].is_mkldnn for name in prepacked)
+    assert not nodes.weights["model.embed.weight"].is_mkldnn

@@ -1,0 +1,71 @@
+"""W8A8 int8 linear layers for CPU builds: int8 weights per output channel, int8 activations per token, oneDNN's
+VNNI GEMM (`onednn::qlinear_pointwise`) compiled into the packages.
+
+Weights: symmetric per output channel, w ~ q * s_w[n] with q in [-127, 127]; stored in the weights file as a dense
+int8 [K, N] buffer (`qweight`, the layout the op's schema expects) with float32 scales [N] and int32 zero points [N]
+(all 0; int64 ones would be copied into a new unnamed constant). The worker packs `qweight` once at load
+(compile/packing.py: `onednn.qlinear_prepack`, oneDNN's VNNI layout with zero-point compensation) and hands the
+same packed tensor to every node; an eager layer (calibration, tests) packs its own copy.
+Activations: symmetric per token (row), x ~ (u - 128) * s_x[m] with u uint8: oneDNN's VNNI kernels take unsigned
+activations (signed ones run its reference kernel, ~1000x slower). The op takes one activation scale for the whole
+tensor, so it gets the largest row scale and each row is rescaled by s_x[m] / max s_x after (Inductor fuses that
+into the next pointwise kernel). Scale and zero point are 0-d tensors computed in the graph: as Python numbers
+Inductor would turn them into constants of its own, which a shared weights file cannot supply.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INT8_MAX = 127
+ZERO_POINT = 128  # uint8 activations: u = q + 128
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float -> (u [M, K] uint8 = round(x / s) + 128, s [M, 1] float32), s = absmax(row) / 127."""
+    scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / INT8_MAX
+    u = torch.round(x.float() / scale).clamp(-INT8_MAX, INT8_MAX) + ZERO_POINT
+    return u.to(torch.uint8), scale
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] float -> (q [K, N] int8, s [N] float32): per output channel, symmetric."""
+    w = weight.detach().float()
+    scale = w.abs().amax(1).clamp(min=1e-12) / INT8_MAX
+    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q.t().contiguous(), scale
+
+
+def pack_int8(qweight: torch.Tensor) -> torch.Tensor:
+    """The dense [K, N] int8 weight -> oneDNN's packed layout. qlinear_prepack reads memory order and ignores
+    strides, so its [N, K] operand is made contiguous first (a transposed view packs garbage, silently)."""
+    return torch.ops.onednn.qlinear_prepack(qweight.t().contiguous(), None)
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b through oneDNN's int8 GEMM; called like compile.linear.Linear, output in x's dtype."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        qweight, scale = quantize_weight(linear.weight)
+        self.register_buffer("qweight", qweight)  # [K, N] int8; packed at load
+        self.register_buffer("weight_scale", scale)  # [N] float32
+        self.register_buffer("weight_zero_point", torch.zeros_like(scale, dtype=torch.int32))
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = pack_int8(qweight)  # eager calls; an export reads `qweight` (the worker packs it)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape  # [..., K]
+        u, row_scale = quantize_rows(x.reshape(-1, shape[-1]))
+        top = row_scale.amax()  # 0-d
+        zero_point = (top > 0).to(torch.int32) * ZERO_POINT  # 0-d, always 128 (see the module docstring)
+        weight = self.qweight if torch.compiler.is_exporting() else self.packed
+        y = torch.ops.onednn.qlinear_pointwise.tensor(
+            u, top, zero_point, weight, self.weight_scale, self.weight_zero_point, None,
+            1.0, 0, x.dtype, "none", [], "")  # [M, N] in x's dtype, scaled by top * s_w
+        y = y * (row_scale / top).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)

@@ -1,0 +1,162 @@
+"""Selective int8 (compile/quantize/): the W8A8 layer, the gate, the calibration file, and builds whose packages
+really run oneDNN's int8 GEMMs, or are refused by the gate."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from compile.quantize.build_step import read_calibration
+from compile.quantize.gate import GateFigures, GateLimits, QuantizationRefused, check, figures
+from compile.quantize.int8 import Int8Linear
+from tests.conftest import CACHE, ROOT, build_artifacts
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 37, 300])
+def test_an_int8_layer_is_close_to_its_float_layer_and_answers_in_its_dtype(dtype, rows):
+    generator = torch.Generator().manual_seed(rows)
+    layer = torch.nn.Linear(64, 96).to(dtype)
+    x = torch.randn(rows, 64, generator=generator).to(dtype)
+    got, want = Int8Linear(layer)(x), layer(x)
+    assert got.dtype == dtype and got.shape == (rows, 96)
+    # 127 levels per row and per channel: ~1 % of the output's range (a wrong layout misses by 100 %)
+    assert float((got.float() - want.float()).abs().max()) <= 0.02 * float(want.float().abs().max())
+
+
+def test_the_gate_measures_drift_top1_and_the_order_of_a_requests_items():
+    reference = [(torch.tensor([[-1.0, -2.0], [-3.0, -1.0], [-2.0, -2.5]]), torch.tensor([4, 5, 6]))]
+    swapped = [(torch.tensor([[-1.1, -2.0], [-0.5, -1.0], [-2.0, -2.5]]), torch.tensor([4, 5, 7]))]
+    result = figures(reference, swapped)
+    assert result.max_label_logprob_drift == pytest.approx(2.5)
+    assert result.top1_agreement == pytest.approx(2 / 3)
+    # by the first label: items 0 > 2 > 1 before; 1 > 0 > 2 after: only the pair (0, 2) keeps its order
+    assert result.rank_agreement == pytest.approx(1 / 3)
+    assert (result.samples, result.requests) == (3, 1)
+
+
+def test_the_gate_refuses_with_every_missed_limit_and_its_figure():
+    result = GateFigures(0.8, 0.01, 0.5, 1.0, samples=16, requests=2)
+    with pytest.raises(QuantizationRefused, match=r"max label log-prob drift 0\.8 nats > 0\.25.*top-1 agreement "
+                                                  r"0\.5000 < 0\.9") as refused:
+        check(result, GateLimits(0.25, 0.05, 0.9, 0.95))
+    assert "mean" not in str(refused.value) and "rank" not in str(refused.value)
+    check(result, GateLimits(1.0, 0.05, 0.5, 0.95))  # within every limit: no error
+
+
+def test_a_calibration_file_is_read_or_refused_naming_the_line(tmp_path):
+    path = tmp_path / "calibration.txt"
+    path.write_text("1 2 3\n\n4 5\n")
+    assert [s.tolist() for s in read_calibration(path, 8, 100)] == [[1, 2, 3], [4, 5]]
+    path.write_text("1 2 3\n4 x\n")
+    with pytest.raises(ValueError, match="line 2: expected token ids"):
+        read_calibration(path, 8, 100)
+    path.write_text("1 2 3 4 5\n")
+    with pytest.raises(ValueError, match=r"line 1: 5 tokens, more than bounds.max_tokens_per_sample \(4\)"):
+        read_calibration(path, 4, 100)
+    path.write_text("1 200\n")
+    with pytest.raises(ValueError, match="line 1: a token id outside the vocabulary"):
+        read_calibration(path, 4, 100)
+
+
+LOOSE = {"int8": True, "selection_max_drift": 0.5, "max_label_logprob_drift": 1.0, "mean_label_logprob_drift": 0.5,
+         "min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
+
+
+def int8_artifacts(checkpoint, name="demo-int8", **overrides):
+    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig
+
+    return build_artifacts(checkpoint, name, quantize=QuantizeConfig(**(LOOSE | overrides)),
+                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
+
+
+def package_source(path) -> str:
+    """The generated C++ of a package (the wrapper that calls each kernel)."""
+    with zipfile.ZipFile(path) as archive:
+        return "".join(archive.read(n).decode(errors="replace") for n in archive.namelist() if n.endswith(".cpp"))
+
+
+@pytest.mark.slow
+@needs_onednn
+def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once_per_int8_layer(demo_checkpoint):
+    from compile.runtime import load_nodes
+
+    artifacts = int8_artifacts(demo_checkpoint)
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    record = manifest["quantize"]
+    int8_layers = record["int8_layers"]
+    assert int8_layers and record["calibration"].startswith("4 batches of 8 random token-id samples")
+    assert record["gate"]["max_label_logprob_drift"] <= 1.0 and record["gate"]["requests"] == 2
+    int8_weights = {f"model.{name}.qweight" for name in int8_layers}
+    assert {n for n, kind in manifest["prepacked"].items() if kind == "onednn_int8"} == int8_weights
+    for workload in ("score", "beam"):  # no silent fallback to float GEMMs (e.g. dequantized weights)
+        source = package_source(artifacts / manifest["nodes"][workload]["package"])
+        assert source.count("aoti_torch_cpu__qlinear_pointwise_tensor(") >= len(int8_layers), workload
+    nodes = load_nodes(artifacts)
+    assert all(nodes.weights[name].is_mkldnn or nodes.weights[name].dtype != torch.int8 for name in int8_weights)
+    ids, lens = torch.randint(0, 1000, (30,)), torch.tensor([10, 20])
+    result = nodes.score(ids, lens, torch.tensor([5, 9]), 2)
+    assert torch.isfinite(result.label_logprobs).all()
+    beams = nodes.beam(ids[:10], torch.tensor([10]), 2, 3, 2)
+    assert beams.sequences.shape == (1, 2, 3)
+
+
+@pytest.mark.slow
+@needs_onednn
+@pytest.mark.skipif("avx512_vnni" not in open("/proc/cpuinfo").read(), reason="the CPU has no AVX512-VNNI")
+def test_the_int8_package_runs_onednn_vnni_kernels_with_int8_weights(demo_checkpoint):
+    """oneDNN's own log of what ran: a brgemm matmul on VNNI with s8 weights (a float fallback shows f32/bf16)."""
+    artifacts = int8_artifacts(demo_checkpoint)
+    script = ("import sys, torch; sys.path.insert(0, '.'); from compile.runtime import load_nodes; "
+              f"n = load_nodes('{artifacts}'); "
+              "n.score(torch.arange(30) % 1000, torch.tensor([10, 20]), torch.tensor([5, 9]), 2)")
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    log = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    int8_lines = [line for line in log.splitlines() if "exec" in line and "matmul" in line and "wei:s8" in line]
+    assert int8_lines and any("avx512_core_vnni" in line for line in int8_lines), log[-2000:]
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_the_gate_is_refused_with_its_figures_and_nothing_is_written(demo_checkpoint):
+    from compile.artifacts import MANIFEST
+
+    with pytest.raises(QuantizationRefused, match=r"misses the \[quantize\] gate on 2 held-out requests .*"
+                                                  r"max label log-prob drift [0-9.e-]+ nats > 0\.0"):
+        int8_artifacts(demo_checkpoint, "demo-int8-refused", selection_max_drift=10.0, max_label_logprob_drift=0.0)
+    assert not (CACHE / "artifacts/demo-int8-refused" / MANIFEST).exists()
+
+
+@pytest.mark.slow
+@needs_onednn
+async def test_an_int8_deployment_serves_both_routes_over_http_with_the_same_api(demo_checkpoint, tmp_path):
+    import numpy as np
+
+    from compile.runtime import load_nodes
+    from shared.config import BeamConfig
+    from tests.gateway.test_gateway_real_worker import TEXTS, direct, encode, real_gateway
+
+    artifacts = int8_artifacts(demo_checkpoint)
+    nodes = load_nodes(artifacts)
+    async with real_gateway(artifacts, tmp_path, beam=BeamConfig(enabled=True)) as client:
+        response = await client.post("/v1/score", json={"samples": TEXTS, "labels": ["yes", "no"],
+                                                        "output": "logprobs"})
+        scored = await response.json()
+        assert response.status == 200, scored
+        want = direct(nodes.score, encode(client, TEXTS), scored["label_token_ids"]).label_logprobs
+        np.testing.assert_allclose(scored["scores"], want.numpy(), rtol=1e-5, atol=1e-6)
+        body = {"prompt": TEXTS[0], "beam_width": 4, "max_new_tokens": 3, "num_return_sequences": 2}
+        response = await client.post("/v1/generate", json=body)
+        generated = await response.json()
+        assert response.status == 200, generated
+        prompt = encode(client, [TEXTS[0]])[0]
+    out = nodes.beam(torch.tensor(prompt), torch.tensor([len(prompt)]), 4, 3, 2)
+    assert [c["token_ids"] for c in generated["candidates"]] == \
+        [out.sequences[0, i, : int(out.lengths[0, i])].tolist() for i in range(2)]
