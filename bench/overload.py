@@ -40,18 +40,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gateway_overhead import Client, free_port, post, sequential, wait_ready
+from bench.gateway_overhead import Client, free_port, post, sequential
+from loadgen.live import wait_ready
 from bench.provenance import ROOT, write_result
 from shared.config import load_config
+from shared.events import ProfileRefitFailed, ProfileRefitStopped, ProfileRefitted, ProfileReused, Standby, read_events
 
 WORDS = "red blue shoe phone case cheap premium coffee tea book laptop hotel city beach best top".split()
 MAX_CONNECTIONS = 400
 LOADS = (1.0, 1.5, 2.0)
 SAMPLES_PER_REQUEST = 4  # ~20-30 tokens each: two requests fill one compiled batch (8 samples, 256 tokens)
 RELAXED_MS = 60_000
-SETTLED_EVENTS = ('"event":"standby"', ('"event":"profile_refitted"', '"event":"profile_refit_failed"',
-                                         '"event":"profile_refit_stopped"'))
-"""A spare waiting, and the worker's background refit over (when it started on a cached profile)."""
+REFIT_OVER = (ProfileRefitted, ProfileRefitFailed, ProfileRefitStopped)
+"""Settled: a spare waiting (Standby), and the worker's background refit over when it started on a
+cached profile (shared/events.py)."""
 
 
 def artifacts_folder(given: str | None) -> Path:
@@ -106,12 +108,11 @@ def start_gateway(folder: Path, artifacts: Path, port: int, gateway: dict) -> su
 
 
 async def settle(folder: Path, port: int, timeout_s: float = 300.0) -> float:
-    """Wait until the stack on `port` has settled (SETTLED_EVENTS in its log); seconds waited."""
+    """Wait until the stack on `port` has settled (see REFIT_OVER); seconds waited."""
     started, log = time.perf_counter(), folder / f"gateway-{port}.log"
-    spare, refit = SETTLED_EVENTS
     while time.perf_counter() - started < timeout_s:
-        text = log.read_text(errors="replace")
-        if spare in text and ('"event":"profile_reused"' not in text or any(e in text for e in refit)):
+        kinds = {type(e) for e in read_events(log)}
+        if Standby in kinds and (ProfileReused not in kinds or kinds & set(REFIT_OVER)):
             return round(time.perf_counter() - started, 1)
         await asyncio.sleep(0.5)
     raise RuntimeError(f"the stack on port {port} did not settle within {timeout_s:g} s (see {log})")
@@ -186,7 +187,7 @@ async def measure_capacity(folder: Path, artifacts: Path, args) -> dict:
     port = free_port()
     gateway = start_gateway(folder, artifacts, port, {"score_deadline_ms": RELAXED_MS, "max_queue_tokens": 10**8})
     try:
-        await wait_ready(port, timeout_s=180)
+        await wait_ready(f"http://127.0.0.1:{port}", 180.0)
         relaxed = [post("/v1/score", b) for b in bodies()]
         await sequential(port, relaxed[:50])  # warm-up
         settle_s = await settle(folder, port)
@@ -209,7 +210,7 @@ async def run_policies(folder: Path, artifacts: Path, settings: dict[str, dict],
         requests = [post("/v1/score", b) for b in bodies()]
         warm = [post("/v1/score", {**b, "deadline_ms": RELAXED_MS}) for b in bodies()[:30]]
         for port in ports.values():  # relaxed deadlines: a worker may still be re-profiling after its start
-            await wait_ready(port, timeout_s=180)
+            await wait_ready(f"http://127.0.0.1:{port}", 180.0)
             await sequential(port, warm)
         settled_s = {name: await settle(folder, port) for name, port in ports.items()}
         rows: dict[str, dict] = {name: {} for name in settings}

@@ -97,7 +97,7 @@ def test_model_fp8_builds_packages_that_run_the_chosen_layers(demo_checkpoint, d
 
     artifacts = build_artifacts(demo_checkpoint, "demo-fp8", model={"fp8": True, "fp8_max_prob_change": 0.05})
     nodes = load_nodes(artifacts)
-    facts = nodes.manifest["fp8"]
+    facts = nodes.manifest.fp8
     assert facts["layers"] and facts["max_label_prob_change"] <= 0.05 and facts["mode"].startswith("torch._scaled_mm")
     checkpoint = load_checkpoint(demo_checkpoint, "float32")
     eager = ScoreModule(build_model(checkpoint.spec, checkpoint.state_dict, torch.float32), 5).eval()
