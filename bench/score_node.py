@@ -34,8 +34,8 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, model_gemm_shapes,
-                          peak_by_library, shaped_checkpoint, these_threads, timed_part)
+from bench.common import (MODELS, SCORE_BOUNDS, Clock, bench_config, build_nodes, emit, interleaved_round,
+                          matmul_peaks, model_gemm_shapes, peak_by_library, shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -56,16 +56,7 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
 
 
 def build_node(checkpoint, dtype_name: str, name: str):
-    from compile.build import build
-    from compile.runtime import load_nodes
-    from shared.config import load_config
-
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
-                                 max_tokens_per_batch=8192)
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    build(these_threads(config.replace(model=model, bounds=bounds)), CACHE / "artifacts" / name)
-    return load_nodes(CACHE / "artifacts" / name).score
+    return build_nodes(bench_config(checkpoint, dtype_name, **SCORE_BOUNDS), name).score
 
 
 def sweep(fns: dict, give_up_factor: float | None = None) -> tuple[object, dict, dict]:
