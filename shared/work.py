@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from shared.bounds import ScoreShape
@@ -51,7 +52,8 @@ NO_REUSE = StaticPrefix()
 
 @dataclass(frozen=True)
 class WorkSize:
-    """Tokens one request (or chunk) sends, computes and reuses."""
+    """Tokens one request (or chunk) sends, computes and reuses (each count computed once: the
+    policy asks them on every queue and batch decision)."""
 
     prefix_len: int
     """Tokens of the shared prefix, sent and computed once (0: every sample goes whole)."""
@@ -82,23 +84,23 @@ class WorkSize:
     def samples(self) -> int:
         return len(self.suffix_lens)
 
-    @property
+    @cached_property
     def prompt_tokens(self) -> int:
         """Tokens submitted: every sample whole (its prefix included)."""
         return self.samples * self.prefix_len + sum(self.suffix_lens)
 
-    @property
+    @cached_property
     def sent_tokens(self) -> int:
         """Tokens on the wire: the shared prefix once, then each suffix (what max_tokens_per_batch and
         the queue budget count)."""
         return self.prefix_len + sum(self.suffix_lens)
 
-    @property
+    @cached_property
     def computed_tokens(self) -> int:
         """Tokens the node computes: sent, less the reused ones."""
         return self.sent_tokens - self.reused_tokens
 
-    @property
+    @cached_property
     def cached_tokens(self) -> int:
         """Submitted tokens not computed (a shared prefix's repeats and the reused tokens): what an
         answer reports as cached."""
@@ -109,7 +111,7 @@ class WorkSize:
         """B of the latency model (shared/latency_model.py): samples, or beams."""
         return self.beams or self.samples
 
-    @property
+    @cached_property
     def latency_tokens(self) -> int:
         """Tokens summed over the latency model's items (L = latency_tokens / batch_items): computed
         tokens for scoring, the prompt once per beam for beam search."""
