@@ -21,15 +21,14 @@ changes scores).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, median, model_gemm_shapes,
-                    peak_by_library, shaped_checkpoint, these_threads, time_calls)
+from bench.common import (MODELS, Clock, bench_config, build_nodes, emit, interleaved_round, matmul_peaks, median,
+                          model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
 from bench.flops import beam_flops, executed_mfu
 
 W, S, K = 100, 4, 4
@@ -38,18 +37,11 @@ IDENTICAL_ABS, PEER_ABS = 1e-4, 1e-3  # score tolerance: our node against genera
 
 
 def build_node(checkpoint, name: str, max_width: int, int8: bool = False):
-    from compile.build import build
-    from compile.runtime import load_nodes
-    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig, load_config
+    from shared.config import QuantizeConfig
 
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_beam_width=max_width, max_new_tokens=S, max_prompt_tokens=512,
-                                 max_beam_requests_per_batch=4)
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype="float32")
-    config = config.replace(model=model, bounds=bounds, score=ScoreConfig(enabled=False), beam=BeamConfig(enabled=True),
-                            quantize=QuantizeConfig(int8=int8))
-    build(these_threads(config), CACHE / "artifacts" / name)
-    return load_nodes(CACHE / "artifacts" / name)
+    return build_nodes(bench_config(checkpoint, "float32", ("beam",), quantize=QuantizeConfig(int8=int8),
+                                    max_beam_width=max_width, max_new_tokens=S, max_prompt_tokens=512,
+                                    max_beam_requests_per_batch=4), name)
 
 
 class Contenders:

@@ -1,7 +1,9 @@
-"""Shared benchmark helpers: real-shape checkpoints, the machine's measured peak, timing, JSON output."""
+"""Shared benchmark helpers: real-shape checkpoints, the one node builder, the machine's measured
+peak, timing, JSON output."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
@@ -13,9 +15,13 @@ from bench.provenance import RESULTS, ROOT, timed_part, write_result
 
 CACHE = ROOT / "bench" / ".cache"
 
-__all__ = ["CACHE", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "emit", "interleaved_round",
-           "interleaved_times", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "peak_by_library",
-           "run_together", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
+__all__ = ["CACHE", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "bench_config",
+           "build_nodes", "emit", "interleaved_round", "interleaved_times", "matmul_peak_flops", "matmul_peaks",
+           "median", "model_gemm_shapes", "peak_by_library", "run_together", "shaped_checkpoint", "these_threads",
+           "time_calls", "timed_part"]
+
+SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
+"""The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
 
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
@@ -46,9 +52,35 @@ def shaped_checkpoint(family: str, shape: dict, num_layers: int, dtype: torch.dt
 def these_threads(config):
     """config with its CPU packages compiled for this process's intra-op threads (a CPU package
     refuses to run on more threads than it was compiled for: compile/build.py)."""
-    import dataclasses
-
     return config.replace(worker=dataclasses.replace(config.worker, cpu_threads=torch.get_num_threads()))
+
+
+def bench_config(checkpoint: Path, dtype: str, workloads: tuple[str, ...] | None = None, gemm: str | None = None,
+                 quantize=None, **bounds: int):
+    """configs/test.toml serving `checkpoint` in `dtype` with these bounds; `workloads` (score, beam)
+    narrows what is built (default: the config's own), `gemm` forces the linear layers' kernel,
+    `quantize` replaces the [quantize] section (shared.config.QuantizeConfig; default: none)."""
+    from shared.config import QuantizeConfig, load_config
+
+    config = load_config(ROOT / "configs/test.toml")
+    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype, **({"gemm": gemm} if gemm else {}))
+    config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **bounds),
+                            quantize=quantize or QuantizeConfig())
+    if workloads is not None:
+        config = config.replace(score=dataclasses.replace(config.score, enabled="score" in workloads),
+                                beam=dataclasses.replace(config.beam, enabled="beam" in workloads))
+    return config
+
+
+def build_nodes(config, name: str, runners: int = 1, kernel_profile: bool = False):
+    """The nodes of `config`, compiled for this process's threads (these_threads) once into
+    bench/.cache/artifacts/<name> (a rebuild with nothing changed is skipped) and loaded, each
+    package able to serve `runners` threads at once."""
+    from compile.build import build
+    from compile.runtime import load_nodes
+
+    build(these_threads(config), CACHE / "artifacts" / name, kernel_profile=kernel_profile)
+    return load_nodes(CACHE / "artifacts" / name, runners=runners)
 
 
 def model_gemm_shapes(spec, tokens: int = 4096) -> tuple[tuple[int, int, int], ...]:

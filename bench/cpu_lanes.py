@@ -18,7 +18,6 @@ and per-request latency of each setting, their ratio, and parity of the outputs 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import statistics
 import threading
@@ -27,23 +26,13 @@ import time
 import torch
 
 from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, run_together, shaped_checkpoint, timed_part
+from bench.common import MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, run_together, shaped_checkpoint, timed_part
 from bench.score_node import DTYPES, LABELS, SAMPLES, make_requests
 
 
 def build_node(checkpoint, dtype_name: str, threads: int, runners: int, name: str):
-    from compile.build import build
-    from compile.runtime import load_nodes
-    from shared.config import load_config
-
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
-                                 max_tokens_per_batch=8192)
-    config = config.replace(model=dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name),
-                            bounds=bounds, worker=dataclasses.replace(config.worker, cpu_threads=threads))
-    build(config, CACHE / "artifacts" / name)
-    torch.set_num_threads(threads)
-    return load_nodes(CACHE / "artifacts" / name, runners=runners).score
+    torch.set_num_threads(threads)  # build_nodes compiles for this process's threads
+    return build_nodes(bench_config(checkpoint, dtype_name, **SCORE_BOUNDS), name, runners=runners).score
 
 
 def score(node, samples) -> tuple[float, torch.Tensor]:

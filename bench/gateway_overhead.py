@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.provenance import ROOT, write_result
-from loadgen.standin_worker import BOUNDS
+from loadgen.live import wait_ready
+from loadgen.stack import free_port
+from loadgen.standin_worker import standin_manifest
+from loadgen.stats import percentile as pct
+from shared.manifest import manifest_json
 
 WORDS = ("red blue running shoe phone case cheap premium free shipping review rating coffee tea book laptop "
          "camera watch bag hotel flight city beach summer winter best top near me how why search click").split()
@@ -48,12 +51,6 @@ def tokenizer_folder(artifacts: str | None, scratch: Path) -> Path:
 
     train_tokenizer().save(str(scratch / "tokenizer.json"))
     return scratch
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Client:
@@ -136,7 +133,7 @@ async def load(port: int, requests: list[bytes], concurrency: int, seconds: floa
 
 def start_stack(folder: Path, port: int, offload_chars: int) -> list[subprocess.Popen]:
     endpoint = f"ipc://{folder}/worker"
-    (folder / "manifest.json").write_text(json.dumps({"bounds": BOUNDS, "model": {"vocab_size": 1 << 20}}))
+    (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(1 << 20)))
     (folder / "gw.toml").write_text(
         f'name = "bench"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
         f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n"
@@ -147,26 +144,6 @@ def start_stack(folder: Path, port: int, offload_chars: int) -> list[subprocess.
     gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"),
                                 "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     return [gateway, worker]
-
-
-async def wait_ready(port: int, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    ready = b"GET /readyz HTTP/1.1\r\nHost: bench\r\n\r\n"
-    while time.monotonic() < end:
-        try:
-            client = await Client.connect(port)
-            status, _ = await client.call(ready)
-            client.writer.close()
-            if status == 200:
-                return
-        except OSError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError("the gateway never became ready")
-
-
-def pct(values: list[float] | np.ndarray, q: float) -> float:
-    return round(float(np.percentile(values, q)), 4)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -190,7 +167,7 @@ async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid
         tokenize_ms.append((time.perf_counter() - start) * 1000)
     pretokenized = [post("/v1/score", {"samples": [{"input_ids": e.ids} for e in encode(s)],
                                        "labels": ["yes", "no"]}) for s in bodies]
-    await wait_ready(port)
+    await wait_ready(f"http://127.0.0.1:{port}", 30.0)
     n = 200 if args.quick else 1000
     await sequential(port, requests[:32])  # warm-up
     floor = await sequential(port, [GET_HEALTH] * n)

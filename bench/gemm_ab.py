@@ -13,13 +13,12 @@ over rounds of aten's time / oneDNN's time. Records the load average at start an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 
 import torch
 
 from bench import hf_baselines as hf_side
-from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, median, shaped_checkpoint, these_threads
+from bench.common import MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, interleaved_round, median, shaped_checkpoint
 from bench.score_node import DTYPES, LABELS, PAD_ID, SAMPLES, make_requests
 
 BACKENDS = ("aten", "onednn")
@@ -28,19 +27,9 @@ W, S, K, PROMPT_TOKENS = 100, 4, 4, 256
 
 def build(checkpoint, node: str, dtype_name: str, gemm: str, name: str):
     """Compile one node with model.gemm = gemm (cached in bench/.cache/artifacts/name)."""
-    from compile.build import build as build_artifacts
-    from compile.runtime import load_nodes
-    from shared.config import BeamConfig, ScoreConfig, load_config
-
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
-                                 max_tokens_per_batch=8192, max_beam_width=W, max_new_tokens=S,
-                                 max_prompt_tokens=512, max_beam_requests_per_batch=1)
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name, gemm=gemm)
-    config = config.replace(model=model, bounds=bounds, score=ScoreConfig(enabled=node == "score"),
-                            beam=BeamConfig(enabled=node == "beam"))
-    build_artifacts(these_threads(config), CACHE / "artifacts" / name)
-    return getattr(load_nodes(CACHE / "artifacts" / name), node)
+    config = bench_config(checkpoint, dtype_name, (node,), gemm, **SCORE_BOUNDS, max_beam_width=W, max_new_tokens=S,
+                          max_prompt_tokens=512, max_beam_requests_per_batch=1)
+    return getattr(build_nodes(config, name), node)
 
 
 def calls(node_name: str, nodes: dict, vocab: int, rounds: int) -> list[dict]:

@@ -236,7 +236,7 @@ def fp8_node_bench(nodes, spec, s: Settings, built) -> dict:
     diffs = torch.cat([(call(fp8.score, g) - call(nodes.score, g)).abs().flatten() for g in groups])
     ref_s = timed(lambda: [call(nodes.score, g) for g in groups], s, s.repeats)
     fp8_s = timed(lambda: [call(fp8.score, g) for g in groups], s, s.repeats)
-    facts = fp8.manifest["fp8"]
+    facts = fp8.manifest.fp8
     return {"budget": s.fp8_budget, "layers": len(facts["layers"]), "candidates": facts["candidates"],
             "calibration_max_change": facts["max_label_prob_change"], "mode": facts["mode"], "compile_s": compile_s,
             "held_out_max_label_prob_change": float(diffs.max()), "held_out_mean_label_prob_change": float(diffs.mean()),

@@ -81,20 +81,10 @@ def gemm_table(shapes: dict, dtype: torch.dtype, peak: float) -> tuple[list[dict
 
 def profiled_node(checkpoint, dtype_name: str, name: str):
     """The scoring node of bench/score_node.py's build, compiled with kernel profiling."""
-    import dataclasses
+    from bench.common import SCORE_BOUNDS, bench_config, build_nodes
 
-    from bench.common import CACHE, ROOT, these_threads
-    from compile.build import build
-    from compile.runtime import load_nodes
-    from shared.config import load_config
-
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
-                                 max_tokens_per_batch=8192)
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    folder = CACHE / "artifacts" / f"{name}-kernel-profile"
-    build(these_threads(config.replace(model=model, bounds=bounds)), folder, kernel_profile=True)
-    return load_nodes(folder).score
+    config = bench_config(checkpoint, dtype_name, **SCORE_BOUNDS)
+    return build_nodes(config, f"{name}-kernel-profile", kernel_profile=True).score
 
 
 def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name: str) -> dict:

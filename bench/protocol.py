@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 from bench.provenance import write_result
+from loadgen.stats import percentile as pct
 from shared import protocol as p
 
 SAMPLES, TOKENS, LABELS, TOP_K, HIDDEN = 15, 300, 2, 5, 1024
@@ -119,10 +120,6 @@ def codec_times(rounds: int, hidden: bool) -> list[float]:
         p.decode(p.encode(result))
         times.append((time.perf_counter_ns() - start) / 1000.0)
     return times
-
-
-def pct(values: list[float], q: float) -> float:
-    return round(float(np.percentile(values, q)), 2)
 
 
 def main() -> None:

@@ -35,16 +35,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 
 import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, MODELS, ROOT, Clock, emit, interleaved_round, matmul_peaks, model_gemm_shapes,
-                          peak_by_library, shaped_checkpoint, these_threads, timed_part)
+from bench.common import (CACHE, MODELS, SCORE_BOUNDS, Clock, bench_config, build_nodes, emit, interleaved_round,
+                          matmul_peaks, model_gemm_shapes, peak_by_library, shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
+from shared.manifest import read_manifest
 
 # int8: the bf16 model with the linear layers `[quantize] int8` chose running oneDNN's int8 GEMMs (compile/quantize/)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
@@ -78,18 +78,8 @@ def int8_config(budget: float | None):
 
 
 def build_node(checkpoint, dtype_name: str, name: str, quantize=None):
-    from compile.build import build
-    from compile.runtime import load_nodes
-    from shared.config import QuantizeConfig, load_config
-
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
-                                 max_tokens_per_batch=8192)
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
     # int8 calibrates on random token ids (the benchmark's models have random weights), gated by the defaults
-    config = config.replace(model=model, bounds=bounds, quantize=quantize or QuantizeConfig())
-    build(these_threads(config), CACHE / "artifacts" / name)
-    return load_nodes(CACHE / "artifacts" / name).score
+    return build_nodes(bench_config(checkpoint, dtype_name, quantize=quantize, **SCORE_BOUNDS), name).score
 
 
 def sweep(fns: dict, give_up_factor: float | None = None) -> tuple[object, dict, dict]:
@@ -311,7 +301,7 @@ def prepare(args) -> Run:
     name = f"score-{args.model}-{args.dtype}-{layers}l" + (budget if args.dtype == "int8" else "")
     run.node = build_node(checkpoint, dtype_name, name, int8_config(args.int8_budget) if args.dtype == "int8" else None)
     if args.dtype == "int8":
-        run.quantized = json.loads((CACHE / "artifacts" / name / "manifest.json").read_text())["quantize"]
+        run.quantized = read_manifest(CACHE / "artifacts" / name).quantize
         run.bf16_node = build_node(checkpoint, dtype_name, f"score-{args.model}-bf16-{layers}l")
     run.ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     run.openvino = None if args.no_openvino else OpenVinoModel(checkpoint, torch.get_num_threads())

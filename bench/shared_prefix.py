@@ -23,15 +23,14 @@ batches it served (predicted from their computed tokens, against the worker's me
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 
 import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, shaped_checkpoint, \
-    these_threads
+from bench.common import (CACHE, MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, interleaved_round,
+                          matmul_peak_flops, model_gemm_shapes, shaped_checkpoint)
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 
 # int8: the bf16 model with `[quantize] int8` (random-id calibration, the default gate; compile/quantize/)
@@ -50,21 +49,13 @@ def make_requests(count: int, vocab: int, context: tuple[int, int], item: tuple[
 
 
 def build_config(checkpoint, dtype_name: str, int8: bool = False):
-    from shared.config import QuantizeConfig, load_config
+    from shared.config import QuantizeConfig
 
-    config = load_config(ROOT / "configs/test.toml")
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
-                                 max_tokens_per_batch=8192)
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype_name)
-    return config.replace(model=model, bounds=bounds, quantize=QuantizeConfig(int8=int8))
+    return bench_config(checkpoint, dtype_name, quantize=QuantizeConfig(int8=int8), **SCORE_BOUNDS)
 
 
 def build_node(config, name: str):
-    from compile.build import build
-    from compile.runtime import load_nodes
-
-    build(these_threads(config), CACHE / "artifacts" / name)
-    return load_nodes(CACHE / "artifacts" / name).score
+    return build_nodes(config, name).score
 
 
 def contenders(node, hf, context: torch.Tensor, items: list[torch.Tensor]) -> dict:

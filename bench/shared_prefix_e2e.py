@@ -3,13 +3,14 @@
 One `python -m worker` serves two gateways built from the same config: "shared" with the default
 sharing threshold, "unshared" with a threshold no request reaches. Each request (a context + 15
 items, as token ids) is sent to both, one at a time, alternating, so the worker computes one request
-per batch. The worker's log gives its fitted latency model ("profiled") and every batch's measured
-compute_ms ("batch_done"); the model's prediction for each batch (from its samples and computed
+per batch. The worker's events (shared/events.py) give its fitted latency model (Profiled) and every batch's
+measured compute_ms (BatchDone); the model's prediction for each batch (from its samples and computed
 tokens, shared.latency_model) is compared with what was measured.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
@@ -18,7 +19,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.e2e_stack import ROOT, free_port, to_toml
+from bench.provenance import ROOT
+from loadgen.live import wait_ready
+from loadgen.stack import deployment_toml, free_port
+from shared.events import BatchDone, Profiled, read_events
+from shared.request_ids import client_id
 
 NEVER_SHARE = 1_000_000  # a [score] min_shared_prefix_tokens no request reaches
 
@@ -36,29 +41,6 @@ def post(url: str, body: dict, request_id: str) -> tuple[float, dict]:
 def start(argv: list[str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=out)
-
-
-def wait_ready(url: str, processes: list[subprocess.Popen], logs: list[Path], timeout_s: float = 900) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end and all(p.poll() is None for p in processes):
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError("stack never ready:\n" + "\n".join(p.read_text(errors="replace")[-1500:] for p in logs))
-
-
-def worker_events(log: Path) -> list[dict]:
-    events = []
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return events
 
 
 def measure_e2e(config, artifacts: Path, requests) -> dict:
@@ -86,7 +68,10 @@ def measure_e2e(config, artifacts: Path, requests) -> dict:
         urls[name] = f"http://127.0.0.1:{port}"
     try:
         for url in urls.values():
-            wait_ready(url, processes, logs)
+            try:
+                asyncio.run(wait_ready(url, 900.0))
+            except TimeoutError as exc:
+                raise RuntimeError(f"{exc}:\n" + "\n".join(p.read_text(errors="replace")[-1500:] for p in logs)) from None
         return _run(urls, requests, worker_log, LatencyModel)
     finally:
         for p in reversed(processes):
@@ -99,7 +84,7 @@ def measure_e2e(config, artifacts: Path, requests) -> dict:
 
 
 def _write(path: Path, config) -> Path:
-    path.write_text(to_toml(config))
+    path.write_text(deployment_toml(config))
     return path
 
 
@@ -117,23 +102,21 @@ def _run(urls: dict, requests, worker_log: Path, LatencyModel) -> dict:
                                     else sum(len(context) + len(i) for i in items))
     diff = max(abs(a - b) for sa, ua in zip(answers["shared"], answers["unshared"])
                for ra, rb in zip(sa["scores"], ua["scores"]) for a, b in zip(ra, rb))
-    events = worker_events(worker_log)
-    profiled = [e for e in events if e.get("event") == "profiled" and e.get("workload") == "score"][-1]
-    model = LatencyModel(*(profiled[k] for k in ("alpha", "beta", "gamma", "delta")))
+    profiled = [e for e in read_events(worker_log, Profiled) if e.workload == "score"][-1]
+    model = LatencyModel(**profiled.coefficients())
     errors = {"shared": [], "unshared": []}
-    for e in events:
-        # one request per batch; the gateway suffixes a request's id with ~chunk on the wire
-        ids = [r.split("~")[0] for r in e.get("request_ids", [])] if e.get("event") == "batch_done" else []
+    for e in read_events(worker_log, BatchDone):
+        ids = [client_id(r) for r in e.request_ids]  # one request per batch
         if len(ids) == 1 and ids[0] in computed:
             rid = ids[0]
             predicted = model.predict_batch_ms(15, computed[rid])
-            errors[rid.split("-")[0]].append((predicted - e["compute_ms"]) / e["compute_ms"])
+            errors[rid.split("-")[0]].append((predicted - e.compute_ms) / e.compute_ms)
     mean = {name: sum(s) / len(s) for name, s in seconds.items()}
     cached = [a["usage"].get("prompt_tokens_details", {}).get("cached_tokens") for a in answers["shared"]]
     return {
         "requests_per_gateway": len(requests), "shared_s_per_request": mean["shared"],
         "unshared_s_per_request": mean["unshared"], "speedup": mean["unshared"] / mean["shared"],
         "max_abs_diff_shared_vs_unshared_scores": diff, "cached_tokens": cached,
-        "latency_model": {k: profiled[k] for k in ("alpha", "beta", "gamma", "delta")},
+        "latency_model": profiled.coefficients(),
         "latency_model_rel_error_shared": errors["shared"], "latency_model_rel_error_unshared": errors["unshared"],
     }

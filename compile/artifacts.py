@@ -7,7 +7,6 @@ a worker reads artifacts without importing the build chain.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -15,10 +14,11 @@ from safetensors.torch import load_file
 
 from compile.machine import ArtifactMismatch
 from compile.packing import pack
+from shared.manifest import FORMAT_VERSION, MANIFEST, Manifest, ManifestError, read_manifest as read_shared
 
-MANIFEST = "manifest.json"
+__all__ = ["FORMAT_VERSION", "MANIFEST", "WEIGHTS", "file_hash", "load_package", "load_weights", "read_manifest"]
+
 WEIGHTS = "weights.safetensors"
-FORMAT_VERSION = 3  # 3: weights prepacked at load; 2: attention in the graph, the CPU thread count recorded
 
 
 def file_hash(path: Path) -> str:
@@ -29,24 +29,27 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(folder: Path) -> dict:
+def read_manifest(folder: Path) -> Manifest:
+    """shared/manifest.py's reader; a missing or broken manifest is ArtifactMismatch here."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise ArtifactMismatch(f"{folder}: no {MANIFEST}; build the artifacts with `python -m compile`") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactMismatch(f"{folder}: artifacts of format {manifest.get('format_version')}, this runtime reads "
+        manifest = read_shared(folder)
+    except ManifestError as exc:
+        raise ArtifactMismatch(str(exc)) from None
+    if manifest.format_version != FORMAT_VERSION:
+        raise ArtifactMismatch(f"{folder}: artifacts of format {manifest.format_version}, this runtime reads "
                                f"format {FORMAT_VERSION}; rebuild them with `python -m compile`")
     return manifest
 
 
-def load_weights(folder: Path, manifest: dict, device: str) -> dict[str, torch.Tensor]:
+def load_weights(folder: Path, manifest: Manifest, device: str) -> dict[str, torch.Tensor]:
     """The one weights file every node of the folder shares, checked against its hash; the weights
     the manifest lists under `prepacked` are packed into their kernel's layout once, here."""
-    weights_file = folder / manifest["weights"]["file"]
-    if file_hash(weights_file) != manifest["weights"]["sha256"]:
+    if manifest.weights is None:
+        raise ArtifactMismatch(f"{folder / MANIFEST}: names no weights file; build the artifacts with `python -m compile`")
+    weights_file = folder / manifest.weights.file
+    if file_hash(weights_file) != manifest.weights.sha256:
         raise ArtifactMismatch(f"{weights_file}: content does not match the manifest's hash")
-    return pack({k: v.to(device) for k, v in load_file(weights_file).items()}, manifest["prepacked"])
+    return pack({k: v.to(device) for k, v in load_file(weights_file).items()}, manifest.prepacked)
 
 
 def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str, runners: int = 1):

@@ -30,6 +30,7 @@ from compile.packing import combine, packable
 from compile.quantize.build_step import int8_for_build
 from compile.score import export as score_export
 from shared.config import DeploymentConfig
+from shared.manifest import Manifest, ManifestError, parse_manifest, read_manifest
 
 @dataclass(frozen=True)
 class BuildContext:
@@ -64,7 +65,7 @@ class Progress:
         print(f"[compile {time.monotonic() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False) -> dict:
+def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False) -> Manifest:
     """Build every enabled node into out_dir; skip the work when the artifacts are up to date.
     kernel_profile: the CPU kernels report themselves to torch.profiler (bench/profile_nodes.py)."""
     out = Path(out_dir)
@@ -75,7 +76,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     key = build_key(config, checkpoint_sha, kernel_profile)
     if not force and is_up_to_date(out, key):
         progress.stage(f"artifacts in {out} are up to date (build key {key[:12]}); nothing to do")
-        return json.loads((out / MANIFEST).read_text())
+        return read_manifest(out)
     missing = [w for w in enabled_workloads(config) if w not in NODE_BUILDERS]
     if missing:
         raise ValueError(f"workload(s) {', '.join(missing)} enabled in the config but no node builder exists")
@@ -114,7 +115,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         "prepacked": combine(packings),  # weights the runtime packs at load (compile/packing.py)
         "machine": machine_facts(device),
         "cpu_threads": compiled_threads(config),
-        "bounds": config.bounds.resolved(),
+        "bounds": asdict(config.bounds.resolved()),
         "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
         "nodes": nodes,
         "fp8": fp8,
@@ -123,9 +124,11 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         "tokenizer_files": tokenizer_files,
         "config": asdict(config),
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    text = json.dumps(manifest, indent=2)
+    parsed = parse_manifest(text, str(out / MANIFEST))  # what every reader decodes (shared/manifest.py)
+    (out / MANIFEST).write_text(text)
     progress.stage(f"done: {', '.join(nodes)} in {out}")
-    return manifest
+    return parsed
 
 
 def compiled_threads(config: DeploymentConfig) -> int | None:
@@ -185,11 +188,13 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
 
 def is_up_to_date(out: Path, key: str) -> bool:
     try:
-        manifest = json.loads((out / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = read_manifest(out)
+    except ManifestError:
         return False
-    files = [(n["package"], n["sha256"]) for n in manifest["nodes"].values()]
-    files.append((manifest["weights"]["file"], manifest["weights"]["sha256"]))
-    return manifest.get("build_key") == key and all(
+    if manifest.weights is None:
+        return False
+    files = [(n.package, n.sha256) for _, n in manifest.node_table().items()]
+    files.append((manifest.weights.file, manifest.weights.sha256))
+    return manifest.build_key == key and all(
         (out / name).is_file() and file_hash(out / name) == sha for name, sha in files
     )

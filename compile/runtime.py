@@ -18,6 +18,7 @@ from compile.beam.node import BeamNode
 from compile.machine import check_compatible, check_threads
 from compile.score.node import ScoreNode
 from shared.bounds import BoundsError
+from shared.manifest import Manifest
 
 __all__ = ["BoundsError", "Nodes", "load_nodes"]
 
@@ -26,7 +27,7 @@ __all__ = ["BoundsError", "Nodes", "load_nodes"]
 class Nodes:
     """Every node of one artifacts folder, sharing one set of weight tensors."""
 
-    manifest: dict
+    manifest: Manifest
     score: ScoreNode | None
     beam: BeamNode | None
     weights: dict[str, torch.Tensor]
@@ -37,13 +38,13 @@ def load_nodes(artifacts_dir: str | Path, device: str = "cpu", runners: int = 1)
     `runners` threads at once."""
     folder = Path(artifacts_dir)
     manifest = read_manifest(folder)
-    check_compatible(manifest["machine"], device)
+    check_compatible(manifest.machine, device)
     if device == "cpu":
-        check_threads(manifest["cpu_threads"], torch.get_num_threads())
+        check_threads(manifest.cpu_threads, torch.get_num_threads())
     weights = load_weights(folder, manifest, device)
     packages = {
-        workload: load_package(folder / node["package"], node["sha256"], weights, device, runners)
-        for workload, node in manifest["nodes"].items()
+        workload: load_package(folder / node.package, node.sha256, weights, device, runners)
+        for workload, node in manifest.node_table().items()
     }
     score = ScoreNode(packages["score"], manifest, device) if "score" in packages else None
     beam = BeamNode.from_package(packages["beam"], manifest, device) if "beam" in packages else None

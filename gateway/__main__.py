@@ -28,6 +28,7 @@ from gateway.state import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.config import ConfigError, DeploymentConfig, load_config
+from shared.manifest import read_manifest
 
 log = logging.getLogger("gateway")
 HANDLER_GRACE_S = 2.0
@@ -60,11 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings(config: DeploymentConfig, artifacts: Path) -> Settings:
-    manifest_path = artifacts / "manifest.json"
-    if not manifest_path.is_file():
-        raise OSError(f"{manifest_path} not found: build the artifacts first with "
-                      f"`python -m compile --config ... --out {artifacts}`")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(artifacts)
     token = None
     if config.gateway.auth_token_env:
         token = os.environ.get(config.gateway.auth_token_env)

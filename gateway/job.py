@@ -2,9 +2,9 @@
 
 Jobs carry their deadline on the loop's monotonic clock and a future the request handler awaits.
 Whoever finishes a job first (result, expiry timer, lost worker) wins; later attempts are no-ops.
-A scoring job whose samples share a prefix sends it once (`wire_ids`) and counts it once in `tokens`
-(what the queue budget and batch packing use, as the compiled bound does); `latency_tokens`, what
-latency predictions use, also leave out the static prefix's tokens the node reuses.
+Its size is one WorkSize (shared/work.py): a shared prefix is sent once (`wire_ids`) and counted once
+in `tokens` (what the queue budget and batch packing use, as the compiled bound does);
+`latency_tokens`, what latency predictions use, leave out the tokens the node reuses.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import ApiError
-from gateway.sharing import computed_tokens, sent_tokens
 from shared.policy import Prediction
+from shared.work import NO_REUSE, Reuse, WorkSize, counted_by_work
 
 
 class JobState(enum.StrEnum):
@@ -34,6 +34,7 @@ class JobState(enum.StrEnum):
 QUEUED, SENT, DONE = JobState
 
 
+@counted_by_work
 @dataclass(eq=False)
 class Job:
     """Work for one request (or chunk) on its way through queue, batch and worker."""
@@ -53,8 +54,8 @@ class Job:
     """beam: (num_beams, max_new_tokens, num_return_sequences); batches share one key."""
     prefix_len: int = 0
     """score: the first prefix_len ids of every sample are the same and are sent and computed once."""
-    static_ids: tuple[int, ...] = ()
-    """score: the deployment's static prefix, whose keys/values the node reuses (not computed)."""
+    reuse: Reuse = NO_REUSE
+    """score: where leading tokens' keys/values already exist (the deployment's static prefix)."""
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     state: JobState = QUEUED
     enqueued_at: float = 0.0
@@ -64,25 +65,15 @@ class Job:
     dispatched: Prediction | None = None
     """The finish predicted when it was sent (its batch's, behind the worker's work in flight)."""
 
-    samples: int = field(init=False)
-    prompt_tokens: int = field(init=False)
-    """Tokens submitted: every sample whole."""
-    tokens: int = field(init=False)
-    """Tokens sent to the worker: a shared prefix once, then each sample's suffix."""
-    batch_items: int = field(init=False)
-    """B of the latency model: samples for scoring, beams for beam search."""
-    latency_tokens: int = field(init=False)
-    """Tokens summed over the latency model's items, so that L = latency_tokens / batch_items
-    (score: tokens computed, static-prefix tokens the node reuses left out)."""
+    work: WorkSize = field(init=False)
+    """What it sends, computes and reuses; the policy's counts (samples, tokens, batch_items,
+    latency_tokens) are its answers (shared/work.counted_by_work)."""
 
     def __post_init__(self) -> None:
-        self.samples = len(self.token_ids)
-        self.prompt_tokens = sum(map(len, self.token_ids))
-        self.tokens = sent_tokens(self.token_ids, self.prefix_len)
-        beams = self.beam_key[0] if self.beam_key else 0
-        self.batch_items = beams or self.samples
-        self.latency_tokens = beams * self.tokens if beams else computed_tokens(self.token_ids, self.prefix_len,
-                                                                                 self.static_ids)
+        if self.beam_key:
+            self.work = WorkSize.prompt(len(self.token_ids[0]), self.beam_key[0])
+        else:
+            self.work = WorkSize.of(self.token_ids, self.prefix_len, self.reuse)
 
     def wire_ids(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """score: (ids int32 [prefix_len + sum of suffixes]: the prefix once, then each sample's

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from shared.bounds import Bounds
 from shared.config import DeploymentConfig
+from shared.manifest import Manifest
+from shared.prefix import SharingRule
+from shared.work import StaticPrefix
 
 
 @dataclass(frozen=True)
@@ -17,9 +19,9 @@ class Limits:
     bounds: Bounds
     """What the packages were compiled for (shared/bounds.py checks requests against them)."""
     max_samples_per_request: int
-    min_shared_prefix_tokens: int
-    """Shortest common prefix worth sending shared ([score] min_shared_prefix_tokens)."""
-    static_prefix_ids: tuple[int, ...]
+    sharing: SharingRule
+    """When samples share their common prefix ([score] min_shared_prefix_tokens, bounds.max_prefix_tokens)."""
+    static_prefix: StaticPrefix
     """The score node's static prefix (the manifest's nodes.score.static_prefix_ids; empty: none)."""
     max_deadline_ms: int
     score_enabled: bool
@@ -29,18 +31,19 @@ class Limits:
     constraints: str | None
 
     @classmethod
-    def from_manifest(cls, config: DeploymentConfig, manifest: dict[str, Any], vocab_size: int) -> Limits:
-        """Bounds come from the manifest (what the packages accept), the rest from config."""
-        nodes = manifest.get("nodes", {})
+    def from_manifest(cls, config: DeploymentConfig, manifest: Manifest, vocab_size: int) -> Limits:
+        """Bounds come from the manifest (what the packages accept; a manifest without them: the
+        config's), the rest from config."""
+        score, bounds = manifest.node_table().score, manifest.bounds or config.bounds
         return cls(
-            vocab_size=int(vocab_size),
-            bounds=Bounds.from_manifest({**config.bounds.resolved(), **manifest.get("bounds", {})}),
+            vocab_size=vocab_size,
+            bounds=bounds,
             max_samples_per_request=config.gateway.max_samples_per_request,
-            min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
-            static_prefix_ids=tuple(int(t) for t in nodes.get("score", {}).get("static_prefix_ids", ())),
+            sharing=SharingRule(config.score.min_shared_prefix_tokens, bounds.limit("max_prefix_tokens")),
+            static_prefix=StaticPrefix(score.static_prefix_ids if score is not None else ()),
             max_deadline_ms=config.gateway.max_deadline_ms,
-            score_enabled=config.score.enabled and (not nodes or "score" in nodes),
-            beam_enabled=config.beam.enabled and (not nodes or "beam" in nodes),
+            score_enabled=config.score.enabled and manifest.serves("score"),
+            beam_enabled=config.beam.enabled and manifest.serves("beam"),
             has_head=config.score.mlp_head is not None,
             prompt_template=config.score.prompt_template,
             constraints=config.beam.constraints,
@@ -48,4 +51,4 @@ class Limits:
 
     def limit(self, name: str) -> int:
         """A compiled bound (a Bounds field) or a gateway limit, by name (http_types' fields name them)."""
-        return getattr(self.bounds, name) if hasattr(self.bounds, name) else getattr(self, name)
+        return self.bounds.limit(name) if hasattr(self.bounds, name) else getattr(self, name)

@@ -26,7 +26,9 @@ from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.score_request import ScoreSpec
 from gateway.tokenizer import RequestTokenizer
-from shared.bounds import ScoreShape, score_problem
+from shared.bounds import score_problem
+from shared.request_ids import chunk_id
+from shared.work import WorkSize
 
 
 class ScoreService:
@@ -68,13 +70,13 @@ class ScoreService:
             self._batcher.submit(job)
         results = await self._end.results(jobs)
         arrays = _join([r.arrays() for r in results])
-        prompt_tokens, cached_tokens = sum(j.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
+        prompt_tokens, cached_tokens = sum(j.work.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)
         return _answer(spec, label_ids, arrays, (prompt_tokens, cached_tokens), request_id, self._tokenizer)
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
         for i, ids in enumerate(token_ids):
-            problem = score_problem(self._limits.bounds, ScoreShape.sample(len(ids)))
+            problem = score_problem(self._limits.bounds, WorkSize.of([ids]).shape())
             if problem:
                 raise ApiError("too_large", f"{problem.message(part=f'sample {i}', name_bound=False)} "
                                             "(nothing was truncated)")
@@ -84,12 +86,12 @@ class ScoreService:
     def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
               deadline: float) -> list[Job]:
         limits, bounds = self._limits, self._limits.bounds
-        prefix_len = sharing.shared_prefix_len(token_ids, limits.min_shared_prefix_tokens, bounds.max_prefix_tokens)
+        prefix_len = sharing.shared_prefix_len(token_ids, limits.sharing)
         chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
         return [
-            Job(request_id if len(chunks) == 1 else f"{request_id}#{k}", "score", deadline, chunk,
+            Job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
-                prefix_len=prefix_len, static_ids=limits.static_prefix_ids)
+                prefix_len=prefix_len, reuse=limits.static_prefix)
             for k, chunk in enumerate(chunks)
         ]
 

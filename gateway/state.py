@@ -17,7 +17,9 @@ from gateway.scoring import ScoreService
 from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
 from shared.bounds import batch_bounds
+from shared import request_ids
 from shared.config import DeploymentConfig
+from shared.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class Settings:
     """What make_app was given: config, artifacts' manifest and tokenizer, and process-level choices."""
 
     config: DeploymentConfig
-    manifest: dict[str, Any]
+    manifest: Manifest
     tokenizer: RequestTokenizer
     auth_token: str | None = None
 
@@ -51,7 +53,7 @@ class Gateway:
     def build(cls, settings: Settings) -> Gateway:
         """Wire the parts (no I/O yet; `start` connects and starts the loops)."""
         config, gw = settings.config, settings.config.gateway
-        vocab = int(settings.manifest.get("model", {}).get("vocab_size", settings.tokenizer.vocab_size))
+        vocab = settings.manifest.model.vocab_size or settings.tokenizer.vocab_size
         limits = Limits.from_manifest(config, settings.manifest, vocab)
         metrics = Metrics()
         pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
@@ -94,7 +96,7 @@ class Gateway:
 
     def wire_id(self, request_id: str) -> str:
         """A protocol-unique id that still shows the caller's id (callers may reuse theirs)."""
-        return f"{request_id}~{next(self._wire_ids)}"
+        return request_ids.wire_id(request_id, next(self._wire_ids))
 
     def idle(self) -> bool:
         """Nothing queued and nothing in flight (drain is complete)."""

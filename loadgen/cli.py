@@ -119,8 +119,8 @@ def _tune(p: argparse.ArgumentParser) -> None:
     _slo(p)
     p.add_argument("--grid", action="append", default=[],
                    help="NAME=v1,v2,... (repeatable): max_batch_wait_ms, max_queue_tokens, admission_margin_ms, "
-                        "score_deadline_ms, generate_deadline_ms (offline also max_batch_tokens, "
-                        "max_batch_samples, max_beam_requests, workers)")
+                        "score_deadline_ms, generate_deadline_ms (offline also workers and any [bounds] key, e.g. "
+                        "max_tokens_per_batch, max_samples_per_batch, max_beam_requests_per_batch)")
     p.add_argument("--headroom", type=float, default=None,
                    help="a candidate meets the SLO when its percentile is within headroom x SLO (default: 0.85 "
                         "offline, room for the simulator's error as loadgen validate measures it; 1 live)")

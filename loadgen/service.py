@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.events import PROFILE_EVENTS, parse_events
 from shared.latency_model import LatencyModel
 
 ServiceFn = Callable[[str, float, float], float]
@@ -78,19 +79,6 @@ def service_model_from_dict(raw: Mapping[str, Any]) -> ServiceModel:
     return ServiceModel(models)
 
 
-PROFILE_EVENTS = ("profiled", "profile_reused", "profile_refitted")
-
-
 def _profiled_events(text: str) -> dict[str, dict[str, float]]:
-    """{workload: coefficients} from log lines like {"event": "profiled", "workload": "score", "alpha": ...}."""
-    found: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        if not any(f'"{name}"' in line for name in PROFILE_EVENTS):
-            continue
-        try:
-            event = json.loads(line[line.index("{"):])
-        except (ValueError, json.JSONDecodeError):
-            continue
-        if event.get("event") in PROFILE_EVENTS and isinstance(event.get("workload"), str):
-            found[event["workload"]] = {k: event[k] for k in ("alpha", "beta", "gamma", "delta") if k in event}
-    return found
+    """{workload: coefficients} of the last profile event (shared/events.py) per workload in `text`."""
+    return {e.workload: e.coefficients() for e in parse_events(text) if isinstance(e, PROFILE_EVENTS)}

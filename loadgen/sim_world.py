@@ -1,8 +1,9 @@
 """What the simulator puts around the gateway's policy: jobs cut from trace records, and workers.
 
-Jobs have the fields the policy reads (shared/policy's Work), filled as the gateway fills them
-(gateway/job.py): score B = samples and L = tokens per sample, a request larger than one batch cut
-into chunks by the same rule (policy.chunk_bounds); beam B = beams, one job per request.
+Jobs have the fields the policy reads (shared/policy's Work), answered by a WorkSize as the
+gateway's are (gateway/job.py): a score request shares the prefix its trace record names by the
+gateway's rule (shared/prefix.SharingRule) and is cut into chunks by the same rule
+(WorkSize.chunk_bounds); beam B = beams, one job per request.
 A worker computes its batches one after another; it drops the members whose deadline passed before
 their batch starts (as worker/compute.py does) and takes service(route, B, L) for the rest; a fixed
 overhead per batch delays each batch on its way there and back without keeping the worker busy.
@@ -18,11 +19,14 @@ from shared.latency_correction import CorrectedModel
 from loadgen.service import ServiceFn
 from loadgen.trace import TraceRecord
 from shared.latency_model import LatencyModel
-from shared.policy import BatchBounds, Prediction, busy_ms, chunk_bounds
+from shared.policy import BatchBounds, Prediction, busy_ms
+from shared.prefix import NEVER_SHARE, SharingRule
+from shared.work import WorkSize, counted_by_work
 
 ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
 
 
+@counted_by_work
 @dataclass(eq=False)
 class SimJob:
     """One queued unit of a request (shared/policy's Work)."""
@@ -31,10 +35,8 @@ class SimJob:
     """Index of the trace record."""
     deadline: float
     """Absolute, simulated seconds."""
-    samples: int
-    tokens: int
-    batch_items: int
-    latency_tokens: int
+    work: WorkSize
+    """What it sends and computes; the policy's counts are its answers (shared/work.counted_by_work)."""
     label_ids: tuple[int, ...] = ()
     beam_key: tuple[int, int, int] | None = None
     done: bool = False
@@ -44,19 +46,17 @@ class SimJob:
 
 
 def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds,
-            default_beam_width: int) -> list[SimJob]:
+            default_beam_width: int, sharing: SharingRule = NEVER_SHARE) -> list[SimJob]:
     """The jobs the gateway would queue for this record."""
     if record.route == "generate":
         beams, prompt = record.shape(default_beam_width)
         key = (beams, record.max_new_tokens or 0, record.num_return_sequences or 1)
-        tokens = int(prompt)
-        return [SimJob(index, deadline_s, 1, tokens, beams, beams * tokens, beam_key=key)]
+        return [SimJob(index, deadline_s, WorkSize.prompt(int(prompt), beams), beam_key=key)]
     lengths = record.sample_tokens or _lengths(record)
-    jobs = []
-    for start, end in chunk_bounds(lengths, bounds.max_jobs, bounds.max_tokens):
-        tokens = sum(lengths[start:end])
-        jobs.append(SimJob(index, deadline_s, end - start, tokens, end - start, tokens))
-    return jobs
+    prefix_len = sharing.prefix_len(record.common_prefix_tokens(), len(lengths))
+    whole = WorkSize(prefix_len, tuple(n - prefix_len for n in lengths))
+    return [SimJob(index, deadline_s, WorkSize(prefix_len, whole.suffix_lens[start:end]))
+            for start, end in whole.chunk_bounds(bounds.max_jobs, bounds.max_tokens)]
 
 
 def _lengths(record: TraceRecord) -> tuple[int, ...]:

@@ -27,7 +27,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from shared.bounds import Bounds, batch_bounds, batch_capacity
 from shared.latency_correction import CorrectedModel
+from shared.prefix import SharingRule
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
 from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
@@ -43,7 +45,8 @@ WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
 
 @dataclass(frozen=True)
 class SimSettings:
-    """The deployment the simulator replays: [gateway] names, caps from [bounds], and the world."""
+    """The deployment the simulator replays: its Bounds, [gateway] names, and the world. Knobs
+    (`with_knobs`) name these fields or a Bounds field (e.g. max_samples_per_batch)."""
 
     max_batch_wait_ms: float = 2.0
     max_queue_tokens: int = 65536
@@ -56,14 +59,10 @@ class SimSettings:
     """[gateway].queue_order: deadline (earliest deadline first) or arrival (first come, first served)."""
     score_deadline_ms: float = 100.0
     generate_deadline_ms: float = 200.0
-    max_batch_tokens: int = 4096
-    """[bounds].max_tokens_per_batch: tokens in one score batch."""
-    max_batch_samples: int = 16
-    """[bounds].max_samples_per_batch."""
-    max_beam_requests: int = 4
-    """[bounds].max_beam_requests_per_batch."""
-    max_beam_width: int = 128
-    max_labels: int = 32
+    bounds: Bounds = Bounds(max_beam_width=128)
+    """[bounds] (shared/bounds.py): what one batch may hold, as the gateway packs it."""
+    min_shared_prefix_tokens: int = 4
+    """[score]: a record's samples share their common prefix (TraceRecord.prefix_tokens) from this long."""
     workers: int = 1
     max_inflight_batches: int = 2
     """Batches sent to one worker before its answer ([gateway].max_inflight_batches_per_worker)."""
@@ -85,32 +84,36 @@ class SimSettings:
         unknown = sorted(set(knobs) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}; the simulator knows {', '.join(KNOBS)}")
-        return dataclasses.replace(self, **knobs)
+        bounds = {k: int(v) for k, v in knobs.items() if k in BOUND_KNOBS}
+        settings = {k: v for k, v in knobs.items() if k not in BOUND_KNOBS}
+        return dataclasses.replace(self, bounds=dataclasses.replace(self.bounds, **bounds), **settings)
 
     def deadline_ms(self, route: str) -> float:
         return self.score_deadline_ms if route == "score" else self.generate_deadline_ms
 
-    def bounds(self, workload: str) -> BatchBounds:
-        if workload == "score":
-            return BatchBounds(self.max_batch_samples, self.max_batch_tokens, self.max_labels, self.max_batch_requests)
-        return BatchBounds(self.max_beam_requests, None, 0, self.max_batch_requests)
+    def batch_bounds(self, workload: str) -> BatchBounds:
+        return batch_bounds(self.bounds, workload, self.max_batch_requests)
+
+    def sharing(self) -> SharingRule:
+        """The gateway's sharing rule under these settings."""
+        return SharingRule(self.min_shared_prefix_tokens, self.bounds.limit("max_prefix_tokens"))
 
     @classmethod
     def from_config(cls, config, **world: Any) -> SimSettings:
         """From a shared.config.DeploymentConfig, plus settings of the world (overheads, beam width)."""
-        g, b = config.gateway, config.bounds
-        return cls(max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
+        g = config.gateway
+        return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
+                   max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
                    admission_margin_ms=g.admission_margin_ms, admission=g.admission,
                    drop_predicted_late=g.drop_predicted_late, queue_order=g.queue_order,
                    score_deadline_ms=g.score_deadline_ms, generate_deadline_ms=g.generate_deadline_ms,
-                   max_batch_tokens=b.max_tokens_per_batch, max_batch_samples=b.max_samples_per_batch,
-                   max_beam_requests=b.max_beam_requests_per_batch, max_beam_width=b.max_beam_width,
-                   max_labels=b.max_labels, workers=len(config.worker.endpoints),
+                   workers=len(config.worker.endpoints),
                    max_inflight_batches=g.max_inflight_batches_per_worker,
                    worker_timeout_ms=g.worker_timeout_ms, **world)
 
 
-KNOBS = tuple(f.name for f in dataclasses.fields(SimSettings))
+BOUND_KNOBS = tuple(f.name for f in dataclasses.fields(Bounds))
+KNOBS = tuple(f.name for f in dataclasses.fields(SimSettings) if f.name != "bounds") + BOUND_KNOBS
 
 
 @dataclass
@@ -164,9 +167,7 @@ class Simulator:
         return self.settings.request_overhead_ms if measured is None else measured
 
     def _model(self, workload: str) -> CorrectedModel:
-        s = self.settings
-        items = s.max_batch_samples if workload == "score" else s.max_beam_requests * s.max_beam_width
-        tokens = s.max_batch_tokens if workload == "score" else None
+        items, tokens = batch_capacity(self.settings.bounds, workload)
         return CorrectedModel(initial_model(WORKLOAD_ROUTE[workload], self.profile), items, tokens)
 
     def _at(self, when_s: float, kind: str, payload: Any) -> None:
@@ -178,7 +179,8 @@ class Simulator:
         workload = ROUTE_WORKLOAD[record.route]
         budget_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
         deadline = self.now + budget_ms / 1000.0
-        jobs = jobs_of(index, record, deadline, self.settings.bounds(workload), self.settings.default_beam_width)
+        jobs = jobs_of(index, record, deadline, self.settings.batch_bounds(workload), self.settings.default_beam_width,
+                       self.settings.sharing())
         queue, view, model = self.queues[workload], self._view(), self._admission_model(workload)
         decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload],
                             sum(j.batch_items for j in jobs))
@@ -261,7 +263,7 @@ class Simulator:
             worker = self._pick()
             if worker is None:
                 return  # an answer (a freed slot) triggers the next look
-            plan = dispatch(queue, workload, self.settings.bounds(workload), worker.models[workload],
+            plan = dispatch(queue, workload, self.settings.batch_bounds(workload), worker.models[workload],
                             worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
                             self.settings.drop_predicted_late,
                             self.lateness[workload].slack_ms(self.settings.admission_margin_ms))

@@ -3,14 +3,13 @@
 The deployment config is the user's, written again (tomli-w) with the gateway on a free local port
 and each worker on its own ipc endpoint in a scratch folder, so a check never collides with a
 running deployment. Everything the gateway and its workers print goes to one log file; the workers'
-structured lines there tell the latency model each reported ("profiled") and what each batch cost
-("batch_done").
+events there (shared/events.py, read by type) tell the latency model each reported and what each
+batch cost.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import subprocess
 import sys
@@ -20,17 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.live import stop, wait_ready
+import msgspec
 
-SETTLED = ("profiled", "profile_refitted", "profile_refit_failed", "profile_refit_stopped")
-"""Worker log events after which its profile no longer changes (and no refit holds its lane)."""
+from loadgen.live import stop, wait_ready
 from loadgen.service import ServiceModel, load_service_model
 from loadgen.tuner import apply_knobs, config_toml
+from shared.config import DeploymentConfig
+from shared.events import SETTLED, BatchDone, read_events
+from shared.request_ids import client_id
 
 
 @dataclass(frozen=True)
 class BatchLine:
-    """One `batch_done` line of a worker: milliseconds it waited in the worker and computed."""
+    """One BatchDone event of a worker: milliseconds it waited in the worker and computed."""
 
     queue_ms: float
     compute_ms: float
@@ -78,7 +79,7 @@ class LocalStack:
         workers = len(self.raw_config["worker"]["endpoints"])
         end = time.monotonic() + self.startup_timeout_s
         while True:
-            settled = {e.get("worker") for name in SETTLED for e in _events(self.log_path, name)}
+            settled = {e.worker for e in read_events(self.log_path, *SETTLED)}
             if len(settled) >= workers:
                 return
             if time.monotonic() > end:
@@ -100,17 +101,25 @@ class LocalStack:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
     def reported_model(self) -> ServiceModel:
-        """The latency model the workers reported at start-up (their "profiled" log lines)."""
+        """The latency model the workers reported (their last profile events)."""
         return load_service_model(str(self.log_path))
 
     def batch_lines(self) -> list[BatchLine]:
         """Every batch the workers have answered so far, in log order."""
-        lines = []
-        for event in _events(self.log_path, "batch_done"):
-            lines.append(BatchLine(float(event.get("queue_ms", 0.0)), float(event.get("compute_ms", 0.0)),
-                                   tuple(map(_client_id, event.get("request_ids", ()))),
-                                   tuple(map(_client_id, event.get("expired", ()))), float(event.get("ts", 0.0))))
-        return lines
+        return [BatchLine(e.queue_ms, e.compute_ms, tuple(map(client_id, e.request_ids)),
+                          tuple(map(client_id, e.expired)), e.ts) for e in read_events(self.log_path, BatchDone)]
+
+
+def deployment_toml(config: DeploymentConfig) -> str:
+    """A DeploymentConfig as TOML text that shared.config.load_config reads back unchanged (unset
+    optional keys left out)."""
+    return config_toml(_without_none(msgspec.to_builtins(config)))
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def free_port() -> int:
@@ -130,17 +139,3 @@ def local_config(raw: dict[str, Any], folder: Path, port: int) -> dict[str, Any]
     out["gateway"] = {**out.get("gateway", {}), "host": "127.0.0.1", "port": port, "access_log": False}
     return out
 
-
-def _client_id(wire_id: str) -> str:
-    return wire_id.split("~")[0]
-
-
-def _events(path: Path, name: str):
-    marker = f'"event":"{name}"'
-    for line in path.read_text(errors="replace").splitlines():
-        if marker not in line:
-            continue
-        try:
-            yield json.loads(line[line.index("{"):])
-        except (ValueError, json.JSONDecodeError):
-            continue

@@ -25,12 +25,19 @@ import zmq
 from shared import protocol as p
 from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
-from shared.prefix import computed_tokens
+from shared.manifest import Manifest, ModelFacts, NodeFacts, NodeTable
+from shared.work import StaticPrefix, WorkSize
 
 HIDDEN = 8
-BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 512, "max_tokens_per_batch": 4096,
-          "max_labels": 32, "max_top_k": 20, "max_prompt_tokens": 512, "max_beam_width": 128,
-          "max_new_tokens": 4, "max_beam_requests_per_batch": 4, "max_prefix_tokens": 512}
+BOUNDS = Bounds(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=4096, max_labels=32,
+                max_top_k=20, max_prompt_tokens=512, max_beam_width=128, max_new_tokens=4,
+                max_beam_requests_per_batch=4, max_prefix_tokens=512)
+
+
+def standin_manifest(vocab_size: int, **nodes: NodeFacts) -> Manifest:
+    """A manifest for a gateway in front of the stand-in: its bounds, the vocabulary and, when given,
+    the nodes it says the artifacts hold (none: every configured workload)."""
+    return Manifest(bounds=BOUNDS, model=ModelFacts(vocab_size=vocab_size), nodes=NodeTable(**nodes) if nodes else None)
 
 
 def expected_label_logits(ids: list[int], labels: list[int]) -> np.ndarray:
@@ -132,7 +139,7 @@ class StandInWorker:
 
     def _ready(self) -> p.Ready:
         return p.Ready(p.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"),
-                       Bounds.from_manifest(BOUNDS), {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
+                       BOUNDS, {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
                        {"score": self.latency, "beam": self.latency})
 
     def _compute(self, count: int) -> float:
@@ -161,7 +168,7 @@ class StandInWorker:
             suffixes.append(flat[start:start + n])
             start += n
         samples = [prefix + suffix for suffix in suffixes]
-        cached = sum(map(len, samples)) - computed_tokens(prefix, suffixes, self.static_prefix_ids)
+        cached = WorkSize.of(samples, req.prefix_len, StaticPrefix(self.static_prefix_ids)).cached_tokens
         labels = list(req.label_ids)
         logits = np.stack([expected_label_logits(s, labels) for s in samples]) if labels else np.zeros((0,))
         probs = np.exp(logits - logits.max(axis=1, keepdims=True)) if labels else logits

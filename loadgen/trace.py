@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.prefix import longest_common_prefix
+
 ROUTES = ("score", "generate")
 PATHS = {"score": "/v1/score", "generate": "/v1/generate"}
 TEXT_CHARS_PER_TOKEN = 4.0
@@ -49,6 +51,9 @@ class TraceRecord:
     body: dict[str, Any] | None = None
     group: int | None = None
     output_tokens: int | None = None
+    prefix_tokens: int = 0
+    """score: how many leading tokens all its samples have in common (a context before the items);
+    the gateway and the simulator share them by the same rule (shared/prefix.SharingRule)."""
 
     def shape(self, default_beam_width: int = 1) -> tuple[int, float]:
         """(B, L) for the latency model: score B = samples, L = mean tokens per sample;
@@ -59,6 +64,14 @@ class TraceRecord:
         beams = self.beam_width or _body_int(self.body, "beam_width") or default_beam_width
         prompt = self.prompt_tokens or _body_prompt_length(self.body)
         return beams, float(prompt)
+
+    def common_prefix_tokens(self) -> int:
+        """The samples' common leading tokens: prefix_tokens, or what a body's token-id samples share."""
+        if self.prefix_tokens or self.body is None:
+            return self.prefix_tokens
+        samples = self.body.get("samples", [])
+        ids = [s["input_ids"] for s in samples if isinstance(s, dict) and isinstance(s.get("input_ids"), list)]
+        return longest_common_prefix(ids) if ids and len(ids) == len(samples) else 0
 
     def total_tokens(self) -> int:
         """Input tokens this request adds to a queue (the gateway's token budget counts these)."""
@@ -75,6 +88,8 @@ class TraceRecord:
             out["sample_tokens"] = list(self.sample_tokens)
         if self.prompt_tokens:
             out["prompt_tokens"] = self.prompt_tokens
+        if self.prefix_tokens:
+            out["prefix_tokens"] = self.prefix_tokens
         return out
 
 
@@ -146,7 +161,7 @@ def parse_record(raw: Any) -> TraceRecord:
         raise TraceError(f"a trace line must be a JSON object, got {type(raw).__name__}")
     known = {"t_ms", "route", "sample_tokens", "samples", "tokens_per_sample", "prompt_tokens",
              "beam_width", "max_new_tokens", "num_return_sequences", "deadline_ms", "body",
-             "group", "output_tokens"}
+             "group", "output_tokens", "prefix_tokens"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise TraceError(f"unknown field(s) {unknown}; known: {sorted(known)}")
@@ -163,12 +178,15 @@ def parse_record(raw: Any) -> TraceRecord:
         raise TraceError("a score line needs body, sample_tokens, or samples + tokens_per_sample")
     if body is None and route == "generate" and prompt < 1:
         raise TraceError("a generate line needs body or prompt_tokens >= 1")
+    prefix = _int(raw, "prefix_tokens", low=0) or 0
+    if prefix and (route != "score" or not samples or prefix > min(samples)):
+        raise TraceError(f"prefix_tokens = {prefix} needs a score line whose every sample is at least that long")
     return TraceRecord(
         t_ms=t_ms, route=route, sample_tokens=samples, prompt_tokens=prompt,
         beam_width=_int(raw, "beam_width"), max_new_tokens=_int(raw, "max_new_tokens"),
         num_return_sequences=_int(raw, "num_return_sequences"),
         deadline_ms=_number(raw, "deadline_ms"), body=body,
-        group=_int(raw, "group", low=0), output_tokens=_int(raw, "output_tokens", low=0),
+        group=_int(raw, "group", low=0), output_tokens=_int(raw, "output_tokens", low=0), prefix_tokens=prefix,
     )
 
 

@@ -11,6 +11,7 @@ measures it): a candidate simulated just under the SLO is as likely to miss it l
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -22,15 +23,15 @@ import tomli_w
 
 from loadgen.result import RequestResult
 from loadgen.stats import percentile, summarize
+from shared.bounds import Bounds
 
 Evaluator = Callable[[dict[str, Any]], list[RequestResult]]
 GATEWAY_KEYS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
                 "generate_deadline_ms", "admission", "drop_predicted_late", "queue_order")
-INT_KEYS = ("max_queue_tokens", "score_deadline_ms", "generate_deadline_ms", "max_batch_tokens",
-            "max_batch_samples", "max_beam_requests", "workers")
+BOUNDS_KEYS = tuple(f.name for f in dataclasses.fields(Bounds))
+"""Knobs that are [bounds] (shared/bounds.py), under their own names; all are integers."""
+INT_KEYS = ("max_queue_tokens", "score_deadline_ms", "generate_deadline_ms", "workers", *BOUNDS_KEYS)
 """Settings shared/config.py declares as integers (TOML must carry them as integers)."""
-BOUNDS_KEYS = {"max_batch_tokens": "max_tokens_per_batch", "max_batch_samples": "max_samples_per_batch",
-               "max_beam_requests": "max_beam_requests_per_batch"}
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def apply_knobs(raw: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, A
     (worker counts are hosts, not settings: they are left out)."""
     out = {name: dict(value) if isinstance(value, Mapping) else value for name, value in raw.items()}
     gateway = {k: config_value(k, v) for k, v in knobs.items() if k in GATEWAY_KEYS}
-    bounds = {BOUNDS_KEYS[k]: int(v) for k, v in knobs.items() if k in BOUNDS_KEYS}
+    bounds = {k: int(v) for k, v in knobs.items() if k in BOUNDS_KEYS}
     if gateway:
         out["gateway"] = {**out.get("gateway", {}), **gateway}
     if bounds:
@@ -133,7 +134,7 @@ def recommended_config(base_config: str | Path, knobs: Mapping[str, Any]) -> str
 def config_snippet(knobs: Mapping[str, Any]) -> str:
     """TOML for the recommended settings: [gateway] keys, and [bounds] caps as a reminder."""
     parts = [tomli_w.dumps({"gateway": {k: config_value(k, v) for k, v in knobs.items() if k in GATEWAY_KEYS}})]
-    bounds = {BOUNDS_KEYS[k]: int(v) for k, v in knobs.items() if k in BOUNDS_KEYS}
+    bounds = {k: int(v) for k, v in knobs.items() if k in BOUNDS_KEYS}
     if bounds:
         parts.append("# [bounds] are compiled into the packages: rebuild the artifacts after changing them\n"
                      + tomli_w.dumps({"bounds": bounds}))

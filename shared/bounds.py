@@ -11,8 +11,10 @@ Pure Python: no numpy, no torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
+
+from msgspec import Meta
 
 from shared.policy.batching import BatchBounds
 
@@ -21,31 +23,65 @@ class BoundsError(ValueError):
     """A batch falls outside the bounds the node was compiled for; it is refused, never run."""
 
 
+class InvalidBounds(ValueError):
+    """Bounds whose fields contradict each other (the config loader says it as a ConfigError)."""
+
+
+Positive = Annotated[int, Meta(ge=1)]
+
+
 @dataclass(frozen=True)
 class Bounds:
-    """What the packages were compiled for (the manifest's "bounds"; shared.config.BoundsConfig)."""
+    """The deployment's limits, declared once: the config's [bounds] section, compiled into the
+    packages, recorded in the manifest, carried by Ready and enforced by gateway, worker and node.
 
-    max_samples_per_batch: int
-    max_tokens_per_sample: int
-    max_tokens_per_batch: int
-    """Tokens sent per batch (each shared prefix once)."""
-    max_labels: int
-    max_top_k: int
-    max_prompt_tokens: int
-    max_beam_width: int
-    max_new_tokens: int
-    max_beam_requests_per_batch: int
-    max_prefix_tokens: int
-    """Longest shared prefix (resolved: at most max_tokens_per_sample)."""
+    Each field declares its type and range (msgspec checks them when the config, the manifest or a
+    Ready is decoded); `validate` holds the rules across fields. `limit(name)` is a bound's value
+    with an unset max_prefix_tokens resolved."""
 
-    @classmethod
-    def from_manifest(cls, bounds: Mapping[str, int]) -> Bounds:
-        """From the manifest's (or Ready's) bounds dict; an unset max_prefix_tokens (older manifests)
-        is max_tokens_per_sample."""
-        values = {f.name: int(bounds[f.name]) for f in dataclasses.fields(cls) if f.name != "max_prefix_tokens"}
-        per_sample = values["max_tokens_per_sample"]
-        values["max_prefix_tokens"] = min(int(bounds.get("max_prefix_tokens") or per_sample), per_sample)
-        return cls(**values)
+    max_samples_per_batch: Annotated[int, Meta(ge=2)] = 16
+    """Scoring: samples (sequences) in one packed batch."""
+    max_tokens_per_sample: Positive = 512
+    """Scoring: tokens in one sample."""
+    max_tokens_per_batch: Positive = 4096
+    """Scoring: tokens sent in one packed batch, all samples together (each shared prefix once)."""
+    max_labels: Positive = 32
+    """Scoring: label token ids per batch."""
+    max_top_k: Positive = 20
+    """Scoring: largest top_k a request may ask for."""
+    max_prompt_tokens: Positive = 512
+    """Beam search: tokens in one prompt."""
+    max_beam_width: Annotated[int, Meta(ge=1, le=400)] = 400
+    """Beam search: beams per request (W)."""
+    max_new_tokens: Annotated[int, Meta(ge=1, le=5)] = 4
+    """Beam search: decode steps per request (S), at most 5."""
+    max_beam_requests_per_batch: Positive = 4
+    """Beam search: requests (prompts) in one batch."""
+    max_prefix_tokens: Positive | None = None
+    """Scoring: tokens of a request's shared prefix, computed once for all its samples (unset = the
+    same as max_tokens_per_sample; older manifests leave it out). A longer common prefix is computed
+    unshared, never cut."""
+
+    def limit(self, name: str) -> int:
+        """The bound `name` (a field) as an int: an unset max_prefix_tokens is max_tokens_per_sample."""
+        if name == "max_prefix_tokens":
+            return min(self.max_prefix_tokens or self.max_tokens_per_sample, self.max_tokens_per_sample)
+        return getattr(self, name)
+
+    def resolved(self) -> Bounds:
+        """The same bounds with every field set (what the build records in the manifest)."""
+        return dataclasses.replace(self, max_prefix_tokens=self.limit("max_prefix_tokens"))
+
+    def validate(self) -> None:
+        """Raise InvalidBounds naming the first rule across fields these bounds break."""
+        if self.max_prefix_tokens is not None and self.max_prefix_tokens > self.max_tokens_per_sample:
+            raise InvalidBounds(f"bounds.max_prefix_tokens = {self.max_prefix_tokens} must be between 1 and "
+                                f"bounds.max_tokens_per_sample ({self.max_tokens_per_sample})")
+        if self.max_tokens_per_sample > self.max_tokens_per_batch:
+            raise InvalidBounds(
+                "bounds.max_tokens_per_sample must not exceed bounds.max_tokens_per_batch "
+                f"({self.max_tokens_per_sample} > {self.max_tokens_per_batch})"
+            )
 
 
 # bound -> (the rule's words, what breaks it: None for the whole batch or request, else the part's
@@ -105,7 +141,8 @@ def outside_vocabulary(noun: str, vocab_size: int) -> str:
 
 @dataclass(frozen=True)
 class ScoreShape:
-    """What the score bounds limit, counted for one request (a group) or one batch."""
+    """What the score bounds limit, counted for one request (a group) or one batch; shared/work.py's
+    WorkSize.shape and batch_shape make it."""
 
     samples: int
     longest_sample: int
@@ -116,11 +153,6 @@ class ScoreShape:
     """Tokens sent: each shared prefix once, then the suffixes."""
     labels: int
     top_k: int = 0
-
-    @classmethod
-    def sample(cls, tokens: int) -> ScoreShape:
-        """One whole sample of `tokens` tokens, alone."""
-        return cls(1, tokens, 0, tokens, 0)
 
 
 @dataclass(frozen=True)
@@ -135,7 +167,7 @@ class BeamShape:
 
 def _first(bounds: Bounds, checks: tuple[tuple[str, int], ...]) -> Problem | None:
     for bound, value in checks:
-        limit = getattr(bounds, bound)
+        limit = bounds.limit(bound)
         if value > limit:
             return Problem(bound, value, limit)
     return None

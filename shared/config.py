@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from shared.bounds import Bounds, InvalidBounds
 from shared.decode_errors import Style, locate
 
 
@@ -86,51 +87,6 @@ class QuantizeConfig:
     """Gate: share of samples whose most likely next token is unchanged."""
     min_rank_agreement: Share = 0.95
     """Gate: share of the pairs of items within a request kept in the same order by the first label."""
-
-
-@dataclass(frozen=True)
-class BoundsConfig:
-    """The deployment's limits, compiled into the packages and enforced by worker and gateway."""
-
-    max_samples_per_batch: Annotated[int, Meta(ge=2)] = 16
-    """Scoring: samples (sequences) in one packed batch."""
-    max_tokens_per_sample: Positive = 512
-    """Scoring: tokens in one sample."""
-    max_tokens_per_batch: Positive = 4096
-    """Scoring: tokens in one packed batch, all samples together."""
-    max_labels: Positive = 32
-    """Scoring: label token ids per batch."""
-    max_top_k: Positive = 20
-    """Scoring: largest top_k a request may ask for."""
-    max_prompt_tokens: Positive = 512
-    """Beam search: tokens in one prompt."""
-    max_beam_width: Annotated[int, Meta(ge=1, le=400)] = 400
-    """Beam search: beams per request (W)."""
-    max_new_tokens: Annotated[int, Meta(ge=1, le=5)] = 4
-    """Beam search: decode steps per request (S), at most 5."""
-    max_beam_requests_per_batch: Positive = 4
-    """Beam search: requests (prompts) in one batch."""
-    max_prefix_tokens: Positive | None = None
-    """Scoring: tokens of a request's shared prefix, computed once for all its samples (unset = the
-    same as max_tokens_per_sample). A longer common prefix is computed unshared, never cut."""
-
-    def resolved(self) -> dict[str, int]:
-        """Every bound as a plain int (unset ones resolved): what the manifest and the wire carry."""
-        values = dataclasses.asdict(self)
-        if self.max_prefix_tokens is None:
-            values["max_prefix_tokens"] = self.max_tokens_per_sample
-        return values
-
-    def validate(self) -> None:
-        prefix_tokens = self.resolved()["max_prefix_tokens"]
-        if prefix_tokens > self.max_tokens_per_sample:
-            raise ConfigError(f"bounds.max_prefix_tokens = {prefix_tokens} must be between 1 and "
-                              f"bounds.max_tokens_per_sample ({self.max_tokens_per_sample})")
-        if self.max_tokens_per_sample > self.max_tokens_per_batch:
-            raise ConfigError(
-                "bounds.max_tokens_per_sample must not exceed bounds.max_tokens_per_batch "
-                f"({self.max_tokens_per_sample} > {self.max_tokens_per_batch})"
-            )
 
 
 @dataclass(frozen=True)
@@ -273,7 +229,8 @@ class DeploymentConfig:
 
     name: str = "demo"
     model: ModelConfig = field(default_factory=ModelConfig)
-    bounds: BoundsConfig = field(default_factory=BoundsConfig)
+    bounds: Bounds = field(default_factory=Bounds)
+    """[bounds]: shared/bounds.py declares them (compiled into the packages, checked everywhere)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
@@ -284,7 +241,10 @@ class DeploymentConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if hasattr(value, "validate"):
-                value.validate()
+                try:
+                    value.validate()
+                except InvalidBounds as exc:
+                    raise ConfigError(str(exc)) from None
         if not (self.score.enabled or self.beam.enabled):
             raise ConfigError("at least one of score.enabled and beam.enabled must be true")
         if self.quantize.int8 and self.model.device != "cpu":

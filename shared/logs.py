@@ -1,8 +1,8 @@
 """Structured logs for every process: one JSON object per line on stderr.
 
 One formatter for the standard `logging` module. A record logged with `extra={"fields": {...}}` is
-an event: {"ts", "level", "logger", "event": <message>, **fields} (what tools grep for, e.g. a
-worker's "profiled" and "batch_done" lines); any other record is {"ts", "level", "logger",
+an event: {"ts", "level", "logger", "event": <message>, **fields}; the events other processes read
+are declared in shared/events.py and written with `EventLog.emit`; any other record is {"ts", "level", "logger",
 "message"}, plus "exception" when it carries one. Records of `passthrough` loggers are already JSON
 (the gateway's access lines) and are written as they are.
 """
@@ -13,7 +13,10 @@ import logging
 import sys
 from typing import Any
 
+import msgspec
 import orjson
+
+from shared.events import Event
 
 
 class JsonLines(logging.Formatter):
@@ -71,3 +74,9 @@ class EventLog:
 
     def error(self, event: str, **fields: Any) -> None:
         self._log(logging.ERROR, event, fields)
+
+    def emit(self, event: Event, level: int = logging.INFO) -> None:
+        """A declared event (shared/events.py): the line its reader decodes by type."""
+        fields = msgspec.structs.asdict(event)
+        del fields["ts"], fields["worker"]  # the formatter's time and this log's common fields
+        self._log(level, event.__struct_config__.tag, fields)

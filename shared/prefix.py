@@ -11,10 +11,29 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 # Continuations appended to a template header to find the tokens that do not depend on what follows
 # (a BPE merge across the boundary, or a trailing special token, changes only the last few).
 _CONTINUATIONS = ("a", "Z", " 1", "\n", "{", "\u4e2d")
+
+
+@dataclass(frozen=True)
+class SharingRule:
+    """When a request's samples share their common prefix ([score] min_shared_prefix_tokens and
+    bounds.max_prefix_tokens): the gateway decides with it on token ids, the simulator on a trace's
+    lengths, so both send the same work."""
+
+    min_tokens: int
+    max_tokens: int
+
+    def prefix_len(self, common_len: int, samples: int) -> int:
+        """Tokens the samples will share (0: sent unshared): their common prefix `common_len` when there
+        are two or more samples and it is within [min_tokens, max_tokens]. A longer one is never cut."""
+        return common_len if samples >= 2 and self.min_tokens <= common_len <= self.max_tokens else 0
+
+
+NEVER_SHARE = SharingRule(1, 0)
 
 
 def longest_common_prefix(samples: Sequence[Sequence[int]]) -> int:
@@ -50,30 +69,3 @@ def stable_prefix_ids(encode: Callable[[str], list[int]], header: str) -> list[i
     encodings = [encode(header + c) for c in _CONTINUATIONS]
     return list(encodings[0][: longest_common_prefix(encodings)])
 
-
-def static_prefix_len(sample: Sequence[int], static_ids: Sequence[int]) -> int:
-    """len(static_ids) when the sample starts with them and has at least one token after, else 0."""
-    n = len(static_ids)
-    if n and len(sample) > n and list(sample[:n]) == list(static_ids):
-        return n
-    return 0
-
-
-def shared_static_len(prefix: Sequence[int], static_ids: Sequence[int], every_sample_goes_on: bool) -> int:
-    """Static-prefix tokens a shared prefix reuses: all len(static_ids) when the prefix starts with
-    them and either goes on after them or every sample goes on after the prefix (a sample must not
-    end inside the static prefix: its last token's output is computed); else 0."""
-    n = len(static_ids)
-    if n and len(prefix) >= n and list(prefix[:n]) == list(static_ids) and (len(prefix) > n or every_sample_goes_on):
-        return n
-    return 0
-
-
-def computed_tokens(prefix: Sequence[int], suffixes: Sequence[Sequence[int]], static_ids: Sequence[int] = ()) -> int:
-    """Tokens the score node computes for one request: its shared `prefix` once plus every suffix
-    (prefix empty: the suffixes are the whole samples), less the static prefix `static_ids` where
-    the node reuses it (shared_static_len; unshared: static_prefix_len per sample)."""
-    if len(prefix):
-        every_suffix = all(len(s) for s in suffixes)
-        return len(prefix) - shared_static_len(prefix, static_ids, every_suffix) + sum(len(s) for s in suffixes)
-    return sum(len(s) - static_prefix_len(s, static_ids) for s in suffixes)

@@ -52,7 +52,8 @@ def test_numbers_and_lists_take_their_declared_types():
 
 def test_resolved_bounds_fill_the_unset_prefix_bound():
     config = parse_config({"bounds": {"max_tokens_per_sample": 100}})
-    assert config.bounds.resolved()["max_prefix_tokens"] == 100 and config.bounds.max_prefix_tokens is None
+    assert config.bounds.resolved().max_prefix_tokens == 100 and config.bounds.max_prefix_tokens is None
+    assert config.bounds.limit("max_prefix_tokens") == 100
 
 
 def test_replace_checks_ranges_and_cross_field_rules_again():

@@ -127,3 +127,87 @@ def test_the_tests_hold_no_measurement_scripts():
 
     scripts = [str(p.relative_to(ROOT)) for p in _test_files() if is_script(p)]
     assert not scripts, scripts
+
+
+# ---- One vocabulary: each concept has one home (issue 22) --------------------------------------
+
+CODE = ("shared", "gateway", "worker", "compile", "loadgen", "bench")
+TOKEN_COUNTS = {"sent_tokens", "computed_tokens", "cached_tokens", "prompt_tokens", "reused_tokens"}
+MANIFEST_KEYS = {"bounds", "nodes", "model", "machine", "weights", "fp8", "name", "build_key", "dtype"}
+
+
+def _code_files(skip: str) -> list[tuple[str, ast.AST]]:
+    files = []
+    for package in CODE:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            if name != skip:
+                files.append((name, ast.parse(path.read_text(), filename=name)))
+    return files
+
+
+def _named(node: ast.AST) -> str:
+    """The last name of a Name or Attribute (`self.manifest` -> manifest), else ""."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _adds_a_prefix_to_a_sum(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _named(node.left).endswith("prefix_len")
+            and isinstance(node.right, ast.Call) and _named(node.right.func) == "sum")
+
+
+def test_only_shared_work_counts_a_requests_tokens():
+    """What a request sends, computes, reuses and reports cached is WorkSize's answer (shared/work.py):
+    nobody else defines those counts, adds a prefix to its suffixes, or builds a ScoreShape by hand."""
+    offenders = []
+    for name, tree in _code_files(skip="shared/work.py"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in TOKEN_COUNTS:
+                offenders.append(f"{name}:{node.lineno} defines {node.name}")
+            elif _adds_a_prefix_to_a_sum(node):
+                offenders.append(f"{name}:{node.lineno} adds a prefix length to a sum of lengths")
+            elif isinstance(node, ast.Call) and _named(node.func) == "ScoreShape":
+                offenders.append(f"{name}:{node.lineno} builds a ScoreShape by hand")
+    assert not offenders, "token counts outside shared/work.py:\n" + "\n".join(offenders)
+
+
+def test_bounds_and_the_manifest_are_typed_everywhere():
+    """No dict bounds (`bounds["max_..."]`) and no manifest read by key outside shared/manifest.py."""
+    offenders = []
+    for name, tree in _code_files(skip="shared/manifest.py"):
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Constant):
+                continue
+            key, holder = node.slice.value, _named(node.value)
+            if holder == "bounds" and isinstance(key, str):
+                offenders.append(f"{name}:{node.lineno} reads bounds[{key!r}]")
+            elif holder == "manifest" and key in MANIFEST_KEYS:
+                offenders.append(f"{name}:{node.lineno} reads manifest[{key!r}]")
+    assert not offenders, "untyped bounds or manifest:\n" + "\n".join(offenders)
+
+
+def test_tools_read_worker_events_by_type_never_by_substring():
+    """loadgen and bench decode shared/events.py's Structs; no string names an event's JSON key, and
+    only shared/request_ids.py knows how a wire id is built."""
+    offenders = []
+    for name, tree in _code_files(skip="shared/events.py"):
+        if not name.startswith(("loadgen/", "bench/")) and name != "shared/request_ids.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and '"event"' in node.value:
+                offenders.append(f"{name}:{node.lineno} matches log text {node.value[:40]!r}")
+            elif (isinstance(node, ast.Call) and _named(node.func) in ("split", "rsplit", "partition", "rpartition")
+                  and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in ("~", "#")
+                  and name != "shared/request_ids.py"):
+                offenders.append(f"{name}:{node.lineno} takes a wire id apart by hand")
+    assert not offenders, "log lines or wire ids parsed outside their declarations:\n" + "\n".join(offenders)
+
+
+def test_the_vocabulary_checks_can_fail(tmp_path):
+    """Each rule above finds what it forbids."""
+    tree = ast.parse('x = prefix_len + sum(lens)\ny = ScoreShape(1, 2, 3, 4, 5)\nz = bounds["max_labels"]\n'
+                     'w = self.manifest["nodes"]\n')
+    nodes = list(ast.walk(tree))
+    assert any(_adds_a_prefix_to_a_sum(n) for n in nodes)
+    assert any(isinstance(n, ast.Call) and _named(n.func) == "ScoreShape" for n in nodes)
+    assert {_named(n.value) for n in nodes if isinstance(n, ast.Subscript)} == {"bounds", "manifest"}

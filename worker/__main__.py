@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from shared.config import ConfigError, load_config
+from shared.events import Standby
 from worker.logs import JsonLog
 
 
@@ -78,7 +79,7 @@ def _assigned(args: argparse.Namespace, log: JsonLog) -> bool:
 
     pick_vec_isa()  # every package load asks for the CPU's vector ISA: 1-3 s of probing, cached per process
 
-    log.info("standby")
+    log.emit(Standby())
     line = sys.stdin.readline()
     if not line:
         return False

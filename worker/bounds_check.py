@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.bounds import BeamShape, Bounds, Problem, ScoreShape, beam_problem, outside_vocabulary, score_problem
+from shared.bounds import BeamShape, Bounds, Problem, beam_problem, outside_vocabulary, score_problem
 from shared.protocol import BeamBatch, ErrorCode, ScoreBatch, ScoreRequest, unpack_ids
+from shared.work import batch_shape
 
 
 class BatchRefused(Exception):
@@ -32,15 +33,8 @@ def _bad_ids(raw: bytes, token_dtype: str, vocab_size: int) -> bool:
     return bool(len(ids)) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size)
 
 
-def _score_shape(req: ScoreRequest) -> ScoreShape:
-    """One request as the bounds count it: a whole sample is prefix + suffix, the prefix sent once."""
-    return ScoreShape(samples=len(req.sample_lens), longest_sample=req.prefix_len + max(req.sample_lens),
-                      prefix_tokens=req.prefix_len, tokens=req.prefix_len + sum(req.sample_lens),
-                      labels=len(req.label_ids), top_k=req.top_k)
-
-
 def _score_request_problem(req: ScoreRequest, token_dtype: str, bounds: Bounds, vocab_size: int) -> str | None:
-    problem = score_problem(bounds, _score_shape(req))
+    problem = score_problem(bounds, req.work().shape(len(req.label_ids), req.top_k))
     if problem:
         return problem.message("the request")
     if req.label_ids and max(req.label_ids) >= vocab_size:
@@ -55,15 +49,15 @@ def check_score_batch(batch: ScoreBatch, bounds: Bounds, vocab_size: int) -> dic
 
     A request's tokens are those it sends: its shared prefix once, then its samples' suffixes (the
     node's bound; the static prefix's tokens count, although the node reuses their keys/values)."""
-    rejected, tokens, samples, labels = {}, 0, 0, set()
+    rejected, accepted, labels = {}, [], set()
     for i, req in enumerate(batch.requests):
         problem = _score_request_problem(req, batch.token_dtype, bounds, vocab_size)
         if problem:
             rejected[i] = problem
             continue
-        tokens, samples = tokens + req.prefix_len + sum(req.sample_lens), samples + len(req.sample_lens)
+        accepted.append(req.work())
         labels.update(req.label_ids)
-    _refuse(score_problem(bounds, ScoreShape(samples, 0, 0, tokens, len(labels))))
+    _refuse(score_problem(bounds, batch_shape(accepted, len(labels))))
     return rejected
 
 

@@ -10,26 +10,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 
 import zmq
 
-from shared.protocol import (BeamBatch, BeamResult, BeamResults, Error, ErrorCode, ScoreBatch, ScoreResult,
-                             ScoreResults, Status, encode)
+from shared.events import BatchDone
+from shared.protocol import BeamResults, Error, ErrorCode, ScoreResults, Status, encode
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused
 from worker.logs import JsonLog
 from worker.stats import WorkerStats
-
-RESULT_TYPES = {ScoreBatch: (ScoreResults, ScoreResult), BeamBatch: (BeamResults, BeamResult)}
+from worker.workloads import Workloads
 
 
 class ComputePool:
-    """Owns the compute threads; `runners` maps a batch type to a runner with run(batch, live, lane)."""
+    """Owns the compute threads; each batch runs on its workload's runner (worker/workloads.py)."""
 
-    def __init__(self, lanes: list, runners: Mapping[type, object], queue: BatchQueue, stats: WorkerStats,
-                 log: JsonLog, context: zmq.Context, outbox: str) -> None:
-        self.lanes, self.runners, self.queue = lanes, runners, queue
+    def __init__(self, lanes: list, workloads: Workloads, log: JsonLog, queue: BatchQueue, stats: WorkerStats,
+                 context: zmq.Context, outbox: str) -> None:
+        self.lanes, self.workloads, self.queue = lanes, workloads, queue
         self.stats, self.log = stats, log
         self.context, self.outbox = context, outbox
         self.threads: list[threading.Thread] = []
@@ -79,7 +77,7 @@ class ComputePool:
         if live:
             started = time.perf_counter()
             try:
-                outcome = self.runners[type(batch)].run(batch, live, lane)
+                outcome = self.workloads.for_batch(batch).runner.run(batch, live, lane)
             except BatchRefused as exc:
                 return self._refuse(pending, exc.code, exc.message)
             except Exception as exc:  # a failing batch must never take the worker down
@@ -89,16 +87,17 @@ class ComputePool:
             compute_ms = (time.perf_counter() - started) * 1000.0
             self.stats.add(batches_computed=1, requests_computed=len(live))
         self.stats.add(requests_expired=len(expired))
-        self.log.info("batch_done", batch_id=batch.batch_id, request_ids=pending.request_ids,
-                      expired=[batch.requests[i].request_id for i in expired],
-                      rejected={batch.requests[i].request_id: why for i, why in pending.rejected.items()},
-                      queue_ms=round(queue_ms, 3), compute_ms=round(compute_ms, 3))
+        self.log.emit(BatchDone(
+            batch_id=batch.batch_id, request_ids=tuple(pending.request_ids), queue_ms=round(queue_ms, 3),
+            compute_ms=round(compute_ms, 3), expired=tuple(batch.requests[i].request_id for i in expired),
+            rejected={batch.requests[i].request_id: why for i, why in pending.rejected.items()}))
         return self._results(pending, outcome, set(expired), queue_ms, compute_ms)
 
-    @staticmethod
-    def _results(pending: PendingBatch, outcome: dict, expired: set[int], queue_ms: float, compute_ms: float):
+    def _results(self, pending: PendingBatch, outcome: dict, expired: set[int], queue_ms: float,
+                 compute_ms: float) -> ScoreResults | BeamResults:
         batch = pending.message
-        message_type, result_type = RESULT_TYPES[type(batch)]
+        workload = self.workloads.for_batch(batch)
+        message_type, result_type = workload.results, workload.result
         results = []
         for i, request in enumerate(batch.requests):
             if i in outcome:

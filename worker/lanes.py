@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from compile.transfer import Staging
+from shared.bounds import Bounds
 from shared.config import WorkerConfig
 
 
@@ -60,10 +61,10 @@ class Lane:
             raise
 
 
-def max_staged_tokens(bounds: Mapping[str, int]) -> int:
+def max_staged_tokens(bounds: Bounds) -> int:
     """Largest number of token ids any batch within bounds stages at once."""
-    beam = bounds["max_prompt_tokens"] * bounds["max_beam_requests_per_batch"]
-    return max(bounds["max_tokens_per_batch"], beam)
+    beam = bounds.max_prompt_tokens * bounds.max_beam_requests_per_batch
+    return max(bounds.max_tokens_per_batch, beam)
 
 
 def lane_count(device: str, config: WorkerConfig) -> int:
@@ -71,7 +72,7 @@ def lane_count(device: str, config: WorkerConfig) -> int:
     return 1 if device == "cpu" else config.num_streams
 
 
-def make_lanes(device: str, config: WorkerConfig, bounds: Mapping[str, int]) -> list[Lane]:
+def make_lanes(device: str, config: WorkerConfig, bounds: Bounds) -> list[Lane]:
     """The lanes of one worker: one CPU lane, or config.num_streams CUDA lanes."""
     max_tokens = max_staged_tokens(bounds)
     if device == "cpu":
@@ -82,7 +83,7 @@ def make_lanes(device: str, config: WorkerConfig, bounds: Mapping[str, int]) -> 
     return [Lane(device, max_tokens, stream=s, turn=turn) for s in streams]
 
 
-def spare_lane(sibling: Lane, bounds: Mapping[str, int]) -> Lane:
+def spare_lane(sibling: Lane, bounds: Bounds) -> Lane:
     """A lane of its own for work beside the served batches (the background profile refit): its own
     staging buffers (and stream), taking turns with `sibling`'s lane for the node call."""
     stream = None if sibling.stream is None else torch.cuda.Stream(device=sibling.stream.device)

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from shared.latency_model import LatencyModel
+from shared.manifest import Manifest
 from worker.profiler import Profile
 
 FORMAT_VERSION = 1
@@ -25,11 +26,11 @@ def default_folder(environ: dict[str, str]) -> Path:
     return Path(base) / "boundserve" / "profiles"
 
 
-def cache_path(folder: Path, manifest: dict, device: str, threads: int) -> Path:
+def cache_path(folder: Path, manifest: Manifest, device: str, threads: int) -> Path:
     """One file per (build, device, intra-op threads): any of them changes the timings."""
-    key = json.dumps({"build": manifest.get("build_key", ""), "device": device, "threads": threads}, sort_keys=True)
+    key = json.dumps({"build": manifest.build_key, "device": device, "threads": threads}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return folder / f"{manifest.get('name', 'artifacts')}-{digest}.json"
+    return folder / f"{manifest.name or 'artifacts'}-{digest}.json"
 
 
 def load(path: Path, workloads: tuple[str, ...]) -> dict[str, Profile]:

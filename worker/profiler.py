@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared.bounds import Bounds
 from shared.config import WorkerConfig
 from shared.latency_model import LatencyModel
 from shared.protocol import BeamBatch, BeamRequest, ScoreBatch, ScoreRequest, pack_ids
+from worker.workloads import Runner, Workloads
 
 FAR_DEADLINE_MS = 3.6e6
 MIN_POINTS = 4  # the model has four coefficients: fewer points leave it undetermined
@@ -47,36 +49,36 @@ def _corners_first(points: list[tuple]) -> list[tuple]:
     return corners + [p for p in points if p not in corners]
 
 
-def score_grid(bounds: Mapping[str, int]) -> list[tuple[int, int]]:
+def score_grid(bounds: Bounds) -> list[tuple[int, int]]:
     """(samples, tokens per sample) points within bounds."""
     points = []
-    for b, length in itertools.product(_levels(bounds["max_samples_per_batch"]), _levels(bounds["max_tokens_per_sample"], 4)):
-        length = min(length, bounds["max_tokens_per_batch"] // b)
+    for b, length in itertools.product(_levels(bounds.max_samples_per_batch), _levels(bounds.max_tokens_per_sample, 4)):
+        length = min(length, bounds.max_tokens_per_batch // b)
         if length >= 1 and (b, length) not in points:
             points.append((b, length))
     return _corners_first(points)
 
 
-def beam_grid(bounds: Mapping[str, int]) -> list[tuple[int, int, int]]:
+def beam_grid(bounds: Bounds) -> list[tuple[int, int, int]]:
     """(requests, num_beams, prompt tokens) points within bounds."""
-    requests = sorted({1, bounds["max_beam_requests_per_batch"]})
-    beams = sorted({min(2, bounds["max_beam_width"]), bounds["max_beam_width"]})
-    lengths = sorted({min(8, bounds["max_prompt_tokens"]), bounds["max_prompt_tokens"]})
+    requests = sorted({1, bounds.max_beam_requests_per_batch})
+    beams = sorted({min(2, bounds.max_beam_width), bounds.max_beam_width})
+    lengths = sorted({min(8, bounds.max_prompt_tokens), bounds.max_prompt_tokens})
     return _corners_first(list(itertools.product(requests, beams, lengths)))
 
 
-def score_batch(samples: int, length: int, bounds: Mapping[str, int], vocab_size: int, rng) -> ScoreBatch:
+def score_batch(samples: int, length: int, bounds: Bounds, vocab_size: int, rng) -> ScoreBatch:
     ids = rng.integers(0, vocab_size, size=samples * length)
-    labels = tuple(range(min(2, bounds["max_labels"], vocab_size)))
+    labels = tuple(range(min(2, bounds.max_labels, vocab_size)))
     request = ScoreRequest("profile", FAR_DEADLINE_MS, pack_ids(ids, "int32"), (length,) * samples, labels,
-                           min(5, bounds["max_top_k"]))
+                           min(5, bounds.max_top_k))
     return ScoreBatch(batch_id=0, token_dtype="int32", requests=(request,))
 
 
-def beam_batch(requests: int, beams: int, length: int, bounds: Mapping[str, int], vocab_size: int, rng) -> BeamBatch:
+def beam_batch(requests: int, beams: int, length: int, bounds: Bounds, vocab_size: int, rng) -> BeamBatch:
     reqs = tuple(BeamRequest(f"profile-{i}", FAR_DEADLINE_MS, pack_ids(rng.integers(0, vocab_size, size=length)))
                  for i in range(requests))
-    return BeamBatch(batch_id=0, token_dtype="int32", num_beams=beams, max_new_tokens=bounds["max_new_tokens"],
+    return BeamBatch(batch_id=0, token_dtype="int32", num_beams=beams, max_new_tokens=bounds.max_new_tokens,
                      num_return_sequences=1, requests=reqs)
 
 
@@ -107,21 +109,20 @@ def profile_workload(run: Callable, batches: list[tuple[float, float, object]], 
     return Profile(model=model, rmse_ms=model.rmse_ms(samples), samples=tuple(samples))
 
 
-Plan = tuple[object, list[tuple[float, float, object]]]
+Plan = tuple[Runner, list[tuple[float, float, ScoreBatch | BeamBatch]]]
 """A workload's runner and its grid: (B, L, batch) in the order they are timed."""
 
 
-def plan_batches(runners: Mapping[type, object], bounds: Mapping[str, int], vocab_size: int,
-                 seed: int = 0) -> dict[str, Plan]:
+def plan_batches(workloads: Workloads, bounds: Bounds, vocab_size: int, seed: int = 0) -> dict[str, Plan]:
     """The synthetic batches of every workload this worker serves, corners first."""
     rng = np.random.default_rng(seed)
     plans = {}
-    if ScoreBatch in runners:
-        plans["score"] = (runners[ScoreBatch], [(b, l, score_batch(b, l, bounds, vocab_size, rng))
-                                                for b, l in score_grid(bounds)])
-    if BeamBatch in runners:
-        plans["beam"] = (runners[BeamBatch], [(r * w, l, beam_batch(r, w, l, bounds, vocab_size, rng))
-                                              for r, w, l in beam_grid(bounds)])
+    if (score := workloads.get("score")) is not None:
+        plans["score"] = (score.runner, [(b, l, score_batch(b, l, bounds, vocab_size, rng))
+                                         for b, l in score_grid(bounds)])
+    if (beam := workloads.get("beam")) is not None:
+        plans["beam"] = (beam.runner, [(r * w, l, beam_batch(r, w, l, bounds, vocab_size, rng))
+                                       for r, w, l in beam_grid(bounds)])
     return plans
 
 
@@ -139,10 +140,10 @@ def warm_up_smallest(plans: Mapping[str, Plan], lane, runs: int) -> None:
             run(batches[0][2])
 
 
-def profile_all(runners: Mapping[type, object], lane, bounds: Mapping[str, int], vocab_size: int,
-                config: WorkerConfig, seed: int = 0) -> dict[str, Profile]:
+def profile_all(workloads: Workloads, lane, bounds: Bounds, vocab_size: int, config: WorkerConfig,
+                seed: int = 0) -> dict[str, Profile]:
     """Profiles of every workload this worker serves, sharing config.profile_budget_s."""
-    return profile_plans(plan_batches(runners, bounds, vocab_size, seed), lane, config)
+    return profile_plans(plan_batches(workloads, bounds, vocab_size, seed), lane, config)
 
 
 def profile_plans(plans: Mapping[str, Plan], lane, config: WorkerConfig) -> dict[str, Profile]:

@@ -12,11 +12,13 @@ answers every later Hello carries the refit and the cache is rewritten.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
 
+from shared.events import ProfileRefitFailed, ProfileRefitStopped, ProfileRefitted
 from shared.latency_model import LatencyModel
 from worker.profiler import MIN_POINTS, Plan, Profile, runs_on
 
@@ -53,14 +55,14 @@ class BackgroundRefit:
         try:
             profiles = self._measure()
         except Exception as exc:  # the cached profile stays in use; say why the refit ended
-            self.log.error("profile_refit_failed", error=f"{type(exc).__name__}: {exc}")
+            self.log.emit(ProfileRefitFailed(error=f"{type(exc).__name__}: {exc}"), logging.ERROR)
             return
         if profiles is None:
-            self.log.info("profile_refit_stopped")
+            self.log.emit(ProfileRefitStopped())
             return
         for workload, profile in profiles.items():
-            self.log.info("profile_refitted", workload=workload, points=len(profile.samples),
-                          rmse_ms=round(profile.rmse_ms, 4), **profile.model.to_dict())
+            self.log.emit(ProfileRefitted(workload=workload, points=len(profile.samples),
+                                          rmse_ms=round(profile.rmse_ms, 4), **profile.model.to_dict()))
         self.publish(profiles)
 
     def _measure(self) -> dict[str, Profile] | None:

@@ -17,13 +17,22 @@ import msgspec
 import zmq
 
 from shared.config import WorkerConfig
+from shared.events import Serving
 from shared.protocol import (PROTOCOL_VERSION, BeamBatch, DecodeLimits, Error, ErrorCode, Goodbye, Heartbeat,
                              Hello, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode,
                              peek_batch_id)
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused
 from worker.logs import JsonLog
+from worker.compute import ComputePool
+from worker.refit import BackgroundRefit
 from worker.stats import WorkerStats
+from worker.workloads import Workloads
+
+PoolFactory = Callable[[BatchQueue, WorkerStats, zmq.Context, str], ComputePool]
+"""(queue, stats, context, outbox endpoint) -> the compute threads, made when the sockets open."""
+RefitFactory = Callable[["WorkerServer"], BackgroundRefit]
+"""(server) -> the background profile refit, started once serving."""
 
 MAX_PEERS = 1024
 MAX_RECV_PER_TURN = 256  # frames read before forwarding replies again, so neither side starves
@@ -34,12 +43,12 @@ REFIT_JOIN_S = 30.0  # at exit: let a background profile call in progress finish
 class WorkerServer:
     """Serves one device. Constructed with everything it needs; sockets open in run()."""
 
-    def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, checks: dict, pool_factory,
-                 log: JsonLog, refit_factory: Callable | None = None) -> None:
+    def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, workloads: Workloads,
+                 pool_factory: PoolFactory, log: JsonLog, refit_factory: RefitFactory | None = None) -> None:
         self.endpoint, self.config, self.ready, self.log = endpoint, config, ready, log
-        self.checks = checks  # batch type -> check(batch) -> per-request refusals (raises BatchRefused)
-        self.pool_factory = pool_factory  # (queue, stats, context, outbox) -> ComputePool
-        self.refit_factory = refit_factory  # (server) -> BackgroundRefit, after a start on a cached profile
+        self.workloads = workloads  # what each batch type is checked, computed and answered with
+        self.pool_factory = pool_factory
+        self.refit_factory = refit_factory  # after a start on a cached profile
         self.limits = DecodeLimits(max_frame_bytes=config.max_message_bytes, max_bin_len=config.max_message_bytes)
         self.stats = WorkerStats()
         self.queue = BatchQueue(config.max_queued_batches)
@@ -75,7 +84,7 @@ class WorkerServer:
             refit = self.refit_factory(self) if self.refit_factory is not None else None
             if refit is not None:
                 refit.start()
-            self.log.info("serving", endpoint=self.endpoint, pid=os.getpid(), workloads=list(self.ready.workloads))
+            self.log.emit(Serving(endpoint=self.endpoint, pid=os.getpid(), workloads=self.ready.workloads))
             self._loop(router, pull)
             if refit is not None:
                 refit.join(REFIT_JOIN_S)
@@ -166,13 +175,13 @@ class WorkerServer:
         if self.draining:
             self.stats.add(overloaded=1)
             return ErrorCode.DRAINING, "worker is shutting down and takes no new batches"
-        check = self.checks.get(type(batch))
-        if check is None:
+        workload = self.workloads.for_batch(batch)
+        if workload is None:
             self.stats.add(errors=1)
             return ErrorCode.UNSUPPORTED, f"this worker serves {', '.join(self.ready.workloads)} batches only"
         try:
             pending = PendingBatch.received(peer, batch, now)
-            pending.rejected = check(batch)
+            pending.rejected = workload.check(batch)
         except BatchRefused as exc:
             self.stats.add(errors=1)
             return exc.code, exc.message

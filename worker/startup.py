@@ -20,8 +20,9 @@ from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
 from shared.bounds import Bounds
 from shared.config import DeploymentConfig, WorkerConfig
-from shared.protocol import PROTOCOL_VERSION, BeamBatch, Ready, ScoreBatch
-from worker.bounds_check import check_beam_batch, check_score_batch
+from shared.events import Profiled, ProfileReused
+from shared.manifest import Manifest
+from shared.protocol import PROTOCOL_VERSION, Ready
 from worker.compute import ComputePool
 from worker import profile_cache
 from worker.lanes import lane_count, make_lanes, spare_lane
@@ -30,6 +31,7 @@ from worker.profiler import Plan, Profile, plan_batches, profile_plans, warm_up_
 from worker.refit import BackgroundRefit
 from worker.runner import BeamRunner, ScoreRunner
 from worker.server import WorkerServer
+from worker.workloads import workloads_of
 
 MODEL_FACTS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                "intermediate_size", "max_position_embeddings")
@@ -45,36 +47,29 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     # a runner per lane and one for the background refit's spare lane: they call at once
     nodes = load_nodes(artifacts, device, runners=lane_count(device, config.worker) + 1)  # ArtifactMismatch
     manifest = nodes.manifest
-    bounds = manifest["bounds"]
-    compiled = Bounds.from_manifest(bounds)
-    vocab_size = manifest["model"]["vocab_size"]
-    lanes = make_lanes(device, config.worker, bounds)
-    runners, checks = {}, {}
-    if nodes.score is not None:
-        runners[ScoreBatch] = ScoreRunner(nodes.score)
-        checks[ScoreBatch] = functools.partial(check_score_batch, bounds=compiled, vocab_size=vocab_size)
-    if nodes.beam is not None:
-        runners[BeamBatch] = BeamRunner(nodes.beam)
-        checks[BeamBatch] = functools.partial(check_beam_batch, bounds=compiled, vocab_size=vocab_size)
-    log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes),
-             workloads=[t.__name__ for t in runners])
-    plans = plan_batches(runners, bounds, vocab_size)
+    compiled = manifest.bounds
+    vocab_size = manifest.model.vocab_size
+    lanes = make_lanes(device, config.worker, compiled)
+    workloads = workloads_of(ScoreRunner(nodes.score) if nodes.score is not None else None,
+                             BeamRunner(nodes.beam) if nodes.beam is not None else None, compiled, vocab_size)
+    log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes), workloads=list(workloads.names()))
+    plans = plan_batches(workloads, compiled, vocab_size)
     threads = config.worker.cpu_threads if device == "cpu" else len(lanes)
     cache = profile_cache.cache_path(profile_folder, manifest, device, threads) if profile_folder else None
-    profiles, refit_factory = _profiles(plans, lanes, bounds, config.worker, cache, log)
+    profiles, refit_factory = _profiles(plans, lanes, compiled, config.worker, cache, log)
     ready = Ready(
         protocol_version=PROTOCOL_VERSION, worker_id=worker_id, device=device, pid=os.getpid(),
         workloads=tuple(profiles), bounds=compiled, model=model_facts(manifest, nodes),
         latency={w: p.model for w, p in profiles.items()},
     )
-    pool_factory = functools.partial(_make_pool, lanes, runners, log)
-    return WorkerServer(endpoint, config.worker, ready, checks, pool_factory, log, refit_factory)
+    pool_factory = functools.partial(ComputePool, lanes, workloads, log)
+    return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory)
 
 
-def refuse_other_threads(manifest: dict, config: WorkerConfig) -> None:
+def refuse_other_threads(manifest: Manifest, config: WorkerConfig) -> None:
     """A CPU package runs on the thread count it was compiled for (compile/build.py): a worker
     configured for another refuses to start, naming both."""
-    compiled = manifest.get("cpu_threads")
+    compiled = manifest.cpu_threads
     if compiled != config.cpu_threads:
         raise ArtifactMismatch(
             f"the artifacts were compiled for {compiled} CPU thread(s) per call but [worker] cpu_threads = "
@@ -82,7 +77,7 @@ def refuse_other_threads(manifest: dict, config: WorkerConfig) -> None:
         )
 
 
-def _profiles(plans: dict[str, Plan], lanes: list, bounds: dict, config: WorkerConfig, cache: Path | None,
+def _profiles(plans: dict[str, Plan], lanes: list, bounds: Bounds, config: WorkerConfig, cache: Path | None,
               log: JsonLog) -> tuple[dict[str, Profile], Callable | None]:
     """(profiles, refit factory): the cached profiles after a short warm-up, refitted later in the
     background; else the grid timed now (and saved), with nothing to refit."""
@@ -93,8 +88,8 @@ def _profiles(plans: dict[str, Plan], lanes: list, bounds: dict, config: WorkerC
                                            log)
     profiles = profile_plans(plans, lanes[0], config)
     for workload, profile in profiles.items():
-        log.info("profiled", workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
-                 **profile.model.to_dict())
+        log.emit(Profiled(workload=workload, points=len(profile.samples), rmse_ms=round(profile.rmse_ms, 4),
+                          **profile.model.to_dict()))
     _save_profiles(cache, profiles, log)
     return profiles, None
 
@@ -108,8 +103,8 @@ def _cached_profiles(cache: Path | None, plans: dict[str, Plan], log: JsonLog) -
         log.warning("profile_cache_unusable", path=str(cache), error=f"{type(exc).__name__}: {exc}")
         return None
     for workload, profile in profiles.items():
-        log.info("profile_reused", workload=workload, path=str(cache), points=len(profile.samples),
-                 rmse_ms=round(profile.rmse_ms, 4), **profile.model.to_dict())
+        log.emit(ProfileReused(workload=workload, path=str(cache), points=len(profile.samples),
+                               rmse_ms=round(profile.rmse_ms, 4), **profile.model.to_dict()))
     return profiles
 
 
@@ -131,14 +126,10 @@ def _make_refit(plans, cached, lane, config, cache, log, server: WorkerServer) -
                            publish, log)
 
 
-def model_facts(manifest: dict, nodes) -> dict:
+def model_facts(manifest: Manifest, nodes) -> dict:
     """The scalar model facts a gateway may need (sizes, dtype, head width)."""
-    facts = {k: manifest["model"][k] for k in MODEL_FACTS if k in manifest["model"]}
-    facts["name"] = manifest.get("name", "")
-    facts["dtype"] = manifest.get("dtype", "")
+    facts = {k: getattr(manifest.model, k) for k in MODEL_FACTS}
+    facts["name"] = manifest.name
+    facts["dtype"] = manifest.dtype
     facts["has_head"] = bool(nodes.score is not None and nodes.score.has_head)
     return {k: v for k, v in facts.items() if isinstance(v, (int, float, str, bool))}
-
-
-def _make_pool(lanes, runners, log, queue, stats, context, outbox) -> ComputePool:
-    return ComputePool(lanes, runners, queue, stats, log, context, outbox)

@@ -15,6 +15,7 @@ from compile.attention import CPU_BLOCK, padded
 from compile.machine import check_threads
 from compile.transfer import Pending, Staging
 from shared.bounds import BeamShape, Bounds, BoundsError, beam_problem, outside_vocabulary
+from shared.manifest import Manifest
 
 
 NO_CANDIDATE = -1.0e8  # scores at or below this are transformers' "impossible" (-1e9 or -inf)
@@ -67,13 +68,12 @@ class BeamNode:
         self.device = torch.device(device)
 
     @classmethod
-    def from_package(cls, package: Callable, manifest: dict, device: str) -> "BeamNode":
+    def from_package(cls, package: Callable, manifest: Manifest, device: str) -> "BeamNode":
         """The node compile/runtime.py builds for a loaded beam package."""
-        facts = manifest["nodes"]["beam"]
-        bounds = Bounds.from_manifest(manifest["bounds"])
-        threads = manifest.get("cpu_threads") if torch.device(device).type == "cpu" else None
-        return cls(package, bounds, manifest["model"]["vocab_size"], facts["early_stopping"], facts["pad_id"], device,
-                   facts["attention_block"], threads)
+        facts = manifest.node_table().beam
+        threads = manifest.cpu_threads if torch.device(device).type == "cpu" else None
+        return cls(package, manifest.bounds, manifest.model.vocab_size, facts.early_stopping, facts.pad_id, device,
+                   facts.attention_block, threads)
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
                  num_return_sequences: int) -> BeamOutput:

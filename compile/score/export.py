@@ -13,7 +13,8 @@ from compile.model import Transformer, prefill
 from compile.score.heads import MlpHead
 from compile.score.layout import lay_out
 from compile.score.module import OUTPUT_NAMES, ScoreModule, pack_inputs
-from shared.config import BoundsConfig, MlpHeadConfig
+from shared.bounds import Bounds
+from shared.config import MlpHeadConfig
 from shared.prefix import stable_prefix_ids, template_header
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProg
     return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
 
 
-def key_pool(bounds: BoundsConfig, static_len: int, block: int) -> KeyPool:
+def key_pool(bounds: Bounds, static_len: int, block: int) -> KeyPool:
     """The most keys of a call: the static rows and the most tokens of a batch, each padded to the
     block (the filler may add a whole block); the most segments: the static prefix and its padding,
     a prefix and a suffix per sample, the filler."""
@@ -42,7 +43,7 @@ def key_pool(bounds: BoundsConfig, static_len: int, block: int) -> KeyPool:
                    2 * bounds.max_samples_per_batch + 3)
 
 
-def max_token_blocks(bounds: BoundsConfig, block: int) -> int:
+def max_token_blocks(bounds: Bounds, block: int) -> int:
     """The most blocks of computed tokens (past the example's 2, or export would specialise)."""
     return max(3, padded(bounds.max_tokens_per_batch + 1, block) // block)
 
@@ -73,7 +74,7 @@ def static_prefix_kv(model: Transformer, ids: list[int], device: str, block: int
     return torch.stack(keys), torch.stack(values)
 
 
-def example_inputs(bounds: BoundsConfig, vocab_size: int, static_ids: list[int], block: int,
+def example_inputs(bounds: Bounds, vocab_size: int, static_ids: list[int], block: int,
                    device: str = "cpu") -> tuple[torch.Tensor, ...]:
     """A small valid batch used to trace the node: one 3-token prefix shared by suffixes of 2 and
     block + 3 tokens, so that the tokens fill two blocks (a count of 1 would be specialised)."""
@@ -83,7 +84,7 @@ def example_inputs(bounds: BoundsConfig, vocab_size: int, static_ids: list[int],
     return tuple(t.to(device) for t in pack_inputs(ids, None, label_ids, bounds.max_labels, layout))
 
 
-def dynamic_shapes(bounds: BoundsConfig, block: int) -> tuple:
+def dynamic_shapes(bounds: Bounds, block: int) -> tuple:
     """Tokens (whole blocks: the layout pads them), segments and samples are dynamic."""
     blocks = Dim("token_blocks", min=1, max=max_token_blocks(bounds, block))
     tokens = block * blocks
@@ -92,7 +93,7 @@ def dynamic_shapes(bounds: BoundsConfig, block: int) -> tuple:
     return ({0: tokens}, {0: tokens}, {0: segments + 1}, {0: segments}, {0: samples}, None, None)
 
 
-def export_score_node(module: ScoreModule, bounds: BoundsConfig, device: str = "cpu",
+def export_score_node(module: ScoreModule, bounds: Bounds, device: str = "cpu",
                       static_ids: list[int] = ()) -> torch.export.ExportedProgram:
     module.pool = module.pool or key_pool(bounds, len(static_ids), block_for(device))
     block = module.pool.block

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from compile.attention import CPU_BLOCK, padded
-from shared.prefix import shared_static_len, static_prefix_len
+from shared.work import StaticPrefix, WorkSize
 
 
 @dataclass(frozen=True)
@@ -70,30 +70,30 @@ def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[i
     input_ids [sum(prefix_lens) + sum(sample_lens)]: per group its prefix ids, then its suffixes.
     The caller has checked the sizes (ScoreNode.check); this only arranges them.
     """
-    static_len = len(static_ids)
-    builder, cached, cursor, sample = _Builder(static_len, block), [], 0, 0
+    static = StaticPrefix(tuple(static_ids.tolist()))
+    builder, cached, cursor, sample = _Builder(len(static.ids), block), [], 0, 0
     for prefix_len, size in zip(prefix_lens, group_sizes):
         prefix = input_ids[cursor: cursor + prefix_len]
         suffix_lens = sample_lens[sample: sample + size]
         suffixes = input_ids[cursor + prefix_len: cursor + prefix_len + sum(suffix_lens)].split(suffix_lens)
         cursor, sample = cursor + prefix_len + sum(suffix_lens), sample + size
-        before = builder.bounds[-1]
         if prefix_len:
-            _shared_group(builder, prefix, suffixes, static_ids)
+            reused = _shared_group(builder, prefix, suffixes, static)
         else:
+            reused = 0
             for ids in suffixes:
-                reuse = _extends_static(ids, static_ids)
+                reuse = _extends_static(ids, static)
                 builder.sample_segments.append(builder.segment(ids[reuse:], reuse, 0 if reuse else -1))
-        computed = builder.bounds[-1] - before
-        cached.append(size * prefix_len + sum(suffix_lens) - computed)
+                reused += reuse
+        cached.append(WorkSize(prefix_len, tuple(suffix_lens), reused).cached_tokens)
     return _finish(builder, cached, len(sample_lens))
 
 
-def _shared_group(builder: _Builder, prefix: torch.Tensor, suffixes, static_ids: torch.Tensor) -> None:
-    """One segment for the prefix (over the static prefix when it starts with it), one per suffix."""
+def _shared_group(builder: _Builder, prefix: torch.Tensor, suffixes, static: StaticPrefix) -> int:
+    """One segment for the prefix (over the static prefix when it starts with it), one per suffix;
+    returns the prefix's tokens reused."""
     # (the first n + 1 ids say all the rule needs: whether the prefix starts with and goes on after them)
-    n = len(static_ids)
-    reuse = shared_static_len(prefix[: n + 1].tolist(), static_ids.tolist(), all(len(s) for s in suffixes))
+    reuse = static.reused(prefix[: len(static.ids) + 1].tolist(), all(len(s) for s in suffixes))
     if reuse == len(prefix):
         prefix_segment = 0  # the static segment itself; every sample goes on after it
     else:
@@ -103,12 +103,13 @@ def _shared_group(builder: _Builder, prefix: torch.Tensor, suffixes, static_ids:
             builder.sample_segments.append(builder.segment(ids, len(prefix), prefix_segment))
         else:
             builder.sample_segments.append(prefix_segment)  # the sample is the prefix itself
+    return reuse
 
 
-def _extends_static(ids: torch.Tensor, static_ids: torch.Tensor) -> int:
-    """len(static_ids) when ids start with them and go on after them, else 0 (checked per sample)."""
-    n = len(static_ids)
-    return static_prefix_len(ids[: n + 1].tolist(), static_ids.tolist()) if n else 0
+def _extends_static(ids: torch.Tensor, static: StaticPrefix) -> int:
+    """len(static.ids) when ids start with them and go on after them, else 0 (checked per sample)."""
+    n = len(static.ids)
+    return static.reused(ids[: n + 1].tolist(), False) if n else 0
 
 
 def _finish(builder: _Builder, cached: list[int], num_samples: int) -> Layout:

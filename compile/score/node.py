@@ -16,7 +16,9 @@ from compile.machine import check_threads
 from compile.score.layout import lay_out
 from compile.score.module import pack_inputs
 from compile.transfer import Pending, Staging
-from shared.bounds import Bounds, BoundsError, ScoreShape, outside_vocabulary, score_problem
+from shared.bounds import BoundsError, outside_vocabulary, score_problem
+from shared.manifest import Manifest
+from shared.work import WorkSize, batch_shape
 
 
 @dataclass(frozen=True)
@@ -36,17 +38,17 @@ class ScoreOutput:
 class ScoreNode:
     """Runs the compiled scoring package on a batch of groups (a shared prefix + its samples' suffixes)."""
 
-    def __init__(self, package: Any, manifest: dict, device: str):
+    def __init__(self, package: Any, manifest: Manifest, device: str):
         self.package = package
-        self.bounds = Bounds.from_manifest(manifest["bounds"])
-        self.vocab_size = manifest["model"]["vocab_size"]
-        facts = manifest["nodes"]["score"]
-        self.has_head = "head" in facts["outputs"]
-        self.static_prefix_ids = tuple(facts.get("static_prefix_ids", ()))
-        self.block = facts["attention_block"]  # the layout pads the token axis to it
+        self.bounds = manifest.bounds
+        self.vocab_size = manifest.model.vocab_size
+        facts = manifest.node_table().score
+        self.has_head = "head" in facts.outputs
+        self.static_prefix_ids = facts.static_prefix_ids
+        self.block = facts.attention_block  # the layout pads the token axis to it
         self._static = torch.tensor(self.static_prefix_ids, dtype=torch.int64)
         self.device = torch.device(device)
-        self.threads = manifest.get("cpu_threads") if self.device.type == "cpu" else None  # compiled for
+        self.threads = manifest.cpu_threads if self.device.type == "cpu" else None  # compiled for
 
     def __call__(self, input_ids: torch.Tensor, sample_lens: torch.Tensor, label_ids: torch.Tensor, top_k: int,
                  prefix_lens: torch.Tensor | None = None, group_sizes: torch.Tensor | None = None) -> ScoreOutput:
@@ -92,14 +94,11 @@ class ScoreNode:
                "group_sizes must hold one size >= 1 per prefix and add up to the number of samples")
         _check(int(prefix_lens.min()) >= 0 and int(sample_lens.min()) >= 0 and top_k >= 0,
                "lengths and top_k must not be negative")
-        full = sample_lens + torch.repeat_interleave(prefix_lens, group_sizes)  # [B] whole-sample lengths
-        _check(int(full.min()) >= 1, "every sample needs at least one token")
-        given = int(prefix_lens.sum()) + int(sample_lens.sum())
+        works = WorkSize.groups(prefix_lens.tolist(), sample_lens.tolist(), group_sizes.tolist())
+        _check(min(w.shortest_sample for w in works) >= 1, "every sample needs at least one token")
+        given = sum(w.sent_tokens for w in works)
         _check(given == len(input_ids), f"prefix and sample lengths add up to {given} but {len(input_ids)} token ids were given")
-        shape = ScoreShape(samples=len(sample_lens), longest_sample=int(full.max()),
-                           prefix_tokens=int(prefix_lens.max()), tokens=len(input_ids), labels=len(label_ids),
-                           top_k=top_k)
-        problem = score_problem(self.bounds, shape)
+        problem = score_problem(self.bounds, batch_shape(works, len(label_ids), top_k))
         _check(problem is None, str(problem))
         for noun, ids in (("token id", input_ids), ("label token id", label_ids)):
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):

@@ -159,7 +159,7 @@ def _check_score_batch(batch: ScoreBatch) -> None:
         tokens = _token_count(req.input_ids, batch.token_dtype, path + ".input_ids")
         if not req.prefix_len:
             _require(min(req.sample_lens) >= 1, path + ".sample_lens", "every sample needs >= 1 token")
-        _require(req.prefix_len + sum(req.sample_lens) == tokens, path + ".sample_lens",
+        _require(req.work().sent_tokens == tokens, path + ".sample_lens",
                  f"prefix_len {req.prefix_len} + sum {sum(req.sample_lens)} != {tokens} tokens in input_ids")
 
 

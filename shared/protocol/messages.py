@@ -14,6 +14,7 @@ from msgspec import Meta
 
 from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
+from shared.work import WorkSize
 
 PROTOCOL_VERSION = 4
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
@@ -112,6 +113,10 @@ class ScoreRequest(Record):
     """The first prefix_len ids of input_ids are the samples' shared prefix, computed once; then
     sample_lens are the suffix lengths (0 allowed: that sample is the prefix) and sample i is
     prefix + suffix i. 0 = no shared prefix: every sample is whole and has >= 1 token."""
+
+    def work(self) -> WorkSize:
+        """What this request sends (shared/work.py); which tokens the node reuses is the node's to find."""
+        return WorkSize(self.prefix_len, self.sample_lens)
 
 
 class ScoreBatch(Record):

@@ -5,14 +5,12 @@ from __future__ import annotations
 import torch
 
 from shared.bounds import Bounds
-from shared.config import BoundsConfig
 
 
 def beam_bounds(max_beams: int, max_steps: int) -> Bounds:
     """The bounds an eager beam node is built for in these tests (prompts up to 64 tokens, 4 per batch)."""
-    config = BoundsConfig(max_beam_width=max_beams, max_new_tokens=max_steps, max_prompt_tokens=64,
-                          max_beam_requests_per_batch=4)
-    return Bounds.from_manifest(config.resolved())
+    return Bounds(max_beam_width=max_beams, max_new_tokens=max_steps, max_prompt_tokens=64,
+                  max_beam_requests_per_batch=4).resolved()
 
 
 def hf_beam(hf_model, prompt: torch.Tensor, num_beams: int, steps: int, k: int, eos_ids, length_penalty: float,

@@ -19,7 +19,7 @@ def test_compiled_beam_equals_transformers(beam_artifacts, demo_checkpoint):
     nodes = load_nodes(beam_artifacts)
     assert nodes.beam is not None and nodes.score is not None
     hf = load_hf(demo_checkpoint)
-    eos = tuple(nodes.manifest["nodes"]["beam"]["eos_ids"])
+    eos = nodes.manifest.node_table().beam.eos_ids
     for lengths in ([9, 1, 30], [12]):
         prompts = random_batch(1024, lengths, seed=len(lengths))
         for w, s in [(1, 4), (4, 1), (4, 2), (8, 4)]:
@@ -32,7 +32,7 @@ def test_compiled_beam_equals_transformers(beam_artifacts, demo_checkpoint):
 
 def test_beam_and_score_nodes_share_one_weights_file(beam_artifacts):
     nodes = load_nodes(beam_artifacts)
-    assert set(nodes.manifest["nodes"]) == {"score", "beam"}
+    assert nodes.manifest.node_table().workloads() == ("score", "beam")
     beam_names = set(nodes.beam._run.get_constant_fqns())
     score_names = set(nodes.score.package.get_constant_fqns())
     assert {n for n in beam_names if n.startswith("model.")} == {n for n in score_names if n.startswith("model.")}

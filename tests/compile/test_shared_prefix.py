@@ -8,7 +8,7 @@ from compile.runtime import load_nodes
 from compile.score.layout import lay_out
 from shared.bounds import BoundsError
 from shared.config import ScoreConfig
-from tests.compile.reference import hf_last_token, load_hf, random_batch
+from tests.compile.reference import hf_last_token, load_hf
 from tests.conftest import build_artifacts
 
 LABELS = torch.tensor([0, 5, 17, 300, 1023])

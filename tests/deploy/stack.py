@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+
+from loadgen.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -90,12 +91,6 @@ def module_and_flags(command: list[str]) -> tuple[str, dict[str, str | None]]:
 def module_argv(command: list[str], replace: dict[str, str]) -> list[str]:
     """The container command as a local argv: this interpreter, with values swapped through `replace`."""
     return [sys.executable] + [replace.get(token, token) for token in command[1:]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(argv: list[str], log_path: Path) -> subprocess.Popen:

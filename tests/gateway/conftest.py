@@ -15,7 +15,7 @@ from gateway.app import GATEWAY, make_app
 from gateway.state import Settings
 from gateway.tokenizer import RequestTokenizer
 from shared.config import DeploymentConfig, GatewayConfig, WorkerConfig
-from loadgen.standin_worker import BOUNDS, StandInWorker
+from loadgen.standin_worker import StandInWorker, standin_manifest
 
 _ids = itertools.count()
 
@@ -66,10 +66,11 @@ class Stack:
 
 async def start_stack(request_tokenizer: RequestTokenizer, workers: list[StandInWorker], auth_token=None,
                       wait=True, score=None, manifest=None, **gateway) -> Stack:
-    """`score`: a [score] section (ScoreConfig); `manifest`: the artifacts' manifest (default: BOUNDS)."""
+    """`score`: a [score] section (ScoreConfig); `manifest`: the artifacts' manifest (default: the
+    stand-in's bounds)."""
     config = deployment([w.endpoint for w in workers], **gateway)
     config = config if score is None else config.replace(score=score)
-    manifest = manifest or {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
+    manifest = manifest or standin_manifest(request_tokenizer.vocab_size)
     app = make_app(Settings(config, manifest, request_tokenizer, auth_token))
     client = TestClient(TestServer(app))
     await client.start_server()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,23 +20,19 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 
-from loadgen.standin_worker import BOUNDS
+from loadgen.standin_worker import standin_manifest
+from shared.manifest import manifest_json
+from loadgen.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_CODES = {"deadline_unmeetable", "deadline_exceeded"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def gateway_url(tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "manifest.json").write_text(json.dumps({"bounds": BOUNDS, "model": {"vocab_size": 1024}}))
+    (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(1024)))
     endpoint = f"ipc://{folder}/worker"
     port = free_port()
     (folder / "gw.toml").write_text(

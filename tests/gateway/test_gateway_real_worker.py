@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from gateway.app import GATEWAY, make_app
 from gateway.state import Settings
 from gateway.tokenizer import RequestTokenizer
 from shared.config import BeamConfig, load_config
+from shared.manifest import read_manifest
 from tests.gateway.test_gateway_fuzz import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ async def real_gateway(artifacts: Path, folder: Path, **sections):
     endpoint = f"ipc://{folder}/w0"
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", "configs/test.toml", "--artifacts",
                                str(artifacts), "--endpoint", endpoint], cwd=ROOT)
-    manifest = json.loads((artifacts / "manifest.json").read_text())
+    manifest = read_manifest(artifacts)
     config = deployment_for([endpoint]).replace(**sections)
     client = TestClient(TestServer(make_app(Settings(config, manifest, RequestTokenizer.from_artifacts(artifacts)))))
     await client.start_server()

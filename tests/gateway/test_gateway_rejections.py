@@ -212,10 +212,11 @@ async def test_a_batch_the_worker_refuses_gets_503_worker_error(request_tokenize
 async def test_a_deployment_without_scoring_answers_404_not_retry(request_tokenizer):
     """Artifacts that hold no score node: /v1/score is not a route this deployment serves (404, at
     once), not a "503 retry shortly"."""
-    from tests.gateway.conftest import BOUNDS
+    from loadgen.standin_worker import standin_manifest
+    from shared.manifest import BeamNodeFacts
 
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size).start()
-    manifest = {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}, "nodes": {"beam": {}}}
+    manifest = standin_manifest(request_tokenizer.vocab_size, beam=BeamNodeFacts())
     stack = await start_stack(request_tokenizer, [worker], manifest=manifest, wait=False)
     try:
         status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"]})

@@ -32,12 +32,14 @@ from gateway.http_types import MAX_TEXT_CHARS, request_types
 from gateway.limits import Limits
 from gateway.openapi import openapi_document
 from gateway.score_request import parse_score
-from shared.bounds import ScoreShape, score_problem
+from shared.bounds import score_problem
+from shared.manifest import Manifest
+from shared.work import WorkSize
 from tests.gateway.conftest import deployment, endpoint
 from loadgen.standin_worker import BOUNDS
 
 VOCAB = 1024
-PLAIN = Limits.from_manifest(deployment([endpoint()]), {"bounds": BOUNDS}, VOCAB)
+PLAIN = Limits.from_manifest(deployment([endpoint()]), Manifest(bounds=BOUNDS), VOCAB)
 LIMITS = [PLAIN, dataclasses.replace(PLAIN, constraints="catalog", max_samples_per_request=8,
                                           bounds=dataclasses.replace(PLAIN.bounds, max_labels=3))]
 PARSERS = {"POST /v1/score": parse_score, "POST /v1/generate": parse_generate}
@@ -309,7 +311,7 @@ def test_token_ids_and_text_over_the_sample_bound_get_the_same_words():
     body = json.dumps({"samples": ["x", {"input_ids": [1] * over}], "label_token_ids": [1]}).encode()
     with pytest.raises(ApiError) as refused:
         parse_score(body, PLAIN)
-    words = score_problem(PLAIN.bounds, ScoreShape.sample(over)).message(part="sample 1", name_bound=False)
+    words = score_problem(PLAIN.bounds, WorkSize(0, (over,)).shape()).message(part="sample 1", name_bound=False)
     assert refused.value.status == 413 and refused.value.message.startswith(words + " (at $.samples[1].input_ids")
 
 

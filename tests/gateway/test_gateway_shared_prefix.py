@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
+
+import msgspec
 
 import numpy as np
 import pytest
@@ -19,11 +22,13 @@ import pytest
 from gateway.job import Job
 from shared import protocol as p
 from shared.config import ScoreConfig
-from shared.prefix import computed_tokens
+from shared.work import StaticPrefix
 from shared.prefix import longest_common_prefix
 from tests.gateway.conftest import endpoint, start_stack
 from tests.gateway.metrics_page import sample
-from loadgen.standin_worker import BOUNDS, StandInWorker, expected_label_logits, expected_logprobs
+from loadgen.standin_worker import (BOUNDS, StandInWorker, expected_label_logits, expected_logprobs,
+                                   standin_manifest)
+from shared.manifest import BeamNodeFacts, ScoreNodeFacts
 
 PREFIX = list(range(10, 30))  # 20 tokens
 STATIC = (7, 8, 9)
@@ -34,8 +39,8 @@ async def serving(request_tokenizer, bounds=None, static=(), gate=None, **stack_
     """A gateway and one stand-in worker; `bounds` replace some of BOUNDS, `static` is the static prefix."""
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, static_prefix_ids=static,
                            gate=gate).start()
-    manifest = {"bounds": {**BOUNDS, **(bounds or {})}, "model": {"vocab_size": request_tokenizer.vocab_size},
-                "nodes": {"score": {"static_prefix_ids": list(static)}, "beam": {}}}
+    manifest = msgspec.structs.replace(standin_manifest(request_tokenizer.vocab_size, score=ScoreNodeFacts(
+        static_prefix_ids=tuple(static)), beam=BeamNodeFacts()), bounds=dataclasses.replace(BOUNDS, **(bounds or {})))
     stack = await start_stack(request_tokenizer, [worker], manifest=manifest, **stack_options)
     try:
         yield stack, worker
@@ -229,11 +234,11 @@ async def test_job_tokens_and_wire_layout_agree_with_the_workers_count():
         static = tuple(rng.integers(0, 6, size=int(rng.integers(0, 3))).tolist())
         if rng.random() < 0.5:  # often the samples' own first tokens: the prefix may start with, or be, it
             static = tuple(samples[0][: int(rng.integers(1, 4))])
-        job = Job("r", "score", 0.0, samples, prefix_len=prefix_len, static_ids=static)
+        job = Job("r", "score", 0.0, samples, prefix_len=prefix_len, reuse=StaticPrefix(static))
         flat, suffix_lens = job.wire_ids()
         request = p.ScoreRequest("r", 1.0, flat.tobytes(), suffix_lens, (), 0, False, prefix_len)
         assert wire_samples(p.decode(p.encode(p.ScoreBatch(1, "int32", (request,)))).requests[0]) == samples
         suffixes = [s[prefix_len:] for s in samples]
         assert job.tokens == len(flat) == prefix_len + sum(map(len, suffixes))
-        assert job.latency_tokens == computed_tokens(samples[0][:prefix_len], suffixes, static)
-        assert job.prompt_tokens == sum(map(len, samples))
+        assert job.latency_tokens == job.work.computed_tokens
+        assert job.work.prompt_tokens == sum(map(len, samples))

@@ -9,7 +9,6 @@ reports the tokens the node reused.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 from gateway.app import GATEWAY
 from shared.config import ScoreConfig
+from shared.manifest import read_manifest
 from shared.prefix import longest_common_prefix
 from tests.compile.reference import hf_last_token, load_hf
 from tests.conftest import build_artifacts
@@ -143,12 +143,12 @@ async def test_shared_and_unshared_requests_in_one_batch_equal_transformers(clie
 async def test_a_template_with_a_static_header_equals_transformers(demo_checkpoint, hf, tmp_path):
     score = ScoreConfig(prompt_template=TEMPLATE)
     artifacts = build_artifacts(demo_checkpoint, "demo-static", score=score)
-    static = json.loads((artifacts / "manifest.json").read_text())["nodes"]["score"]["static_prefix_ids"]
+    static = read_manifest(artifacts).node_table().score.static_prefix_ids
     async with real_gateway(artifacts, tmp_path, score=score) as client:
         texts = ["red shoe", "a tent", "red shoe"]
         samples = encode(client, [TEMPLATE.format(query="likes trail running", text=t) for t in texts])
         common = longest_common_prefix(samples)
-        assert samples[0][: len(static)] == static and common > len(static)
+        assert tuple(samples[0][: len(static)]) == static and common > len(static)
         answer = await post(client, {"samples": texts, "query": "likes trail running", "label_token_ids": LABELS,
                                      "output": "probs"})
         close(answer["scores"], reference(hf, samples)["probs"])

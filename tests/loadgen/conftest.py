@@ -13,15 +13,15 @@ import pytest
 import pytest_asyncio
 
 from tests.gateway.conftest import endpoint, request_tokenizer, start_stack, tokenizer_dir  # noqa: F401 (fixtures)
-from loadgen.standin_worker import BOUNDS, StandInWorker
+from loadgen.standin_worker import StandInWorker, standin_manifest
+from shared.manifest import manifest_json
 
 
 @pytest.fixture(scope="session")
 def standin_artifacts(tokenizer_dir, request_tokenizer, tmp_path_factory) -> Path:  # noqa: F811
     """An artifacts folder for `python -m gateway` in front of the stand-in: manifest and tokenizer."""
     folder = tmp_path_factory.mktemp("standin-artifacts")
-    manifest = {"bounds": BOUNDS, "model": {"vocab_size": request_tokenizer.vocab_size}}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(request_tokenizer.vocab_size)))
     shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
     return folder
 

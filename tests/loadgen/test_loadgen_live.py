@@ -41,7 +41,7 @@ def test_a_prompt_template_with_newlines_and_quotes_survives_the_writer(tmp_path
     base = tmp_path / "base.toml"
     base.write_text('[score]\nprompt_template = "Query: \\"{query}\\"\\nItem:\\t{text}\\n\\\\ end"\n'
                     '[gateway]\nport = 9000\n')
-    text = recommended_config(base, {"score_deadline_ms": 55, "max_batch_samples": 8})
+    text = recommended_config(base, {"score_deadline_ms": 55, "max_samples_per_batch": 8})
     config = parse_config(tomllib.loads(text))
     assert config.score.prompt_template == 'Query: "{query}"\nItem:\t{text}\n\\ end'
     assert config.gateway.score_deadline_ms == 55 and config.bounds.max_samples_per_batch == 8

@@ -2,10 +2,12 @@
 
 import statistics
 
+import msgspec
 import pytest
 
 from loadgen.capacity import capacity_report, kingman_latency_ms, kingman_wait_ms, workload_facts
 from loadgen.service import load_service_model
+from shared.events import Profiled, ProfileRefitted
 from loadgen.sim_world import Jitter, Speed
 from loadgen.simulator import SimSettings, Simulator, simulate
 from loadgen.sweep import sweep
@@ -25,7 +27,8 @@ def test_simulator_matches_pollaczek_khinchine_for_md1():
     # Poisson arrivals, deterministic 5 ms service, one request per batch: M/D/1, whose mean wait
     # is exactly rho/(1-rho) * tau/2 (Kingman with c_a = 1, c_s = 0 is exact here).
     trace = synthesize(SynthSpec(arrivals="poisson", rate_rps=160, duration_s=200, samples=1, seed=3))
-    settings = SimSettings(**SIMPLE, max_batch_samples=1, score_deadline_ms=1e12, max_queue_tokens=2**62)
+    settings = SimSettings(**SIMPLE, score_deadline_ms=1e12, max_queue_tokens=2**62).with_knobs(
+        {"max_samples_per_batch": 1})
     results = simulate(trace, settings, lambda route, b, l: 5.0 * b)
     waits = [r.latency_ms - 5.0 for r in results]
     assert all(r.outcome == "ok" for r in results)
@@ -35,8 +38,8 @@ def test_simulator_matches_pollaczek_khinchine_for_md1():
 def test_simulator_policy_invariants():
     trace = synthesize(SynthSpec(arrivals="bursts", rate_rps=1500, burst_size=10, duration_s=2,
                                  samples=3, tokens_per_sample=20, seed=1))
-    settings = SimSettings(max_batch_samples=16, max_batch_tokens=4096, score_deadline_ms=30.0,
-                           admission_margin_ms=0.0, max_inflight_batches=1)
+    settings = SimSettings(score_deadline_ms=30.0, admission_margin_ms=0.0, max_inflight_batches=1).with_knobs(
+        {"max_samples_per_batch": 16, "max_tokens_per_batch": 4096})
     results = simulate(trace, settings, _batch_cost)
     outcomes = {r.outcome for r in results}
     assert outcomes <= {"ok", "deadline_unmeetable", "deadline_exceeded", "queue_full"}
@@ -105,7 +108,8 @@ def test_kingman_numbers_and_capacity_cross_check():
 
 def test_large_requests_run_alone_split_into_batches():
     record = TraceRecord(t_ms=0.0, route="score", sample_tokens=(10,) * 40)
-    results = simulate(make_trace([record]), SimSettings(**SIMPLE, max_batch_samples=16), _batch_cost)
+    results = simulate(make_trace([record]), SimSettings(**SIMPLE).with_knobs({"max_samples_per_batch": 16}),
+                       _batch_cost)
     # 40 samples -> 3 batches of 40/3 samples: 3 * (6 + 13.33) ms
     assert results[0].outcome == "ok" and results[0].latency_ms == pytest.approx(58.0)
 
@@ -123,9 +127,11 @@ def test_service_model_loads_worker_style_json(tmp_path):
 
 def test_service_model_from_a_worker_log(tmp_path):
     log = tmp_path / "gateway.log"
-    log.write_text('boundserve gateway listening\n'
-                   '{"level":"info","event":"profiled","workload":"score","alpha":0.1,"beta":0,"gamma":0,"delta":1}\n'
-                   '{"level":"info","event":"profiled","workload":"score","alpha":0.0,"beta":0,"gamma":2,"delta":1}\n')
+    first = Profiled(workload="score", points=6, rmse_ms=0.1, alpha=0.1, beta=0, gamma=0, delta=1)
+    last = ProfileRefitted(workload="score", points=6, rmse_ms=0.1, alpha=0.0, beta=0, gamma=2, delta=1)
+    log.write_bytes(b"boundserve gateway listening\n" + msgspec.json.encode(first) + b"\n"
+                    + b'{"level":"info","event":"loaded","workload":"score","alpha":5}\n'  # not a profile event
+                    + b"[worker 0] " + msgspec.json.encode(last) + b"\n")
     model = load_service_model(str(log))
     assert model("score", 3, 100) == pytest.approx(7.0)            # the last profile wins
     with pytest.raises(ValueError, match="no latency model for route 'generate'"):
@@ -137,8 +143,8 @@ def test_without_predictions_requests_wait_in_deadline_order_and_expire_in_the_q
     # nothing is refused, what waits past its deadline is answered 504, and what was sent just in
     # time is answered late.
     trace = synthesize(SynthSpec(arrivals="uniform", rate_rps=1000, duration_s=1, samples=1, tokens_per_sample=10))
-    settings = SimSettings(**SIMPLE, admission=False, drop_predicted_late=False, score_deadline_ms=30.0,
-                           max_batch_samples=4)
+    settings = SimSettings(**SIMPLE, admission=False, drop_predicted_late=False,
+                           score_deadline_ms=30.0).with_knobs({"max_samples_per_batch": 4})
     simulator = Simulator(settings, _batch_cost)
     results = simulator.run(trace)
     assert {r.outcome for r in results} == {"ok", "deadline_exceeded"}

@@ -18,6 +18,7 @@ import pytest
 from loadgen.__main__ import main
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import write_trace
+from shared.events import BatchDone, read_events
 from shared.policy import DROP_CODES
 
 MAX_REL_ERR = 0.6
@@ -59,4 +60,4 @@ def test_validate_replays_each_level_live_and_simulated(compute_bound_deployment
         assert isinstance(row["calibration_sim_goodput_rps"], float)
     page = (out / "index.html").read_text()
     assert "Levels" in page and page.count("data:image/png;base64,") == 3
-    assert '"batch_done"' in (out / "stack.log").read_text()
+    assert read_events(out / "stack.log", BatchDone)

@@ -4,21 +4,22 @@ import dataclasses
 
 from shared.bounds import (BeamShape, Bounds, Problem, ScoreShape, batch_bounds, batch_capacity, beam_problem,
                            outside_vocabulary, score_problem)
-from shared.config import BoundsConfig
 from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
+from shared.work import WorkSize
 
-MAP = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256, max_labels=4,
-                   max_top_k=5, max_prompt_tokens=32, max_beam_width=8, max_new_tokens=4,
-                   max_beam_requests_per_batch=2, max_prefix_tokens=16).resolved()
-BOUNDS = Bounds.from_manifest(MAP)
+BOUNDS = Bounds(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256, max_labels=4,
+                max_top_k=5, max_prompt_tokens=32, max_beam_width=8, max_new_tokens=4,
+                max_beam_requests_per_batch=2, max_prefix_tokens=16)
 
 
-def test_from_manifest_reads_every_bound_and_resolves_the_prefix_bound():
-    assert dataclasses.asdict(BOUNDS) == MAP
-    older = {k: v for k, v in MAP.items() if k != "max_prefix_tokens"}  # a manifest from before the bound
-    assert Bounds.from_manifest(older).max_prefix_tokens == 64
-    assert Bounds.from_manifest({**MAP, "max_prefix_tokens": 100}).max_prefix_tokens == 64  # never over a sample
+def test_an_unset_prefix_bound_is_a_sample_long_and_resolved_fills_it_in():
+    older = dataclasses.replace(BOUNDS, max_prefix_tokens=None)  # a manifest from before the bound
+    assert older.limit("max_prefix_tokens") == 64 and older.resolved().max_prefix_tokens == 64
+    assert BOUNDS.limit("max_prefix_tokens") == 16 and BOUNDS.resolved() == BOUNDS
+    assert older.limit("max_tokens_per_batch") == 256
+    assert score_problem(older, ScoreShape(2, 64, 64, 100, 0)) is None
+    assert score_problem(BOUNDS, ScoreShape(2, 64, 17, 100, 0)) == Problem("max_prefix_tokens", 17, 16)
 
 
 def test_a_score_shape_within_bounds_has_no_problem_and_each_bound_is_named():
@@ -36,7 +37,7 @@ def test_a_score_shape_within_bounds_has_no_problem_and_each_bound_is_named():
 def test_the_first_broken_rule_is_reported():
     both = ScoreShape(samples=9, longest_sample=65, prefix_tokens=0, tokens=65, labels=0)
     assert score_problem(BOUNDS, both).bound == "max_samples_per_batch"
-    assert score_problem(BOUNDS, ScoreShape.sample(65)).bound == "max_tokens_per_sample"
+    assert score_problem(BOUNDS, WorkSize(0, (65,)).shape()).bound == "max_tokens_per_sample"
 
 
 def test_beam_shapes():
@@ -48,7 +49,7 @@ def test_beam_shapes():
 
 
 def test_one_rule_worded_for_each_boundary():
-    sample = score_problem(BOUNDS, ScoreShape.sample(70))
+    sample = score_problem(BOUNDS, WorkSize(0, (70,)).shape())
     # the gateway names the field and leaves the deployment's setting out (its users' message)
     assert sample.message(part="sample 3", name_bound=False) == (
         "sample 3 is 70 tokens long; the compiled bound is 64 tokens per sample")

@@ -6,7 +6,6 @@ import random
 import pytest
 
 from shared.latency_model import LatencyModel
-from shared.prefix import computed_tokens
 
 
 def grid(model, noise=0.0, seed=0):
@@ -65,16 +64,6 @@ def test_max_batch_size_inverts_predict():
     assert model.predict_ms(b, 100) <= 50.0 < model.predict_ms(b + 1, 100)
     assert model.max_batch_size(tokens=100, budget_ms=1.0, limit=64) == 0
     assert LatencyModel(0, 0, 0, 1.0).max_batch_size(10, 5.0, limit=7) == 7
-
-
-def test_computed_tokens_count_a_shared_prefix_once_and_never_the_static_prefix():
-    static = (7, 8, 9)
-    assert computed_tokens([], [[1, 2, 3], [4]]) == 4  # unshared: every token
-    assert computed_tokens([5, 6, 1], [[2, 3], [], [4]]) == 3 + 3  # the prefix once, then the suffixes
-    assert computed_tokens([], [[7, 8, 9, 1], [7, 8, 9], [1, 7, 8, 9]], static) == 1 + 3 + 4
-    assert computed_tokens([7, 8, 9, 5], [[1], [2]], static) == 1 + 2
-    assert computed_tokens([7, 8, 9], [[1], [2]], static) == 0 + 2  # the prefix is the static part: all reused
-    assert computed_tokens([7, 8, 9], [[1], []], static) == 3 + 1  # ... unless a sample ends inside it
 
 
 def test_predict_batch_ms_uses_computed_tokens_per_sample():

@@ -1,5 +1,7 @@
 """Wire protocol: every message type round-trips; malformed frames give a ProtocolError, never a crash."""
 
+import dataclasses
+
 import msgpack
 import numpy as np
 import pytest
@@ -8,11 +10,10 @@ from hypothesis import strategies as st
 
 from shared import protocol as p
 from shared.bounds import Bounds
-from shared.config import BoundsConfig
 from shared.latency_model import LatencyModel
 
-BOUNDS_MAP = BoundsConfig(max_samples_per_batch=16).resolved()
-BOUNDS = Bounds.from_manifest(BOUNDS_MAP)
+BOUNDS = Bounds(max_samples_per_batch=16).resolved()
+BOUNDS_MAP = dataclasses.asdict(BOUNDS)
 
 
 def score_batch(token_dtype="int32"):
@@ -130,7 +131,7 @@ BAD = [
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, 0]])], "requests\\[0\\] = .* must be an array of its 8 fields .* \\(the first 6 required\\)"),
     ([b"\x04", body(1, [["r", "ok", "", 0, b"", b"", b"", b"", b"", b"", b"", -2]], 0.0, 1.0)], "cached_tokens"),
     ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_top_k": "5"}, {}, {})], "bounds.max_top_k = \"5\" must be an integer"),
-    ([b"\x02", body(2, "w", "cpu", 1, [], {"max_top_k": 5}, {}, {})], "missing required field bounds.max_samples_per_batch \\(an integer"),
+    ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_samples_per_batch": 1}, {}, {})], "bounds.max_samples_per_batch = 1 must be an integer of at least 2"),
     ([b"\x01", msgpack.packb(msgpack.ExtType(1, b"x"))], "the message = <Ext> must be"),
     ([b"\x03", body(1, "int32", [["", 1.0, b"\x00" * 4, [1], [], 0, False, 0]])], "requests\\[0\\].request_id"),
     ([b"\x03", body(1, "int32", [["r" * 257, 1.0, b"\x00" * 4, [1], [], 0, False, 0]])], "request_id = \"rrr.* must be a string between 1 and 256 characters"),

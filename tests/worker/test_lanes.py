@@ -36,7 +36,7 @@ def test_the_score_runner_waits_for_outputs_outside_the_turn(demo_artifacts, tur
 def test_the_beam_runner_waits_for_outputs_outside_the_turn(beam_artifacts, turn_at_wait):
     lane, held = turn_at_wait
     nodes = load_nodes(beam_artifacts)
-    assert len(lane.token_buffer) >= max_staged_tokens(nodes.manifest["bounds"])
+    assert len(lane.token_buffer) >= max_staged_tokens(nodes.manifest.bounds)
     request = p.BeamRequest("r", 100.0, p.pack_ids([5, 9, 2, 7]))
     results = BeamRunner(nodes.beam).run(p.BeamBatch(1, "int32", 2, 2, 1, (request,)), [0], lane)
     assert results[0].status == p.Status.OK

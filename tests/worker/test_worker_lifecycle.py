@@ -16,6 +16,7 @@ import pytest
 
 from shared import protocol as p
 from shared.bounds import Bounds
+from shared.events import Profiled, ProfileRefitted, ProfileReused, read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +171,8 @@ def serving(argv, endpoint, log_path, client_class):
 
 
 def logged(path: Path, event: str, timeout_s: float = 0.0) -> list[dict]:
-    """The JSON log lines of `event` (waiting up to timeout_s for the first one)."""
+    """The JSON log lines of `event`, one for people not declared in shared/events.py (waiting up to
+    timeout_s for the first one)."""
     end = time.monotonic() + timeout_s
     while True:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
@@ -178,10 +180,6 @@ def logged(path: Path, event: str, timeout_s: float = 0.0) -> list[dict]:
         if found or time.monotonic() >= end:
             return found
         time.sleep(0.05)
-
-
-def coefficients(line: dict) -> dict:
-    return {k: line[k] for k in ("alpha", "beta", "gamma", "delta")}
 
 
 def test_a_restart_serves_with_the_last_profile_and_refits_in_the_background(demo_artifacts, tmp_path,
@@ -195,15 +193,15 @@ def test_a_restart_serves_with_the_last_profile_and_refits_in_the_background(dem
         cached = json.loads(saved.read_text())["profiles"]["score"]["model"]
     with serving(argv, endpoint, warm, client_class):
         assert logged(warm, "profile_adopted", timeout_s=120), warm.read_text()
-        refitted = coefficients(logged(warm, "profile_refitted")[0])
+        refitted = read_events(warm, ProfileRefitted)[0].coefficients()
         fresh = client_class(endpoint, gateway_id="gw-after-refit")
         try:
             assert fresh.hello().latency["score"].to_dict() == refitted
         finally:
             fresh.close()
-    assert logged(cold, "profiled") and not logged(cold, "profile_reused")
-    (reused,) = logged(warm, "profile_reused")
-    assert coefficients(reused) == cached and not logged(warm, "profiled")
+    assert read_events(cold, Profiled) and not read_events(cold, ProfileReused)
+    (reused,) = read_events(warm, ProfileReused)
+    assert reused.coefficients() == cached and not read_events(warm, Profiled)
     assert json.loads(saved.read_text())["profiles"]["score"]["model"] == refitted  # saved for the next start
 
 
@@ -214,4 +212,4 @@ def test_an_unreadable_profile_cache_costs_only_the_fast_path(demo_artifacts, tm
     saved.write_text("{not json")
     with serving(argv, endpoint, tmp_path / "second.log", client_class):
         pass
-    assert logged(tmp_path / "second.log", "profile_cache_unusable") and logged(tmp_path / "second.log", "profiled")
+    assert logged(tmp_path / "second.log", "profile_cache_unusable") and read_events(tmp_path / "second.log", Profiled)

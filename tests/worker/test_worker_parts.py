@@ -8,15 +8,14 @@ import pytest
 
 from shared import protocol as p
 from shared.bounds import Bounds
-from shared.config import BoundsConfig, WorkerConfig
+from shared.config import WorkerConfig
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused, check_beam_batch, check_score_batch
 from worker.profiler import MIN_POINTS, beam_grid, profile_workload, score_grid
 
-BOUNDS_MAP = BoundsConfig(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
-                          max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
-                          max_new_tokens=4, max_beam_requests_per_batch=2, max_prefix_tokens=32).resolved()
-BOUNDS = Bounds.from_manifest(BOUNDS_MAP)
+BOUNDS = Bounds(max_samples_per_batch=8, max_tokens_per_sample=64, max_tokens_per_batch=256,
+                max_labels=4, max_top_k=5, max_prompt_tokens=64, max_beam_width=8,
+                max_new_tokens=4, max_beam_requests_per_batch=2, max_prefix_tokens=32)
 VOCAB = 100
 
 
@@ -108,16 +107,16 @@ def test_queue_refuses_beyond_capacity_and_stops():
 
 
 def test_profiling_grid_stays_within_bounds_and_starts_with_corners():
-    points = score_grid(BOUNDS_MAP)
+    points = score_grid(BOUNDS)
     assert all(1 <= b <= 8 and 1 <= length <= 64 and b * length <= 256 for b, length in points)
     assert points[:2] == [(1, 4), (8, 32)] and len(set(points)) == len(points)
-    beams = beam_grid(BOUNDS_MAP)
+    beams = beam_grid(BOUNDS)
     assert beams[:2] == [(1, 2, 8), (2, 8, 64)] and len(beams) == 8
 
 
 def test_profile_fits_the_measured_points_and_respects_the_budget():
     calls = []
-    batches = [(b, length, (b, length)) for b, length in score_grid(BOUNDS_MAP)]
+    batches = [(b, length, (b, length)) for b, length in score_grid(BOUNDS)]
     config = WorkerConfig(warmup_runs=2, profile_repeats=2)
     profile = profile_workload(calls.append, batches, config, deadline=float("inf"))
     assert len(calls) == 3 + 2 * len(batches)  # warm-up: smallest twice, largest once; then 2 per point
@@ -128,13 +127,14 @@ def test_profile_fits_the_measured_points_and_respects_the_budget():
 
 
 def test_the_computed_token_count_matches_the_nodes_layout():
-    """shared.latency_model.computed_tokens (what the gateway predicts with) equals what the node's
-    layout computes: submitted tokens less the node's cached_tokens, static prefix included."""
+    """WorkSize's computed tokens (what the gateway predicts with) are the tokens the node's layout
+    really lays out to compute, and its cached tokens what the node reports, static prefix included."""
     import torch
 
+    from compile.attention import CPU_BLOCK, padded
     from compile.score.layout import lay_out
-    from shared.prefix import computed_tokens
     from shared.prefix import longest_common_prefix
+    from shared.work import StaticPrefix, WorkSize
 
     rng = np.random.default_rng(0)
     for _ in range(300):
@@ -146,5 +146,8 @@ def test_the_computed_token_count_matches_the_nodes_layout():
         suffixes = [s[prefix_len:] for s in samples]
         ids = torch.tensor(samples[0][:prefix_len] + [t for s in suffixes for t in s], dtype=torch.int64)
         layout = lay_out(ids, [len(s) for s in suffixes], [prefix_len], [len(samples)], torch.tensor(static))
-        submitted = sum(map(len, samples))
-        assert computed_tokens(samples[0][:prefix_len], suffixes, static) == submitted - layout.cached_tokens[0]
+        work = WorkSize.of(samples, prefix_len, StaticPrefix(tuple(static)))
+        computed = work.computed_tokens  # the layout pads them to whole blocks, and adds a filler sample
+        lone = len(samples) < 2 and padded(computed, CPU_BLOCK) == computed  # ... as a block of its own
+        assert len(layout.input_ids) == padded(computed, CPU_BLOCK) + (CPU_BLOCK if lone else 0)
+        assert layout.cached_tokens[0] == work.cached_tokens == sum(map(len, samples)) - work.computed_tokens

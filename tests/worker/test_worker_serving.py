@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared import protocol as p
-from shared.bounds import Bounds
 
 batch_ids = itertools.count(1000)
 
@@ -46,8 +45,8 @@ def direct(node, ids, lens, labels, top_k):
 def test_ready_carries_bounds_model_and_latency(client, nodes):
     ready = client.ready
     assert ready.protocol_version == p.PROTOCOL_VERSION
-    assert ready.bounds == Bounds.from_manifest(nodes.manifest["bounds"])
-    assert "score" in ready.workloads and ready.model["vocab_size"] == nodes.manifest["model"]["vocab_size"]
+    assert ready.bounds == nodes.manifest.bounds
+    assert "score" in ready.workloads and ready.model["vocab_size"] == nodes.manifest.model.vocab_size
     model = ready.latency["score"]
     assert min(model.alpha, model.beta, model.gamma, model.delta) >= 0
     assert model.predict_ms(8, 32) > 0
