@@ -117,12 +117,11 @@ def beam_searcher(config, model: nn.Module, batches: list[tuple]):
     from compile.beam.generation_config import beam_rule, read_generation_config
     from compile.beam.module import BeamModule
     from compile.beam.node import BeamNode
-    from shared.bounds import Bounds
 
     b = config.bounds
     width, steps = min(4, b.max_beam_width), min(4, b.max_new_tokens)
     rule = beam_rule(read_generation_config(config.model.path))
-    node = BeamNode(BeamModule(model, rule, steps), Bounds.from_manifest(b.resolved()), model.spec.vocab_size,
+    node = BeamNode(BeamModule(model, rule, steps), b.resolved(), model.spec.vocab_size,
                     rule.early_stopping, rule.pad_id, str(next(model.parameters()).device))
     prompts = [batch[0][: int(batch[2][1] - batch[2][0])] for batch in batches]  # each batch's first segment
     prompts = [p[: b.max_prompt_tokens] for p in prompts]
