@@ -5,7 +5,8 @@ Run by node_ab.py as `python <this file> ...` with the tree to build on PYTHONPA
 tree or this one), so it imports only what every tree has: compile.build.build,
 compile.runtime.load_nodes, shared.config.load_config and the nodes' call signatures.
 stdin: one request index per line; stdout: {"ready": ...}, then {"seconds": wall s, "cpu_seconds": this
-process's CPU time, "outputs": [...]} per call.
+process's CPU time, "minor_faults": page faults served without I/O (fresh pages the allocator mapped),
+"outputs": [...]} per call.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,17 @@ from pathlib import Path
 import torch
 
 LABELS = torch.tensor([9454, 2152])  # as bench/score_node.py
+
+
+def keep_freed_memory() -> bool:
+    """compile/allocator.py of the tree this file is in, loaded by path: the side's own tree (an older
+    commit's) may not have it, and its `compile` package is the one on the import path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_allocator", Path(__file__).parents[1] / "compile/allocator.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.keep_freed_memory()
 
 
 def build_config(tree: Path, workload: str, checkpoint: str, dtype: str, threads: int):
@@ -65,6 +78,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # both sides run as a CPU worker does (compile/allocator.py of this bench's tree)
     from compile import build as build_module
     from compile.build import build
     from compile.runtime import load_nodes
@@ -78,9 +92,11 @@ def main() -> None:
     print(json.dumps({"ready": True, "code": build_module.__file__, "build_s": round(built_s, 1)}), flush=True)
     for line in sys.stdin:
         request = requests[int(line)]
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start, cpu_start = time.perf_counter(), time.process_time()
         outputs = call(request)
         print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start,
+                          "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
                           "outputs": outputs}), flush=True)
 
 

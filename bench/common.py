@@ -75,10 +75,13 @@ def bench_config(checkpoint: Path, dtype: str, workloads: tuple[str, ...] | None
 def build_nodes(config, name: str, runners: int = 1, kernel_profile: bool = False):
     """The nodes of `config`, compiled for this process's threads (these_threads) once into
     bench/.cache/artifacts/<name> (a rebuild with nothing changed is skipped) and loaded, each
-    package able to serve `runners` threads at once."""
+    package able to serve `runners` threads at once. The process's allocator keeps freed memory, as
+    a CPU worker's does (compile/allocator.py): every engine in this process runs with it."""
+    from compile.allocator import keep_freed_memory
     from compile.build import build
     from compile.runtime import load_nodes
 
+    keep_freed_memory()
     build(these_threads(config), CACHE / "artifacts" / name, kernel_profile=kernel_profile)
     return load_nodes(CACHE / "artifacts" / name, runners=runners)
 

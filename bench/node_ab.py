@@ -154,7 +154,8 @@ def main() -> None:
         for side in sides.values():
             side.close()
         return
-    times, cpu, outputs, pair_ratios, calls = {"A": [], "B": []}, {"A": [], "B": []}, {"A": {}, "B": {}}, [], 0
+    times, cpu, faults = {"A": [], "B": []}, {"A": [], "B": []}, {"A": [], "B": []}
+    outputs, pair_ratios, calls = {"A": {}, "B": {}}, [], 0
     with timed_part():  # the result's load figures cover this part
         for _ in range(args.rounds):
             for i in range(len(requests)):
@@ -164,6 +165,7 @@ def main() -> None:
                 for name, answer in got.items():
                     times[name].append(answer["seconds"])
                     cpu[name].append(answer["cpu_seconds"])
+                    faults[name].append(answer["minor_faults"])
                     outputs[name].setdefault(i, answer["outputs"])
                 pair_ratios.append(got["A"]["seconds"] / got["B"]["seconds"])
     for side in sides.values():
@@ -179,7 +181,9 @@ def main() -> None:
         "median_pair_ratio": round(statistics.median(pair_ratios), 3),
         "pair_ratios": [round(r, 3) for r in pair_ratios], "threads": args.threads,
         "a_median_cpu_s": round(median_cpu["A"], 4), "b_median_cpu_s": round(median_cpu["B"], 4),
-        "speedup_cpu_time": round(median_cpu["A"] / median_cpu["B"], 3), "parity": checks, "quick": layers != depth,
+        "speedup_cpu_time": round(median_cpu["A"] / median_cpu["B"], 3),
+        "a_median_minor_faults": statistics.median(faults["A"]), "b_median_minor_faults": statistics.median(faults["B"]),
+        "parity": checks, "quick": layers != depth,
     }
     name = f"node_ab_{args.workload}_{args.model}_{args.dtype}" + ("" if layers == depth else f"_{layers}l")
     emit(name + ("" if args.threads == 2 else f"_t{args.threads}"), result, threads=args.threads)

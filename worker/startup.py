@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from compile.allocator import keep_freed_memory
 from compile.artifacts import read_manifest
 from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
@@ -44,6 +45,8 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     if device == "cpu":
         refuse_other_threads(read_manifest(Path(artifacts)), config.worker)
         torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
+        if not keep_freed_memory():  # else every call faults its buffers in again (compile/allocator.py)
+            log.warning("allocator_default", reason="this C library has no mallopt: calls fault fresh memory in")
     # a runner per lane and one for the background refit's spare lane: they call at once
     nodes = load_nodes(artifacts, device, runners=lane_count(device, config.worker) + 1)  # ArtifactMismatch
     manifest = nodes.manifest
