@@ -105,6 +105,8 @@ def run(workload: overload_load.Workload, args) -> dict[str, Any]:
     best = max(ablations, key=lambda p: at2[p]) if at2 else None
     own_best = max(f["goodput_rps"] for f in table["admission"].values())
     return {"bench": "overload_sim", "workload": workload.name, "service": args.service,
+            "jitter_cv": args.jitter_cv, "request_overhead_ms": args.request_overhead_ms,
+            "batch_overhead_ms": args.batch_overhead_ms, "windows": args.windows,
             "capacity_rps": round(capacity, 1), "token_budget_edf_bounded": budget,
             "admission_at_2x_over_best_ablation": round(at2["admission"] / at2[best], 3) if best else None,
             "best_ablation_at_2x": best,
@@ -121,10 +123,11 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 1.5, 2.0, 4.0])
-    parser.add_argument("--service", default=QUIET_SERVICE, help="alpha,beta,gamma,delta of the worker's batches")
+    parser.add_argument("--service", default=QUIET_SERVICE, help="alpha,beta,gamma,delta of the worker's batches "
+                        f"(default: the quiet estimate; the busy run's: {BUSY_SERVICE})")
     parser.add_argument("--jitter-cv", type=float, default=0.1, help="spread of compute around the model")
-    parser.add_argument("--request-overhead-ms", type=float, default=3.0)
-    parser.add_argument("--batch-overhead-ms", type=float, default=1.0)
+    parser.add_argument("--request-overhead-ms", type=float, default=2.0, help="HTTP etc. per request, half each way")
+    parser.add_argument("--batch-overhead-ms", type=float, default=1.0, help="messages per batch, half each way")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--requests-per-window", type=int, default=900)
     args = parser.parse_args()

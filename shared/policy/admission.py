@@ -56,7 +56,8 @@ class Lateness:
     nearly every batch is sent as late as its slack allows, so about 1 - quantile of them are
     answered past their deadline, compute wasted. The 90th percentile wasted 0.7-2.4 % of the
     worker's compute at 2x in the simulator (bench/overload_sim.py, quiet profile) and 3-6 % live on
-    a busy machine; the 98th, 0.1-1.0 % at the same goodput.
+    a busy machine; the 98th, 0.1-1.0 % at the same goodput (on a noisy machine its wider slack
+    costs the tightest deadlines goodput: README, "Overload").
 
     It is not learnt from the finish predicted at admission: a request is overtaken afterwards by
     tighter ones that arrive after it, and that lateness, tens to hundreds of ms on a bursty trace,
