@@ -113,7 +113,7 @@ class Metrics:
         self.queue_tokens = Gauge("boundserve_queue_tokens", "Tokens waiting in a workload's queue.", ("workload",),
                                   registry=r)
         self.lateness = Gauge(
-            "boundserve_lateness_seconds", "Learnt 90th percentile of how much later than predicted when their "
+            "boundserve_lateness_seconds", "Learnt 98th percentile of how much later than predicted when their "
             "batch was sent requests are answered; added to predictions by admission and by the predicted-late "
             "drops.", ("workload",), registry=r)
         self.workers_ready = Gauge("boundserve_workers_ready", "Workers ready to take batches.", registry=r)

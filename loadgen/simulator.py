@@ -139,6 +139,10 @@ class Simulator:
         self.drops: Counter[str] = Counter()
         self.reasons: dict[int, str] = {}
         """Trace index -> the drop reason it was answered for (requests not dropped are absent)."""
+        self.compute_ms: Counter[int] = Counter()
+        """Trace index -> the worker compute its jobs took (each job's share of its batch, by items)."""
+        self.batch_fill: list[float] = []
+        """Per batch sent: its samples (score) or requests (beam) over what one batch may hold."""
 
     def run(self, trace: Trace) -> list[RequestResult]:
         s = self.settings
@@ -248,6 +252,10 @@ class Simulator:
     def _on_done(self, item: tuple[SimWorker, SimBatch]) -> None:
         worker, batch = item
         worker.finish(batch)
+        computed = [j for j in batch.jobs if j not in batch.expired]
+        items = sum(j.batch_items for j in computed)
+        for job in computed:
+            self.compute_ms[job.request] += batch.compute_ms * job.batch_items / items
         for job in batch.jobs:
             if job.done:
                 continue
@@ -283,6 +291,8 @@ class Simulator:
         for job in jobs:
             self.queues[workload].remove(job)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
+        bounds = self.settings.batch_bounds(workload)
+        self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_jobs)
         speed = speed_at(self.speeds, self.now)
         worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
         self._at(batch.finish_at, "done", (worker, batch))

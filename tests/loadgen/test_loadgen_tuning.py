@@ -49,6 +49,18 @@ def test_simulator_policy_invariants():
     assert any(r.outcome == "queue_full" for r in tight)
 
 
+def test_simulator_counts_each_requests_share_of_compute_and_each_batchs_fill():
+    """The first request of 4 samples goes alone (10 ms); the two that come while it computes go
+    together (8 samples, 14 ms): each took half of that batch's compute, and it was half full."""
+    records = [TraceRecord(t_ms=t, route="score", sample_tokens=(10,) * 4) for t in (0.0, 1.0, 2.0)]
+    settings = SimSettings(**SIMPLE, score_deadline_ms=1000.0).with_knobs({"max_samples_per_batch": 16})
+    sim = Simulator(settings, _batch_cost)
+    results = sim.run(make_trace(records))
+    assert all(r.outcome == "ok" for r in results)
+    assert sim.batch_fill == [0.25, 0.5]
+    assert sim.compute_ms == {0: 10.0, 1: 7.0, 2: 7.0}
+
+
 def test_tuner_finds_the_known_best_default_deadline():
     # Periodic arrivals at 800/s of one-sample requests; a batch of B costs 6 + B ms, so a worker
     # serves at most 16/22 ms = 727/s and only with full batches. The SLO is p99 <= 40 ms.
