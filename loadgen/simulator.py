@@ -29,6 +29,7 @@ from typing import Any
 
 from shared.bounds import Bounds, batch_bounds, batch_capacity
 from shared.latency_correction import CorrectedModel
+from shared.manifest import Manifest
 from shared.prefix import SharingRule
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
@@ -103,8 +104,12 @@ class SimSettings:
         return SharingRule(self.min_shared_prefix_tokens, self.bounds.limit("max_prefix_tokens"))
 
     @classmethod
-    def from_config(cls, config, **world: Any) -> SimSettings:
-        """From a shared.config.DeploymentConfig, plus settings of the world (overheads, beam width)."""
+    def from_config(cls, config, manifest: Manifest | None = None, **world: Any) -> SimSettings:
+        """From a shared.config.DeploymentConfig and, when given, its artifacts' manifest (the score
+        node's static prefix), plus settings of the world (overheads, beam width)."""
+        score = manifest.node_table().score if manifest is not None else None
+        if score is not None:
+            world = {"static_prefix_tokens": len(score.static_prefix_ids), **world}
         g = config.gateway
         return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
                    max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,

@@ -1,7 +1,9 @@
-"""The simulator's jobs are the gateway's: a trace record's shared prefix is shared by the same rule
-and its work counted by the same WorkSize, so the policy sees the same numbers in both."""
+"""The simulator's jobs are the gateway's: a trace record's shared prefix is shared by the same rule,
+the deployment's static prefix reused alike, and the work counted by the same WorkSize, so the
+policy sees the same numbers in both."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +12,11 @@ from gateway.job import Job
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.sim_world import jobs_of
 from loadgen.simulator import SimSettings, simulate
+from loadgen.standin_worker import standin_manifest
 from loadgen.trace import TraceError, TraceRecord, make_trace, parse_record
 from shared.bounds import Bounds
+from shared.config import load_config
+from shared.manifest import ScoreNodeFacts
 from shared.work import StaticPrefix
 
 
@@ -28,6 +33,7 @@ def _gateway_jobs(samples, settings: SimSettings, static_ids: tuple[int, ...] = 
     return asyncio.run(make())
 
 
+ROOT = Path(__file__).resolve().parents[2]
 STATIC_IDS = tuple(range(900, 964))
 """The static prefix's ids (its first n), written over the first n ids of every sample (a template's header)."""
 
@@ -79,6 +85,14 @@ def test_the_simulator_replays_a_static_prefix_as_reused_tokens():
         results = simulate(trace, SimSettings(static_prefix_tokens=static), service)
         assert [r.status for r in results] == [200]
         assert seen[-1] == ("score", 4, tokens_per_sample), seen
+
+
+def test_settings_from_a_deployment_take_its_manifests_static_prefix():
+    config = load_config(ROOT / "configs/test.toml")
+    manifest = standin_manifest(1024, score=ScoreNodeFacts(package="score.pt2", sha256="0", static_prefix_ids=(5, 6, 7)))
+    assert SimSettings.from_config(config, manifest).static_prefix_tokens == 3
+    assert SimSettings.from_config(config, standin_manifest(1024)).static_prefix_tokens == 0
+    assert SimSettings.from_config(config).static_prefix_tokens == 0
 
 
 def test_prefix_tokens_round_trip_and_are_checked():
