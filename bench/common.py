@@ -16,9 +16,9 @@ from bench.provenance import RESULTS, ROOT, timed_part, write_result
 CACHE = ROOT / "bench" / ".cache"
 
 __all__ = ["CACHE", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "bench_config",
-           "build_nodes", "emit", "interleaved_round", "interleaved_times", "matmul_peak_flops", "matmul_peaks",
-           "median", "model_gemm_shapes", "peak_by_library", "run_together", "shaped_checkpoint", "these_threads",
-           "time_calls", "timed_part"]
+           "build_artifacts", "build_nodes", "emit", "interleaved_round", "interleaved_times", "load_built",
+           "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "node_device", "peak_by_library",
+           "run_together", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
 
 SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
 """The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
@@ -55,16 +55,27 @@ def these_threads(config):
     return config.replace(worker=dataclasses.replace(config.worker, cpu_threads=torch.get_num_threads()))
 
 
+def node_device(device: str) -> str:
+    """Where a node of a config for `device` (cpu or cuda) is loaded: the CPU, or the first GPU."""
+    return "cpu" if device == "cpu" else "cuda:0"
+
+
 def bench_config(checkpoint: Path, dtype: str, workloads: tuple[str, ...] | None = None, gemm: str | None = None,
-                 quantize=None, **bounds: int):
-    """configs/test.toml serving `checkpoint` in `dtype` with these bounds; `workloads` (score, beam)
-    narrows what is built (default: the config's own), `gemm` forces the linear layers' kernel,
-    `quantize` replaces the [quantize] section (shared.config.QuantizeConfig; default: none)."""
+                 quantize=None, device: str = "cpu", base: str = "test", fp8_budget: float | None = None,
+                 **bounds: int):
+    """configs/<base>.toml (default test.toml) serving `checkpoint` in `dtype` on `device` (cpu or
+    cuda) with these bounds, one worker on that device; `workloads` (score, beam) narrows what is
+    built (default: the config's own), `gemm` forces the linear layers' kernel, `quantize` replaces
+    the [quantize] section (shared.config.QuantizeConfig; default: none), `fp8_budget` builds with
+    `[model] fp8` under that label-probability budget."""
     from shared.config import QuantizeConfig, load_config
 
-    config = load_config(ROOT / "configs/test.toml")
-    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype, **({"gemm": gemm} if gemm else {}))
-    config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **bounds),
+    config = load_config(ROOT / f"configs/{base}.toml")
+    model = dataclasses.replace(config.model, path=str(checkpoint), dtype=dtype, device=device,
+                                **({"gemm": gemm} if gemm else {}),
+                                **({"fp8": True, "fp8_max_prob_change": fp8_budget} if fp8_budget is not None else {}))
+    worker = dataclasses.replace(config.worker, endpoints=config.worker.endpoints[:1], devices=(node_device(device),))
+    config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **bounds), worker=worker,
                             quantize=quantize or QuantizeConfig())
     if workloads is not None:
         config = config.replace(score=dataclasses.replace(config.score, enabled="score" in workloads),
@@ -72,18 +83,30 @@ def bench_config(checkpoint: Path, dtype: str, workloads: tuple[str, ...] | None
     return config
 
 
-def build_nodes(config, name: str, runners: int = 1, kernel_profile: bool = False):
-    """The nodes of `config`, compiled for this process's threads (these_threads) once into
-    bench/.cache/artifacts/<name> (a rebuild with nothing changed is skipped) and loaded, each
+def build_artifacts(config, name: str, kernel_profile: bool = False) -> Path:
+    """The artifacts of `config`, compiled for this process's threads (these_threads) once into
+    bench/.cache/artifacts/<name> (a rebuild with nothing changed is skipped); their folder."""
+    from compile.build import build
+
+    folder = CACHE / "artifacts" / name
+    build(these_threads(config), folder, kernel_profile=kernel_profile)
+    return folder
+
+
+def load_built(folder: Path, config, runners: int = 1):
+    """The nodes in `folder` (built by build_artifacts from `config`) on config's device, each
     package able to serve `runners` threads at once. The process's allocator keeps freed memory, as
     a CPU worker's does (compile/allocator.py): every engine in this process runs with it."""
     from compile.allocator import keep_freed_memory
-    from compile.build import build
     from compile.runtime import load_nodes
 
     keep_freed_memory()
-    build(these_threads(config), CACHE / "artifacts" / name, kernel_profile=kernel_profile)
-    return load_nodes(CACHE / "artifacts" / name, runners=runners)
+    return load_nodes(folder, node_device(config.model.device), runners=runners)
+
+
+def build_nodes(config, name: str, runners: int = 1, kernel_profile: bool = False):
+    """The nodes of `config`: build_artifacts, then load_built."""
+    return load_built(build_artifacts(config, name, kernel_profile), config, runners)
 
 
 def model_gemm_shapes(spec, tokens: int = 4096) -> tuple[tuple[int, int, int], ...]:

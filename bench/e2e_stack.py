@@ -15,6 +15,7 @@ import dataclasses
 import random
 from pathlib import Path
 
+from bench.common import node_device
 from loadgen.bodies import BodyFactory
 from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.stack import LocalStack, deployment_toml
@@ -25,11 +26,11 @@ ROUTES = {"/v1/score": "score", "/v1/generate": "generate"}
 
 
 class Stack(LocalStack):
-    """loadgen's local stack for `config` on `device` (context manager); `wait_ready` is a no-op
-    kept for callers: the stack is ready (and its profile settled) once entered."""
+    """loadgen's local stack for `config` on `device` (context manager): ready, its profile settled,
+    once entered (loadgen/stack.py)."""
 
     def __init__(self, config, artifacts: Path, device: str, folder: Path):
-        worker = dataclasses.replace(config.worker, devices=(device if device == "cpu" else "cuda:0",))
+        worker = dataclasses.replace(config.worker, devices=(node_device(device),))
         gateway = dataclasses.replace(config.gateway, access_log=False)
         if device == "cpu":  # seconds-long CPU batches: a longer profile, no heartbeat-timeout during a batch
             worker = dataclasses.replace(worker, profile_budget_s=60.0, profile_repeats=1, warmup_runs=1)
@@ -38,9 +39,6 @@ class Stack(LocalStack):
         path = folder / "e2e.toml"
         path.write_text(deployment_toml(config.replace(worker=worker, gateway=gateway)))
         super().__init__(path, artifacts, folder, startup_timeout_s=900.0)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Entering the stack waited already (loadgen/stack.py)."""
 
 
 def poisson_trace(route: str, bodies: list[dict], rate_per_s: float, seed: int):

@@ -78,10 +78,11 @@ def lane_overlap(nodes, spec, s: Settings, batches: int, rounds: int = 3) -> dic
     from shared.config import WorkerConfig
     from worker.lanes import Lane, make_lanes, max_staged_tokens
 
+    bounds = nodes.manifest.bounds  # what the nodes were compiled with (a Bounds, as the worker's lanes take)
     if s.device == "cuda":  # the nodes were loaded with a runner per lane
-        lanes = make_lanes("cuda:0", WorkerConfig(num_streams=2), s.bounds)
+        lanes = make_lanes("cuda:0", WorkerConfig(num_streams=2), bounds)
     else:
-        lanes = [Lane("cpu", max_staged_tokens(s.bounds)) for _ in range(2)]
+        lanes = [Lane("cpu", max_staged_tokens(bounds)) for _ in range(2)]
     launch = launches(nodes, spec, s)["score"]
 
     def run(lane) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity as checks
+from bench.common import load_built
 from bench.flops import beam_flops, executed_mfu, score_flops
 
 SAMPLES_PER_REQUEST = 15
@@ -221,10 +222,8 @@ def fp8_report(checkpoint, spec, s: Settings) -> dict:
 
 def fp8_node_bench(nodes, spec, s: Settings, built) -> dict:
     """The scoring node compiled with `[model] fp8` against the plain node: speed, label-probability change."""
-    from compile.runtime import load_nodes
-
-    _, artifacts, compile_s = built
-    fp8 = load_nodes(artifacts, "cuda:0" if s.device == "cuda" else "cpu")
+    config, artifacts, compile_s = built
+    fp8 = load_built(artifacts, config)
     requests = score_requests(s, spec.vocab_size, s.score_requests, seed=21)
     lab = torch.tensor(labels(spec.vocab_size))
     per_call = max(s.batch_requests)

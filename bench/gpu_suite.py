@@ -29,14 +29,14 @@ stricter reading).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 import traceback
 
 import torch
 
-from bench.common import CACHE, MODELS, ROOT, emit, matmul_peak_flops, shaped_checkpoint
+from bench.common import (CACHE, MODELS, bench_config, build_artifacts, emit, load_built, matmul_peak_flops,
+                          shaped_checkpoint, these_threads)
 from bench.provenance import RESULTS, provenance
 from bench.e2e_stack import Stack, run_load
 from bench.gpu_checks import lane_overlap, no_host_sync
@@ -63,26 +63,17 @@ def settings_for(args) -> Settings:
 
 
 def build(checkpoint, name: str, s: Settings, fp8_budget: float | None = None):
-    """Both nodes for the device with the GPU deployment config (bounds from the settings).
+    """Both nodes for the device with the GPU deployment config (configs/compose-gpu.toml, bounds
+    from the settings), by bench's one builder: (config, artifacts folder, compile seconds).
 
     With fp8_budget: the scoring node alone, built with `[model] fp8` under that budget.
     """
-    from compile.build import build as build_artifacts
-    from shared.config import load_config
-
-    config = load_config(ROOT / "configs/compose-gpu.toml")
-    model = dataclasses.replace(config.model, path=str(checkpoint), device=s.device,
-                                dtype=str(s.dtype).removeprefix("torch."))
-    if fp8_budget is not None:
-        model = dataclasses.replace(model, fp8=True, fp8_max_prob_change=fp8_budget)
-        config = config.replace(beam=dataclasses.replace(config.beam, enabled=False))
-    config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **s.bounds),
-                            worker=dataclasses.replace(config.worker, endpoints=("ipc:///tmp/unused",), devices=("cpu",),
-                                                       cpu_threads=torch.get_num_threads()))
-    out = CACHE / "artifacts" / f"suite-{name}-{s.device}"
+    config = these_threads(bench_config(checkpoint, str(s.dtype).removeprefix("torch."),
+                                        ("score",) if fp8_budget is not None else None, device=s.device,
+                                        base="compose-gpu", fp8_budget=fp8_budget, **s.bounds))
     start = time.perf_counter()
-    build_artifacts(config, out)
-    return config, out, time.perf_counter() - start
+    artifacts = build_artifacts(config, f"suite-{name}-{s.device}")
+    return config, artifacts, time.perf_counter() - start
 
 
 def refresh_peak(peak: dict, s: Settings) -> dict:
@@ -124,7 +115,6 @@ def e2e(config, artifacts, s: Settings, vocab: int, name: str, capacity: dict) -
     routes = (("/v1/score", s.score_rate, score_bodies, 100), ("/v1/generate", s.beam_rate, beam_bodies, 200))
     folder = CACHE / "e2e" / name
     with Stack(config, artifacts, s.device, folder) as stack:
-        stack.wait_ready(600)
         result = {}
         for route, target, make_bodies, seed in routes:
             run_load(stack.url, route, make_bodies(s, vocab, 8, seed - 1), target, seed - 1, s.slo_ms)  # warm up
@@ -173,9 +163,7 @@ def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, sk
     stage("checkpoint")
     config, artifacts, entry["compile_s"] = build(checkpoint, f"{key}-{layers}l", s)
     stage("compile")
-    from compile.runtime import load_nodes
-
-    nodes = load_nodes(artifacts, "cuda:0" if s.device == "cuda" else "cpu", runners=2)  # two lanes at once
+    nodes = load_built(artifacts, config, runners=2)  # two lanes at once
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=s.dtype).to(s.device).eval()
     capacity = lambda: {"/v1/score": entry.get("score", {}).get("capacity_requests_per_s"),  # noqa: E731
                         "/v1/generate": entry.get("beam", {}).get("capacity_requests_per_s")}

@@ -98,7 +98,8 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
 def _shape(record, settings: SimSettings) -> tuple[str, int, int]:
     """(route, B, B*L) of a request sent alone: what the latency model sees of it."""
     workload = ROUTE_WORKLOAD[record.route]
-    jobs = jobs_of(0, record, 0.0, settings.batch_bounds(workload), settings.default_beam_width, settings.sharing())
+    jobs = jobs_of(0, record, 0.0, settings.batch_bounds(workload), settings.default_beam_width, settings.sharing(),
+                   settings.static_prefix_tokens)
     return record.route, sum(j.batch_items for j in jobs), sum(j.latency_tokens for j in jobs)
 
 

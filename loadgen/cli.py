@@ -92,6 +92,9 @@ def _offline(p: argparse.ArgumentParser) -> None:
                         "tokenizing); `loadgen validate` measures it")
     p.add_argument("--batch-overhead-ms", type=float, default=0.0,
                    help="offline: fixed time per batch around the compute (messages, packing); validate measures it")
+    p.add_argument("--static-prefix-tokens", type=int, default=0,
+                   help="offline: tokens of the score node's static prefix (its manifest's nodes.score."
+                        "static_prefix_ids); each sample at least as long reuses them, as on the gateway")
 
 
 def _replay(p: argparse.ArgumentParser) -> None:

@@ -184,7 +184,7 @@ def default_grid(trace: Trace, slo_ms: float, offline: bool) -> dict[str, list[f
 
 def base_settings(args: argparse.Namespace) -> SimSettings:
     world = {"default_beam_width": args.beam_width, "request_overhead_ms": args.overhead_ms,
-             "batch_overhead_ms": args.batch_overhead_ms}
+             "batch_overhead_ms": args.batch_overhead_ms, "static_prefix_tokens": args.static_prefix_tokens}
     if args.config:
         from shared.config import load_config
 

@@ -25,6 +25,7 @@ import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -75,7 +76,7 @@ class LiveEvaluator:
             with open(log_path, "wb") as log:
                 process = self._start(config_path, log)
                 try:
-                    asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, process))
+                    asyncio.run(wait_ready(self.options.url, self.options.startup_timeout_s, (process,)))
                     if self.options.warmup_s > 0:
                         run_replay(self.trace.window(0.0, self.options.warmup_s * 1000.0), self.bodies,
                                    dataclasses.replace(self.replay_options, progress=False))
@@ -102,14 +103,17 @@ def candidate_config(base_config: str | None, url: str, knobs: dict[str, Any]) -
     return config_toml(raw)
 
 
-async def wait_ready(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+async def wait_ready(url: str, timeout_s: float, processes: Sequence[subprocess.Popen] = ()) -> None:
     """Poll GET {url}/readyz until it answers 200 (a server without /readyz, answering 404, counts
-    as ready once it answers at all); fail early if the process died."""
+    as ready once it answers at all); fail early if one of `processes` (the gateway's command, its
+    workers) died. The one wait-ready of the project: stacks, benchmarks and tests all call it."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
         while time.monotonic() < deadline:
-            if process is not None and process.poll() is not None:
-                raise RuntimeError(f"gateway command exited with status {process.returncode} before it was ready")
+            for process in processes:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{' '.join(map(str, process.args[:4]))} exited with status "
+                                       f"{process.returncode} before {url} was ready")
             try:
                 async with session.get(url.rstrip("/") + "/readyz") as response:
                     await response.read()

@@ -2,8 +2,9 @@
 
 Jobs have the fields the policy reads (shared/policy's Work), answered by a WorkSize as the
 gateway's are (gateway/job.py): a score request shares the prefix its trace record names by the
-gateway's rule (shared/prefix.SharingRule) and is cut into chunks by the same rule
-(WorkSize.chunk_bounds); beam B = beams, one job per request.
+gateway's rule (shared/prefix.SharingRule), is cut into chunks by the same rule
+(WorkSize.chunk_bounds) and reuses the deployment's static prefix as the gateway's jobs do
+(shared/work.StaticPrefix); beam B = beams, one job per request.
 A worker computes its batches one after another; it drops the members whose deadline passed before
 their batch starts (as worker/compute.py does) and takes service(route, B, L) for the rest; a fixed
 overhead per batch delays each batch on its way there and back without keeping the worker busy.
@@ -21,7 +22,7 @@ from loadgen.trace import TraceRecord
 from shared.latency_model import LatencyModel
 from shared.policy import BatchBounds, Prediction, busy_ms
 from shared.prefix import NEVER_SHARE, SharingRule
-from shared.work import WorkSize, counted_by_work
+from shared.work import StaticPrefix, WorkSize, counted_by_work
 
 ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
 
@@ -45,17 +46,28 @@ class SimJob:
     """The finish the batcher predicted when it sent the job."""
 
 
-def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds,
-            default_beam_width: int, sharing: SharingRule = NEVER_SHARE) -> list[SimJob]:
-    """The jobs the gateway would queue for this record."""
+def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds, default_beam_width: int,
+            sharing: SharingRule = NEVER_SHARE, static_prefix_tokens: int = 0) -> list[SimJob]:
+    """The jobs the gateway would queue for this record, on a deployment whose score node holds a
+    static prefix of `static_prefix_tokens` tokens (0: none).
+
+    A trace's samples are whole (the prompt template's header included), so each sample at least
+    that long is taken to start with the static prefix: the samples' common prefix is then at least
+    as long, and the gateway's own WorkSize.of and StaticPrefix count what each job reuses, on
+    stand-in ids (sample i is 0, 1, ..., len - 1; the static prefix 0 .. n - 1)."""
     if record.route == "generate":
         beams, prompt = record.shape(default_beam_width)
         key = (beams, record.max_new_tokens or 0, record.num_return_sequences or 1)
         return [SimJob(index, deadline_s, WorkSize.prompt(int(prompt), beams), beam_key=key)]
     lengths = record.sample_tokens or _lengths(record)
-    prefix_len = sharing.prefix_len(record.common_prefix_tokens(), len(lengths))
-    whole = WorkSize(prefix_len, tuple(n - prefix_len for n in lengths))
-    return [SimJob(index, deadline_s, WorkSize(prefix_len, whole.suffix_lens[start:end]))
+    common = record.common_prefix_tokens()
+    if static_prefix_tokens and min(lengths) >= static_prefix_tokens:
+        common = max(common, static_prefix_tokens)
+    prefix_len = sharing.prefix_len(common, len(lengths))
+    samples = [range(n) for n in lengths]
+    reuse = StaticPrefix(tuple(range(static_prefix_tokens)))
+    whole = WorkSize.of(samples, prefix_len)
+    return [SimJob(index, deadline_s, WorkSize.of(samples[start:end], prefix_len, reuse))
             for start, end in whole.chunk_bounds(bounds.max_jobs, bounds.max_tokens)]
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from shared.bounds import Bounds, batch_bounds, batch_capacity
 from shared.latency_correction import CorrectedModel
+from shared.manifest import Manifest
 from shared.prefix import SharingRule
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
@@ -63,6 +64,10 @@ class SimSettings:
     """[bounds] (shared/bounds.py): what one batch may hold, as the gateway packs it."""
     min_shared_prefix_tokens: int = 4
     """[score]: a record's samples share their common prefix (TraceRecord.prefix_tokens) from this long."""
+    static_prefix_tokens: int = 0
+    """The score node's static prefix in tokens (its manifest's nodes.score.static_prefix_ids; 0:
+    none): every sample at least this long starts with it and reuses its keys/values, as on the
+    gateway (loadgen/sim_world.jobs_of)."""
     workers: int = 1
     max_inflight_batches: int = 2
     """Batches sent to one worker before its answer ([gateway].max_inflight_batches_per_worker)."""
@@ -99,8 +104,12 @@ class SimSettings:
         return SharingRule(self.min_shared_prefix_tokens, self.bounds.limit("max_prefix_tokens"))
 
     @classmethod
-    def from_config(cls, config, **world: Any) -> SimSettings:
-        """From a shared.config.DeploymentConfig, plus settings of the world (overheads, beam width)."""
+    def from_config(cls, config, manifest: Manifest | None = None, **world: Any) -> SimSettings:
+        """From a shared.config.DeploymentConfig and, when given, its artifacts' manifest (the score
+        node's static prefix), plus settings of the world (overheads, beam width)."""
+        score = manifest.node_table().score if manifest is not None else None
+        if score is not None:
+            world = {"static_prefix_tokens": len(score.static_prefix_ids), **world}
         g = config.gateway
         return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
                    max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
@@ -184,7 +193,7 @@ class Simulator:
         budget_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
         deadline = self.now + budget_ms / 1000.0
         jobs = jobs_of(index, record, deadline, self.settings.batch_bounds(workload), self.settings.default_beam_width,
-                       self.settings.sharing())
+                       self.settings.sharing(), self.settings.static_prefix_tokens)
         queue, view, model = self.queues[workload], self._view(), self._admission_model(workload)
         decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload],
                             sum(j.batch_items for j in jobs))

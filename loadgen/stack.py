@@ -66,7 +66,7 @@ class LocalStack:
                 [sys.executable, "-m", "gateway", "--config", str(self.config_path), "--artifacts",
                  str(self.artifacts), "--spawn-workers"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            asyncio.run(wait_ready(self.url, self.startup_timeout_s, self._process))
+            asyncio.run(wait_ready(self.url, self.startup_timeout_s, (self._process,)))
             self._wait_profiles()
         except (RuntimeError, TimeoutError) as exc:
             self.stop()

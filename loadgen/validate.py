@@ -246,10 +246,11 @@ def rel_err(live: float | None, sim: float | None) -> float | None:
 def validate(options: ValidateOptions, out_dir: str | Path) -> dict[str, Any]:
     """The whole check (see module docstring); writes the report under out_dir and returns its summary."""
     from shared.config import load_config
+    from shared.manifest import read_manifest
 
     trace = read_trace(options.trace_path)
     config = load_config(options.config_path)
-    settings = SimSettings.from_config(config)
+    settings = SimSettings.from_config(config, read_manifest(options.artifacts))
     slo_ms = options.slo_ms or settings.deadline_ms(trace.records[0].route)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

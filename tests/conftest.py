@@ -84,6 +84,26 @@ def demo_artifacts(demo_checkpoint) -> Path:
     return build_artifacts(demo_checkpoint, "demo")
 
 
+INT8_GATE = {"selection_max_drift": 0.5, "max_label_logprob_drift": 1.0, "mean_label_logprob_drift": 0.5,
+             "min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
+"""[quantize] gate limits a tiny random model passes (tests/compile/test_int8.py)."""
+
+
+def build_int8(checkpoint: Path, name: str, **gate) -> Path:
+    """`checkpoint` with both nodes and selective int8 under INT8_GATE (limits in `gate` replaced)."""
+    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig
+
+    return build_artifacts(checkpoint, name, quantize=QuantizeConfig(int8=True, **(INT8_GATE | gate)),
+                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
+
+
+@pytest.fixture(scope="session")
+def int8_artifacts(demo_checkpoint) -> Path:
+    """demo_checkpoint with both nodes and selective int8 (build_int8), built once for the session:
+    every int8 test reads this one build (the build, not the tests, is the costly part)."""
+    return build_int8(demo_checkpoint, "demo-int8")
+
+
 @pytest.fixture(scope="session")
 def beam_artifacts(demo_checkpoint) -> Path:
     """demo_checkpoint compiled with both nodes, scoring and beam search (sharing one weights file)."""

@@ -203,6 +203,23 @@ def test_tools_read_worker_events_by_type_never_by_substring():
     assert not offenders, "log lines or wire ids parsed outside their declarations:\n" + "\n".join(offenders)
 
 
+def _polls_readyz(node: ast.AST) -> bool:
+    """A while loop that reads /readyz: a hand-written wait for a gateway to be ready."""
+    return isinstance(node, ast.While) and any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and "/readyz" in n.value for n in ast.walk(node))
+
+
+def test_one_wait_ready():
+    """Waiting for a started gateway to answer /readyz is loadgen/live.wait_ready's alone (stacks,
+    benchmarks and tests call it): no other loop polls /readyz. Reading /readyz's worker states once
+    per step (tests/chaos) is not a wait-ready and stays allowed."""
+    files = _code_files(skip="loadgen/live.py")
+    files += [(str(p.relative_to(ROOT)), ast.parse(p.read_text(), filename=str(p))) for p in _test_files()]
+    offenders = [f"{name}:{node.lineno} polls /readyz in a loop of its own"
+                 for name, tree in files for node in ast.walk(tree) if _polls_readyz(node)]
+    assert not offenders, "use loadgen.live.wait_ready:\n" + "\n".join(offenders)
+
+
 def test_the_vocabulary_checks_can_fail(tmp_path):
     """Each rule above finds what it forbids."""
     tree = ast.parse('x = prefix_len + sum(lens)\ny = ScoreShape(1, 2, 3, 4, 5)\nz = bounds["max_labels"]\n'
@@ -211,3 +228,5 @@ def test_the_vocabulary_checks_can_fail(tmp_path):
     assert any(_adds_a_prefix_to_a_sum(n) for n in nodes)
     assert any(isinstance(n, ast.Call) and _named(n.func) == "ScoreShape" for n in nodes)
     assert {_named(n.value) for n in nodes if isinstance(n, ast.Subscript)} == {"bounds", "manifest"}
+    loop = ast.parse('while time.monotonic() < end:\n    if get(f"{url}/readyz").status == 200:\n        break\n')
+    assert _polls_readyz(loop.body[0])

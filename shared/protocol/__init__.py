@@ -2,7 +2,8 @@
 
 A message travels as two ZeroMQ frames: one byte naming its type (the union's tag: `TYPE` of each
 message class), then a msgpack array of the message's fields in declaration order (nested records
-likewise; `Ready.bounds` and `Ready.latency` values are maps of their fields). The worker binds a
+likewise; `Ready.bounds` and `Ready.latency` values are maps of their fields, every bound present:
+a Ready that leaves one out is refused, naming it). The worker binds a
 ROUTER socket, gateways connect DEALER sockets, so on the worker side a peer identity frame comes first.
 
 Conversation:

@@ -8,6 +8,7 @@ is a ProtocolError naming the field. It never raises anything else.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
+from shared.bounds import Bounds
 from shared.decode_errors import MISSING, Style, locate
 from shared.protocol.messages import (MESSAGE_TYPES, TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResults, Message,
-                                      Record, ScoreBatch, ScoreRequest, ScoreResults)
+                                      Ready, Record, ScoreBatch, ScoreRequest, ScoreResults)
 
 
 class ProtocolError(ValueError):
@@ -80,6 +82,8 @@ def decode(frames: Sequence[bytes], limits: DecodeLimits = DEFAULT_LIMITS) -> Me
     try:
         message = _DECODERS[type_frame[0]].decode(body)
         _CHECKS.get(cls, _no_check)(message)
+        if cls is Ready:
+            _check_every_bound(body)
         if len(body) > limits.max_bin_len:  # only then can a bytes field be longer
             _check_bin_len(message, limits.max_bin_len, "")
     except msgspec.ValidationError as exc:
@@ -191,6 +195,19 @@ def _check_bin_len(value: Any, limit: int, path: str) -> None:
 
 def _no_check(message: Any) -> None:
     pass
+
+
+_READY_BOUNDS = Ready.__struct_fields__.index("bounds")
+_BOUND_NAMES = tuple(f.name for f in dataclasses.fields(Bounds))
+
+
+def _check_every_bound(body: bytes) -> None:
+    """A Ready's bounds name every Bounds field: a worker that leaves one out is refused, the
+    missing ones named (decoding alone would put the Bounds default in its place, silently)."""
+    sent = msgspec.msgpack.decode(body)[_READY_BOUNDS]  # a map: the typed decode checked it
+    missing = [name for name in _BOUND_NAMES if name not in sent]
+    _require(not missing, "bounds", f"missing {', '.join(missing)}: a worker announces every bound its "
+                                    "artifacts were compiled with, none taken by default")
 
 
 _CHECKS: dict[type, Callable[[Any], None]] = {

@@ -16,9 +16,10 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
-4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read."""
+4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
+5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place)."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -88,7 +89,8 @@ class Ready(Record):
     workloads: tuple[str, ...]
     """Subset of ("score", "beam") this worker serves."""
     bounds: Bounds
-    """The bounds the artifacts were compiled with (a map of every Bounds field)."""
+    """The bounds the artifacts were compiled with: a map of every Bounds field, none left out
+    (max_prefix_tokens may be nil: an older manifest's unset one)."""
     model: dict[str, Scalar]
     """Model facts from the manifest (e.g. hidden_size, vocab_size, head_size)."""
     latency: dict[str, LatencyModel]

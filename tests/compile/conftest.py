@@ -30,6 +30,7 @@ def qwen2_with_head(checkpoint_factory, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llama_artifacts(checkpoint_factory):
-    """Llama, GQA 4:1, untied embeddings."""
+    """Llama, GQA 4:1, untied embeddings; its linears on aten's GEMM (`[model] gemm = "aten"`): the
+    suite's one aten build (tests/compile/test_linear.py), every other float build runs oneDNN."""
     path = checkpoint_factory("llama", tie_word_embeddings=False, num_key_value_heads=1)
-    return path, build_artifacts(path, "llama")
+    return path, build_artifacts(path, "llama", model={"gemm": "aten"})

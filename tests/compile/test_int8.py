@@ -13,7 +13,7 @@ import torch
 from compile.quantize.build_step import read_calibration
 from compile.quantize.gate import GateFigures, GateLimits, QuantizationRefused, check, figures
 from compile.quantize.int8 import Int8Linear
-from tests.conftest import CACHE, ROOT, build_artifacts
+from tests.conftest import CACHE, ROOT, build_int8
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -66,17 +66,6 @@ def test_a_calibration_file_is_read_or_refused_naming_the_line(tmp_path):
         read_calibration(path, 4, 100)
 
 
-LOOSE = {"int8": True, "selection_max_drift": 0.5, "max_label_logprob_drift": 1.0, "mean_label_logprob_drift": 0.5,
-         "min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
-
-
-def int8_artifacts(checkpoint, name="demo-int8", **overrides):
-    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig
-
-    return build_artifacts(checkpoint, name, quantize=QuantizeConfig(**(LOOSE | overrides)),
-                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
-
-
 def package_source(path) -> str:
     """The generated C++ of a package (the wrapper that calls each kernel)."""
     with zipfile.ZipFile(path) as archive:
@@ -85,10 +74,10 @@ def package_source(path) -> str:
 
 @pytest.mark.slow
 @needs_onednn
-def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once_per_int8_layer(demo_checkpoint):
+def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once_per_int8_layer(int8_artifacts):
     from compile.runtime import load_nodes
 
-    artifacts = int8_artifacts(demo_checkpoint)
+    artifacts = int8_artifacts
     manifest = json.loads((artifacts / "manifest.json").read_text())
     record = manifest["quantize"]
     int8_layers = record["int8_layers"]
@@ -111,9 +100,9 @@ def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once
 @pytest.mark.slow
 @needs_onednn
 @pytest.mark.skipif("avx512_vnni" not in open("/proc/cpuinfo").read(), reason="the CPU has no AVX512-VNNI")
-def test_the_int8_package_runs_onednn_vnni_kernels_with_int8_weights(demo_checkpoint):
+def test_the_int8_package_runs_onednn_vnni_kernels_with_int8_weights(int8_artifacts):
     """oneDNN's own log of what ran: a brgemm matmul on VNNI with s8 weights (a float fallback shows f32/bf16)."""
-    artifacts = int8_artifacts(demo_checkpoint)
+    artifacts = int8_artifacts
     script = ("import sys, torch; sys.path.insert(0, '.'); from compile.runtime import load_nodes; "
               f"n = load_nodes('{artifacts}'); "
               "n.score(torch.arange(30) % 1000, torch.tensor([10, 20]), torch.tensor([5, 9]), 2)")
@@ -130,20 +119,20 @@ def test_a_model_that_fails_the_gate_is_refused_with_its_figures_and_nothing_is_
 
     with pytest.raises(QuantizationRefused, match=r"misses the \[quantize\] gate on 2 held-out requests .*"
                                                   r"max label log-prob drift [0-9.e-]+ nats > 0\.0"):
-        int8_artifacts(demo_checkpoint, "demo-int8-refused", selection_max_drift=10.0, max_label_logprob_drift=0.0)
+        build_int8(demo_checkpoint, "demo-int8-refused", selection_max_drift=10.0, max_label_logprob_drift=0.0)
     assert not (CACHE / "artifacts/demo-int8-refused" / MANIFEST).exists()
 
 
 @pytest.mark.slow
 @needs_onednn
-async def test_an_int8_deployment_serves_both_routes_over_http_with_the_same_api(demo_checkpoint, tmp_path):
+async def test_an_int8_deployment_serves_both_routes_over_http_with_the_same_api(int8_artifacts, tmp_path):
     import numpy as np
 
     from compile.runtime import load_nodes
     from shared.config import BeamConfig
     from tests.gateway.test_gateway_real_worker import TEXTS, direct, encode, real_gateway
 
-    artifacts = int8_artifacts(demo_checkpoint)
+    artifacts = int8_artifacts
     nodes = load_nodes(artifacts)
     async with real_gateway(artifacts, tmp_path, beam=BeamConfig(enabled=True)) as client:
         response = await client.post("/v1/score", json={"samples": TEXTS, "labels": ["yes", "no"],

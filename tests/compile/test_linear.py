@@ -11,7 +11,6 @@ from compile.linear import Linear, linear, resolve_gemm
 from compile.packing import combine, pack, packable
 from shared.config import ConfigError, parse_config
 from tests.compile.test_score_node import check_against_transformers
-from tests.conftest import build_artifacts
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -63,13 +62,14 @@ def test_the_default_float32_cpu_build_records_onednn_in_its_manifest(demo_artif
     assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == "onednn"
 
 
-def test_an_aten_build_matches_transformers(demo_checkpoint):
-    """Both kernels hold the tests' 1e-4 at these small sizes (the default oneDNN build is checked
+def test_an_aten_build_matches_transformers(llama_artifacts):
+    """Both kernels hold the tests' 1e-4 at these small sizes (the default oneDNN builds are checked
     against transformers by the node tests; at 24 layers of Qwen2.5-0.5B oneDNN was 1.7e-4 from
-    transformers and aten 1.1e-4: see compile/linear.py)."""
-    artifacts = build_artifacts(demo_checkpoint, "demo-aten", model={"gemm": "aten"})
+    transformers and aten 1.1e-4: see compile/linear.py). The aten build is the llama fixture's
+    (tests/compile/conftest.py), shared with the llama node tests rather than built again."""
+    path, artifacts = llama_artifacts
     assert json.loads((artifacts / "manifest.json").read_text())["gemm"] == "aten"
-    check_against_transformers(artifacts, demo_checkpoint)
+    check_against_transformers(artifacts, path)
 
 
 class WholeAndSliced(nn.Module):

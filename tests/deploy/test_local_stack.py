@@ -9,34 +9,28 @@ file) passes, and /v1/score answers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from loadgen import live
 from tests.deploy.stack import ROOT, free_port, load_compose, module_argv, start, stop, tail
 
 pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once, cached)
 READY_TIMEOUT_S = 240.0
 
 
-def wait_ready(url: str, processes, logs, timeout_s: float = READY_TIMEOUT_S) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        for process, log in zip(processes, logs):
-            assert process.poll() is None, f"{process.args[:3]} exited:\n{tail(log)}"
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.25)
-    raise AssertionError("never ready:\n" + "\n".join(tail(log) for log in logs))
+def wait_ready(url: str, processes, logs) -> None:
+    """loadgen's wait-ready on the stack's processes; a failure shows their logs."""
+    try:
+        asyncio.run(live.wait_ready(url, READY_TIMEOUT_S, processes))
+    except (RuntimeError, TimeoutError) as exc:
+        raise AssertionError(f"{exc}:\n" + "\n".join(tail(log) for log in logs)) from None
 
 
 def post_json(url: str, body: dict, timeout_s: float = 30.0) -> tuple[int, dict]:

@@ -7,11 +7,11 @@ is legitimately unmeetable): 503 deadline_unmeetable and 504 deadline_exceeded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 
+from loadgen.live import wait_ready
 from loadgen.standin_worker import standin_manifest
 from shared.manifest import manifest_json
 from loadgen.stack import free_port
@@ -45,25 +46,13 @@ def gateway_url(tokenizer, tmp_path_factory):
                                 "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url)
+        asyncio.run(wait_ready(url, 30.0, (worker, gateway)))
         yield url
     finally:
         gateway.terminate()
         assert gateway.wait(timeout=15) == 0, "the gateway did not drain and exit 0 on SIGTERM"
         worker.kill()
         worker.wait()
-
-
-def wait_ready(url: str, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if requests.get(url + "/readyz", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("gateway never became ready")
 
 
 @pytest.fixture(scope="module")

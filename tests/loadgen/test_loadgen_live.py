@@ -122,7 +122,7 @@ def test_cli_replay_writes_a_report_against_the_real_gateway(tmp_path, capsys, s
     process = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(config), "--artifacts",
                                 str(standin_artifacts)], cwd=ROOT, start_new_session=True)
     try:
-        asyncio.run(wait_ready(f"http://127.0.0.1:{port}", 60, process))
+        asyncio.run(wait_ready(f"http://127.0.0.1:{port}", 60, (process,)))
         trace_path = tmp_path / "t.jsonl"
         write_trace(synthesize(SynthSpec(arrivals="uniform", rate_rps=50, duration_s=0.4, samples=2)), trace_path)
         out_dir = tmp_path / "report"

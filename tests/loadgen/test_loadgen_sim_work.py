@@ -1,7 +1,9 @@
-"""The simulator's jobs are the gateway's: a trace record's shared prefix is shared by the same rule
-and its work counted by the same WorkSize, so the policy sees the same numbers in both."""
+"""The simulator's jobs are the gateway's: a trace record's shared prefix is shared by the same rule,
+the deployment's static prefix reused alike, and the work counted by the same WorkSize, so the
+policy sees the same numbers in both."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -9,43 +11,88 @@ from gateway import sharing
 from gateway.job import Job
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.sim_world import jobs_of
-from loadgen.simulator import SimSettings
-from loadgen.trace import TraceError, TraceRecord, parse_record
+from loadgen.simulator import SimSettings, simulate
+from loadgen.standin_worker import standin_manifest
+from loadgen.trace import TraceError, TraceRecord, make_trace, parse_record
 from shared.bounds import Bounds
+from shared.config import load_config
+from shared.manifest import ScoreNodeFacts
+from shared.work import StaticPrefix
 
 
-def _gateway_jobs(samples, settings: SimSettings):
-    """What gateway/scoring.py queues for these token ids under the same bounds and rule."""
+def _gateway_jobs(samples, settings: SimSettings, static_ids: tuple[int, ...] = ()):
+    """What gateway/scoring.py queues for these token ids under the same bounds and rule, on a
+    deployment whose score node holds the static prefix `static_ids`."""
     bounds = settings.bounds
     prefix_len = sharing.shared_prefix_len(samples, settings.sharing())
     chunks = sharing.chunks(samples, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
 
     async def make():
-        return [Job("r", "score", 0.0, chunk, prefix_len=prefix_len) for chunk in chunks]
+        return [Job("r", "score", 0.0, chunk, prefix_len=prefix_len, reuse=StaticPrefix(static_ids))
+                for chunk in chunks]
     return asyncio.run(make())
 
 
-@pytest.mark.parametrize("lengths,prefix,min_shared", [
-    ((40,) * 15, 32, 4),        # a context shared by 15 items: sent once
-    ((40,) * 15, 3, 4),         # too short to share
-    ((300,) * 20, 200, 4),      # over one batch: every chunk carries the prefix again
-    ((64, 70), 64, 4),          # one sample is the prefix itself
+ROOT = Path(__file__).resolve().parents[2]
+STATIC_IDS = tuple(range(900, 964))
+"""The static prefix's ids (its first n), written over the first n ids of every sample (a template's header)."""
+
+
+@pytest.mark.parametrize("lengths,prefix,min_shared,static,reused", [
+    ((40,) * 15, 32, 4, 0, 0),         # a context shared by 15 items: sent once
+    ((40,) * 15, 3, 4, 0, 0),          # too short to share
+    ((300,) * 20, 200, 4, 0, 0),       # over one batch: every chunk carries the prefix again
+    ((64, 70), 64, 4, 0, 0),           # one sample is the prefix itself
+    ((40,) * 15, 32, 4, 8, 8),         # the shared context starts with the static prefix: reused once
+    ((40,) * 15, 3, 4, 6, 6),          # the static prefix makes a common prefix long enough to share
+    ((40,) * 15, 0, 10, 8, 15 * 8),    # too short to share: each sample reuses it
+    ((300,) * 20, 200, 4, 16, 2 * 16),  # every chunk's prefix reuses it
+    ((64, 70), 64, 4, 64, 0),          # a sample ends with the static prefix: its last token is computed
+    ((8, 40), 0, 10, 8, 8),            # unshared, a sample that is the static prefix alone computes it all
+    ((40,), 0, 4, 8, 8),               # one sample
 ])
-def test_a_record_with_a_shared_prefix_queues_what_the_gateway_queues(lengths, prefix, min_shared):
+def test_a_record_with_a_shared_prefix_queues_what_the_gateway_queues(lengths, prefix, min_shared, static, reused):
     settings = SimSettings(bounds=Bounds(max_samples_per_batch=16, max_tokens_per_batch=4096),
-                           min_shared_prefix_tokens=min_shared)
+                           min_shared_prefix_tokens=min_shared, static_prefix_tokens=static)
     record = TraceRecord(t_ms=0.0, route="score", sample_tokens=lengths, prefix_tokens=prefix)
     body = BodyFactory(BodyOptions(seed=1)).body(record, index=3)
     samples = [s["input_ids"] for s in body["samples"]]
     assert [len(s) for s in samples] == list(lengths) and record.common_prefix_tokens() == prefix
-    sim = jobs_of(0, record, 1.0, settings.batch_bounds("score"), 16, settings.sharing())
-    gateway = _gateway_jobs(samples, settings)
+    samples = [list(STATIC_IDS[:static]) + s[static:] for s in samples]  # each starts with the static prefix
+    sim = jobs_of(0, record, 1.0, settings.batch_bounds("score"), 16, settings.sharing(), static)
+    gateway = _gateway_jobs(samples, settings, STATIC_IDS[:static])
     assert [j.work for j in sim] == [j.work for j in gateway]
+    assert sum(j.work.reused_tokens for j in gateway) == reused
     assert [(j.samples, j.tokens, j.batch_items, j.latency_tokens) for j in sim] == \
         [(j.samples, j.tokens, j.batch_items, j.latency_tokens) for j in gateway]
     # the same record read back from a body alone shares the same prefix
     from_body = TraceRecord(t_ms=0.0, route="score", body=body)
     assert from_body.common_prefix_tokens() >= prefix
+
+
+def test_the_simulator_replays_a_static_prefix_as_reused_tokens():
+    """A trace replayed on a deployment with a static prefix costs the workers the computed tokens
+    only, as the gateway's jobs count them: 4 samples of 40 share their 16-token static prefix,
+    reused, so the batch computes 4 suffixes of 24 (the service sees B and L = computed tokens / B)."""
+    trace = make_trace([TraceRecord(t_ms=0.0, route="score", sample_tokens=(40,) * 4)])
+    for static, tokens_per_sample in ((0, 40), (16, 24)):
+        seen = []
+
+        def service(route, items, tokens):
+            seen.append((route, items, tokens))
+            return 1.0
+
+        results = simulate(trace, SimSettings(static_prefix_tokens=static), service)
+        assert [r.status for r in results] == [200]
+        assert seen[-1] == ("score", 4, tokens_per_sample), seen
+
+
+def test_settings_from_a_deployment_take_its_manifests_static_prefix():
+    config = load_config(ROOT / "configs/test.toml")
+    manifest = standin_manifest(1024, score=ScoreNodeFacts(package="score.pt2", sha256="0", static_prefix_ids=(5, 6, 7)))
+    assert SimSettings.from_config(config, manifest).static_prefix_tokens == 3
+    assert SimSettings.from_config(config, standin_manifest(1024)).static_prefix_tokens == 0
+    assert SimSettings.from_config(config).static_prefix_tokens == 0
 
 
 def test_prefix_tokens_round_trip_and_are_checked():

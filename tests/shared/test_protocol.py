@@ -147,6 +147,25 @@ BAD = [
 ]
 
 
+def ready_body(bounds: dict) -> bytes:
+    return body(p.PROTOCOL_VERSION, "w", "cpu", 1, ["score"], bounds, {}, {})
+
+
+def test_a_ready_without_bounds_is_refused_naming_every_bound():
+    with pytest.raises(p.ProtocolError, match="invalid Ready at bounds: missing " + ", ".join(BOUNDS_MAP) + ": a worker "
+                                              "announces every bound"):
+        p.decode([b"\x02", ready_body({})])
+
+
+def test_a_ready_lacking_some_bounds_names_those_and_never_takes_their_defaults():
+    some = {k: v for k, v in BOUNDS_MAP.items() if k not in ("max_labels", "max_prefix_tokens")}
+    with pytest.raises(p.ProtocolError, match=r"invalid Ready at bounds: missing max_labels, max_prefix_tokens: "):
+        p.decode([b"\x02", ready_body(some)])
+    # every bound present (an unset max_prefix_tokens travels as nil) decodes as sent
+    ready = p.decode([b"\x02", ready_body({**BOUNDS_MAP, "max_prefix_tokens": None})])
+    assert ready.bounds == dataclasses.replace(BOUNDS, max_prefix_tokens=None)
+
+
 @pytest.mark.parametrize("frames,match", BAD)
 def test_malformed_frames_raise_protocol_error(frames, match):
     with pytest.raises(p.ProtocolError, match=match):
