@@ -35,13 +35,14 @@ def keep_freed_memory() -> bool:
     return module.keep_freed_memory()
 
 
-def build_config(tree: Path, workload: str, checkpoint: str, dtype: str, threads: int):
-    """configs/test.toml with the headline benches' bounds (bench/score_node.py, bench/beam_node.py)."""
+def build_config(tree: Path, workload: str, checkpoint: str, dtype: str, threads: int, gemm: str | None = None):
+    """configs/test.toml with the headline benches' bounds (bench/score_node.py, bench/beam_node.py);
+    `gemm` sets model.gemm (a tree that has the setting), None keeps the tree's default."""
     from shared.config import BeamConfig, ScoreConfig, load_config
 
     config = load_config(tree / "configs" / "test.toml")
     worker = dataclasses.replace(config.worker, cpu_threads=threads)
-    model = dataclasses.replace(config.model, path=checkpoint, dtype=dtype)
+    model = dataclasses.replace(config.model, path=checkpoint, dtype=dtype, **({"gemm": gemm} if gemm else {}))
     if workload == "beam":
         bounds = dataclasses.replace(config.bounds, max_beam_width=100, max_new_tokens=4, max_prompt_tokens=512,
                                      max_beam_requests_per_batch=4)
@@ -76,6 +77,7 @@ def main() -> None:
     for name in ("--tree", "--workload", "--checkpoint", "--dtype", "--out", "--requests"):
         parser.add_argument(name, required=True)
     parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--gemm", help="model.gemm of this side's build (default: the tree's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # both sides run as a CPU worker does (compile/allocator.py of this bench's tree)
@@ -84,7 +86,7 @@ def main() -> None:
     from compile.runtime import load_nodes
 
     start = time.perf_counter()
-    build(build_config(Path(args.tree), args.workload, args.checkpoint, args.dtype, args.threads), args.out)
+    build(build_config(Path(args.tree), args.workload, args.checkpoint, args.dtype, args.threads, args.gemm), args.out)
     built_s = time.perf_counter() - start
     call = caller(load_nodes(args.out), args.workload)
     requests = torch.load(args.requests)

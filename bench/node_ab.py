@@ -17,6 +17,7 @@ and writes nothing. Builds are cached under bench/.cache/node_ab/ (A by commit, 
 
     .venv/bin/python bench/node_ab.py --workload score|shared|beam [--ref main] [--model qwen2.5-0.5b]
                                       [--dtype fp32|bf16] [--layers N] [--requests R] [--rounds K] [--build-only]
+                                      [--b-gemm auto|aten|onednn]
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def make_requests(workload: str, count: int, vocab: int) -> list:
 class Side:
     """One side's process: started on a tree, asked to run request i, answering seconds and outputs."""
 
-    def __init__(self, name: str, tree: Path, args, checkpoint: Path, requests_file: Path, out: Path) -> None:
+    def __init__(self, name: str, tree: Path, args, checkpoint: Path, requests_file: Path, out: Path,
+                 gemm: str | None = None) -> None:
         dtype = {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
         argv = [sys.executable, str(SIDE), "--tree", str(tree), "--workload", args.workload, "--checkpoint",
                 str(checkpoint), "--dtype", dtype, "--out", str(out), "--requests", str(requests_file),
-                "--threads", str(args.threads)]
+                "--threads", str(args.threads)] + (["--gemm", gemm] if gemm else [])
         env = {**os.environ, "PYTHONPATH": str(tree)}  # the side imports compile/ and shared/ from its tree
         self.name = name
         self.process = subprocess.Popen(argv, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -137,6 +139,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="passes over the requests")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="intra-op threads of both sides")
     parser.add_argument("--build-only", action="store_true", help="build (and cache) both nodes, time nothing")
+    parser.add_argument("--b-gemm", choices=("auto", "aten", "onednn"),
+                        help="model.gemm of B's build (default: the tree's), e.g. aten to leave out prepacked oneDNN weights")
     args = parser.parse_args()
     family, shape, depth = MODELS[args.model]
     layers = args.layers or depth
@@ -149,7 +153,8 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(requests, folder / "requests.pt")
     sides = {"A": Side("A", tree, args, checkpoint, folder / "requests.pt", folder / f"A-{commit[:12]}"),
-             "B": Side("B", ROOT, args, checkpoint, folder / "requests.pt", folder / "B-tree")}
+             "B": Side("B", ROOT, args, checkpoint, folder / "requests.pt",
+                       folder / ("B-tree" + (f"-gemm-{args.b_gemm}" if args.b_gemm else "")), args.b_gemm)}
     if args.build_only:
         for side in sides.values():
             side.close()
@@ -175,7 +180,7 @@ def main() -> None:
     median_cpu = {name: statistics.median(t) for name, t in cpu.items()}
     result = {
         "bench": "node_ab", "workload": args.workload, "model": args.model, "layers": layers, "dtype": args.dtype,
-        "ref": args.ref, "ref_commit": commit, "a_code": sides["A"].ready["code"], "b_code": sides["B"].ready["code"],
+        "ref": args.ref, "ref_commit": commit, "b_gemm": args.b_gemm or "default", "a_code": sides["A"].ready["code"], "b_code": sides["B"].ready["code"],
         "requests": len(requests), "calls_per_side": calls, "a_median_s": round(median["A"], 4),
         "b_median_s": round(median["B"], 4), "speedup": round(median["A"] / median["B"], 3),
         "median_pair_ratio": round(statistics.median(pair_ratios), 3),
@@ -186,6 +191,7 @@ def main() -> None:
         "parity": checks, "quick": layers != depth,
     }
     name = f"node_ab_{args.workload}_{args.model}_{args.dtype}" + ("" if layers == depth else f"_{layers}l")
+    name += f"_b_{args.b_gemm}" if args.b_gemm else ""
     emit(name + ("" if args.threads == 2 else f"_t{args.threads}"), result, threads=args.threads)
 
 
