@@ -218,6 +218,12 @@ class GatewayConfig:
     """Drop before compute (504) queued work predicted to finish past its deadline, and pack a batch
     only with companions that keep every member in time; false: work is sent until its deadline
     passes in the queue (for baselines)."""
+    shed_by_cost: bool = False
+    """Under overload, with admission and drop_predicted_late on: when the queue, served in order,
+    cannot finish every request in time, the costliest per answer (predicted compute alone) is
+    refused or left out of the batch first, not the latest in the order; while every queued request
+    is predicted in time it changes nothing. Large requests are the first shed under overload.
+    Off by default: the simulator did not show it wins (README, "Overload")."""
     queue_order: Literal["deadline", "arrival"] = "deadline"
     """Serving order of the queue: deadline (earliest deadline first) or arrival (first come, first
     served; for baselines). Either way a request expires (504) when its deadline passes in the queue."""
