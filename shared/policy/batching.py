@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -134,12 +134,11 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
 
 
 def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
-               timing: Timing | None = None, skip: Collection[int] = ()) -> tuple[list[W], list[W]]:
+               timing: Timing | None = None) -> tuple[list[W], list[W]]:
     """The next batch's jobs in serving order, up to the compiled bounds (looking past at most
     SCAN_LIMIT jobs that do not fit). With `timing`, a job joins only if the batch still finishes
     before every member's deadline, its own included, and the jobs that cannot finish in time even
-    alone are returned apart (second value) instead. Jobs whose id() is in `skip` (shed for their
-    cost) stay queued, out of this batch."""
+    alone are returned apart (second value) instead."""
     taken: list[W] = []
     doomed: list[W] = []
     samples, tokens, items, computed, labels, skipped = 0, 0, 0, 0, set(), 0
@@ -147,8 +146,6 @@ def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
     for job in queue.in_order():
         if timing is not None and not timing.in_time(job.batch_items, job.latency_tokens, job.deadline):
             doomed.append(job)
-            continue
-        if skip and id(job) in skip:
             continue
         late = timing is not None and taken and not timing.in_time(
             items + job.batch_items, computed + job.latency_tokens, min(due, job.deadline))
@@ -196,22 +193,23 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
 
     With `shed_by_cost` too, when the queue, served in order from this worker's free time in full
     batches shared by `workers` workers, cannot finish every job in time, the jobs `shed_costliest`
-    picks (the costliest per answer) are left out of the batch: they stay queued, and are sent
-    later only if room opens before their deadline (else dropped or expired as any late job). While
-    every queued job is predicted in time it changes nothing."""
+    picks (the costliest per answer) are dropped before compute (`late`), so that the rest can be;
+    while every queued job is predicted in time it changes nothing."""
     hold_ms = worker_busy_ms - max_wait_ms
     if hold_ms > MIN_HOLD_MS:
         return Hold(hold_ms)
     timing = Timing(model, now_s, worker_busy_ms, slack_ms)
     if not (drop_late and model.verified):
         return _send(form_batch(queue, workload, bounds)[0], [], timing)
-    shed = (shed_costliest(queue.in_order(), model, worker_busy_ms, workers, now_s * 1000.0 + slack_ms)
-            if shed_by_cost else set())
-    packed, _ = form_batch(queue, workload, bounds, skip=shed)
-    short, doomed = form_batch(queue, workload, bounds, timing, shed)
+    shed = shed_costliest(queue.in_order(), model, worker_busy_ms, workers, now_s * 1000.0 + slack_ms) \
+        if shed_by_cost else ()
+    if shed and not (worker_busy_ms <= 0 and len(shed) == queue.jobs):  # not all: the probe below decides
+        return Send([], [j for j in queue.in_order() if id(j) in shed], 0.0, now_s)
+    packed, _ = form_batch(queue, workload, bounds)
+    short, doomed = form_batch(queue, workload, bounds, timing)
     if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
         timing = Timing(model, now_s, worker_busy_ms)
-        short, doomed = form_batch(queue, workload, bounds, timing, shed)
+        short, doomed = form_batch(queue, workload, bounds, timing)
     if doomed:
         return Send([], doomed, 0.0, now_s)
     packed_ms, late = _plan(packed, timing)

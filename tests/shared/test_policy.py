@@ -322,11 +322,13 @@ def test_shedding_by_cost_keeps_more_jobs_in_time_than_skipping_the_late_ones():
     queue = queue_of(big, *small)
     assert shed_costliest(queue.in_order(), model(1.0, 0.0), 0.0, 1, 0.0) == {id(big)}
     assert place(queue, IDLE, model(1.0, 0.0), 0.0, 0.0, 0.0065) == 6.0  # deadline order: only the big one fits
+    before = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0)
+    assert isinstance(before, Send) and before.live == [big]  # off: the three are dropped after it
+    plan = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0, shed_by_cost=True)
+    assert isinstance(plan, Send) and plan.late == [big] and not plan.live  # dropped before compute
+    queue.remove(big)
     plan = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0, shed_by_cost=True)
     assert isinstance(plan, Send) and plan.live == small and not plan.late
-    assert big in queue  # left queued, not dropped: sent later if room opens before its deadline
-    before = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0)
-    assert isinstance(before, Send) and before.live == [big]  # off: as before, the three are dropped after it
 
 
 def test_a_cheap_request_gets_in_by_shedding_a_costlier_one_and_a_costly_one_is_refused():
