@@ -6,7 +6,9 @@ loadgen/pinned_stack.py). Where the machine has two CPUs or more, the worker run
 last one with one thread, and the gateways and this client on the others, so a policy's refusals
 never take CPU from the model. Every policy serves with the same gateway code and settings except:
   admission       the product: refused at once (503) when the predicted finish where the request
-                  would run misses its deadline; queued work predicted late dropped before compute
+                  would run misses its deadline; queued work predicted late dropped before compute;
+                  under overload the costliest per answer shed first (`shed_by_cost`; the
+                  ablations below have it off: deadline order alone decides what is given up)
   edf_late_drop   no early refusal; deadline order; predicted-late drops (what early refusal adds)
   fcfs_late_drop  the fair FCFS: first come first served, predicted-late drops, no early refusal
   edf_bounded     the bounded queue handed the measured capacity: a token budget of `queue_factor`
@@ -58,11 +60,13 @@ from shared.config import load_config
 CONFIG = ROOT / "configs" / "overload.toml"
 UNBOUNDED = 10**8
 POLICIES: dict[str, dict[str, Any]] = {
-    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline"},
-    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline"},
-    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival"},
-    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
-    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
+    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline", "shed_by_cost": True},
+    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline",
+                      "shed_by_cost": False},
+    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival",
+                       "shed_by_cost": False},
+    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
+    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
 }
 SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
 SWEEP_STEP_UP, MAX_SWEEP_STEPS = 1.15, 12

@@ -44,7 +44,7 @@ def settings_for(policy: str, args, **extra: Any) -> SimSettings:
                                    batch_overhead_ms=args.batch_overhead_ms)
     rng = random.Random(7)
     jitter = tuple(rng.lognormvariate(0.0, args.jitter_cv) for _ in range(1000))
-    product = {"shed_by_cost": True} if args.shed_by_cost and policy == "admission" else {}
+    product = {"shed_by_cost": args.shed_by_cost == "on"} if policy == "admission" else {}
     knobs = {**POLICIES[policy], "max_queue_tokens": UNBOUNDED, "compute_jitter": jitter, **product, **extra}
     return base.with_knobs(knobs)
 
@@ -82,8 +82,8 @@ def size_class(record) -> str:
 
 def sweep_capacity(workload: overload_load.Workload, args, service) -> float:
     """As live: double from 25 requests/s until goodput falls below 85 % of the offered rate, then
-    SWEEP x that knee on admission and edf_late_drop; the best goodput. Admission is swept as the
-    product runs by default (shed_by_cost off), so that runs with the rule off and on offer the same rates."""
+    SWEEP x that knee on admission and edf_late_drop; the best goodput. Admission is swept with
+    shed_by_cost off (as before the rule), so that runs with the rule off and on offer the same rates."""
     def goodput(policy: str, rate: float, seed: int) -> float:
         return window(policy, workload.poisson(rate, 10.0, seed), args, service, shed_by_cost=False)["goodput_rps"]
     rate, knee = 25.0, 0.0
@@ -148,14 +148,14 @@ def main() -> None:
     parser.add_argument("--batch-overhead-ms", type=float, default=1.0, help="messages per batch, half each way")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--requests-per-window", type=int, default=900)
-    parser.add_argument("--shed-by-cost", action="store_true", help="the product policy (admission) with "
-                        "[gateway] shed_by_cost = true; the ablations as they are")
+    parser.add_argument("--shed-by-cost", choices=("on", "off"), default="on", help="the product policy "
+                        "(admission) with [gateway] shed_by_cost on (the default) or off; the ablations keep it off")
     args = parser.parse_args()
     chosen = ("uniform", "trace") if args.workload == "both" else (args.workload,)
     for name in chosen:
         workload = (overload_load.uniform(args.slo_ms) if name == "uniform" else
                     overload_load.trace(overload_load.TRACE, args.windows, args.requests_per_window, (50.0, 100.0, 300.0)))
-        suffix = "-shed-by-cost" if args.shed_by_cost else ""
+        suffix = "-shed-off" if args.shed_by_cost == "off" else ""
         write_result(f"overload-sim-{name}{suffix}", run(workload, args), quick=False, threads=None)
 
 

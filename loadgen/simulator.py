@@ -56,8 +56,8 @@ class SimSettings:
     """[gateway].admission: refuse at once a request predicted to finish past its deadline."""
     drop_predicted_late: bool = True
     """[gateway].drop_predicted_late: drop, before compute, queued work predicted to finish late."""
-    shed_by_cost: bool = False
-    """[gateway].shed_by_cost: under overload, refuse and leave out the costliest per answer first."""
+    shed_by_cost: bool = True
+    """[gateway].shed_by_cost: under overload, refuse and drop the costliest per answer first."""
     queue_order: str = "deadline"
     """[gateway].queue_order: deadline (earliest deadline first) or arrival (first come, first served)."""
     score_deadline_ms: float = 100.0

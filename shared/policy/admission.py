@@ -25,7 +25,8 @@ class AdmissionSettings:
     shed_by_cost: bool = False
     """With refuse_early: a request is refused when `shed_costliest`, run over the queue with it in
     its place, sheds it (not when its own finish misses its deadline: it may get in by shedding a
-    costlier queued job that the batcher then leaves out); the batcher sheds the same way."""
+    costlier queued job, which the batcher then drops before compute); the batcher sheds the same
+    way. Under overload the largest requests are the first refused or dropped."""
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,12 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
     most predicted ms alone (itself included; ties: the latest in the order, so where every job
     costs the same this sheds exactly the jobs a walk that skips late ones skips), if shedding that
     one brings it in time; else it is shed itself (one late job never sheds more than one other,
-    and a job late even alone sheds nothing but itself). Nothing is shed while every job is in time."""
+    and a job late even alone sheds nothing but itself). Nothing is shed while every job is in time.
+
+    A large request's fate, plainly: under overload it is the first shed, and is served only with
+    the room the cheaper ones leave (in the simulator at 2x on the Azure code trace, the largest
+    were answered in time about as often as with deadline order, 24 % against 25 %; at 1x and 4x
+    markedly less often: 25 % against 39 %, 13 % against 17 %; README, "Overload")."""
     kept: list[tuple[float, int, W]] = []  # a heap, costliest (then latest) first
     shed: set[int] = set()
     items = tokens = 0
