@@ -143,22 +143,20 @@ def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s:
     least its `items` (samples, or beams) can take (one token each), already misses the deadline."""
     if not settings.refuse_early:
         return None
-    if settings.shed_by_cost:  # at the least it can cost, would the queue shed it?
-        alone_ms = pool.soonest_free_ms + model.backlog_ms(items, items) + settings.margin_ms
-        if is_probe(model, queue, pool, alone_ms <= (deadline_s - now_s) * 1000.0):
-            return None
-        return _by_cost([_Least(deadline_s, items)], queue, pool, model, now_s, lateness.slack_ms(settings.margin_ms),
-                        f"this request, at the least its {items} item(s) can take")
     least_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
     slack_ms = lateness.slack_ms(settings.margin_ms)
-    fits_unpadded = least_ms + settings.margin_ms <= budget_ms
-    if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool, fits_unpadded):
+    if is_probe(model, queue, pool, least_ms + settings.margin_ms <= budget_ms):
         return None
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its "
-                                                   f"{items} item(s) can take, is {least_ms:.1f} ms (+ margin "
-                                                   f"{slack_ms:.1f} ms), already past the deadline of "
-                                                   f"{budget_ms:.1f} ms; refused before any work")
+    late = None if least_ms + slack_ms <= budget_ms else Refusal(
+        DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its {items} item(s) "
+                                        f"can take, is {least_ms:.1f} ms (+ margin {slack_ms:.1f} ms), already past the "
+                                        f"deadline of {budget_ms:.1f} ms; refused before any work")
+    if not settings.shed_by_cost:
+        return late
+    shed = _by_cost([_Least(deadline_s, items)], queue, pool, model, now_s, slack_ms,
+                    f"at the least its {items} item(s) can take")
+    return None if shed is None else late or shed
 
 
 def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float,
@@ -179,13 +177,14 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
     slack_ms = lateness.slack_ms(settings.margin_ms)
     if not settings.refuse_early or is_probe(model, queue, pool, done_ms + settings.margin_ms <= budget_ms):
         return prediction
-    if settings.shed_by_cost:
-        return _by_cost(jobs, queue, pool, model, now_s, slack_ms) or prediction
-    if wait_ms + service_ms + slack_ms <= budget_ms:
-        return prediction
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait "
-                                          f"{wait_ms:.1f} ms + service {service_ms:.1f} ms + margin {slack_ms:.1f} "
-                                          f"ms) is past the deadline of {budget_ms:.1f} ms; refused before any work")
+    late = None if wait_ms + service_ms + slack_ms <= budget_ms else Refusal(
+        DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait {wait_ms:.1f} ms "
+                                        f"+ service {service_ms:.1f} ms + margin {slack_ms:.1f} ms) is past the deadline "
+                                        f"of {budget_ms:.1f} ms; refused before any work")
+    if not settings.shed_by_cost:
+        return late or prediction
+    shed = _by_cost(jobs, queue, pool, model, now_s, slack_ms)
+    return prediction if shed is None else late or shed
 
 
 @dataclass(frozen=True)
@@ -211,11 +210,13 @@ class _Least:
 
 
 def _by_cost(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float,
-             slack_ms: float, who: str = "this request") -> Refusal | None:
+             slack_ms: float, at: str = "") -> Refusal | None:
     """Refuse when `shed_costliest`, over the whole queue with the request's jobs in their place,
     sheds one of them (else None: admit): while every job is predicted in time that is never; under
-    overload a request gets in by shedding a queued job that costs more per answer, and is refused
-    when it costs the most of the work it competes with (which then keeps its place)."""
+    overload a request gets in by shedding a queued job that costs more per answer, even one whose
+    own finish where it runs misses its deadline, and is refused when it costs the most of the work
+    it competes with (which then keeps its place). The caller words a refusal of a request that
+    misses its deadline where it runs as such; this one's words are for the rest."""
     order = list(queue.in_order())
     cut = sum(1 for _ in queue.ahead_of(min(j.deadline for j in jobs)))  # arrival order: the whole queue
     order[cut:cut] = jobs
@@ -223,7 +224,8 @@ def _by_cost(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: 
     if not any(id(job) in shed for job in jobs):
         return None
     cost_ms = sum(model.backlog_ms(j.batch_items, j.latency_tokens) for j in jobs)
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the queue cannot finish every request in time (+ margin "
-                                                   f"{slack_ms:.1f} ms) and {who}, {cost_ms:.1f} ms of predicted "
-                                                   f"compute, costs the most per answer of the work it competes "
-                                                   f"with; refused before any work")
+    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"with this request the queue cannot finish every request by its "
+                                                   f"deadline (+ margin {slack_ms:.1f} ms), and this one "
+                                                   f"({cost_ms:.1f} ms of predicted compute{', ' + at if at else ''}) "
+                                                   f"costs the most per answer of the work it competes with; "
+                                                   f"refused before any work")
