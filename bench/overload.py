@@ -95,8 +95,9 @@ class Bench:
         self.gateways: dict[str, GatewayProcess] = {}
 
     async def start(self, name: str, **extra: Any) -> None:
+        product = {"shed_by_cost": self.args.shed_by_cost == "on"} if name == "admission" else {}
         knobs = {**POLICIES[name], "max_queue_tokens": UNBOUNDED,
-                 "score_deadline_ms": int(max(self.workload.classes_ms)), **extra}
+                 "score_deadline_ms": int(max(self.workload.classes_ms)), **product, **extra}
         gateway = GatewayProcess(self.workers, name, knobs).start()
         self.gateways[name] = gateway
         await gateway.ready()
@@ -200,6 +201,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning 
                      for name, loads in windows.items()}
     return {
         "bench": "overload", "workload": workload.name, "deadlines_ms": list(workload.classes_ms),
+        "admission_shed_by_cost": args.shed_by_cost,
         **keys, "goals": overload_summary.goals(figures, keys, workload.name),
         "capacity_rps": measured["capacity_rps"], "capacity_found_by": measured["capacity_found_by"],
         "capacity_check": overload_summary.capacity_check(figures, measured["capacity_rps"]),
@@ -253,6 +255,9 @@ def main() -> None:
     parser.add_argument("--artifacts",
                         help="compiled artifacts (default: build the demo model with configs/overload.toml)")
     parser.add_argument("--no-pinning", action="store_true", help="leave every process on every CPU")
+    parser.add_argument("--shed-by-cost", choices=("on", "off"), default="on", help="admission (the product) with "
+                        "[gateway] shed_by_cost on (the default) or off (results: overload-<workload>-shed-off.json); "
+                        "the ablations keep it off")
     args = parser.parse_args()
     args.windows = args.windows or (1 if args.quick else 3)
     args.window_s = args.window_s or (3.0 if args.quick else 10.0)
@@ -264,7 +269,8 @@ def main() -> None:
         pinning.pin_caller()
     for workload in workloads(args):
         result = uvloop.run(run(workload, args, pinning))  # the faster loop: the client lags less
-        write_result(f"overload-{workload.name}" + ("-quick" if args.quick else ""), result, quick=args.quick,
+        suffix = ("-shed-off" if args.shed_by_cost == "off" else "") + ("-quick" if args.quick else "")
+        write_result(f"overload-{workload.name}{suffix}", result, quick=args.quick,
                      threads={"worker": load_config(CONFIG).worker.cpu_threads})
 
 
