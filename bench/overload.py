@@ -6,7 +6,9 @@ loadgen/pinned_stack.py). Where the machine has two CPUs or more, the worker run
 last one with one thread, and the gateways and this client on the others, so a policy's refusals
 never take CPU from the model. Every policy serves with the same gateway code and settings except:
   admission       the product: refused at once (503) when the predicted finish where the request
-                  would run misses its deadline; queued work predicted late dropped before compute
+                  would run misses its deadline; queued work predicted late dropped before compute;
+                  under overload the costliest per answer shed first (`shed_by_cost`; the
+                  ablations below have it off: deadline order alone decides what is given up)
   edf_late_drop   no early refusal; deadline order; predicted-late drops (what early refusal adds)
   fcfs_late_drop  the fair FCFS: first come first served, predicted-late drops, no early refusal
   edf_bounded     the bounded queue handed the measured capacity: a token budget of `queue_factor`
@@ -58,11 +60,13 @@ from shared.config import load_config
 CONFIG = ROOT / "configs" / "overload.toml"
 UNBOUNDED = 10**8
 POLICIES: dict[str, dict[str, Any]] = {
-    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline"},
-    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline"},
-    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival"},
-    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
-    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline"},
+    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline", "shed_by_cost": True},
+    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline",
+                      "shed_by_cost": False},
+    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival",
+                       "shed_by_cost": False},
+    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
+    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
 }
 SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
 SWEEP_STEP_UP, MAX_SWEEP_STEPS = 1.15, 12
@@ -91,8 +95,9 @@ class Bench:
         self.gateways: dict[str, GatewayProcess] = {}
 
     async def start(self, name: str, **extra: Any) -> None:
+        product = {"shed_by_cost": self.args.shed_by_cost == "on"} if name == "admission" else {}
         knobs = {**POLICIES[name], "max_queue_tokens": UNBOUNDED,
-                 "score_deadline_ms": int(max(self.workload.classes_ms)), **extra}
+                 "score_deadline_ms": int(max(self.workload.classes_ms)), **product, **extra}
         gateway = GatewayProcess(self.workers, name, knobs).start()
         self.gateways[name] = gateway
         await gateway.ready()
@@ -196,6 +201,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning 
                      for name, loads in windows.items()}
     return {
         "bench": "overload", "workload": workload.name, "deadlines_ms": list(workload.classes_ms),
+        "admission_shed_by_cost": args.shed_by_cost,
         **keys, "goals": overload_summary.goals(figures, keys, workload.name),
         "capacity_rps": measured["capacity_rps"], "capacity_found_by": measured["capacity_found_by"],
         "capacity_check": overload_summary.capacity_check(figures, measured["capacity_rps"]),
@@ -249,6 +255,9 @@ def main() -> None:
     parser.add_argument("--artifacts",
                         help="compiled artifacts (default: build the demo model with configs/overload.toml)")
     parser.add_argument("--no-pinning", action="store_true", help="leave every process on every CPU")
+    parser.add_argument("--shed-by-cost", choices=("on", "off"), default="on", help="admission (the product) with "
+                        "[gateway] shed_by_cost on (the default) or off (results: overload-<workload>-shed-off.json); "
+                        "the ablations keep it off")
     args = parser.parse_args()
     args.windows = args.windows or (1 if args.quick else 3)
     args.window_s = args.window_s or (3.0 if args.quick else 10.0)
@@ -260,7 +269,8 @@ def main() -> None:
         pinning.pin_caller()
     for workload in workloads(args):
         result = uvloop.run(run(workload, args, pinning))  # the faster loop: the client lags less
-        write_result(f"overload-{workload.name}" + ("-quick" if args.quick else ""), result, quick=args.quick,
+        suffix = ("-shed-off" if args.shed_by_cost == "off" else "") + ("-quick" if args.quick else "")
+        write_result(f"overload-{workload.name}{suffix}", result, quick=args.quick,
                      threads={"worker": load_config(CONFIG).worker.cpu_threads})
 
 

@@ -44,7 +44,8 @@ def settings_for(policy: str, args, **extra: Any) -> SimSettings:
                                    batch_overhead_ms=args.batch_overhead_ms)
     rng = random.Random(7)
     jitter = tuple(rng.lognormvariate(0.0, args.jitter_cv) for _ in range(1000))
-    knobs = {**POLICIES[policy], "max_queue_tokens": UNBOUNDED, "compute_jitter": jitter, **extra}
+    product = {"shed_by_cost": args.shed_by_cost == "on"} if policy == "admission" else {}
+    knobs = {**POLICIES[policy], "max_queue_tokens": UNBOUNDED, "compute_jitter": jitter, **product, **extra}
     return base.with_knobs(knobs)
 
 
@@ -58,20 +59,33 @@ def window(policy: str, trace, args, service, **extra: Any) -> dict[str, Any]:
     compute = sum(sim.compute_ms.values())
     wasted = sum(ms for index, ms in sim.compute_ms.items() if index not in good_ids)
     by_class: dict[str, list[int]] = {}
+    by_size: dict[str, list[int]] = {}
     for r, rec in zip(results, trace.records):
         by_class.setdefault(f"{rec.deadline_ms or args.slo_ms:g}", []).append(r.index in good_ids)
+        by_size.setdefault(size_class(rec), []).append(r.index in good_ids)
     return {"goodput_rps": len(good) / span_s, "offered": len(results),
             "refused": sum(r.outcome in ("deadline_unmeetable", "queue_full") for r in results),
             "wasted_share": wasted / compute if compute else 0.0,
             "batch_fill": statistics.fmean(sim.batch_fill) if sim.batch_fill else None,
-            "by_class": {c: sum(v) / span_s for c, v in by_class.items()}}
+            "by_class": {c: sum(v) / span_s for c, v in by_class.items()},
+            "by_size": {c: (sum(v), len(v)) for c, v in by_size.items()}}
+
+
+SIZES = ((256, "tokens<=256"), (767, "257-767"), (1023, "768-1023"))
+
+
+def size_class(record) -> str:
+    """A request's size bucket by its tokens (the trace's largest, 8 x 128 clipped, are their own)."""
+    tokens = sum(record.sample_tokens or ())
+    return next((name for most, name in SIZES if tokens <= most), "tokens>=1024")
 
 
 def sweep_capacity(workload: overload_load.Workload, args, service) -> float:
     """As live: double from 25 requests/s until goodput falls below 85 % of the offered rate, then
-    SWEEP x that knee on admission and edf_late_drop; the best goodput."""
+    SWEEP x that knee on admission and edf_late_drop; the best goodput. Admission is swept with
+    shed_by_cost off (as before the rule), so that runs with the rule off and on offer the same rates."""
     def goodput(policy: str, rate: float, seed: int) -> float:
-        return window(policy, workload.poisson(rate, 10.0, seed), args, service)["goodput_rps"]
+        return window(policy, workload.poisson(rate, 10.0, seed), args, service, shed_by_cost=False)["goodput_rps"]
     rate, knee = 25.0, 0.0
     while rate < 5000:
         knee = max(knee, goodput("admission", rate, 0))
@@ -99,12 +113,16 @@ def run(workload: overload_load.Workload, args) -> dict[str, Any]:
                 "refused_share": round(statistics.median(r["refused"] / r["offered"] for r in rows), 3),
                 "wasted_share": round(statistics.median(r["wasted_share"] for r in rows), 4),
                 "batch_fill": round(statistics.median(r["batch_fill"] or 0.0 for r in rows), 3),
-                "by_class": {c: round(statistics.median(r["by_class"][c] for r in rows), 2) for c in classes}}
+                "by_class": {c: round(statistics.median(r["by_class"][c] for r in rows), 2) for c in classes},
+                "in_time_by_size": {c: round(sum(r["by_size"].get(c, (0, 0))[0] for r in rows)
+                                             / max(1, sum(r["by_size"].get(c, (0, 0))[1] for r in rows)), 3)
+                                    for c in sorted({c for r in rows for c in r["by_size"]})}}
     ablations = [p for p in POLICIES if p != "admission"]
     at2 = {p: table[p]["2x"]["goodput_rps"] for p in POLICIES} if "2x" in table["admission"] else {}
     best = max(ablations, key=lambda p: at2[p]) if at2 else None
     own_best = max(f["goodput_rps"] for f in table["admission"].values())
     return {"bench": "overload_sim", "workload": workload.name, "service": args.service,
+            "shed_by_cost": args.shed_by_cost,
             "jitter_cv": args.jitter_cv, "request_overhead_ms": args.request_overhead_ms,
             "batch_overhead_ms": args.batch_overhead_ms, "windows": args.windows,
             "capacity_rps": round(capacity, 1), "token_budget_edf_bounded": budget,
@@ -130,12 +148,15 @@ def main() -> None:
     parser.add_argument("--batch-overhead-ms", type=float, default=1.0, help="messages per batch, half each way")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--requests-per-window", type=int, default=900)
+    parser.add_argument("--shed-by-cost", choices=("on", "off"), default="on", help="the product policy "
+                        "(admission) with [gateway] shed_by_cost on (the default) or off; the ablations keep it off")
     args = parser.parse_args()
     chosen = ("uniform", "trace") if args.workload == "both" else (args.workload,)
     for name in chosen:
         workload = (overload_load.uniform(args.slo_ms) if name == "uniform" else
                     overload_load.trace(overload_load.TRACE, args.windows, args.requests_per_window, (50.0, 100.0, 300.0)))
-        write_result(f"overload-sim-{name}", run(workload, args), quick=False, threads=None)
+        suffix = "-shed-off" if args.shed_by_cost == "off" else ""
+        write_result(f"overload-sim-{name}{suffix}", run(workload, args), quick=False, threads=None)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ __all__ = ["Admission", "Prediction"]
 class Admission:
     """Decides admit or refuse (a value: Prediction, or ApiError raised) for a request's jobs."""
 
-    def __init__(self, pool: WorkerPool, max_queue_tokens: int, margin_ms: float, enabled: bool = True) -> None:
+    def __init__(self, pool: WorkerPool, max_queue_tokens: int, margin_ms: float, enabled: bool = True,
+                 shed_by_cost: bool = False) -> None:
         self._pool = pool
-        self.settings = AdmissionSettings(max_queue_tokens, margin_ms, refuse_early=enabled)
+        self.settings = AdmissionSettings(max_queue_tokens, margin_ms, refuse_early=enabled, shed_by_cost=shed_by_cost)
 
     @property
     def enabled(self) -> bool:

@@ -35,7 +35,7 @@ class Batcher:
 
     def __init__(self, workload: str, pool: WorkerPool, bounds: BatchBounds, max_wait_ms: float,
                  answer_grace_ms: float, metrics: Metrics, drop_late: bool = True, margin_ms: float = 0.0,
-                 order: str = "deadline") -> None:
+                 order: str = "deadline", shed_by_cost: bool = False) -> None:
         self.workload = workload
         self.bounds = bounds
         self.queue: DeadlineQueue[Job] = DeadlineQueue(order)
@@ -44,6 +44,7 @@ class Batcher:
         self._pool = pool
         self._max_wait_ms = max_wait_ms
         self._drop_late = drop_late
+        self._shed_by_cost = shed_by_cost
         self.lateness = Lateness()
         """How much later than predicted at send its requests are answered (learnt): the slack of its
         drops and of admission's refusals."""
@@ -149,7 +150,8 @@ class Batcher:
             return None  # the pool wakes us when a slot frees or a worker becomes ready
         now = self._loop.time()
         plan = dispatch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
-                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms))
+                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms),
+                        self._shed_by_cost, self._pool.ready_count(self.workload))
         if isinstance(plan, Hold):
             return plan.wait_ms / 1000.0
         self._send(link, plan, Prediction(link.busy_ms(now), plan.predicted_ms, 0.0, plan.finish_at))

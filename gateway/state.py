@@ -59,9 +59,9 @@ class Gateway:
         pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
                           metrics.observe_answer)
         bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
-        admission = Admission(pool, gw.max_queue_tokens, gw.admission_margin_ms, gw.admission)
+        admission = Admission(pool, gw.max_queue_tokens, gw.admission_margin_ms, gw.admission, gw.shed_by_cost)
         batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, gw.drop_predicted_late,
-                               gw.admission_margin_ms, gw.queue_order)
+                               gw.admission_margin_ms, gw.queue_order, gw.shed_by_cost)
                     for w, b in bounds.items()}
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,

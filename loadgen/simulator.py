@@ -56,6 +56,8 @@ class SimSettings:
     """[gateway].admission: refuse at once a request predicted to finish past its deadline."""
     drop_predicted_late: bool = True
     """[gateway].drop_predicted_late: drop, before compute, queued work predicted to finish late."""
+    shed_by_cost: bool = True
+    """[gateway].shed_by_cost: under overload, refuse and drop the costliest per answer first."""
     queue_order: str = "deadline"
     """[gateway].queue_order: deadline (earliest deadline first) or arrival (first come, first served)."""
     score_deadline_ms: float = 100.0
@@ -114,7 +116,7 @@ class SimSettings:
         return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
                    max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
                    admission_margin_ms=g.admission_margin_ms, admission=g.admission,
-                   drop_predicted_late=g.drop_predicted_late, queue_order=g.queue_order,
+                   drop_predicted_late=g.drop_predicted_late, shed_by_cost=g.shed_by_cost, queue_order=g.queue_order,
                    score_deadline_ms=g.score_deadline_ms, generate_deadline_ms=g.generate_deadline_ms,
                    workers=len(config.worker.endpoints),
                    max_inflight_batches=g.max_inflight_batches_per_worker,
@@ -161,7 +163,7 @@ class Simulator:
         self.queues = {w: DeadlineQueue(s.queue_order) for w in WORKLOAD_ROUTE}
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
         """The batcher's learnt lateness per workload: the slack of its drops and of admission."""
-        self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission)
+        self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission, s.shed_by_cost)
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms)
                         for i in range(s.workers)]
         self._events: list[tuple[float, int, str, Any]] = []
@@ -283,7 +285,8 @@ class Simulator:
             plan = dispatch(queue, workload, self.settings.batch_bounds(workload), worker.models[workload],
                             worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
                             self.settings.drop_predicted_late,
-                            self.lateness[workload].slack_ms(self.settings.admission_margin_ms))
+                            self.lateness[workload].slack_ms(self.settings.admission_margin_ms),
+                            self.settings.shed_by_cost, len(self.workers))
             if isinstance(plan, Hold):
                 self._wake(workload, self.now + plan.wait_ms / 1000.0)
                 return

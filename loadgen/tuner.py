@@ -27,7 +27,7 @@ from shared.bounds import Bounds
 
 Evaluator = Callable[[dict[str, Any]], list[RequestResult]]
 GATEWAY_KEYS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
-                "generate_deadline_ms", "admission", "drop_predicted_late", "queue_order")
+                "generate_deadline_ms", "admission", "drop_predicted_late", "queue_order", "shed_by_cost")
 BOUNDS_KEYS = tuple(f.name for f in dataclasses.fields(Bounds))
 """Knobs that are [bounds] (shared/bounds.py), under their own names; all are integers."""
 INT_KEYS = ("max_queue_tokens", "score_deadline_ms", "generate_deadline_ms", "workers", *BOUNDS_KEYS)

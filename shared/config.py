@@ -218,6 +218,14 @@ class GatewayConfig:
     """Drop before compute (504) queued work predicted to finish past its deadline, and pack a batch
     only with companions that keep every member in time; false: work is sent until its deadline
     passes in the queue (for baselines)."""
+    shed_by_cost: bool = True
+    """Under overload (with drop_predicted_late; admission's part with admission): when the queue,
+    served in order, cannot finish every request in time, the one that costs the most predicted
+    compute per answer is refused (503) or dropped before compute (504) first, not the latest in
+    the order, so that more requests are answered in time with the same compute; while every queued
+    request is predicted in time it changes nothing. The largest requests are the first shed under
+    overload: they are served with the room the cheaper ones leave (README, "Overload"). False:
+    deadline order alone decides what is given up."""
     queue_order: Literal["deadline", "arrival"] = "deadline"
     """Serving order of the queue: deadline (earliest deadline first) or arrival (first come, first
     served; for baselines). Either way a request expires (504) when its deadline passes in the queue."""

@@ -25,6 +25,12 @@ reasons) hold the vocabulary; admission.py and batching.py the decisions.
              order up to the compiled bounds, looking past at most SCAN_LIMIT that do not fit, and,
              with predicted-late drops on, only companions that keep every member in time; a job
              that cannot finish in time even alone is dropped before compute.
+  by cost    with shed_by_cost (off by default), under overload only: when the queue served in
+             order cannot finish every job in time, `shed_costliest` (Moore and Hodgson's rule)
+             picks the costliest per answer to give up, not the latest in the order; admission
+             refuses a request it picks (and admits one that gets in by shedding a costlier queued
+             job), the batcher leaves the picked jobs out of its batch (still queued). Large
+             requests are the first shed.
   drops      one set of reasons (DropReason, answered with DROP_CODES); expired_in_queue, predicted_late (it
              cannot finish in time behind the worker's work in flight), the worker's
              expired_in_worker and worker_overdue (no answer within the grace after the deadline)
@@ -37,7 +43,8 @@ queue budget always holds and requests always expire at their deadline.
 from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit,
                                      finish_ms, is_probe, place, precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, Timing, busy_ms,
-                                    chunk_bounds, dispatch, form_batch, least_busy, take_expired)
+                                    chunk_bounds, dispatch, form_batch, least_busy, shed_costliest,
+                                    take_expired)
 from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, QueueOrder, Work
 from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
@@ -46,5 +53,5 @@ __all__ = [
     "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds",
     "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "QueueOrder", "Refusal", "Send",
     "Timing", "Work", "admit", "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe",
-    "least_busy", "place", "precheck", "take_expired",
+    "least_busy", "place", "precheck", "shed_costliest", "take_expired",
 ]

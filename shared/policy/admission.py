@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared.policy.batching import shed_costliest
 from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, Work
 from shared.policy.drops import DropReason, Refusal
@@ -15,11 +16,17 @@ LATE_QUANTILE, LATE_STEP_MS, LATE_STEP_SHARE = 0.98, 0.25, 0.25
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """[gateway] max_queue_tokens, admission_margin_ms and admission (refusing early on the predicted finish)."""
+    """[gateway] max_queue_tokens, admission_margin_ms, admission (refusing early on the predicted
+    finish) and shed_by_cost (under overload, refuse and shed the costliest per answer first)."""
 
     max_queue_tokens: int
     margin_ms: float
     refuse_early: bool = True
+    shed_by_cost: bool = False
+    """With refuse_early: a request is refused when `shed_costliest`, run over the queue with it in
+    its place, sheds it (not when its own finish misses its deadline: it may get in by shedding a
+    costlier queued job, which the batcher then drops before compute); the batcher sheds the same
+    way. Under overload the largest requests are the first refused or dropped."""
 
 
 @dataclass(frozen=True)
@@ -139,13 +146,17 @@ def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s:
     least_ms = place(queue, pool, model, now_s, settings.margin_ms, deadline_s, items, items)
     budget_ms = (deadline_s - now_s) * 1000.0
     slack_ms = lateness.slack_ms(settings.margin_ms)
-    fits_unpadded = least_ms + settings.margin_ms <= budget_ms
-    if least_ms + slack_ms <= budget_ms or is_probe(model, queue, pool, fits_unpadded):
+    if is_probe(model, queue, pool, least_ms + settings.margin_ms <= budget_ms):
         return None
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its "
-                                                   f"{items} item(s) can take, is {least_ms:.1f} ms (+ margin "
-                                                   f"{slack_ms:.1f} ms), already past the deadline of "
-                                                   f"{budget_ms:.1f} ms; refused before any work")
+    late = None if least_ms + slack_ms <= budget_ms else Refusal(
+        DropReason.DEADLINE_UNMEETABLE, f"the predicted wait where it would run, with the least its {items} item(s) "
+                                        f"can take, is {least_ms:.1f} ms (+ margin {slack_ms:.1f} ms), already past the "
+                                        f"deadline of {budget_ms:.1f} ms; refused before any work")
+    if not settings.shed_by_cost:
+        return late
+    shed = _by_cost([_Least(deadline_s, items)], queue, pool, model, now_s, slack_ms,
+                    f"at the least its {items} item(s) can take")
+    return None if shed is None else late or shed
 
 
 def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float,
@@ -166,8 +177,55 @@ def admit(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
     slack_ms = lateness.slack_ms(settings.margin_ms)
     if not settings.refuse_early or is_probe(model, queue, pool, done_ms + settings.margin_ms <= budget_ms):
         return prediction
-    if wait_ms + service_ms + slack_ms <= budget_ms:
-        return prediction
-    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait "
-                                          f"{wait_ms:.1f} ms + service {service_ms:.1f} ms + margin {slack_ms:.1f} "
-                                          f"ms) is past the deadline of {budget_ms:.1f} ms; refused before any work")
+    late = None if wait_ms + service_ms + slack_ms <= budget_ms else Refusal(
+        DropReason.DEADLINE_UNMEETABLE, f"predicted finish in {wait_ms + service_ms:.1f} ms (queue wait {wait_ms:.1f} ms "
+                                        f"+ service {service_ms:.1f} ms + margin {slack_ms:.1f} ms) is past the deadline "
+                                        f"of {budget_ms:.1f} ms; refused before any work")
+    if not settings.shed_by_cost:
+        return late or prediction
+    shed = _by_cost(jobs, queue, pool, model, now_s, slack_ms)
+    return prediction if shed is None else late or shed
+
+
+@dataclass(frozen=True)
+class _Least:
+    """A request at the least it can cost (one token an item), for the precheck before tokenizing."""
+
+    deadline: float
+    batch_items: int
+    label_ids: tuple[int, ...] = ()
+    beam_key: None = None
+
+    @property
+    def samples(self) -> int:
+        return self.batch_items
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_items
+
+    @property
+    def latency_tokens(self) -> int:
+        return self.batch_items
+
+
+def _by_cost(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float,
+             slack_ms: float, at: str = "") -> Refusal | None:
+    """Refuse when `shed_costliest`, over the whole queue with the request's jobs in their place,
+    sheds one of them (else None: admit): while every job is predicted in time that is never; under
+    overload a request gets in by shedding a queued job that costs more per answer, even one whose
+    own finish where it runs misses its deadline, and is refused when it costs the most of the work
+    it competes with (which then keeps its place). The caller words a refusal of a request that
+    misses its deadline where it runs as such; this one's words are for the rest."""
+    order = list(queue.in_order())
+    cut = sum(1 for _ in queue.ahead_of(min(j.deadline for j in jobs)))  # arrival order: the whole queue
+    order[cut:cut] = jobs
+    shed = shed_costliest(order, model, pool.soonest_free_ms, max(1, pool.ready_workers), now_s * 1000.0 + slack_ms)
+    if not any(id(job) in shed for job in jobs):
+        return None
+    cost_ms = sum(model.backlog_ms(j.batch_items, j.latency_tokens) for j in jobs)
+    return Refusal(DropReason.DEADLINE_UNMEETABLE, f"with this request the queue cannot finish every request by its "
+                                                   f"deadline (+ margin {slack_ms:.1f} ms), and this one "
+                                                   f"({cost_ms:.1f} ms of predicted compute{', ' + at if at else ''}) "
+                                                   f"costs the most per answer of the work it competes with; "
+                                                   f"refused before any work")

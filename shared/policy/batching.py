@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
@@ -98,6 +99,45 @@ class Timing:
         return self.model.predict_ms(items, latency_tokens / max(1, items))
 
 
+def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers: int, now_ms: float) -> set[int]:
+    """The jobs (their id()) that a schedule of `jobs`, served in this order in full batches shared
+    by `workers` workers from `free_ms` on, sheds so that every other one finishes by its deadline
+    (ms on the caller's clock: `now_ms` carries the slack): the costliest per answer first, not the
+    latest in the order (Moore and Hodgson's rule for the most jobs in time on one machine).
+
+    Walking the order, a job that would finish past its deadline sheds the kept job that costs the
+    most predicted ms alone (itself included; ties: the latest in the order, so where every job
+    costs the same this sheds exactly the jobs a walk that skips late ones skips), if shedding that
+    one brings it in time; else it is shed itself (one late job never sheds more than one other,
+    and a job late even alone sheds nothing but itself). Nothing is shed while every job is in time.
+
+    A large request's fate, plainly: under overload it is the first shed, and is served only with
+    the room the cheaper ones leave (in the simulator at 2x on the Azure code trace, the largest
+    were answered in time about as often as with deadline order, 24 % against 25 %; at 1x and 4x
+    markedly less often: 25 % against 39 %, 13 % against 17 %; README, "Overload")."""
+    kept: list[tuple[float, int, W]] = []  # a heap, costliest (then latest) first
+    shed: set[int] = set()
+    items = tokens = 0
+    for position, job in enumerate(jobs):  # hot: a pass per admission and per batch, so plain arithmetic
+        items, tokens = items + job.batch_items, tokens + job.latency_tokens
+        due_ms = job.deadline * 1000.0 - now_ms
+        if free_ms + model.backlog_ms(items, tokens) / workers <= due_ms:
+            heapq.heappush(kept, (-model.backlog_ms(job.batch_items, job.latency_tokens), -position, job))
+            continue
+        cost = model.backlog_ms(job.batch_items, job.latency_tokens)
+        if kept and (-kept[0][0], -kept[0][1]) > (cost, position):
+            costliest = kept[0][2]
+            less_items, less_tokens = items - costliest.batch_items, tokens - costliest.latency_tokens
+            if free_ms + model.backlog_ms(less_items, less_tokens) / workers <= due_ms:
+                heapq.heapreplace(kept, (-cost, -position, job))
+                shed.add(id(costliest))
+                items, tokens = less_items, less_tokens
+                continue
+        shed.add(id(job))
+        items, tokens = items - job.batch_items, tokens - job.latency_tokens
+    return shed
+
+
 def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
                timing: Timing | None = None) -> tuple[list[W], list[W]]:
     """The next batch's jobs in serving order, up to the compiled bounds (looking past at most
@@ -139,7 +179,8 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
 
 
 def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
-             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0) -> Hold | Send[W]:
+             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0,
+             shed_by_cost: bool = False, workers: int = 1) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
     `worker_busy_ms`. A batch sent to a busy worker would only wait in its FIFO, where nothing can
     overtake it: it stays here (in serving order, where a later, tighter deadline can still join or
@@ -153,14 +194,23 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     members it would make late (dropped); or the batch of only those companions that keep every
     member in time, then the rest of the packed batch after it (the second batch pays its own fixed
     cost, and what it would make late counts against the plan). Where a batch's fixed cost is large,
-    packing wins; where a tight deadline would wait behind a large batch, the short batch goes."""
+    packing wins; where a tight deadline would wait behind a large batch, the short batch goes.
+
+    With `shed_by_cost` too, when the queue, served in order from this worker's free time in full
+    batches shared by `workers` workers, cannot finish every job in time, the jobs `shed_costliest`
+    picks (the costliest per answer) are dropped before compute (`late`), so that the rest can be;
+    while every queued job is predicted in time it changes nothing."""
     hold_ms = worker_busy_ms - max_wait_ms
     if hold_ms > MIN_HOLD_MS:
         return Hold(hold_ms)
     timing = Timing(model, now_s, worker_busy_ms, slack_ms)
-    packed, _ = form_batch(queue, workload, bounds)
     if not (drop_late and model.verified):
-        return _send(packed, [], timing)
+        return _send(form_batch(queue, workload, bounds)[0], [], timing)
+    shed = shed_costliest(queue.in_order(), model, worker_busy_ms, workers, now_s * 1000.0 + slack_ms) \
+        if shed_by_cost else ()
+    if shed and not (worker_busy_ms <= 0 and len(shed) == queue.jobs):  # not all: the probe below decides
+        return Send([], [j for j in queue.in_order() if id(j) in shed], 0.0, now_s)
+    packed, _ = form_batch(queue, workload, bounds)
     short, doomed = form_batch(queue, workload, bounds, timing)
     if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
         timing = Timing(model, now_s, worker_busy_ms)

@@ -10,7 +10,7 @@ from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
 from shared.policy import (DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
                            PoolView, Prediction, QueueOrder, Refusal, Send, admit, busy_ms, chunk_bounds, dispatch,
-                           form_batch, place, precheck, take_expired)
+                           form_batch, place, precheck, shed_costliest, take_expired)
 
 SCORE = BatchBounds(max_jobs=8, max_tokens=100, max_labels=2)
 IDLE = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=0)
@@ -308,3 +308,69 @@ def test_an_idle_worker_gets_a_job_its_raw_prediction_finishes_whatever_the_lear
     assert isinstance(busy, Send) and busy.late and not busy.live     # a busy worker: dropped
     idle = dispatch(queue_of(FakeJob(0.050)), "score", SCORE, model(), 0.0, 2.0, 0.0, slack_ms=90.0)
     assert isinstance(idle, Send) and len(idle.live) == 1 and not idle.late
+
+
+# -- shed_by_cost: under overload, the costliest per answer goes first ------------------------------
+BY_COST = AdmissionSettings(max_queue_tokens=1000, margin_ms=0.0, shed_by_cost=True)
+BY_DEADLINE = AdmissionSettings(max_queue_tokens=1000, margin_ms=0.0)
+
+
+def test_shedding_by_cost_keeps_more_jobs_in_time_than_skipping_the_late_ones():
+    # 1 ms per item, no fixed cost: a 6-sample job due at 6 ms, then three 1-sample jobs due at 6.5 ms.
+    # Deadline order keeps the big one and misses all three behind it; shedding it keeps the three.
+    big, *small = FakeJob(0.006, samples=6), FakeJob(0.0065), FakeJob(0.0065), FakeJob(0.0065)
+    queue = queue_of(big, *small)
+    assert shed_costliest(queue.in_order(), model(1.0, 0.0), 0.0, 1, 0.0) == {id(big)}
+    assert place(queue, IDLE, model(1.0, 0.0), 0.0, 0.0, 0.0065) == 6.0  # deadline order: only the big one fits
+    before = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0)
+    assert isinstance(before, Send) and before.live == [big]  # off: the three are dropped after it
+    plan = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0, shed_by_cost=True)
+    assert isinstance(plan, Send) and plan.late == [big] and not plan.live  # dropped before compute
+    queue.remove(big)
+    plan = dispatch(queue, "score", SCORE, model(1.0, 0.0), 0.0, 2.0, 0.0, shed_by_cost=True)
+    assert isinstance(plan, Send) and plan.live == small and not plan.late
+
+
+def test_a_cheap_request_gets_in_by_shedding_a_costlier_one_and_a_costly_one_is_refused():
+    big = FakeJob(0.006, samples=6)
+    assert isinstance(admit([FakeJob(0.0065)], queue_of(big), IDLE, model(1.0, 0.0), 0.0, BY_DEADLINE, Lateness()),
+                      Refusal)  # off: it would finish at 7 ms behind the big one
+    assert isinstance(admit([FakeJob(0.0065)], queue_of(big), IDLE, model(1.0, 0.0), 0.0, BY_COST, Lateness()),
+                      Prediction)
+    two_small = queue_of(FakeJob(0.0065), FakeJob(0.0065))
+    # the big one runs first in deadline order and is in time itself, but would push both past 6.5 ms
+    assert isinstance(admit([big], two_small, IDLE, model(1.0, 0.0), 0.0, BY_DEADLINE, Lateness()), Prediction)
+    refusal = admit([big], two_small, IDLE, model(1.0, 0.0), 0.0, BY_COST, Lateness())
+    assert isinstance(refusal, Refusal) and refusal.reason == "deadline_unmeetable"
+    assert "costs the most" in refusal.message
+
+
+def test_shedding_by_cost_changes_nothing_while_every_job_is_in_time():
+    jobs = [FakeJob(0.030 + 0.001 * k, samples=1 + k % 3, tokens=5 + 7 * k) for k in range(6)]  # 16 ms of work
+    queue = queue_of(*jobs)
+    assert shed_costliest(queue.in_order(), model(), 0.0, 1, 0.0) == set()
+    for settings in (BY_COST, BY_DEADLINE):
+        new = [FakeJob(0.050, samples=2)]
+        assert isinstance(admit(new, queue, IDLE, model(), 0.0, settings, Lateness()), Prediction)
+        assert precheck(queue, IDLE, model(), 0.050, 0.0, settings, Lateness(), items=2) is None
+    on, off = (dispatch(queue, "score", SCORE, model(), 0.0, 2.0, 0.0, shed_by_cost=flag) for flag in (True, False))
+    assert isinstance(on, Send) and (on.live, on.late, on.predicted_ms) == (off.live, off.late, off.predicted_ms)
+
+
+def test_shedding_by_cost_breaks_ties_as_deadline_order_and_never_sheds_for_a_doomed_job():
+    same = [FakeJob(0.0030 + 0.0001 * k, samples=1) for k in range(4)]  # equal costs, 1 ms each: the 4th is late
+    assert shed_costliest(same, model(1.0, 0.0), 0.0, 1, 0.0) == {id(same[3])}
+    big, doomed = FakeJob(0.010, samples=6), FakeJob(0.0005)  # late even alone: it sheds only itself
+    assert shed_costliest([big, doomed], model(1.0, 0.0), 0.0, 1, 0.0) == {id(doomed)}
+
+
+def test_the_precheck_by_cost_refuses_what_the_queue_would_shed_even_at_its_least():
+    two_small = queue_of(FakeJob(0.0065), FakeJob(0.0065))
+    # 6 samples of one token each still cost 6 ms, more than either queued job: shed, refused untokenized
+    refusal = precheck(two_small, IDLE, model(1.0, 0.0), 0.006, 0.0, BY_COST, Lateness(), items=6)
+    assert isinstance(refusal, Refusal) and "at the least its 6 item(s) can take" in refusal.message
+    assert precheck(two_small, IDLE, model(1.0, 0.0), 0.006, 0.0, BY_COST, Lateness(), items=1) is None
+    assert precheck(queue_of(FakeJob(0.006, samples=6)), IDLE, model(1.0, 0.0), 0.0065, 0.0, BY_COST, Lateness(),
+                    items=1) is None  # it gets in by shedding the costlier job ahead; deadline order refuses it
+    assert isinstance(precheck(queue_of(FakeJob(0.006, samples=6)), IDLE, model(1.0, 0.0), 0.0065, 0.0, BY_DEADLINE,
+                               Lateness(), items=1), Refusal)
