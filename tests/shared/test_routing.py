@@ -1,0 +1,107 @@
+"""Cache-aware routing (shared/policy/routing.py), on a fake clock: a prefix returns to the worker
+that got it, unless that worker is full, over the load bound or would finish late; the ring moves
+only a lost worker's share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.policy.routing import RecentHolders, Ring, load_bound, prefix_key, route
+
+MAX_INFLIGHT = 4
+
+
+@dataclass
+class FakeWorker:
+    """What placement reads of a worker: its batches in flight and their predicted remaining ms."""
+
+    name: str
+    in_flight: list = field(default_factory=list)
+    remaining_ms: float = 0.0
+
+    def busy_ms(self, now_s: float) -> float:
+        return self.remaining_ms
+
+
+def pool(n: int) -> dict[str, FakeWorker]:
+    return {f"w{i}": FakeWorker(f"w{i}") for i in range(n)}
+
+
+def always(_worker) -> bool:
+    return True
+
+
+def test_a_prefix_goes_back_to_the_worker_that_got_it():
+    workers, recent = pool(4), RecentHolders()
+    key = prefix_key([1, 2, 3, 4])
+    first = route(key, workers, 0.0, MAX_INFLIGHT, always, recent)
+    first.in_flight.append("batch")  # busier than the idle others: least-busy would go elsewhere
+    first.remaining_ms = 30.0
+    assert route(key, workers, 1.0, MAX_INFLIGHT, always, recent) is first
+
+
+def test_a_holder_that_would_finish_late_loses_the_prefix_to_the_next_owner_in_time():
+    workers, recent = pool(3), RecentHolders()
+    key = prefix_key([9, 9, 9])
+    holder = route(key, workers, 0.0, MAX_INFLIGHT, always, recent)
+    holder.remaining_ms = 500.0
+    ring_order = [n for n in Ring.of(tuple(sorted(workers))).owners(key) if n != holder.name]
+    workers[ring_order[0]].remaining_ms = 200.0  # late too
+    late = route(key, workers, 1.0, MAX_INFLIGHT, lambda w: w.remaining_ms < 100.0, recent)
+    assert late is workers[ring_order[1]]
+    # the new holder is remembered: the prefix now follows it
+    assert route(key, workers, 2.0, MAX_INFLIGHT, always, recent) is late
+
+
+def test_no_one_in_time_falls_back_to_least_busy():
+    workers, recent = pool(2), RecentHolders()
+    workers["w0"].remaining_ms, workers["w1"].remaining_ms = 50.0, 10.0
+    assert route(prefix_key([5]), workers, 0.0, MAX_INFLIGHT, lambda w: False, recent) is workers["w1"]
+
+
+def test_full_workers_are_skipped_and_none_when_every_slot_is_taken():
+    workers, recent = pool(2), RecentHolders()
+    key = prefix_key([1, 1])
+    owner = route(key, workers, 0.0, MAX_INFLIGHT, always, recent)
+    owner.in_flight.extend(["b"] * MAX_INFLIGHT)
+    other = route(key, workers, 1.0, MAX_INFLIGHT, always, recent)
+    assert other is not owner
+    other.in_flight.extend(["b"] * MAX_INFLIGHT)
+    assert route(key, workers, 2.0, MAX_INFLIGHT, always, recent) is None
+
+
+def test_the_load_bound_moves_a_hot_prefix_off_an_overloaded_owner():
+    workers = pool(2)
+    key = prefix_key([7, 7, 7])
+    owner = workers[Ring.of(("w0", "w1")).owners(key)[0]]
+    owner.in_flight.extend(["b"] * 3)  # 3 in flight, the other none: bound = ceil(1.25 * 4 / 2) = 3
+    assert load_bound(list(workers.values())) == 3
+    chosen = route(key, workers, 0.0, MAX_INFLIGHT, always, RecentHolders())
+    assert chosen is not owner
+
+
+def test_holders_are_forgotten_after_memory_s_and_beyond_capacity():
+    recent = RecentHolders(capacity=2, memory_s=10.0)
+    recent.record(1, "w0", 0.0)
+    assert recent.get(1, 10.0) == "w0" and recent.get(1, 10.5) is None
+    recent.record(2, "w1", 0.0)
+    recent.record(3, "w1", 0.0)
+    assert recent.get(1, 1.0) is None and recent.get(3, 1.0) == "w1"
+
+
+def test_losing_a_worker_moves_only_its_share_of_prefixes():
+    keys = [prefix_key([i, i + 1, i + 2]) for i in range(2000)]
+    before = Ring.of(("w0", "w1", "w2", "w3"))
+    after = Ring.of(("w0", "w1", "w3"))
+    owner_before = [before.owners(k)[0] for k in keys]
+    owner_after = [after.owners(k)[0] for k in keys]
+    moved = [b for b, a in zip(owner_before, owner_after) if a != b]
+    assert moved and set(moved) == {"w2"}
+    shares = {name: owner_before.count(name) / len(keys) for name in ("w0", "w1", "w2", "w3")}
+    assert all(0.1 < share < 0.4 for share in shares.values()), shares
+
+
+def test_a_batch_without_a_prefix_goes_to_the_least_busy():
+    workers = pool(3)
+    workers["w0"].remaining_ms, workers["w1"].remaining_ms, workers["w2"].remaining_ms = 9.0, 1.0, 5.0
+    assert route(None, workers, 0.0, MAX_INFLIGHT, always, RecentHolders()) is workers["w1"]
