@@ -44,10 +44,14 @@ class ScoreModule(nn.Module):
             self.register_buffer("static_k", static_kv[0])  # [layers, C, Hkv, D]
             self.register_buffer("static_v", static_kv[1])
 
-    def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask):
-        static_kv = (self.static_k, self.static_v) if self.has_static else None
+    def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask,
+                hit_k=None, hit_v=None):
+        """hit_k/hit_v [layers, Layout.hit_rows, Hkv, D]: cached prefix rows of earlier requests, placed
+        after the static prefix's (compile/score/layout.py: lay_out's hits)."""
+        static_kv = cached_rows((self.static_k, self.static_v) if self.has_static else None,
+                                None if hit_k is None else (hit_k, hit_v))
         num_tokens = input_ids.shape[0]
-        num_keys = num_tokens + (self.static_k.shape[1] if self.has_static else 0)  # cached rows first
+        num_keys = num_tokens + (static_kv[0].shape[1] if static_kv is not None else 0)  # cached rows first
         pool = self.pool or KeyPool.fitting(num_keys, parents.shape[0], CPU_BLOCK)
         mask = pool_mask(pool, cu_seqlens, parents, num_tokens, num_keys)  # once, for every layer
         last = self.model.last_hidden(input_ids, positions, mask, cu_seqlens, parents, sample_segments,
@@ -60,6 +64,23 @@ class ScoreModule(nn.Module):
         if self.mlp_head is not None:
             outputs = (*outputs, self.mlp_head(normed))
         return outputs
+
+
+def cached_rows(static_kv, hit_kv):
+    """The key pool's cached rows: the static prefix's, then the hits' ([layers, C, Hkv, D] each), or None."""
+    parts = [kv for kv in (static_kv, hit_kv) if kv is not None]
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    return torch.cat([parts[0][0], parts[1][0]], dim=1), torch.cat([parts[0][1], parts[1][1]], dim=1)
+
+
+def pack_hits(hits: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hits' keys/values ([layers, P_r, Hkv, D] each, in group order) as the node's hit_k, hit_v:
+    concatenated and padded with zero rows (a segment nobody reads) to `rows` (Layout.hit_rows)."""
+    keys = torch.cat([k for k, _ in hits], dim=1)
+    values = torch.cat([v for _, v in hits], dim=1)
+    pad = rows - keys.shape[1]
+    return (torch.nn.functional.pad(keys, (0, 0, 0, 0, 0, pad)), torch.nn.functional.pad(values, (0, 0, 0, 0, 0, pad)))
 
 
 def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int, layout: Layout | None = None) -> tuple[torch.Tensor, ...]:
