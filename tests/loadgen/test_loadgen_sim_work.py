@@ -100,3 +100,18 @@ def test_prefix_tokens_round_trip_and_are_checked():
     assert record.prefix_tokens == 8 and parse_record(record.to_json()) == record
     with pytest.raises(TraceError, match="prefix_tokens = 11 needs a score line"):
         parse_record({"t_ms": 1, "route": "score", "sample_tokens": [10, 12], "prefix_tokens": 11})
+
+
+def test_a_context_id_round_trips_and_repeats_the_same_prefix_tokens():
+    lines = [{"t_ms": i, "route": "score", "sample_tokens": [12, 15], "prefix_tokens": 10, "context": c}
+             for i, c in enumerate([3, 4, 3])]
+    records = [parse_record(line) for line in lines]
+    assert records[0].context == 3 and parse_record(records[0].to_json()) == records[0]
+    factory = BodyFactory()
+    prefixes = [[s["input_ids"][:10] for s in factory.body(r, i)["samples"]] for i, r in enumerate(records)]
+    assert prefixes[0][0] == prefixes[0][1] == prefixes[2][0]  # the same context: the same tokens
+    assert prefixes[0][0] != prefixes[1][0]
+    suffixes = [factory.body(r, i)["samples"][0]["input_ids"][10:] for i, r in enumerate(records)]
+    assert suffixes[0] != suffixes[2]  # the items still differ
+    with pytest.raises(TraceError, match="context = 3 names a shared prefix: the line needs prefix_tokens"):
+        parse_record({"t_ms": 1, "route": "score", "sample_tokens": [10, 12], "context": 3})
