@@ -80,7 +80,8 @@ def pack_hits(hits: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> tuple
     keys = torch.cat([k for k, _ in hits], dim=1)
     values = torch.cat([v for _, v in hits], dim=1)
     pad = rows - keys.shape[1]
-    return (torch.nn.functional.pad(keys, (0, 0, 0, 0, 0, pad)), torch.nn.functional.pad(values, (0, 0, 0, 0, 0, pad)))
+    rows_last = (0, 0, 0, 0, 0, pad)  # [layers, P, Hkv, D]: zero rows appended along P
+    return torch.nn.functional.pad(keys, rows_last), torch.nn.functional.pad(values, rows_last)
 
 
 def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int, layout: Layout | None = None) -> tuple[torch.Tensor, ...]:
