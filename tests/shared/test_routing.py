@@ -105,3 +105,60 @@ def test_a_batch_without_a_prefix_goes_to_the_least_busy():
     workers = pool(3)
     workers["w0"].remaining_ms, workers["w1"].remaining_ms, workers["w2"].remaining_ms = 9.0, 1.0, 5.0
     assert route(None, workers, 0.0, MAX_INFLIGHT, always, RecentHolders()) is workers["w1"]
+
+
+@dataclass
+class QueueWorker:
+    """A worker serving batches one after another: in_flight holds their finish times (s)."""
+
+    name: str
+    contexts: int  # how many contexts its cache holds (least recently used evicted)
+    in_flight: list = field(default_factory=list)
+    cache: dict = field(default_factory=dict)
+
+    def busy_ms(self, now_s: float) -> float:
+        self.in_flight[:] = [t for t in self.in_flight if t > now_s]
+        return max(self.in_flight, default=now_s) * 1000.0 - now_s * 1000.0
+
+    def serve(self, context: int, now_s: float, service_ms: float) -> bool:
+        hit = context in self.cache
+        self.cache.pop(context, None)
+        self.cache[context] = None
+        while len(self.cache) > self.contexts:
+            self.cache.pop(next(iter(self.cache)))
+        self.in_flight.append(now_s + (self.busy_ms(now_s) + service_ms) / 1000.0)
+        return hit
+
+
+def hit_rate(workers: dict[str, QueueWorker], choose, requests: int = 6000, seed: int = 1) -> float:
+    """Zipf(1.0) contexts over 400, Poisson arrivals at ~60 % of the workers' capacity, 10 ms each."""
+    import random
+
+    rng = random.Random(seed)
+    weights = [1.0 / (rank + 1) for rank in range(400)]
+    service_ms, now, hits = 10.0, 0.0, 0
+    rate_per_s = 0.6 * len(workers) * 1000.0 / service_ms
+    for context in rng.choices(range(400), weights, k=requests):
+        now += rng.expovariate(rate_per_s)
+        for w in workers.values():
+            w.busy_ms(now)  # batches done by now leave in_flight
+        worker = choose(context, workers, now)
+        hits += worker.serve(context, now, service_ms)
+    return hits / requests
+
+
+def test_routing_keeps_nine_tenths_of_a_single_workers_hit_rate_where_least_busy_does_not():
+    recent = RecentHolders()
+
+    def routed(context, workers, now):
+        in_time = lambda w: w.busy_ms(now) + 10.0 <= 50.0  # a 50 ms deadline  # noqa: E731
+        return route(prefix_key([context]), workers, now, 64, in_time, recent)
+
+    def least(context, workers, now):
+        return route(None, workers, now, 64, always, recent)
+
+    single = hit_rate({"w0": QueueWorker("w0", 100)}, least)  # one worker, both caches' room (and queue)
+    two = hit_rate({"w0": QueueWorker("w0", 50), "w1": QueueWorker("w1", 50)}, routed)
+    spread = hit_rate({"w0": QueueWorker("w0", 50), "w1": QueueWorker("w1", 50)}, least)
+    assert two >= 0.9 * single
+    assert spread < 0.9 * single
