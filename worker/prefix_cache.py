@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.work import StaticPrefix
+
 ID_BYTES = 8
 """Bytes per kept token id (int64), counted against the budget with the keys and values."""
 
@@ -198,3 +200,36 @@ class PrefixCache:
         self._lengths[n] -= 1
         if not self._lengths[n]:
             del self._lengths[n]
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What the cache does for one group of a batch: the hit its prefix reads (None: computed from
+    the static prefix or from scratch) and whether its prefix's rows are kept once computed."""
+
+    hit: Hit | None
+    insert: bool
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.hit.tokens if self.hit is not None else 0
+
+
+def plan_batch(cache: PrefixCache, prefixes: Sequence[Sequence[int]], every_sample_goes_on: Sequence[bool],
+               split: Sequence[bool], static: StaticPrefix) -> list[GroupPlan]:
+    """Per group (its shared prefix's ids, whether all its samples go on after them, whether its
+    request was split across batches): the longest held prefix that leaves every sample's last token
+    to compute and reads more than the static prefix already gives, and whether to insert the prefix
+    (its second sighting, or a split request: the other chunks will read it). Unshared groups
+    (empty prefix) are left alone."""
+    plans = []
+    for ids, goes_on, was_split in zip(prefixes, every_sample_goes_on, split):
+        if not ids or not cache.enabled:
+            plans.append(GroupPlan(None, False))
+            continue
+        hit = cache.lookup(ids if goes_on else ids[:-1])
+        if hit is not None and hit.tokens <= static.reused(ids, goes_on):
+            hit = None  # the package's own static rows serve as much
+        whole = hit is not None and hit.tokens == len(ids)
+        plans.append(GroupPlan(hit, not whole and cache.wants(ids, reuse_expected=was_split)))
+    return plans

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.prefix_cache import ID_BYTES, PrefixCache
+from shared.work import StaticPrefix
+from worker.prefix_cache import ID_BYTES, PrefixCache, plan_batch
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 4
 ROW_BYTES = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4 + ID_BYTES  # keys + values (fp32) + the kept id, per token
@@ -151,3 +152,34 @@ def test_rows_must_match_the_ids():
         assert "[layers, 3, kv_heads, head_dim]" in str(exc)
     else:
         raise AssertionError("rows of 2 tokens were accepted for 3 ids")
+
+
+def test_a_batch_plan_reads_the_longest_useful_hit_and_inserts_what_will_be_reused():
+    static = StaticPrefix((1, 2, 3))
+    c = cache(1000)
+    held = [1, 2, 3, 4, 5, 6, 7, 8]
+    c.insert(held, *kv(held))
+    only_static = [1, 2, 3]
+    c.insert(only_static, *kv(only_static))
+    plans = plan_batch(c, [held + [9], held, [1, 2, 3, 9, 9], [], [50, 51, 52]],
+                       [True, False, True, True, True], [False, False, False, False, True], static)
+    assert [p.hit_tokens for p in plans] == [8, 0, 0, 0, 0]
+    # held + [9]: read 8, insert on a second sighting only; held with a sample ending in it: its
+    # last token computes, and [1, 2, 3] held is no better than the static rows
+    assert [p.insert for p in plans] == [False, False, False, False, True]  # the split request's prefix at once
+    again = plan_batch(c, [held + [9]], [True], [False], static)
+    assert again[0].hit_tokens == 8 and again[0].insert  # its second sighting
+    c.insert(held + [9], *kv(held + [9]))
+    whole = plan_batch(c, [held + [9]], [True], [False], static)
+    assert whole[0].hit_tokens == 9 and not whole[0].insert
+
+
+def test_a_split_request_computes_its_prefix_once():
+    c, context = cache(1000), list(range(40, 60))
+    computed = 0
+    for chunk in range(4):  # four batches of one request, one after another
+        plan = plan_batch(c, [context], [True], [True], StaticPrefix())[0]
+        computed += len(context) - plan.hit_tokens
+        if plan.insert:
+            c.insert(context, *kv(context))
+    assert computed == len(context)
