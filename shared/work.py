@@ -21,7 +21,7 @@ from typing import Protocol
 
 from shared.bounds import ScoreShape
 from shared.policy import chunk_bounds
-from shared.policy.routing import prefix_key
+from shared.policy.routing import prefix_keys
 
 
 class Reuse(Protocol):
@@ -67,10 +67,15 @@ class HeldPrefixes:
         if not shared:
             return self.static.reused(ids, every_sample_goes_on, shared)
         limit = len(ids) if every_sample_goes_on else len(ids) - 1
-        for n in sorted({n for _, n in self.held if 0 < n <= limit}, reverse=True):
-            if (prefix_key(ids[:n]), n) in self.held:
+        keys = prefix_keys(ids, (n for n in self._lengths if 0 < n <= limit))
+        for n in sorted(keys, reverse=True):
+            if (keys[n], n) in self.held:
                 return max(n, self.static.reused(ids, every_sample_goes_on))
         return self.static.reused(ids, every_sample_goes_on)
+
+    @cached_property
+    def _lengths(self) -> frozenset[int]:
+        return frozenset(n for _, n in self.held)
 
 
 @dataclass(frozen=True)

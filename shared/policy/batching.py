@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -12,6 +12,8 @@ from shared.policy.deadline_queue import DeadlineQueue, W, Work
 
 SCAN_LIMIT = 8
 """Queued jobs that did not fit, looked past per batch (keeps forming a batch cheap in a long queue)."""
+FOREIGN_SCAN_LIMIT = 64
+"""Queued jobs placed on another worker (`accept` said no), looked past per batch."""
 MIN_HOLD_MS = 0.05
 """A shorter hold is not worth a timer: the batch goes now."""
 
@@ -99,16 +101,23 @@ class Timing:
 
 
 def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
-               timing: Timing | None = None) -> tuple[list[W], list[W]]:
+               timing: Timing | None = None, accept: Callable[[W], bool] | None = None) -> tuple[list[W], list[W]]:
     """The next batch's jobs in serving order, up to the compiled bounds (looking past at most
     SCAN_LIMIT jobs that do not fit). With `timing`, a job joins only if the batch still finishes
     before every member's deadline, its own included, and the jobs that cannot finish in time even
-    alone are returned apart (second value) instead."""
+    alone are returned apart (second value) instead. With `accept`, only the jobs it accepts are
+    considered (those placed on this batch's worker: routing.py; at most FOREIGN_SCAN_LIMIT others
+    are looked past)."""
     taken: list[W] = []
     doomed: list[W] = []
-    samples, tokens, items, computed, labels, skipped = 0, 0, 0, 0, set(), 0
+    samples, tokens, items, computed, labels, skipped, foreign = 0, 0, 0, 0, set(), 0, 0
     due = math.inf  # the earliest deadline in the batch
     for job in queue.in_order():
+        if accept is not None and not accept(job):
+            foreign += 1
+            if foreign >= FOREIGN_SCAN_LIMIT:
+                break
+            continue
         if timing is not None and not timing.in_time(job.batch_items, job.latency_tokens, job.deadline):
             doomed.append(job)
             continue
@@ -139,7 +148,8 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
 
 
 def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
-             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0) -> Hold | Send[W]:
+             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0,
+             accept: Callable[[W], bool] | None = None) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
     `worker_busy_ms`. A batch sent to a busy worker would only wait in its FIFO, where nothing can
     overtake it: it stays here (in serving order, where a later, tighter deadline can still join or
@@ -153,18 +163,19 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     members it would make late (dropped); or the batch of only those companions that keep every
     member in time, then the rest of the packed batch after it (the second batch pays its own fixed
     cost, and what it would make late counts against the plan). Where a batch's fixed cost is large,
-    packing wins; where a tight deadline would wait behind a large batch, the short batch goes."""
+    packing wins; where a tight deadline would wait behind a large batch, the short batch goes.
+    `accept`: the jobs placed on this worker (the others stay queued for theirs; form_batch)."""
     hold_ms = worker_busy_ms - max_wait_ms
     if hold_ms > MIN_HOLD_MS:
         return Hold(hold_ms)
     timing = Timing(model, now_s, worker_busy_ms, slack_ms)
-    packed, _ = form_batch(queue, workload, bounds)
+    packed, _ = form_batch(queue, workload, bounds, accept=accept)
     if not (drop_late and model.verified):
         return _send(packed, [], timing)
-    short, doomed = form_batch(queue, workload, bounds, timing)
+    short, doomed = form_batch(queue, workload, bounds, timing, accept)
     if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
         timing = Timing(model, now_s, worker_busy_ms)
-        short, doomed = form_batch(queue, workload, bounds, timing)
+        short, doomed = form_batch(queue, workload, bounds, timing, accept)
     if doomed:
         return Send([], doomed, 0.0, now_s)
     packed_ms, late = _plan(packed, timing)

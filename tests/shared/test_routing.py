@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.policy.routing import RecentHolders, Ring, load_bound, prefix_key, route
+from shared.policy import Hold
+from shared.policy.routing import RecentHolders, Ring, dispatch_routed, load_bound, prefix_key, route
 
 MAX_INFLIGHT = 4
 
@@ -162,3 +163,81 @@ def test_routing_keeps_nine_tenths_of_a_single_workers_hit_rate_where_least_busy
     spread = hit_rate({"w0": QueueWorker("w0", 50), "w1": QueueWorker("w1", 50)}, least)
     assert two >= 0.9 * single
     assert spread < 0.9 * single
+
+
+@dataclass(eq=False)
+class RoutedJob:
+    """A queued job as routing reads it (shared/policy's Work plus its prefix key)."""
+
+    prefix_key: int | None
+    deadline: float = 10.0
+    samples: int = 1
+    tokens: int = 10
+    batch_items: int = 1
+    latency_tokens: int = 10
+    label_ids: tuple = ()
+    beam_key: None = None
+
+
+class FixedModel:
+    verified = False
+
+    def predict_ms(self, batch_items, tokens_per_item):
+        return 5.0
+
+    def backlog_ms(self, items, tokens):
+        return 5.0
+
+
+def routed(queue, workers, recent, now=0.0, max_wait_ms=2.0):
+    from shared.policy import BatchBounds
+
+    return dispatch_routed(queue, "score", BatchBounds(max_jobs=8, max_tokens=1000, max_labels=4), workers,
+                           lambda w: FixedModel(), now, MAX_INFLIGHT, recent, max_wait_ms)
+
+
+def queue_of(jobs):
+    from shared.policy import DeadlineQueue
+
+    queue = DeadlineQueue()
+    for job in jobs:
+        queue.push(job)
+    return queue
+
+
+def test_a_batch_is_formed_for_a_worker_from_the_jobs_placed_on_it():
+    workers, recent = pool(2), RecentHolders()
+    a, b = prefix_key([1, 2, 3]), prefix_key([4, 5, 6])
+    recent.record(a, "w0", 0.0)
+    recent.record(b, "w1", 0.0)
+    jobs = [RoutedJob(b, 1.0), RoutedJob(a, 2.0), RoutedJob(None, 3.0), RoutedJob(b, 4.0), RoutedJob(a, 5.0)]
+    queue = queue_of(jobs)
+    worker, plan = routed(queue, workers, recent)
+    # both idle: w0 is tried first and takes its own context and the keyless job; b's stay for w1
+    assert worker is workers["w0"] and plan.live == [jobs[1], jobs[2], jobs[4]]
+
+
+def test_a_queue_head_placed_on_a_busy_worker_does_not_idle_the_other():
+    workers, recent = pool(2), RecentHolders()
+    a, b = prefix_key([1]), prefix_key([2])
+    recent.record(a, "w1", 0.0)
+    recent.record(b, "w0", 0.0)
+    workers["w1"].in_flight.append("batch")
+    workers["w1"].remaining_ms = 50.0  # busy past max_batch_wait_ms: its batch is held, in time (10 s deadline)
+    jobs = [RoutedJob(a, 1.0), RoutedJob(b, 2.0)]
+    worker, plan = routed(queue_of(jobs), workers, recent)
+    assert worker is workers["w0"] and plan.live == [jobs[1]]
+    # with only w1's job queued: a Hold for w1, nothing for the idle w0
+    assert isinstance(routed(queue_of([jobs[0]]), workers, recent), Hold)
+
+
+def test_a_job_whose_home_would_finish_late_goes_to_the_worker_in_time():
+    workers, recent = pool(2), RecentHolders()
+    a = prefix_key([1])
+    recent.record(a, "w1", 0.0)
+    workers["w1"].in_flight.append("batch")
+    workers["w1"].remaining_ms = 50.0
+    job = RoutedJob(a, deadline=0.030)  # 30 ms: w1 finishes at 55 ms, w0 at 5 ms
+    worker, plan = routed(queue_of([job]), workers, recent)
+    assert worker is workers["w0"] and plan.live == [job]
+    assert recent.get(a, 0.0) == "w0"  # the context now follows its new holder
