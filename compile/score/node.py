@@ -15,7 +15,7 @@ import torch
 
 from compile.attention import padded
 from compile.machine import check_threads
-from compile.score.layout import lay_out
+from compile.score.layout import Layout, lay_out
 from compile.score.module import PREFIX_KV_OUTPUTS, pack_hits, pack_inputs
 from compile.transfer import Pending, Staging
 from shared.bounds import BoundsError, outside_vocabulary, score_problem
@@ -77,16 +77,8 @@ class ScoreNode:
         if prefix_lens is None:
             prefix_lens, group_sizes = torch.zeros_like(sample_lens), torch.ones_like(sample_lens)
         self.check(input_ids, sample_lens, label_ids, top_k, prefix_lens, group_sizes)
-        hits = hits or [None] * len(prefix_lens)
-        if not self.takes_hits and (any(h is not None for h in hits) or keep):
-            raise ValueError("this scoring package was built before the prefix cache: rebuild it to read or keep prefix rows")
         check_threads(self.threads, torch.get_num_threads())  # this thread's count, checked per call
-        layout = lay_out(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
-                         self._static, self.block, hits=[0 if h is None else h[0].shape[1] for h in hits],
-                         min_hit_rows=self.block if self.takes_hits else 0)
-        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds.max_labels, layout)
-        if self.takes_hits:
-            args = (*args, *self._hit_rows(hits, layout.hit_rows), self._keep_rows(layout, keep))
+        args, layout = self.package_inputs(input_ids, sample_lens, label_ids, prefix_lens, group_sizes, hits, keep)
         staging = staging or Staging(str(self.device))
         with torch.inference_mode():
             outputs = self.package(*staging.to_device(args))
@@ -96,6 +88,20 @@ class ScoreNode:
                 rows += [t[:, :kept] for t in outputs[-2:]]
             return staging.to_host(rows, lambda host: self._output(host, len(label_ids), top_k, layout.cached_tokens,
                                                                    {g: int(prefix_lens[g]) for g in keep}))
+
+    def package_inputs(self, input_ids, sample_lens, label_ids, prefix_lens, group_sizes, hits: list | None = None,
+                       keep: list[int] = ()) -> tuple[tuple[torch.Tensor, ...], Layout]:
+        """The package's inputs for a checked batch (host tensors) and the layout they come from."""
+        hits = hits or [None] * len(prefix_lens)
+        if not self.takes_hits and (any(h is not None for h in hits) or keep):
+            raise ValueError("this scoring package was built before the prefix cache: rebuild it to read or keep prefix rows")
+        layout = lay_out(input_ids.long(), sample_lens.tolist(), prefix_lens.tolist(), group_sizes.tolist(),
+                         self._static, self.block, hits=[0 if h is None else h[0].shape[1] for h in hits],
+                         min_hit_rows=self.block if self.takes_hits else 0)
+        args = pack_inputs(input_ids, sample_lens, label_ids, self.bounds.max_labels, layout)
+        if self.takes_hits:
+            args = (*args, *self._hit_rows(hits, layout.hit_rows), self._keep_rows(layout, keep))
+        return args, layout
 
     def _hit_rows(self, hits: list, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The hits' keys/values as the package's hit_k, hit_v [layers, rows, Hkv, D] (zeros past them)."""
