@@ -18,18 +18,24 @@ Rules, each for a reason:
   - Pinned entries (the deployment's static prefix) are never evicted; they count against the budget.
   - The bytes held (keys, values and the kept ids) never exceed `budget_bytes`; an entry larger than
     what the pinned ones leave is refused.
+  - One lock (`lock`) guards it: the worker's compute lanes plan and insert under it, the heartbeat
+    reads `report()` under it. Hits hand out the held tensors themselves (never written in place, so
+    an entry evicted while a batch reads it stays valid for that batch).
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from shared.policy.routing import prefix_key
+from shared.protocol import PrefixCacheReport
 from shared.work import StaticPrefix
 
 ID_BYTES = 8
@@ -53,6 +59,8 @@ class Entry:
     pinned: bool = False
     hits: int = 0
     priority: float = 0.0
+    route_key: int = 0
+    """shared/policy/routing.prefix_key of the ids: what the heartbeat reports the entry as."""
 
     @property
     def nbytes(self) -> int:
@@ -97,10 +105,20 @@ class PrefixCache:
     _lengths: dict[int, int] = field(default_factory=dict)  # prefix length -> entries of that length
     _sightings: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     _clock: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def enabled(self) -> bool:
         return self.budget_bytes > 0
+
+    def report(self) -> PrefixCacheReport:
+        """What the heartbeat tells the gateways: the (prefix_key, tokens) held, the budget, the counters."""
+        with self.lock:
+            held = tuple((e.route_key, len(e.ids)) for e in self._entries.values())
+            stats = self.stats
+            return PrefixCacheReport(held=held, budget_bytes=self.budget_bytes, bytes_held=stats.bytes_held,
+                                     hits=stats.hits, misses=stats.misses, insertions=stats.insertions,
+                                     evictions=stats.evictions, hit_tokens=stats.hit_tokens)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -162,7 +180,7 @@ class PrefixCache:
             raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must both be "
                              f"[layers, {len(ids)}, kv_heads, head_dim] for {len(ids)} ids")
         key = self.digest(ids)
-        entry = Entry(ids, keys.detach().clone(), values.detach().clone(), pinned)
+        entry = Entry(ids, keys.detach().clone(), values.detach().clone(), pinned, route_key=prefix_key(ids))
         old = self._entries.get(key)
         room = self.budget_bytes - self._pinned_bytes(besides=old)
         if entry.nbytes > room:

@@ -42,12 +42,18 @@ class Layout:
     cached_tokens: list[int]  # per group: submitted tokens whose keys/values were reused, not computed
     num_samples: int  # B before any filler
     hit_rows: int = 0  # key-pool rows of the hits after the static prefix's: their tokens, padded to the block
+    prefix_rows: list[tuple[tuple[int, int], ...]] = ()  # per group: (first pool row, count) runs of its prefix's rows
+
+    def rows_of_prefix(self, group: int) -> torch.Tensor:
+        """The key-pool rows [P] holding group `group`'s prefix tokens in order (reused or computed)."""
+        return torch.cat([torch.arange(start, start + count) for start, count in self.prefix_rows[group]]
+                         or [torch.zeros(0, dtype=torch.int64)])
 
 
 class _Builder:
     """Appends segments to the key pool, remembering where each one's tokens and positions go."""
 
-    def __init__(self, static_len: int, block: int, hit_lens: list[int]) -> None:
+    def __init__(self, static_len: int, block: int, hit_lens: list[int], min_hit_rows: int = 0) -> None:
         self.ids: list[torch.Tensor] = []
         self.positions: list[torch.Tensor] = []
         self.bounds, self.parents = [0], []
@@ -56,9 +62,10 @@ class _Builder:
         self.rows(padded(static_len, block) - static_len)  # the static rows' padding: a segment nobody reads
         static_rows = self.bounds[-1]
         self.hit_segments = [self.rows(n) if n else -1 for n in hit_lens]  # root segments of cached rows
-        self.hit_rows = padded(self.bounds[-1] - static_rows, block)
+        self.hit_rows = max(padded(self.bounds[-1] - static_rows, block), min_hit_rows)
         self.rows(static_rows + self.hit_rows - self.bounds[-1])  # the hits' padding, read by nobody
         self.sample_segments: list[int] = []
+        self.prefix_rows: list[tuple[tuple[int, int], ...]] = []
         self.block = block
 
     def rows(self, count: int) -> int:
@@ -77,20 +84,23 @@ class _Builder:
 
 
 def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[int], group_sizes: list[int],
-            static_ids: torch.Tensor, block: int = CPU_BLOCK, hits: list[int] | None = None) -> Layout:
+            static_ids: torch.Tensor, block: int = CPU_BLOCK, hits: list[int] | None = None,
+            min_hit_rows: int = 0) -> Layout:
     """Lay out groups of (prefix, suffixes) over the static prefix `static_ids` [C] (may be empty),
     padded to the attention block of the package (the manifest's `attention_block`).
 
     hits[r] (default 0): leading tokens of group r's prefix whose keys/values the caller passes as
     cached rows after the static prefix's (in group order, Layout.hit_rows in all); a hit covers the
     whole prefix only when every sample of the group goes on after it (its last token is computed).
+    min_hit_rows: the fewest hit rows laid out (a package compiled with hit inputs always takes at
+    least a block of them; rows beyond the hits' are a segment nobody reads).
 
     input_ids [sum(prefix_lens) + sum(sample_lens)]: per group its prefix ids, then its suffixes.
     The caller has checked the sizes (ScoreNode.check); this only arranges them.
     """
     static = StaticPrefix(tuple(static_ids.tolist()))
     hits = hits or [0] * len(prefix_lens)
-    builder, cached, cursor, sample = _Builder(len(static.ids), block, hits), [], 0, 0
+    builder, cached, cursor, sample = _Builder(len(static.ids), block, hits, min_hit_rows), [], 0, 0
     for group, (prefix_len, size) in enumerate(zip(prefix_lens, group_sizes)):
         prefix = input_ids[cursor: cursor + prefix_len]
         suffix_lens = sample_lens[sample: sample + size]
@@ -102,6 +112,7 @@ def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[i
             reused = _shared_group(builder, prefix, suffixes, static)
         else:
             reused = 0
+            builder.prefix_rows.append(())
             for ids in suffixes:
                 reuse = _extends_static(ids, static)
                 builder.sample_segments.append(builder.segment(ids[reuse:], reuse, 0 if reuse else -1))
@@ -131,10 +142,13 @@ def _hit_group(builder: _Builder, prefix: torch.Tensor, suffixes, hit: int, hit_
 def _extend_prefix(builder: _Builder, prefix: torch.Tensor, suffixes, reuse: int, reused_segment: int) -> None:
     """The prefix's tokens after its first `reuse` (whose rows are `reused_segment`'s) as a segment,
     then one segment per non-empty suffix extending it."""
+    runs = [(builder.bounds[reused_segment], reuse)] if reuse else []
     if reuse == len(prefix):
         prefix_segment = reused_segment  # every sample goes on after it
     else:
         prefix_segment = builder.segment(prefix[reuse:], reuse, reused_segment if reuse else -1)
+        runs.append((builder.bounds[prefix_segment], len(prefix) - reuse))
+    builder.prefix_rows.append(tuple(runs))
     for ids in suffixes:
         if len(ids):
             builder.sample_segments.append(builder.segment(ids, len(prefix), prefix_segment))
@@ -166,4 +180,5 @@ def _finish(builder: _Builder, cached: list[int], num_samples: int) -> Layout:
         cached_tokens=cached,
         num_samples=num_samples,
         hit_rows=builder.hit_rows,
+        prefix_rows=builder.prefix_rows,
     )
