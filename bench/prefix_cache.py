@@ -130,8 +130,9 @@ def hit_rate(cache: dict[str, float]) -> float:
 
 
 def variant(config, workers: int, cache_mb: int, threads: int):
-    worker = dataclasses.replace(config.worker, endpoints=tuple(f"w{i}" for i in range(workers)),
-                                 devices=("cpu",) * workers, cpu_threads=threads, profile_budget_s=60.0,
+    endpoints = tuple(f"ipc:///tmp/prefix-cache-bench-w{i}" for i in range(workers))  # the stack puts its own
+    worker = dataclasses.replace(config.worker, endpoints=endpoints, devices=("cpu",) * workers, cpu_threads=threads,
+                                 profile_budget_s=60.0,
                                  profile_repeats=1, warmup_runs=1)
     gateway = dataclasses.replace(config.gateway, access_log=False, worker_timeout_ms=DEADLINE_MS,
                                   max_deadline_ms=DEADLINE_MS, score_deadline_ms=DEADLINE_MS)
@@ -188,11 +189,11 @@ def main() -> None:
     zipf_requests = args.zipf_requests or (16 if args.quick else 192)
     unique = args.unique or (4 if args.quick else 32)
     threads = max(1, (os.cpu_count() or 2) // 2)  # each of two workers gets half the cores
+    torch.set_num_threads(threads)  # the packages are compiled for this process's threads (these_threads)
     checkpoint = shaped_checkpoint("qwen2", QWEN25_05B, layers, torch.float32)
     spec = read_spec(checkpoint)
     config = bench_config(checkpoint, "float32", workloads=("score",), max_samples_per_batch=16,
                           max_tokens_per_sample=1024, max_tokens_per_batch=8192, max_prefix_tokens=512)
-    config = config.replace(worker=dataclasses.replace(config.worker, cpu_threads=threads))
     artifacts = build_artifacts(config, f"prefix_cache-qwen2.5-0.5b-fp32-{layers}l-{threads}t")
     work = workloads(args.seed, spec.vocab_size, sessions, contexts, zipf_requests, unique)
     c = args.clients

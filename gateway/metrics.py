@@ -4,11 +4,11 @@ Exposed on GET /metrics: requests by route and outcome, latency per stage in sec
 tokenize, queue, worker, total), queue depth, batch fill, workers ready, batches in flight, drops
 by reason, the workers' compute (as they report it per batch) and the share of it wasted on answers
 not delivered in time, predicted against measured batch service time, the learnt lateness (the
-slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests with those the workers reused
-instead of computing (shared prefixes, the static prefix), each worker's prefix cache (hits, misses,
-insertions, evictions, hit tokens, bytes held and budget, from its heartbeats), and the process's own CPU, memory and
-file descriptors. Gauges read the gateway's state when scraped (`Gauge.set_function`), so nothing is
-updated per request for them. Each gateway has its own registry (never prometheus_client's global
+slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests
+with those the workers reused instead of computing (shared prefixes, the static prefix), each
+worker's prefix cache (hits, misses, insertions, evictions, hit tokens, bytes held and budget, from
+its heartbeats), and the process's own CPU, memory and file descriptors. Gauges read the gateway's
+state when scraped (`Gauge.set_function`), so nothing is updated per request for them. Each gateway has its own registry (never prometheus_client's global
 one), so several gateways can live in one process (tests).
 
 A drop is work the gateway took and then did not serve, counted once per request by the policy's

@@ -3,8 +3,8 @@ its deadline.
 
 Each worker keeps the prefixes it computed lately (worker/prefix_cache.py), so a repeated context is
 only cheap on the worker that saw it. `route` chooses, in order:
-  1. the worker that most recently got this prefix (`RecentHolders`), if it has a free slot and its
-     predicted finish is in time;
+  1. the worker that most recently got this prefix (`RecentHolders`), if its predicted finish is in
+     time (with every slot taken, the batch waits for one);
   2. else the prefix's owners on a consistent-hash ring over the workers (`Ring`: 64 points each),
      clockwise from the prefix's point, skipping those over the load bound (consistent hashing with
      bounded loads: at most ceil(load_factor x (batches in flight + 1) / workers) batches each) and
@@ -113,44 +113,50 @@ class Placement(Generic[K]):
     def __init__(self, workers: Mapping[str, K], now_s: float, max_inflight_batches: int, recent: RecentHolders,
                  load_factor: float = LOAD_FACTOR) -> None:
         self.now_s, self.recent, self.max_inflight_batches = now_s, recent, max_inflight_batches
+        self.workers = dict(workers)
         self.free = {name: w for name, w in workers.items() if len(w.in_flight) < max_inflight_batches}
         self.bound = load_bound(list(workers.values()), load_factor)
         self.ring = Ring.of(tuple(sorted(workers)))
 
     def home(self, key: int) -> str:
-        """Where the prefix would go with every worker in time: its recent holder if free, else its
-        first free ring owner under the load bound, else "" (no such worker)."""
+        """Where the prefix would go with every worker in time: its recent holder (even with every
+        slot taken: the batch would wait for one), else its first free ring owner under the load
+        bound, else "" (no such worker)."""
         return next(iter(self._preferred(key)), "")
 
     def choose(self, key: int | None, in_time: Callable[[K], bool]) -> K | None:
         """The module's order for a batch whose prefix is `key` (None: least busy); None when every
-        slot is taken."""
+        slot is taken. The recent holder is chosen while in time even when its slots are all taken
+        (the batch waits for one: the caller sends nothing now), other owners only with a free slot."""
         if not self.free:
             return None
         if key is not None:
-            name = next((n for n in self._preferred(key) if in_time(self.free[n])), None)
+            name = next((n for n in self._preferred(key) if in_time(self.workers[n])), None)
             if name is not None:
-                return self.free[name]
+                return self.workers[name]
         return least_busy(self.free.values(), self.now_s, self.max_inflight_batches)
 
     def _preferred(self, key: int) -> list[str]:
         holder = self.recent.get(key, self.now_s)
-        preferred = [holder] if holder in self.free else []
+        preferred = [holder] if holder in self.workers else []
         return preferred + [name for name in self.ring.owners(key) if name in self.free and name != holder
                             and len(self.free[name].in_flight) < self.bound]
 
     def name_of(self, worker: K) -> str:
-        return next(n for n, w in self.free.items() if w is worker)
+        return next(n for n, w in self.workers.items() if w is worker)
 
 
 def route(key: int | None, workers: Mapping[str, K], now_s: float, max_inflight_batches: int,
           in_time: Callable[[K], bool], recent: RecentHolders, load_factor: float = LOAD_FACTOR) -> K | None:
-    """Where a batch whose prefix is `key` goes (None: every slot is taken); see the module's order.
+    """Where a batch whose prefix is `key` goes (None: every slot is taken, or its holder's are and it
+    is in time there: the batch waits for it); see the module's order.
     `in_time(worker)`: the batch sent there now would finish by its deadline. A keyless batch (no
     shared prefix) goes to the least busy worker. The choice is recorded in `recent`."""
     placement = Placement(workers, now_s, max_inflight_batches, recent, load_factor)
     chosen = placement.choose(key, in_time)
-    if chosen is not None and key is not None:
+    if chosen is None or len(chosen.in_flight) >= max_inflight_batches:
+        return None  # every slot taken, or the prefix's holder is full and still in time: wait for it
+    if key is not None:
         recent.record(key, placement.name_of(chosen), now_s)
     return chosen
 
@@ -175,14 +181,15 @@ def dispatch_routed(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
     The workers with a free slot are tried least busy first; each gets `dispatch` over the jobs
     placed on it (`Placement.choose` on the job's prefix key, its in-time test the job alone
     behind that worker's work in flight): its own contexts, those whose home would finish them
-    late, and jobs without a shared prefix (anyone's). The others stay queued for their own worker,
+    late, and jobs without a shared prefix (anyone's). The others stay queued for their own worker
+    (a holder with every slot taken included, while it is in time: its answer frees one),
     so requests of one context land in batches for their worker, and a worker never idles behind a
     queue head that belongs elsewhere. The first worker with something to send gets its batch
     (returned with the worker; its jobs' keys are recorded as sent there); else the shortest Hold;
     None: nothing to send (every slot taken, or nothing placed on a free worker: an answer or a new
     job wakes the caller)."""
     placement = Placement(workers, now_s, max_inflight_batches, recent)
-    timing = {name: Timing(model_of(w), now_s, w.busy_ms(now_s), slack_ms) for name, w in placement.free.items()}
+    timing = {name: Timing(model_of(w), now_s, w.busy_ms(now_s), slack_ms) for name, w in placement.workers.items()}
     chosen: dict[int, str] = {}
 
     def home(job: RoutedWork) -> str:

@@ -13,7 +13,7 @@ import threading
 from loadgen.prefix_model import PrefixCacheModel
 from loadgen.standin_worker import StandInWorker
 from shared.latency_model import LatencyModel
-from shared.policy.routing import prefix_key
+from shared.policy.routing import Ring, prefix_key
 from tests.gateway.conftest import endpoint, start_stack
 from tests.gateway.metrics_page import sample, scrape
 from tests.gateway.test_gateway_shared_prefix import ids_body, until, want_logits, wire_samples
@@ -150,3 +150,26 @@ async def test_metrics_export_each_workers_prefix_cache(request_tokenizer):
     assert sample(page, "boundserve_prefix_cache_budget_bytes", **labels) == 10_000 * 64
     other = next(w for w in workers if w is not home)
     assert sample(page, "boundserve_prefix_cache_hits_total", worker=other.endpoint) == 0
+
+
+async def test_a_full_holder_in_time_keeps_its_context_while_the_other_worker_serves_its_own(request_tokenizer):
+    async with two_workers(request_tokenizer, gated=True, max_inflight_batches_per_worker=1) as (
+            stack, workers, gates):
+        first = asyncio.ensure_future(stack.post("/v1/score", ids_body(request(0, 0))))
+        await until(lambda: 0 in served_by(workers, 0))
+        holder = served_by(workers, 0)[0]  # its one slot is taken until its gate opens
+        again = asyncio.ensure_future(stack.post("/v1/score", ids_body(request(0, 1))))
+        await until(lambda: stack.gateway.batchers["score"].queued_jobs == 1)
+        endpoints = tuple(sorted(w.endpoint for w in workers))
+        other = next(c for c in range(1, 64)
+                     if Ring.of(endpoints).owners(prefix_key(context(c)))[0] == workers[1 - holder].endpoint)
+        elsewhere = asyncio.ensure_future(stack.post("/v1/score", ids_body(request(other, 0))))
+        await until(lambda: 0 in served_by(workers, other))  # the batcher has looked at the queue since
+        assert served_by(workers, other)[0] == 1 - holder
+        assert 1 not in served_by(workers, 0)  # the context waits for its holder, in time there
+        gates[holder].set()
+        await until(lambda: 1 in served_by(workers, 0))
+        assert served_by(workers, 0)[1] == holder
+        for gate in gates:
+            gate.set()
+        assert [(await f)[0] for f in (first, again, elsewhere)] == [200, 200, 200]

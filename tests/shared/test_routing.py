@@ -60,13 +60,14 @@ def test_no_one_in_time_falls_back_to_least_busy():
     assert route(prefix_key([5]), workers, 0.0, MAX_INFLIGHT, lambda w: False, recent) is workers["w1"]
 
 
-def test_full_workers_are_skipped_and_none_when_every_slot_is_taken():
+def test_a_full_holder_in_time_keeps_its_prefix_and_none_when_every_slot_is_taken():
     workers, recent = pool(2), RecentHolders()
     key = prefix_key([1, 1])
-    owner = route(key, workers, 0.0, MAX_INFLIGHT, always, recent)
-    owner.in_flight.extend(["b"] * MAX_INFLIGHT)
-    other = route(key, workers, 1.0, MAX_INFLIGHT, always, recent)
-    assert other is not owner
+    holder = route(key, workers, 0.0, MAX_INFLIGHT, always, recent)
+    holder.in_flight.extend(["b"] * MAX_INFLIGHT)
+    assert route(key, workers, 1.0, MAX_INFLIGHT, always, recent) is None  # in time there: wait for a slot
+    other = route(key, workers, 1.0, MAX_INFLIGHT, lambda w: w is not holder, recent)  # late there: move
+    assert other is not None and other is not holder
     other.in_flight.extend(["b"] * MAX_INFLIGHT)
     assert route(key, workers, 2.0, MAX_INFLIGHT, always, recent) is None
 
