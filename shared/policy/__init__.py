@@ -25,6 +25,10 @@ reasons) hold the vocabulary; admission.py and batching.py the decisions.
              order up to the compiled bounds, looking past at most SCAN_LIMIT that do not fit, and,
              with predicted-late drops on, only companions that keep every member in time; a job
              that cannot finish in time even alone is dropped before compute.
+  routing    (routing.py) score batches are formed per worker from the jobs placed on it: a shared
+             prefix goes back to the worker that got it last while that is in time, else to its
+             owners on a consistent-hash ring under a load bound, else to the least busy
+             (`dispatch_routed`, the batcher's and the simulator's step).
   drops      one set of reasons (DropReason, answered with DROP_CODES); expired_in_queue, predicted_late (it
              cannot finish in time behind the worker's work in flight), the worker's
              expired_in_worker and worker_overdue (no answer within the grace after the deadline)
