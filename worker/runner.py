@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from shared.bounds import BoundsError
-from shared.request_ids import is_chunk
-from shared.work import StaticPrefix
 from shared.protocol import (FLOAT32, INT32, BeamBatch, BeamResult, ErrorCode, ScoreBatch, ScoreResult,
                              Status, unpack_ids)
+from shared.request_ids import is_chunk
+from shared.work import StaticPrefix
 from worker.bounds_check import BatchRefused
 from worker.lanes import Lane
 from worker.prefix_cache import GroupPlan, PrefixCache, plan_batch

@@ -50,10 +50,12 @@ class ScoreNode:
         self.takes_hits = PREFIX_KV_OUTPUTS[0] in facts.outputs  # packages built before the prefix cache do not
         model = manifest.model
         self.kv_shape = (model.num_layers, model.num_kv_heads, model.head_dim)  # of a prefix cache row
-        self._no_rows = torch.zeros(model.num_layers, 0, model.num_kv_heads, model.head_dim,
-                                    dtype=getattr(torch, manifest.dtype))
         self.static_prefix_ids = facts.static_prefix_ids
         self.block = facts.attention_block  # the layout pads the token axis to it
+        # a miss's inputs, made once: one block of zero hit rows nobody reads, one block of kept row 0
+        self._zero_hits = tuple(torch.zeros(model.num_layers, self.block, model.num_kv_heads, model.head_dim,
+                                            dtype=getattr(torch, manifest.dtype)) for _ in range(2))
+        self._zero_keep = torch.zeros(self.block, dtype=torch.int64)
         self._static = torch.tensor(self.static_prefix_ids, dtype=torch.int64)
         self.device = torch.device(device)
         self.threads = manifest.cpu_threads if self.device.type == "cpu" else None  # compiled for
@@ -106,15 +108,19 @@ class ScoreNode:
     def _hit_rows(self, hits: list, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The hits' keys/values as the package's hit_k, hit_v [layers, rows, Hkv, D] (zeros past them)."""
         held = [h for h in hits if h is not None]
+        if not held:
+            return self._zero_hits  # layout.hit_rows is one block: read by nobody
         for keys, values in held:
             if keys.shape != values.shape or (keys.shape[0], *keys.shape[2:]) != self.kv_shape:
                 raise ValueError(f"hit keys {tuple(keys.shape)} / values {tuple(values.shape)} are not "
                                  f"[{self.kv_shape[0]}, P, {self.kv_shape[1]}, {self.kv_shape[2]}]")
-        return pack_hits(held or [(self._no_rows, self._no_rows)], rows)
+        return pack_hits(held, rows)
 
     def _keep_rows(self, layout, keep: list[int]) -> torch.Tensor:
         """The kept groups' prefix rows in the key pool, padded with row 0 to a whole block (at least one)."""
-        rows = torch.cat([layout.rows_of_prefix(g) for g in keep] or [torch.zeros(0, dtype=torch.int64)])
+        if not keep:
+            return self._zero_keep
+        rows = torch.cat([layout.rows_of_prefix(g) for g in keep])
         size = max(self.block, padded(len(rows), self.block))
         return torch.cat([rows, torch.zeros(size - len(rows), dtype=torch.int64)])
 
