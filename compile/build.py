@@ -172,6 +172,7 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
     relevant["cpu_threads"] = compiled_threads(config)
     relevant["kernel_profile"] = kernel_profile
     relevant["model"] = {**relevant["model"], "path": None}  # the content counts, not the path
+    relevant["score"] = {**relevant["score"], "prefix_cache_mb": None}  # a run-time budget, not the artifacts'
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     if relevant["score"]["mlp_head"]:
         digest.update(file_hash(Path(config.score.mlp_head.weights)).encode())

@@ -190,17 +190,34 @@ class Layer(nn.Module):
         and the MLP run on B rows instead of T: the last layer of a scoring pass needs no more.
         visible [B, C + T]: the keys each of those rows attends to (cached rows first).
         """
+        return self.forward_last_kv(x, cos, sin, last, visible, cached_kv)[0]
+
+    def forward_last_kv(self, x, cos, sin, last, visible, cached_kv=None):
+        """forward_last's output [B, H] and the keys and values [T, Hkv, D] of x's own tokens."""
         h = self.input_norm(x)
-        k, v = _with_cached(*self.attn.project_kv(h, cos, sin), cached_kv)
+        own_k, own_v = self.attn.project_kv(h, cos, sin)
+        k, v = _with_cached(own_k, own_v, cached_kv)
         q = self.attn.project_q(h.index_select(0, last), cos.index_select(0, last), sin.index_select(0, last))
         y = x.index_select(0, last) + self.attn.output(last_query_attention(q, k, v, visible))
-        return y + self.mlp(self.post_attn_norm(y))
+        return y + self.mlp(self.post_attn_norm(y)), own_k, own_v
 
 
 def _with_cached(k, v, cached_kv):
     if cached_kv is None:
         return k, v
     return torch.cat([cached_kv[0], k]), torch.cat([cached_kv[1], v])
+
+
+def pool_rows(k, v, cached_kv, rows):
+    """Rows `rows` [R] of the key pool (cached_kv's C rows, then k/v's own [T, Hkv, D]) -> [R, Hkv, D]
+    keys and values, gathered from each part without building the pool again."""
+    if cached_kv is None:
+        return k.index_select(0, rows), v.index_select(0, rows)
+    count = cached_kv[0].shape[0]
+    from_cache = (rows < count)[:, None, None]
+    cache_rows, own_rows = rows.clamp(max=count - 1), (rows - count).clamp(min=0)
+    return (torch.where(from_cache, cached_kv[0].index_select(0, cache_rows), k.index_select(0, own_rows)),
+            torch.where(from_cache, cached_kv[1].index_select(0, cache_rows), v.index_select(0, own_rows)))
 
 
 class Transformer(nn.Module):
@@ -230,7 +247,7 @@ class Transformer(nn.Module):
         return x
 
     def last_hidden(self, input_ids, positions, mask: BlockMask, cu_seqlens, parents=None, sample_segments=None,
-                    static_kv=None):
+                    static_kv=None, keep_rows=None):
         """Hidden state [B, H] (before the final norm) at every sample's last token only.
 
         Without `parents` every sample is its own segment (cu_seqlens [B+1] over input_ids). With
@@ -238,6 +255,8 @@ class Transformer(nn.Module):
         parents [S] says which segment each extends (-1: none), sample_segments [B] which segment
         ends each sample. static_kv = (keys, values) [layers, C, Hkv, D]: cached, never recomputed.
         `mask` is the pool's block mask (compile/attention.pool_mask of the same segments).
+        keep_rows [R] (pool rows): also return every layer's keys and values at those rows,
+        [layers, R, Hkv, D] each (a prefix's, for the worker's prefix cache).
         """
         if parents is None:
             parents = torch.full_like(cu_seqlens[1:], -1, dtype=torch.int64)
@@ -245,12 +264,21 @@ class Transformer(nn.Module):
         x = self.embed(input_ids)  # [T, H]
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         cached = [None] * len(self.layers) if static_kv is None else list(zip(*static_kv))
+        kept = []
         for layer, kv in zip(self.layers[:-1], cached):
-            x = layer(x, cos, sin, mask, kv)
+            if keep_rows is None:
+                x = layer(x, cos, sin, mask, kv)
+            else:
+                x, k, v = layer.forward_kv(x, cos, sin, mask, kv)
+                kept.append(pool_rows(k, v, kv, keep_rows))
         num_cached = 0 if static_kv is None else static_kv[0].shape[1]  # rows before the batch's own
         last = cu_seqlens.index_select(0, sample_segments + 1).long() - 1 - num_cached  # [B]
         visible = visible_keys(cu_seqlens, parents, sample_segments, num_cached + input_ids.shape[0])
-        return self.layers[-1].forward_last(x, cos, sin, last, visible, cached[-1])
+        if keep_rows is None:
+            return self.layers[-1].forward_last(x, cos, sin, last, visible, cached[-1])
+        out, k, v = self.layers[-1].forward_last_kv(x, cos, sin, last, visible, cached[-1])
+        kept.append(pool_rows(k, v, cached[-1], keep_rows))
+        return out, torch.stack([k for k, _ in kept]), torch.stack([v for _, v in kept])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and full-vocabulary projection of selected rows: [N, H] -> [N, V] float32."""

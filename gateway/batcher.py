@@ -19,9 +19,10 @@ import logging
 from gateway.errors import ApiError
 from gateway.job import Job
 from gateway.metrics import Metrics
+from gateway.worker_link import WorkerLink
 from gateway.worker_pool import WorkerPool
-from shared.policy import (BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, dispatch,
-                           take_expired)
+from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, Timing, take_expired
+from shared.policy.routing import dispatch_routed
 
 __all__ = ["BatchBounds", "Batcher"]
 log = logging.getLogger("gateway.batcher")
@@ -145,19 +146,20 @@ class Batcher:
         """Send one batch if it is time; else seconds until it will be (None: wait for a wake-up)."""
         if not self.queue:
             return None
-        link = self._pool.pick(self.workload)
-        if link is None:
-            return None  # the pool wakes us when a slot frees or a worker becomes ready
         now = self._loop.time()
-        plan = dispatch(self.queue, self.workload, self.bounds, link.models[self.workload], link.busy_ms(now),
-                        self._max_wait_ms, now, self._drop_late, self.lateness.slack_ms(self._margin_ms),
-                        self._shed_by_cost, self._pool.ready_count(self.workload))
-        if isinstance(plan, Hold):
-            return plan.wait_ms / 1000.0
-        self._send(link, plan, Prediction(link.busy_ms(now), plan.predicted_ms, 0.0, plan.finish_at))
+        workers = self._pool.serving(self.workload)
+        decision = dispatch_routed(self.queue, self.workload, self.bounds, workers, lambda link: link.models[
+            self.workload], now, self._pool.max_inflight_batches, self._pool.recent, self._max_wait_ms,
+            self._drop_late, self.lateness.slack_ms(self._margin_ms), self._shed_by_cost)
+        if decision is None:
+            return None  # the pool wakes us when a slot frees or a worker becomes ready, a submit when a job comes
+        if isinstance(decision, Hold):
+            return decision.wait_ms / 1000.0
+        link, plan = decision
+        self._send(link, plan, now)
         return 0.0
 
-    def _send(self, link, plan: Send[Job], dispatched: Prediction) -> None:
+    def _send(self, link: WorkerLink, plan: Send[Job], now: float) -> None:
         for job in plan.late:
             self.queue.remove(job)
             job.fail(ApiError("deadline_exceeded", "the request is predicted to finish past its deadline behind the "
@@ -165,12 +167,20 @@ class Batcher:
                               drop_reason=DropReason.PREDICTED_LATE))
         if not plan.live:
             return
-        if not link.send_batch(self._pool.next_batch_id(), self.workload, plan.live, plan.predicted_ms):
-            link.declare_lost("its socket is disconnected")  # the jobs stay queued for another worker
+        for job in plan.live:  # sized for where they run: out of the queue first (it keeps totals)
+            self.queue.remove(job)
+            job.resize(link.reuse)
+        timing = Timing(link.models[self.workload], now, link.busy_ms(now))
+        items, computed = sum(j.batch_items for j in plan.live), sum(j.latency_tokens for j in plan.live)
+        predicted_ms = timing.predict_ms(items, computed)
+        dispatched = Prediction(link.busy_ms(now), predicted_ms, 0.0, timing.finish_at(items, computed))
+        if not link.send_batch(self._pool.next_batch_id(), self.workload, plan.live, predicted_ms):
+            for job in plan.live:
+                self.queue.push(job)  # they stay queued for another worker
+            link.declare_lost("its socket is disconnected")
             return
         now = self._loop.time()
         for job in plan.live:
-            self.queue.remove(job)
             job.dispatched = dispatched
             self._metrics.observe_stage("queue", (now - job.enqueued_at) * 1000.0)
             if job.expiry is not None:

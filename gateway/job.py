@@ -20,6 +20,7 @@ import numpy as np
 
 from gateway.errors import ApiError
 from shared.policy import Prediction
+from shared.policy.routing import prefix_key
 from shared.work import NO_REUSE, Reuse, WorkSize, counted_by_work
 
 
@@ -55,7 +56,8 @@ class Job:
     prefix_len: int = 0
     """score: the first prefix_len ids of every sample are the same and are sent and computed once."""
     reuse: Reuse = NO_REUSE
-    """score: where leading tokens' keys/values already exist (the deployment's static prefix)."""
+    """score: where leading tokens' keys/values already exist: the static prefix and the prefix cache
+    of the worker it is expected to run on (`resize` when it goes elsewhere)."""
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     state: JobState = QUEUED
     enqueued_at: float = 0.0
@@ -68,12 +70,21 @@ class Job:
     work: WorkSize = field(init=False)
     """What it sends, computes and reuses; the policy's counts (samples, tokens, batch_items,
     latency_tokens) are its answers (shared/work.counted_by_work)."""
+    prefix_key: int | None = field(init=False)
+    """score with a shared prefix: the prefix's key (shared/policy/routing.prefix_key), which routing
+    places by; None: no shared prefix (placed on the least busy worker)."""
 
     def __post_init__(self) -> None:
         if self.beam_key:
             self.work = WorkSize.prompt(len(self.token_ids[0]), self.beam_key[0])
         else:
             self.work = WorkSize.of(self.token_ids, self.prefix_len, self.reuse)
+        self.prefix_key = prefix_key(self.token_ids[0][:self.prefix_len]) if self.prefix_len else None
+
+    def resize(self, reuse: Reuse) -> None:
+        """Size it for a worker with `reuse` (never while it is queued: the queue keeps totals)."""
+        if not self.beam_key and reuse != self.reuse:
+            self.reuse, self.work = reuse, WorkSize.of(self.token_ids, self.prefix_len, reuse)
 
     def wire_ids(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """score: (ids int32 [prefix_len + sum of suffixes]: the prefix once, then each sample's

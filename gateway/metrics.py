@@ -4,10 +4,11 @@ Exposed on GET /metrics: requests by route and outcome, latency per stage in sec
 tokenize, queue, worker, total), queue depth, batch fill, workers ready, batches in flight, drops
 by reason, the workers' compute (as they report it per batch) and the share of it wasted on answers
 not delivered in time, predicted against measured batch service time, the learnt lateness (the
-slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests with those the workers reused
-instead of computing (shared prefixes, the static prefix), and the process's own CPU, memory and
-file descriptors. Gauges read the gateway's state when scraped (`Gauge.set_function`), so nothing is
-updated per request for them. Each gateway has its own registry (never prometheus_client's global
+slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests
+with those the workers reused instead of computing (shared prefixes, the static prefix), each
+worker's prefix cache (hits, misses, insertions, evictions, hit tokens, bytes held and budget, from
+its heartbeats), and the process's own CPU, memory and file descriptors. Gauges read the gateway's
+state when scraped (`Gauge.set_function`), so nothing is updated per request for them. Each gateway has its own registry (never prometheus_client's global
 one), so several gateways can live in one process (tests).
 
 A drop is work the gateway took and then did not serve, counted once per request by the policy's
@@ -20,11 +21,15 @@ among its requests by the tokens each computed. Work dropped before compute wast
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 import prometheus_client
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.worker_link import Answered
+from shared import protocol as p
 from shared.policy import DropReason
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -47,6 +52,40 @@ def drop_reason(code: str, reason: str | None) -> str | None:
     if code == "deadline_exceeded":
         return DropReason.EXPIRED_IN_WORKER
     return code if code in DROP_REASONS else None
+
+
+PREFIX_CACHE_COUNTERS = {
+    "hits": "Batch groups whose shared prefix (or a leading part of it) the worker's prefix cache held.",
+    "misses": "Batch groups whose shared prefix the worker's prefix cache did not hold.",
+    "insertions": "Prefixes the worker's prefix cache took in (on a second sighting, or a split request).",
+    "evictions": "Prefixes the worker's prefix cache let go to stay within its budget.",
+    "hit_tokens": "Prompt tokens read from the worker's prefix cache instead of computed.",
+}
+PREFIX_CACHE_GAUGES = {
+    "bytes": ("bytes_held", "Bytes the worker's prefix cache holds (keys, values, token ids)."),
+    "budget_bytes": ("budget_bytes", "The worker's prefix cache budget ([score] prefix_cache_mb; 0: off)."),
+}
+
+
+class PrefixCacheCollector:
+    """Each worker's prefix cache as its latest heartbeat reported it (label `worker`: its endpoint);
+    the counters are the worker's own, monotone while its process lives (a restart starts them at 0)."""
+
+    def __init__(self, reports: Callable[[], Iterable[tuple[str, p.PrefixCacheReport]]]) -> None:
+        self._reports = reports
+
+    def collect(self) -> Iterator[Metric]:
+        counters = {name: CounterMetricFamily(f"boundserve_prefix_cache_{name}", text, labels=("worker",))
+                    for name, text in PREFIX_CACHE_COUNTERS.items()}
+        gauges = {name: GaugeMetricFamily(f"boundserve_prefix_cache_{name}", text, labels=("worker",))
+                  for name, (_, text) in PREFIX_CACHE_GAUGES.items()}
+        for worker, report in self._reports():
+            for name, family in counters.items():
+                family.add_metric((worker,), getattr(report, name))
+            for name, family in gauges.items():
+                family.add_metric((worker,), getattr(report, PREFIX_CACHE_GAUGES[name][0]))
+        yield from counters.values()
+        yield from gauges.values()
 
 
 class Metrics:
@@ -158,6 +197,10 @@ class Metrics:
         self.score_prompt_tokens.inc(prompt)
         self.score_cached_tokens.inc(cached)
         self._shared[shared].inc()
+
+    def watch_prefix_caches(self, reports: Callable[[], Iterable[tuple[str, p.PrefixCacheReport]]]) -> None:
+        """Export the workers' prefix caches, read from `reports` (worker, latest report) at each scrape."""
+        self.registry.register(PrefixCacheCollector(reports))
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample, 0 when it was never set (e.g. value("boundserve_drops_total",

@@ -11,6 +11,7 @@ OpenAI's prompt_tokens_details.cached_tokens, those the workers reused instead o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 import numpy as np
@@ -28,14 +29,15 @@ from gateway.score_request import ScoreSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.bounds import score_problem
 from shared.request_ids import chunk_id
-from shared.work import WorkSize
+from shared.work import Reuse, WorkSize
 
 
 class ScoreService:
     """Runs validated ScoreSpecs through tokenization, admission and the score batcher."""
 
     def __init__(self, tokenizer: RequestTokenizer, limits: Limits, batcher: Batcher, admission: Admission,
-                 metrics: Metrics, executor: Executor | None, offload_chars: int) -> None:
+                 metrics: Metrics, executor: Executor | None, offload_chars: int,
+                 reuse_for: Callable[[int | None], Reuse] | None = None) -> None:
         self._tokenizer = tokenizer
         self._limits = limits
         self._batcher = batcher
@@ -44,6 +46,9 @@ class ScoreService:
         self._end = RequestEnd(batcher, metrics)
         self._executor = executor
         self._offload_chars = offload_chars
+        self._reuse_for = reuse_for or (lambda key: limits.static_prefix)
+        """What a job whose prefix has this key is expected to reuse where it will run (the pool's
+        routing and its workers' held prefixes): admission and the queue count what is computed."""
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
         self._loop = asyncio.get_running_loop()
 
@@ -88,12 +93,16 @@ class ScoreService:
         limits, bounds = self._limits, self._limits.bounds
         prefix_len = sharing.shared_prefix_len(token_ids, limits.sharing)
         chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
-        return [
+        jobs = [
             Job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
                 prefix_len=prefix_len, reuse=limits.static_prefix)
             for k, chunk in enumerate(chunks)
         ]
+        reuse = self._reuse_for(jobs[0].prefix_key)  # every chunk carries the same prefix
+        for job in jobs:
+            job.resize(reuse)
+        return jobs
 
 
 def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

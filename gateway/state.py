@@ -57,7 +57,7 @@ class Gateway:
         limits = Limits.from_manifest(config, settings.manifest, vocab)
         metrics = Metrics()
         pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
-                          metrics.observe_answer)
+                          metrics.observe_answer, limits.static_prefix)
         bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
         admission = Admission(pool, gw.max_queue_tokens, gw.admission_margin_ms, gw.admission, gw.shed_by_cost)
         batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, gw.drop_predicted_late,
@@ -65,7 +65,7 @@ class Gateway:
                     for w, b in bounds.items()}
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
-                             gw.tokenize_offload_chars)
+                             gw.tokenize_offload_chars, pool.expected_reuse)
         generate = GenerateService(settings.tokenizer, limits, batchers["beam"], admission, metrics)
         gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor)
         gateway._register_gauges()
@@ -80,6 +80,7 @@ class Gateway:
             m.lateness.labels(workload).set_function(lambda b=batcher: b.lateness.value / 1000.0)
         m.workers_ready.set_function(lambda: self.pool.ready_count())
         m.batches_in_flight.set_function(self.pool.in_flight_batches)
+        m.watch_prefix_caches(lambda: [(link.endpoint, link.prefix_cache) for link in self.pool.links])
 
     async def start(self) -> None:
         for batcher in self.batchers.values():

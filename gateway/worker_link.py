@@ -27,6 +27,7 @@ from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol as p
 from shared.bounds import batch_capacity
 from shared.policy import busy_ms
+from shared.work import NO_REUSE, HeldPrefixes, StaticPrefix
 
 log = logging.getLogger("gateway.worker")
 CONNECTING, READY, DRAINING, LOST, STALLED = "connecting", "ready", "draining", "lost", "stalled"
@@ -66,7 +67,8 @@ class WorkerLink:
     """One worker as the gateway sees it: state, latency models, batches in flight."""
 
     def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
-                 on_change: Callable[[], None], on_answer: Callable[[Answered], None] = lambda answer: None) -> None:
+                 on_change: Callable[[], None], on_answer: Callable[[Answered], None] = lambda answer: None,
+                 static: StaticPrefix = NO_REUSE) -> None:
         self.endpoint = endpoint
         self.pid = 0
         self.gateway_id = gateway_id
@@ -78,6 +80,11 @@ class WorkerLink:
         """Loop time of the worker's last answer to a batch (the batches after it started no earlier)."""
         self.out_of_service_since: float | None = None
         """Loop time at which a worker that had been ready was declared lost or stalled."""
+        self.prefix_cache = p.PrefixCacheReport()
+        """Its prefix cache as its latest heartbeat reported it (what it holds, its counters)."""
+        self.reuse: HeldPrefixes = HeldPrefixes(static=static)
+        """Which leading tokens a request sent here need not compute: the static prefix and the
+        prefixes its latest heartbeat said its cache holds (the cost model's view of this worker)."""
         self._clock = clock
         self._on_change = on_change
         self._on_answer = on_answer
@@ -188,6 +195,8 @@ class WorkerLink:
         if self.state == READY and ready.pid == self.pid:
             return  # the answer to a Hello repeated before the first answer came
         self._adopt_models(ready)
+        if ready.pid != self.pid:  # a new process starts with an empty prefix cache
+            self.prefix_cache, self.reuse = p.PrefixCacheReport(), HeldPrefixes(static=self.reuse.static)
         self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
         self.out_of_service_since = None
         log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
@@ -231,6 +240,9 @@ class WorkerLink:
         self._on_change()
 
     def _on_heartbeat(self, beat: p.Heartbeat) -> None:
+        if beat.prefix_cache.held != self.prefix_cache.held:
+            self.reuse = HeldPrefixes(frozenset(beat.prefix_cache.held), self.reuse.static)
+        self.prefix_cache = beat.prefix_cache
         if beat.draining and self.state == READY:
             self.state = DRAINING
             self._on_change()

@@ -22,21 +22,27 @@ from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, Answered, WorkerLink
 from shared.policy import least_busy
+from shared.policy.routing import Placement, RecentHolders
+from shared.work import NO_REUSE, Reuse, StaticPrefix
 
 log = logging.getLogger("gateway.pool")
 RELINK_DELAY_S = 0.1  # before a link whose reader stopped gets its new socket (no busy loop on a bug)
 
 
 class WorkerPool:
-    """The gateway's workers; `pick` chooses the least-loaded ready one with a free batch slot."""
+    """The gateway's workers; `pick` chooses the least-loaded ready one with a free batch slot (beam
+    search), `serving` and `recent` are what the score batcher routes by (shared/policy/routing.py)."""
 
     def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
-                 on_answer: Callable[[Answered], None] = lambda answer: None) -> None:
+                 on_answer: Callable[[Answered], None] = lambda answer: None, static: StaticPrefix = NO_REUSE) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
         self.liveness = LivenessPolicy.from_timeout(worker_timeout_ms)
         self.max_inflight_batches = max_inflight_batches
+        self.static = static
+        self.recent = RecentHolders()
+        """Which worker each prefix was last sent to (routing's memory: shared/policy/routing.py)."""
         self._loop = asyncio.get_running_loop()
-        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, on_answer)
+        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, on_answer, static)
                       for e in endpoints]
         self._listeners: list[Callable[[], None]] = []
         self._batch_ids = itertools.count(1)
@@ -155,6 +161,20 @@ class WorkerPool:
         """The ready worker with the least predicted work in flight and a free slot, or None."""
         serving = (link for link in self.links if link.serves(workload))
         return least_busy(serving, self._loop.time(), self.max_inflight_batches)
+
+    def serving(self, workload: str) -> dict[str, WorkerLink]:
+        """The ready workers serving `workload`, by endpoint (routing's names)."""
+        return {link.endpoint: link for link in self.links if link.serves(workload)}
+
+    def expected_reuse(self, key: int | None) -> Reuse:
+        """What a scoring job whose prefix is `key` is expected to reuse where it will run: its prefix's
+        home (recent holder, else ring owner: routing.py) and the prefixes that worker reports
+        holding; the static prefix alone when it has no shared prefix or no home."""
+        if key is None:
+            return self.static
+        workers = self.serving("score")
+        home = Placement(workers, self._loop.time(), self.max_inflight_batches, self.recent).home(key)
+        return workers[home].reuse if home else self.static
 
     def model(self, workload: str) -> CorrectedModel | None:
         """The latency model of the fastest ready worker for `workload` (used for admission)."""

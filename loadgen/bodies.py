@@ -76,7 +76,7 @@ class BodyFactory:
     def _score_body(self, record: TraceRecord, index: int) -> dict[str, Any]:
         rng = random.Random(self.options.seed * 1_000_003 + index)
         body: dict[str, Any] = {
-            "samples": self._samples(record.sample_tokens, record.prefix_tokens, rng),
+            "samples": self._samples(record.sample_tokens, record.prefix_tokens, rng, record.context),
             "label_token_ids": list(self.options.label_token_ids),
             "output": self.options.output,
         }
@@ -84,12 +84,15 @@ class BodyFactory:
             body["top_k"] = self.options.top_k
         return body
 
-    def _samples(self, lengths: tuple[int, ...], prefix_tokens: int, rng: random.Random) -> list[Any]:
+    def _samples(self, lengths: tuple[int, ...], prefix_tokens: int, rng: random.Random,
+                 context: int | None = None) -> list[Any]:
         """Samples of these lengths whose first `prefix_tokens` tokens are the same (exactly so with
-        token ids; with text, the same words, which a tokenizer may merge at the seam)."""
+        token ids; with text, the same words, which a tokenizer may merge at the seam); the prefix is
+        the same for every record of one `context`."""
         if not prefix_tokens:
             return [self.input_of(n, rng) for n in lengths]
-        prefix = self.input_of(prefix_tokens, rng)
+        context_rng = rng if context is None else random.Random(f"{self.options.seed}/context/{context}")
+        prefix = self.input_of(prefix_tokens, context_rng)
         rests = [self.input_of(n - prefix_tokens, rng) if n > prefix_tokens else None for n in lengths]
         if isinstance(prefix, str):
             return [prefix + (" " + rest if rest else "") for rest in rests]

@@ -4,7 +4,9 @@ Jobs have the fields the policy reads (shared/policy's Work), answered by a Work
 gateway's are (gateway/job.py): a score request shares the prefix its trace record names by the
 gateway's rule (shared/prefix.SharingRule), is cut into chunks by the same rule
 (WorkSize.chunk_bounds) and reuses the deployment's static prefix as the gateway's jobs do
-(shared/work.StaticPrefix); beam B = beams, one job per request.
+(shared/work.StaticPrefix); beam B = beams, one job per request. A record's context id is its
+jobs' routing key; on a worker whose modelled prefix cache (loadgen/prefix_model.py) holds that
+context, a job reuses the whole shared prefix.
 A worker computes its batches one after another; it drops the members whose deadline passed before
 their batch starts (as worker/compute.py does) and takes service(route, B, L) for the rest; a fixed
 overhead per batch delays each batch on its way there and back without keeping the worker busy.
@@ -22,7 +24,9 @@ from loadgen.trace import TraceRecord
 from shared.latency_model import LatencyModel
 from shared.policy import BatchBounds, Prediction, busy_ms
 from shared.prefix import NEVER_SHARE, SharingRule
+from shared.policy.routing import prefix_key
 from shared.work import StaticPrefix, WorkSize, counted_by_work
+from loadgen.prefix_model import PrefixCacheModel
 
 ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
 
@@ -44,6 +48,26 @@ class SimJob:
     """Answered (computed, or failed): a late answer from a worker changes nothing."""
     dispatched: Prediction | None = None
     """The finish the batcher predicted when it sent the job."""
+    prefix_key: int | None = None
+    """Its record's context as routing's key (None: no context id, or nothing shared)."""
+    split: bool = False
+    """Its request was cut into several jobs (a worker's cache inserts their prefix at once)."""
+    static_reused: int = 0
+    """Tokens the static prefix alone saves it (what it reuses on a worker whose cache misses)."""
+
+    def resize(self, cache: PrefixCacheModel | None) -> None:
+        """Size it for a worker whose cache is `cache` (never while queued: the queue keeps totals)."""
+        held = cache.holds(self.prefix_key) if cache is not None and self.prefix_key is not None else 0
+        if held and not all(self.work.suffix_lens):
+            held = 0  # a sample ending with the prefix computes its last token: the model holds whole prefixes
+        reused = max(held, self.static_reused)
+        if reused != self.work.reused_tokens:
+            self.work = WorkSize(self.work.prefix_len, self.work.suffix_lens, reused)
+
+
+def context_key(context: int, prefix_tokens: int) -> int:
+    """Routing's key of a trace context (its prefix's tokens are stand-ins: the context names them)."""
+    return prefix_key((-1 - context, prefix_tokens))
 
 
 def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds, default_beam_width: int,
@@ -67,8 +91,13 @@ def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBou
     samples = [range(n) for n in lengths]
     reuse = StaticPrefix(tuple(range(static_prefix_tokens)))
     whole = WorkSize.of(samples, prefix_len)
-    return [SimJob(index, deadline_s, WorkSize.of(samples[start:end], prefix_len, reuse))
-            for start, end in whole.chunk_bounds(bounds.max_jobs, bounds.max_tokens)]
+    cuts = whole.chunk_bounds(bounds.max_jobs, bounds.max_tokens)
+    key = context_key(record.context, prefix_len) if record.context is not None and prefix_len else None
+    jobs = [SimJob(index, deadline_s, WorkSize.of(samples[start:end], prefix_len, reuse), prefix_key=key,
+                   split=len(cuts) > 1) for start, end in cuts]
+    for job in jobs:
+        job.static_reused = job.work.reused_tokens
+    return jobs
 
 
 def _lengths(record: TraceRecord) -> tuple[int, ...]:
@@ -105,6 +134,8 @@ class SimWorker:
     """Per batch, on the way there and back (half each way)."""
     answered_at: float = -math.inf
     """When the gateway got its last answer (simulated seconds)."""
+    cache: PrefixCacheModel | None = None
+    """Its prefix cache (None: off); the gateway sees what it holds at once (a heartbeat's view)."""
 
     def busy_ms(self, now_s: float) -> float:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
@@ -117,6 +148,10 @@ class SimWorker:
         start = batch.started_at = max(batch.sent_at + self.overhead_ms / 2000.0, self.free_at)
         live = [j for j in batch.jobs if j.deadline > start]
         batch.expired = [j for j in batch.jobs if j.deadline <= start]
+        if self.cache is not None:
+            for job in live:  # its prefix is read (a hit) or computed, then maybe inserted
+                if job.prefix_key is not None and all(job.work.suffix_lens):
+                    self.cache.serve(job.prefix_key, job.work.prefix_len, job.split)
         items = sum(j.batch_items for j in live)
         batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
         if jitter is not None:

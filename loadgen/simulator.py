@@ -14,6 +14,9 @@ gateway is simulated (loadgen/sim_world.py):
             reported at start-up, and learn the rest); members whose deadline passed before it
             starts are dropped there (expired_in_worker); no answer within worker_timeout_ms after
             a deadline is answered 504 (worker_overdue), as the gateway's timer does.
+Batches are routed as the gateway routes them (shared/policy/routing.py: a record's `context` id is
+its prefix's key), and each worker's prefix cache is modelled (loadgen/prefix_model.py, sized by
+[score] prefix_cache_mb): a context it holds is not computed, and the predictions know it.
 An answer after the deadline is still a success, only a late one. Results have the shape of live
 ones (loadgen/result.py); `drops` counts the policy's drop reasons.
 """
@@ -36,9 +39,10 @@ from loadgen.service import ServiceFn
 from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
                                speed_at)
 from loadgen.trace import Trace
+from loadgen.prefix_model import PrefixCacheModel
 from shared.policy import (SENT_AND_MISSED, AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold,
-                           Lateness, PoolView, Prediction, Refusal, admit, least_busy, dispatch, precheck,
-                           take_expired)
+                           Lateness, PoolView, Prediction, Refusal, admit, precheck, take_expired)
+from shared.policy.routing import Placement, RecentHolders, dispatch_routed
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -70,6 +74,10 @@ class SimSettings:
     """The score node's static prefix in tokens (its manifest's nodes.score.static_prefix_ids; 0:
     none): every sample at least this long starts with it and reuses its keys/values, as on the
     gateway (loadgen/sim_world.jobs_of)."""
+    prefix_cache_tokens: int = 0
+    """Each worker's prefix cache in tokens of keys/values ([score] prefix_cache_mb over the bytes
+    per token: `cache_tokens`; 0: off): a record's context (its `context` id) is routed to the
+    worker that holds it and, once held, not computed (loadgen/prefix_model.py)."""
     workers: int = 1
     max_inflight_batches: int = 2
     """Batches sent to one worker before its answer ([gateway].max_inflight_batches_per_worker)."""
@@ -112,6 +120,8 @@ class SimSettings:
         score = manifest.node_table().score if manifest is not None else None
         if score is not None:
             world = {"static_prefix_tokens": len(score.static_prefix_ids), **world}
+        if manifest is not None:
+            world = {"prefix_cache_tokens": cache_tokens(config.score.prefix_cache_mb, manifest), **world}
         g = config.gateway
         return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
                    max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
@@ -123,6 +133,17 @@ class SimSettings:
                    worker_timeout_ms=g.worker_timeout_ms, **world)
 
 
+def cache_tokens(prefix_cache_mb: int, manifest: Manifest) -> int:
+    """Tokens of keys/values a worker's prefix cache of `prefix_cache_mb` MiB holds: per token, each
+    layer's keys and values (kv heads x head dim at the packages' dtype) and its id (8 bytes)."""
+    m = manifest.model
+    if not (m.num_layers and m.num_kv_heads and m.head_dim):
+        return 0  # a manifest that does not say the model's shapes (a stand-in's): no cache modelled
+    per_token = m.num_layers * 2 * m.num_kv_heads * m.head_dim * DTYPE_BYTES.get(manifest.dtype, 4) + 8
+    return prefix_cache_mb * (1 << 20) // per_token
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BOUND_KNOBS = tuple(f.name for f in dataclasses.fields(Bounds))
 KNOBS = tuple(f.name for f in dataclasses.fields(SimSettings) if f.name != "bounds") + BOUND_KNOBS
 
@@ -164,8 +185,11 @@ class Simulator:
         self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
         """The batcher's learnt lateness per workload: the slack of its drops and of admission."""
         self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission, s.shed_by_cost)
-        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms)
+        self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms,
+                                  cache=PrefixCacheModel(s.prefix_cache_tokens) if s.prefix_cache_tokens else None)
                         for i in range(s.workers)]
+        self.recent = RecentHolders()
+        """Which worker each context was last sent to (routing's memory, as the gateway's pool keeps it)."""
         self._events: list[tuple[float, int, str, Any]] = []
         self._wake_at: dict[str, float] = {}
         for i, record in enumerate(trace.records):
@@ -196,6 +220,10 @@ class Simulator:
         deadline = self.now + budget_ms / 1000.0
         jobs = jobs_of(index, record, deadline, self.settings.batch_bounds(workload), self.settings.default_beam_width,
                        self.settings.sharing(), self.settings.static_prefix_tokens)
+        if jobs[0].prefix_key is not None:  # sized for its context's home worker, as the gateway's jobs
+            home = self._placement().home(jobs[0].prefix_key)
+            for job in jobs:
+                job.resize(self._by_name()[home].cache if home else None)
         queue, view, model = self.queues[workload], self._view(), self._admission_model(workload)
         decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload],
                             sum(j.batch_items for j in jobs))
@@ -279,17 +307,17 @@ class Simulator:
     def _dispatch(self, workload: str) -> None:
         queue = self.queues[workload]
         while queue:
-            worker = self._pick()
-            if worker is None:
+            decision = dispatch_routed(queue, workload, self.settings.batch_bounds(workload), self._by_name(),
+                                       lambda w: w.models[workload], self.now, self.settings.max_inflight_batches,
+                                       self.recent, self.settings.max_batch_wait_ms, self.settings.drop_predicted_late,
+                                       self.lateness[workload].slack_ms(self.settings.admission_margin_ms),
+                                       self.settings.shed_by_cost)
+            if decision is None:
                 return  # an answer (a freed slot) triggers the next look
-            plan = dispatch(queue, workload, self.settings.batch_bounds(workload), worker.models[workload],
-                            worker.busy_ms(self.now), self.settings.max_batch_wait_ms, self.now,
-                            self.settings.drop_predicted_late,
-                            self.lateness[workload].slack_ms(self.settings.admission_margin_ms),
-                            self.settings.shed_by_cost, len(self.workers))
-            if isinstance(plan, Hold):
-                self._wake(workload, self.now + plan.wait_ms / 1000.0)
+            if isinstance(decision, Hold):
+                self._wake(workload, self.now + decision.wait_ms / 1000.0)
                 return
+            worker, plan = decision
             for job in plan.late:
                 queue.remove(job)
                 self._fail(job, DropReason.PREDICTED_LATE)
@@ -302,6 +330,10 @@ class Simulator:
     def _send(self, worker: SimWorker, workload: str, jobs: list[SimJob], predicted_ms: float) -> None:
         for job in jobs:
             self.queues[workload].remove(job)
+            job.resize(worker.cache)
+        if worker.cache is not None:  # predicted for what this worker will compute, as the gateway does
+            items = sum(j.batch_items for j in jobs)
+            predicted_ms = worker.models[workload].predict_ms(items, sum(j.latency_tokens for j in jobs) / items)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
         bounds = self.settings.batch_bounds(workload)
         self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_jobs)
@@ -319,9 +351,18 @@ class Simulator:
             self._at(when_s, "wake", workload)
 
     # -- the pool ----------------------------------------------------------------------------------
-    def _pick(self) -> SimWorker | None:
-        """The least-loaded worker with a free slot (the policy's placement, as the gateway's pool)."""
-        return least_busy(self.workers, self.now, self.settings.max_inflight_batches)
+    def _by_name(self) -> dict[str, SimWorker]:
+        """The workers by name, as routing names them (the gateway names them by endpoint)."""
+        return {str(w.index): w for w in self.workers}
+
+    def _placement(self) -> Placement:
+        return Placement(self._by_name(), self.now, self.settings.max_inflight_batches, self.recent)
+
+    def prefix_cache_hits(self) -> dict[str, int]:
+        """The workers' modelled prefix caches, summed: hits, misses, insertions, evictions, hit tokens."""
+        caches = [w.cache for w in self.workers if w.cache is not None]
+        return {name: sum(getattr(c, name) for c in caches)
+                for name in ("hits", "misses", "insertions", "evictions", "hit_tokens")}
 
     def _view(self) -> PoolView:
         return PoolView(len(self.workers), min(w.busy_ms(self.now) for w in self.workers),

@@ -5,7 +5,8 @@ the only fake the gateway tests use.
 Answers are pure functions of the inputs (see `expected_*`), so tests can check that every sample
 reached the worker and came back in its place. A request sent as a shared prefix plus suffixes is
 answered from its whole samples (prefix + suffix), so a wrong split shows in the answers; its
-cached_tokens are the submitted tokens less those a worker computes (shared.latency_model).
+cached_tokens are the submitted tokens less those a worker computes (shared.latency_model); with a
+modelled prefix cache (`prefix_cache`) a repeated shared prefix is a hit, as on a real worker.
 Runs on a thread, or as a process:
 `python -m loadgen.standin_worker --endpoint ipc:///tmp/x [--delay-ms 5]`.
 """
@@ -26,7 +27,9 @@ from shared import protocol as p
 from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.manifest import Manifest, ModelFacts, NodeFacts, NodeTable
+from shared.policy.routing import prefix_key
 from shared.work import StaticPrefix, WorkSize
+from loadgen.prefix_model import PrefixCacheModel
 
 HIDDEN = 8
 BOUNDS = Bounds(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=4096, max_labels=32,
@@ -78,6 +81,9 @@ class StandInWorker:
     gate: threading.Event | None = None
     """When given, batch answers are held (heartbeats go on) until the test sets it."""
     _held: list[list[bytes]] = field(default_factory=list)
+    prefix_cache: PrefixCacheModel | None = None
+    """When given, a modelled prefix cache (loadgen/prefix_model.py): shared prefixes are inserted on
+    their second sighting, a hit is counted as cached tokens and its heartbeats report what it holds."""
     spin: bool = False
     """Compute by spinning with the GIL held, as a CPU worker's compiled call does (own process only)."""
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -111,7 +117,8 @@ class StandInWorker:
                         sock.send_multipart(frames)
                     self._held.clear()
                 if time.monotonic() >= next_beat and not self.silent:
-                    beat = p.Heartbeat("standin", 0, 0, False, p.WorkerCounters())
+                    report = self.prefix_cache.report() if self.prefix_cache is not None else p.PrefixCacheReport()
+                    beat = p.Heartbeat("standin", 0, 0, False, p.WorkerCounters(), report)
                     for peer in peers:
                         sock.send_multipart([peer, *p.encode(beat)])
                     next_beat = time.monotonic() + self.heartbeat_ms / 1000
@@ -168,7 +175,11 @@ class StandInWorker:
             suffixes.append(flat[start:start + n])
             start += n
         samples = [prefix + suffix for suffix in suffixes]
-        cached = WorkSize.of(samples, req.prefix_len, StaticPrefix(self.static_prefix_ids)).cached_tokens
+        work = WorkSize.of(samples, req.prefix_len, StaticPrefix(self.static_prefix_ids))
+        if self.prefix_cache is not None and req.prefix_len and all(req.sample_lens):
+            hit = self.prefix_cache.serve(prefix_key(prefix), req.prefix_len)
+            work = WorkSize(work.prefix_len, work.suffix_lens, max(hit, work.reused_tokens))
+        cached = work.cached_tokens
         labels = list(req.label_ids)
         logits = np.stack([expected_label_logits(s, labels) for s in samples]) if labels else np.zeros((0,))
         probs = np.exp(logits - logits.max(axis=1, keepdims=True)) if labels else logits

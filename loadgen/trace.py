@@ -12,6 +12,9 @@ A line is a JSON object:
   prompt_tokens         generate: tokens of the prompt
   beam_width, max_new_tokens, num_return_sequences   generate: optional, replay defaults otherwise
   group         optional burst id (requests an upstream split from one query)
+  prefix_tokens score: leading tokens all its samples share (a context before the items)
+  context       score, with prefix_tokens: optional id (integer >= 0) of that context; lines with the
+                same context send the same prefix tokens, so a replay repeats contexts as users do
   output_tokens optional, informational (the generated length an imported trace recorded)
 A line {"meta": {...}} anywhere holds free-form facts about the trace (its source, parameters).
 """
@@ -54,6 +57,9 @@ class TraceRecord:
     prefix_tokens: int = 0
     """score: how many leading tokens all its samples have in common (a context before the items);
     the gateway and the simulator share them by the same rule (shared/prefix.SharingRule)."""
+    context: int | None = None
+    """score: which context the shared prefix is; records with the same context (and prefix_tokens)
+    send the same prefix tokens (loadgen/bodies.py), as repeated contexts of one user or query."""
 
     def shape(self, default_beam_width: int = 1) -> tuple[int, float]:
         """(B, L) for the latency model: score B = samples, L = mean tokens per sample;
@@ -81,7 +87,7 @@ class TraceRecord:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t_ms": round(self.t_ms, 3), "route": self.route}
         for name in ("deadline_ms", "beam_width", "max_new_tokens", "num_return_sequences",
-                     "group", "output_tokens", "body"):
+                     "group", "output_tokens", "context", "body"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.sample_tokens:
@@ -161,7 +167,7 @@ def parse_record(raw: Any) -> TraceRecord:
         raise TraceError(f"a trace line must be a JSON object, got {type(raw).__name__}")
     known = {"t_ms", "route", "sample_tokens", "samples", "tokens_per_sample", "prompt_tokens",
              "beam_width", "max_new_tokens", "num_return_sequences", "deadline_ms", "body",
-             "group", "output_tokens", "prefix_tokens"}
+             "group", "output_tokens", "prefix_tokens", "context"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise TraceError(f"unknown field(s) {unknown}; known: {sorted(known)}")
@@ -181,12 +187,16 @@ def parse_record(raw: Any) -> TraceRecord:
     prefix = _int(raw, "prefix_tokens", low=0) or 0
     if prefix and (route != "score" or not samples or prefix > min(samples)):
         raise TraceError(f"prefix_tokens = {prefix} needs a score line whose every sample is at least that long")
+    context = _int(raw, "context", low=0)
+    if context is not None and not prefix:
+        raise TraceError(f"context = {context} names a shared prefix: the line needs prefix_tokens >= 1")
     return TraceRecord(
         t_ms=t_ms, route=route, sample_tokens=samples, prompt_tokens=prompt,
         beam_width=_int(raw, "beam_width"), max_new_tokens=_int(raw, "max_new_tokens"),
         num_return_sequences=_int(raw, "num_return_sequences"),
         deadline_ms=_number(raw, "deadline_ms"), body=body,
         group=_int(raw, "group", low=0), output_tokens=_int(raw, "output_tokens", low=0), prefix_tokens=prefix,
+        context=context,
     )
 
 

@@ -121,6 +121,9 @@ class ScoreConfig:
     min_shared_prefix_tokens: Positive = 4
     """A request's samples share their longest common token prefix (computed once, exactly) when it
     is at least this long and the request has two or more samples."""
+    prefix_cache_mb: Annotated[int, Meta(ge=0, le=1 << 20)] = 256
+    """MiB of prefix keys/values each worker keeps across requests (worker/prefix_cache.py; 0: off).
+    A run-time setting: it never changes the artifacts' build key."""
 
     def validate(self) -> None:
         if self.mlp_head is not None:

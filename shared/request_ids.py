@@ -25,3 +25,10 @@ def client_id(any_id: str) -> str:
     """The caller's own id inside a wire or chunk id (the caller's id may itself hold the separators)."""
     head, separator, tail = any_id.rpartition(WIRE_SEPARATOR)
     return head if separator and tail.split(CHUNK_SEPARATOR)[0].isdigit() else any_id
+
+
+def is_chunk(any_id: str) -> bool:
+    """Whether the id is a chunk of a request split across batches (the other chunks send its prefix too)."""
+    head, separator, tail = any_id.rpartition(WIRE_SEPARATOR)
+    serial, chunk, k = tail.partition(CHUNK_SEPARATOR)
+    return bool(separator and serial.isdigit() and chunk and k.isdigit())

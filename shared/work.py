@@ -21,13 +21,15 @@ from typing import Protocol
 
 from shared.bounds import ScoreShape
 from shared.policy import chunk_bounds
+from shared.policy.routing import prefix_keys
 
 
 class Reuse(Protocol):
     """Where keys/values of leading tokens already exist: how many of `ids`' leading tokens a
-    request need not compute (a request must compute at least its last token of every sample)."""
+    request need not compute (a request must compute at least its last token of every sample);
+    `shared`: ids are a shared prefix (else one whole unshared sample)."""
 
-    def reused(self, ids: Sequence[int], every_sample_goes_on: bool) -> int: ...
+    def reused(self, ids: Sequence[int], every_sample_goes_on: bool, shared: bool = True) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class StaticPrefix:
 
     ids: tuple[int, ...] = ()
 
-    def reused(self, ids: Sequence[int], every_sample_goes_on: bool) -> int:
+    def reused(self, ids: Sequence[int], every_sample_goes_on: bool, shared: bool = True) -> int:
         """len(self.ids) when `ids` start with them and either go on after them or every sample goes
         on after `ids` (a sample must not end inside the static prefix: its last token's output is
         computed); else 0."""
@@ -48,6 +50,32 @@ class StaticPrefix:
 
 
 NO_REUSE = StaticPrefix()
+
+
+@dataclass(frozen=True)
+class HeldPrefixes:
+    """The prefixes a worker reports holding in its prefix cache (worker/prefix_cache.py), as
+    (prefix_key, tokens) pairs (shared/policy/routing.prefix_key), over the static prefix: a request
+    whose shared prefix starts with one of them reuses the longest (the last token of a prefix every
+    sample ends in is computed), else what the static prefix gives. Unshared samples reuse only the
+    static prefix (the node reads cached rows under shared prefixes: compile/score/layout.py)."""
+
+    held: frozenset[tuple[int, int]] = frozenset()
+    static: StaticPrefix = NO_REUSE
+
+    def reused(self, ids: Sequence[int], every_sample_goes_on: bool, shared: bool = True) -> int:
+        if not shared:
+            return self.static.reused(ids, every_sample_goes_on, shared)
+        limit = len(ids) if every_sample_goes_on else len(ids) - 1
+        keys = prefix_keys(ids, (n for n in self._lengths if 0 < n <= limit))
+        for n in sorted(keys, reverse=True):
+            if (keys[n], n) in self.held:
+                return max(n, self.static.reused(ids, every_sample_goes_on))
+        return self.static.reused(ids, every_sample_goes_on)
+
+    @cached_property
+    def _lengths(self) -> frozenset[int]:
+        return frozenset(n for _, n in self.held)
 
 
 @dataclass(frozen=True)
@@ -72,7 +100,7 @@ class WorkSize:
         if prefix_len:
             reused = reuse.reused(samples[0][:prefix_len], all(suffix_lens))
         else:
-            reused = sum(reuse.reused(s, False) for s in samples)
+            reused = sum(reuse.reused(s, False, shared=False) for s in samples)
         return cls(prefix_len, suffix_lens, reused)
 
     @classmethod

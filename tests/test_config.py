@@ -33,6 +33,8 @@ def test_shipped_configs_are_valid(path):
     ({"score": {"mlp_head": {"weights": "h", "layer_sizes": [4, 2], "activation": "elu"}}}, "score.mlp_head.activation = \"elu\" must be one of"),
     ({"gateway": []}, "gateway = \\[\\] must be a table with keys host, port"),
     ({"beam": {"enabled": True}, "name": 5}, "name = 5 must be a string"),
+    ({"score": {"prefix_cache_mb": -1}}, "score.prefix_cache_mb = -1 must be an integer between 0 and 1048576"),
+    ({"score": {"prefix_cache_mb": 1.5}}, "score.prefix_cache_mb = 1.5 must be an integer"),
 ])
 def test_bad_values_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):

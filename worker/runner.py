@@ -4,7 +4,15 @@ ScoreRunner packs the live requests of a ScoreBatch into one call of the score n
 request (its shared prefix, possibly empty, then its samples' suffixes), the union of the requests'
 label ids, the largest top_k; each request then gets its own rows, its own label columns
 (label_probs renormalised over its own labels when the union differs), its own first top_k columns
-and the node's count of its tokens that were reused rather than computed (cached_tokens).
+and the node's count of its tokens that were reused rather than computed (cached_tokens: the static
+prefix's and the prefix cache's).
+
+With a prefix cache (worker/prefix_cache.py), before the call plan_batch picks per request the
+longest held prefix of its shared prefix (read by the node as cached rows, not computed) and whether
+to keep its prefix's keys/values; the node returns those with the call's outputs (the prefix is
+computed once, in the call that scores it) and they are inserted after it. The static template
+prefix is not pinned in the cache: the package's own static rows serve it (plan_batch takes a hit
+only when it reads more than they give).
 BeamRunner does the same for BeamBatch and the beam node.
 """
 
@@ -18,8 +26,11 @@ import torch
 from shared.bounds import BoundsError
 from shared.protocol import (FLOAT32, INT32, BeamBatch, BeamResult, ErrorCode, ScoreBatch, ScoreResult,
                              Status, unpack_ids)
+from shared.request_ids import is_chunk
+from shared.work import StaticPrefix
 from worker.bounds_check import BatchRefused
 from worker.lanes import Lane
+from worker.prefix_cache import GroupPlan, PrefixCache, plan_batch
 
 
 def _f32(array: np.ndarray) -> bytes:
@@ -40,12 +51,17 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 class ScoreRunner:
     """Runs the live requests of a ScoreBatch as one packed call of the score node."""
 
-    def __init__(self, node) -> None:
+    def __init__(self, node, cache: PrefixCache | None = None) -> None:
         self.node = node
+        self.cache = cache if cache is not None and cache.enabled and node.takes_hits else None
+        self.static = StaticPrefix(tuple(node.static_prefix_ids))
 
     def run(self, batch: ScoreBatch, live: Sequence[int], lane: Lane) -> dict[int, ScoreResult]:
         requests = [batch.requests[i] for i in live]
-        input_ids = lane.stage_tokens([unpack_ids(r.input_ids, batch.token_dtype) for r in requests])  # [T]
+        tokens = [unpack_ids(r.input_ids, batch.token_dtype) for r in requests]
+        prefixes = [tuple(t[: r.prefix_len].tolist()) for t, r in zip(tokens, requests)]
+        plans = self._plan(requests, prefixes)
+        input_ids = lane.stage_tokens(tokens)  # [T]
         suffix_lens = [n for r in requests for n in r.sample_lens]
         sample_lens = torch.tensor(suffix_lens, dtype=torch.int64)  # [B] each sample's tokens after its prefix
         prefix_lens = torch.tensor([r.prefix_len for r in requests], dtype=torch.int64)  # [R]
@@ -56,10 +72,13 @@ class ScoreRunner:
         try:
             with lane.enqueueing():  # the turn covers the enqueue only; the wait comes after it
                 pending = self.node.launch(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k,
-                                           prefix_lens=prefix_lens, group_sizes=group_sizes, staging=lane.staging)
+                                           prefix_lens=prefix_lens, group_sizes=group_sizes, staging=lane.staging,
+                                           hits=[None if p.hit is None else (p.hit.keys, p.hit.values) for p in plans],
+                                           keep=[g for g, p in enumerate(plans) if p.insert])
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
         out = pending.result()
+        self._insert(prefixes, out.prefix_kv)
         arrays = {
             "logits": out.label_logits.numpy(), "logprobs": out.label_logprobs.numpy(),  # [B, N]
             "probs": out.label_probs.numpy(), "topk_ids": out.topk_ids.numpy(),  # [B, N], [B, k]
@@ -75,6 +94,22 @@ class ScoreRunner:
             results[index] = self._result(request, rows, cols, cols == list(range(len(labels))), arrays,
                                           int(cached[group]))
         return results
+
+    def _plan(self, requests, prefixes: list[tuple[int, ...]]) -> list[GroupPlan]:
+        """Per request: the prefix-cache hit its prefix reads and whether its prefix's rows are kept."""
+        if self.cache is None:
+            return [GroupPlan(None, False)] * len(requests)
+        with self.cache.lock:
+            return plan_batch(self.cache, prefixes, [min(r.sample_lens) > 0 for r in requests],
+                              [is_chunk(r.request_id) for r in requests], self.static)
+
+    def _insert(self, prefixes: list[tuple[int, ...]], kept: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Hold the kept prefixes' keys/values [layers, P, Hkv, D] (copied: the outputs are the call's)."""
+        if self.cache is None or not kept:
+            return
+        with self.cache.lock:
+            for group, (keys, values) in kept.items():
+                self.cache.insert(prefixes[group], keys, values)
 
     @staticmethod
     def _result(request, rows: slice, cols: list[int], all_labels: bool, a: dict,

@@ -19,11 +19,12 @@ import zmq
 from shared.config import WorkerConfig
 from shared.events import Serving
 from shared.protocol import (PROTOCOL_VERSION, BeamBatch, DecodeLimits, Error, ErrorCode, Goodbye, Heartbeat,
-                             Hello, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode,
+                             Hello, PrefixCacheReport, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode,
                              peek_batch_id)
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused
 from worker.logs import JsonLog
+from worker.prefix_cache import PrefixCache
 from worker.compute import ComputePool
 from worker.refit import BackgroundRefit
 from worker.stats import WorkerStats
@@ -44,8 +45,10 @@ class WorkerServer:
     """Serves one device. Constructed with everything it needs; sockets open in run()."""
 
     def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, workloads: Workloads,
-                 pool_factory: PoolFactory, log: JsonLog, refit_factory: RefitFactory | None = None) -> None:
+                 pool_factory: PoolFactory, log: JsonLog, refit_factory: RefitFactory | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.endpoint, self.config, self.ready, self.log = endpoint, config, ready, log
+        self.prefix_cache = prefix_cache  # reported in every heartbeat (the compute lanes fill it)
         self.workloads = workloads  # what each batch type is checked, computed and answered with
         self.pool_factory = pool_factory
         self.refit_factory = refit_factory  # after a start on a cached profile
@@ -209,7 +212,8 @@ class WorkerServer:
 
     def _heartbeat(self, router: zmq.Socket) -> None:
         beat = Heartbeat(worker_id=self.ready.worker_id, queue_depth=self.queue.depth,
-                         in_flight=self.stats.in_flight, draining=self.draining, counters=self.stats.counters())
+                         in_flight=self.stats.in_flight, draining=self.draining, counters=self.stats.counters(),
+                         prefix_cache=self.prefix_cache.report() if self.prefix_cache is not None else PrefixCacheReport())
         frames = encode(beat)
         for peer in list(self.peers):
             self._send_frames(router, peer, frames)

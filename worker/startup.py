@@ -28,6 +28,7 @@ from worker.compute import ComputePool
 from worker import profile_cache
 from worker.lanes import lane_count, make_lanes, spare_lane
 from worker.logs import JsonLog
+from worker.prefix_cache import PrefixCache
 from worker.profiler import Plan, Profile, plan_batches, profile_plans, warm_up_smallest
 from worker.refit import BackgroundRefit
 from worker.runner import BeamRunner, ScoreRunner
@@ -53,9 +54,11 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     compiled = manifest.bounds
     vocab_size = manifest.model.vocab_size
     lanes = make_lanes(device, config.worker, compiled)
-    workloads = workloads_of(ScoreRunner(nodes.score) if nodes.score is not None else None,
+    prefix_cache = PrefixCache(config.score.prefix_cache_mb << 20, bytes.fromhex(manifest.build_key))
+    workloads = workloads_of(ScoreRunner(nodes.score, prefix_cache) if nodes.score is not None else None,
                              BeamRunner(nodes.beam) if nodes.beam is not None else None, compiled, vocab_size)
-    log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes), workloads=list(workloads.names()))
+    log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes), workloads=list(workloads.names()),
+             prefix_cache_mb=config.score.prefix_cache_mb)
     plans = plan_batches(workloads, compiled, vocab_size)
     threads = config.worker.cpu_threads if device == "cpu" else len(lanes)
     cache = profile_cache.cache_path(profile_folder, manifest, device, threads) if profile_folder else None
@@ -66,7 +69,7 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
         latency={w: p.model for w, p in profiles.items()},
     )
     pool_factory = functools.partial(ComputePool, lanes, workloads, log)
-    return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory)
+    return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory, prefix_cache)
 
 
 def refuse_other_threads(manifest: Manifest, config: WorkerConfig) -> None:

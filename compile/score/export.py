@@ -12,7 +12,7 @@ from compile.attention import KeyPool, block_for, padded, pool_mask
 from compile.model import Transformer, prefill
 from compile.score.heads import MlpHead
 from compile.score.layout import lay_out
-from compile.score.module import OUTPUT_NAMES, ScoreModule, pack_inputs
+from compile.score.module import OUTPUT_NAMES, PREFIX_KV_OUTPUTS, ScoreModule, pack_inputs
 from shared.bounds import Bounds
 from shared.config import MlpHeadConfig
 from shared.prefix import stable_prefix_ids, template_header
@@ -30,17 +30,23 @@ def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProg
     static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device, block) if static_ids else None
     pool = key_pool(ctx.config.bounds, len(static_ids), block)
     module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv, pool).to(ctx.device)
-    outputs = OUTPUT_NAMES + (("head",) if head is not None else ())
+    outputs = OUTPUT_NAMES + (("head",) if head is not None else ()) + PREFIX_KV_OUTPUTS
     facts = {"outputs": list(outputs), "static_prefix_ids": static_ids, "attention_block": block}
     return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
 
 
 def key_pool(bounds: Bounds, static_len: int, block: int) -> KeyPool:
-    """The most keys of a call: the static rows and the most tokens of a batch, each padded to the
-    block (the filler may add a whole block); the most segments: the static prefix and its padding,
-    a prefix and a suffix per sample, the filler."""
-    return KeyPool(block, padded(static_len, block) + max_token_blocks(bounds, block) * block,
-                   2 * bounds.max_samples_per_batch + 3)
+    """The most keys of a call: the static rows, then the prefix-cache hits' and the computed tokens
+    (together at most the batch's tokens), each padded to the block (the filler may add a whole
+    block, the hits' padding another); the most segments (max_segments)."""
+    return KeyPool(block, padded(static_len, block) + (max_token_blocks(bounds, block) + 2) * block,
+                   max_segments(bounds))
+
+
+def max_segments(bounds: Bounds) -> int:
+    """The static prefix and its padding, a hit per group and the hits' padding, a prefix and a
+    suffix per sample, the filler."""
+    return 3 * bounds.max_samples_per_batch + 4
 
 
 def max_token_blocks(bounds: Bounds, block: int) -> int:
@@ -74,30 +80,41 @@ def static_prefix_kv(model: Transformer, ids: list[int], device: str, block: int
     return torch.stack(keys), torch.stack(values)
 
 
-def example_inputs(bounds: Bounds, vocab_size: int, static_ids: list[int], block: int,
+def example_inputs(bounds: Bounds, model: Transformer, static_ids: list[int], block: int,
                    device: str = "cpu") -> tuple[torch.Tensor, ...]:
-    """A small valid batch used to trace the node: one 3-token prefix shared by suffixes of 2 and
-    block + 3 tokens, so that the tokens fill two blocks (a count of 1 would be specialised)."""
-    ids = torch.arange(block + 8, dtype=torch.int64) % vocab_size
-    layout = lay_out(ids, [2, block + 3], [3], [2], torch.tensor(static_ids, dtype=torch.int64), block)
+    """A small valid batch used to trace the node: a (block + 4)-token prefix whose first block + 2
+    tokens are a prefix-cache hit, shared by suffixes of 2 and block + 3 tokens, its rows kept, so
+    that computed tokens, hit rows and kept rows each fill two blocks (a count of 1 would be
+    specialised)."""
+    spec = model.spec
+    prefix_len, hit = block + 4, block + 2
+    ids = torch.arange(prefix_len + block + 5, dtype=torch.int64) % spec.vocab_size
+    layout = lay_out(ids, [2, block + 3], [prefix_len], [2], torch.tensor(static_ids, dtype=torch.int64), block,
+                     hits=[hit])
     label_ids = torch.zeros(2, dtype=torch.int64)
-    return tuple(t.to(device) for t in pack_inputs(ids, None, label_ids, bounds.max_labels, layout))
+    rows = torch.zeros(spec.num_layers, layout.hit_rows, spec.num_kv_heads, spec.head_dim, dtype=model.embed.weight.dtype)
+    keep = torch.cat([layout.rows_of_prefix(0), torch.zeros(padded(prefix_len, block) - prefix_len, dtype=torch.int64)])
+    args = (*pack_inputs(ids, None, label_ids, bounds.max_labels, layout), rows, rows.clone(), keep)
+    return tuple(t.to(device) for t in args)
 
 
 def dynamic_shapes(bounds: Bounds, block: int) -> tuple:
-    """Tokens (whole blocks: the layout pads them), segments and samples are dynamic."""
-    blocks = Dim("token_blocks", min=1, max=max_token_blocks(bounds, block))
-    tokens = block * blocks
-    segments = Dim("segments", min=2, max=2 * bounds.max_samples_per_batch + 3)
+    """Tokens, hit rows and kept rows (whole blocks: the layout pads them), segments and samples are dynamic."""
+    most = max_token_blocks(bounds, block)
+    tokens = block * Dim("token_blocks", min=1, max=most)
+    hit_rows = block * Dim("hit_blocks", min=1, max=most)
+    kept_rows = block * Dim("kept_blocks", min=1, max=most)
+    segments = Dim("segments", min=2, max=max_segments(bounds))
     samples = Dim("samples", min=2, max=bounds.max_samples_per_batch)
-    return ({0: tokens}, {0: tokens}, {0: segments + 1}, {0: segments}, {0: samples}, None, None)
+    return ({0: tokens}, {0: tokens}, {0: segments + 1}, {0: segments}, {0: samples}, None, None,
+            {1: hit_rows}, {1: hit_rows}, {0: kept_rows})
 
 
 def export_score_node(module: ScoreModule, bounds: Bounds, device: str = "cpu",
                       static_ids: list[int] = ()) -> torch.export.ExportedProgram:
     module.pool = module.pool or key_pool(bounds, len(static_ids), block_for(device))
     block = module.pool.block
-    args = example_inputs(bounds, module.model.spec.vocab_size, list(static_ids), block, device)
+    args = example_inputs(bounds, module.model, list(static_ids), block, device)
     with torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(bounds, block), strict=False)
 

@@ -10,8 +10,13 @@ compile/score/layout.py for how a batch becomes segments):
     sample_segments [B] int64    the segment holding each sample's last token
     label_ids       [N] int64    label token ids, padded
     label_mask      [N] bool     which label slots are real
+    hit_k, hit_v    [layers, Ch, Hkv, D]  cached prefix rows of earlier requests (the worker's prefix
+                                 cache), after the static rows in the pool; at least one block, zero
+                                 rows (a segment nobody reads) when the batch has no hit
+    keep_rows       [R] int64    key-pool rows to return (at least one block, padded with row 0)
 Outputs, all float32 but the ids: label_logits, label_logprobs, label_probs [B, N], topk_ids [B, K]
-int64, topk_logprobs [B, K], hidden [B, H] (after the final norm) and, with an MLP head, head [B, C].
+int64, topk_logprobs [B, K], hidden [B, H] (after the final norm), with an MLP head head [B, C], then
+prefix_k, prefix_v [layers, R, Hkv, D]: the keep_rows' keys/values, what the worker's cache inserts.
 The static prefix's keys/values are buffers (static_k, static_v [layers, C, Hkv, D]) computed once at
 build time and stored with the weights.
 """
@@ -27,6 +32,8 @@ from compile.score.heads import MlpHead, label_heads, topk_head
 from compile.score.layout import Layout, lay_out
 
 OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "topk_logprobs", "hidden")
+PREFIX_KV_OUTPUTS = ("prefix_k", "prefix_v")
+"""The outputs of a package compiled to take and return prefix-cache rows (after the head, if any)."""
 
 
 class ScoreModule(nn.Module):
@@ -44,14 +51,23 @@ class ScoreModule(nn.Module):
             self.register_buffer("static_k", static_kv[0])  # [layers, C, Hkv, D]
             self.register_buffer("static_v", static_kv[1])
 
-    def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask):
-        static_kv = (self.static_k, self.static_v) if self.has_static else None
+    def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask,
+                hit_k=None, hit_v=None, keep_rows=None):
+        """hit_k/hit_v [layers, Layout.hit_rows, Hkv, D]: cached prefix rows of earlier requests, placed
+        after the static prefix's (compile/score/layout.py: lay_out's hits). keep_rows [R] int64: key-pool
+        rows whose keys/values are returned too, as the last two outputs prefix_k, prefix_v
+        [layers, R, Hkv, D] (a prefix's rows, for the worker's prefix cache: Layout.rows_of_prefix)."""
+        static_kv = cached_rows((self.static_k, self.static_v) if self.has_static else None,
+                                None if hit_k is None else (hit_k, hit_v))
         num_tokens = input_ids.shape[0]
-        num_keys = num_tokens + (self.static_k.shape[1] if self.has_static else 0)  # cached rows first
+        num_keys = num_tokens + (static_kv[0].shape[1] if static_kv is not None else 0)  # cached rows first
         pool = self.pool or KeyPool.fitting(num_keys, parents.shape[0], CPU_BLOCK)
         mask = pool_mask(pool, cu_seqlens, parents, num_tokens, num_keys)  # once, for every layer
         last = self.model.last_hidden(input_ids, positions, mask, cu_seqlens, parents, sample_segments,
-                                      static_kv)  # [B, H]
+                                      static_kv, keep_rows)  # [B, H] (and the kept rows' keys/values)
+        kept = ()
+        if keep_rows is not None:
+            last, *kept = last
         normed = self.model.norm(last)
         logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
         logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], shared by the label and top-k heads
@@ -59,7 +75,25 @@ class ScoreModule(nn.Module):
                    normed.float())
         if self.mlp_head is not None:
             outputs = (*outputs, self.mlp_head(normed))
-        return outputs
+        return (*outputs, *kept)
+
+
+def cached_rows(static_kv, hit_kv):
+    """The key pool's cached rows: the static prefix's, then the hits' ([layers, C, Hkv, D] each), or None."""
+    parts = [kv for kv in (static_kv, hit_kv) if kv is not None]
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    return torch.cat([parts[0][0], parts[1][0]], dim=1), torch.cat([parts[0][1], parts[1][1]], dim=1)
+
+
+def pack_hits(hits: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hits' keys/values ([layers, P_r, Hkv, D] each, in group order) as the node's hit_k, hit_v:
+    concatenated and padded with zero rows (a segment nobody reads) to `rows` (Layout.hit_rows)."""
+    keys = torch.cat([k for k, _ in hits], dim=1)
+    values = torch.cat([v for _, v in hits], dim=1)
+    pad = rows - keys.shape[1]
+    rows_last = (0, 0, 0, 0, 0, pad)  # [layers, P, Hkv, D]: zero rows appended along P
+    return torch.nn.functional.pad(keys, rows_last), torch.nn.functional.pad(values, rows_last)
 
 
 def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int, layout: Layout | None = None) -> tuple[torch.Tensor, ...]:

@@ -25,12 +25,16 @@ reasons) hold the vocabulary; admission.py and batching.py the decisions.
              order up to the compiled bounds, looking past at most SCAN_LIMIT that do not fit, and,
              with predicted-late drops on, only companions that keep every member in time; a job
              that cannot finish in time even alone is dropped before compute.
-  by cost    with shed_by_cost (off by default), under overload only: when the queue served in
+  by cost    with shed_by_cost (on by default), under overload only: when the queue served in
              order cannot finish every job in time, `shed_costliest` (Moore and Hodgson's rule)
              picks the costliest per answer to give up, not the latest in the order; admission
              refuses a request it picks (and admits one that gets in by shedding a costlier queued
-             job), the batcher leaves the picked jobs out of its batch (still queued). Large
+             job), the batcher drops the picked jobs before compute (predicted_late). Large
              requests are the first shed.
+  routing    (routing.py) score batches are formed per worker from the jobs placed on it: a shared
+             prefix goes back to the worker that got it last while that is in time, else to its
+             owners on a consistent-hash ring under a load bound, else to the least busy
+             (`dispatch_routed`, the batcher's and the simulator's step).
   drops      one set of reasons (DropReason, answered with DROP_CODES); expired_in_queue, predicted_late (it
              cannot finish in time behind the worker's work in flight), the worker's
              expired_in_worker and worker_overdue (no answer within the grace after the deadline)

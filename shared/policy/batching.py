@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -13,6 +13,8 @@ from shared.policy.deadline_queue import DeadlineQueue, W, Work
 
 SCAN_LIMIT = 8
 """Queued jobs that did not fit, looked past per batch (keeps forming a batch cheap in a long queue)."""
+FOREIGN_SCAN_LIMIT = 64
+"""Queued jobs placed on another worker (`accept` said no), looked past per batch."""
 MIN_HOLD_MS = 0.05
 """A shorter hold is not worth a timer: the batch goes now."""
 
@@ -139,16 +141,23 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
 
 
 def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
-               timing: Timing | None = None) -> tuple[list[W], list[W]]:
+               timing: Timing | None = None, accept: Callable[[W], bool] | None = None) -> tuple[list[W], list[W]]:
     """The next batch's jobs in serving order, up to the compiled bounds (looking past at most
     SCAN_LIMIT jobs that do not fit). With `timing`, a job joins only if the batch still finishes
     before every member's deadline, its own included, and the jobs that cannot finish in time even
-    alone are returned apart (second value) instead."""
+    alone are returned apart (second value) instead. With `accept`, only the jobs it accepts are
+    considered (those placed on this batch's worker: routing.py; at most FOREIGN_SCAN_LIMIT others
+    are looked past)."""
     taken: list[W] = []
     doomed: list[W] = []
-    samples, tokens, items, computed, labels, skipped = 0, 0, 0, 0, set(), 0
+    samples, tokens, items, computed, labels, skipped, foreign = 0, 0, 0, 0, set(), 0, 0
     due = math.inf  # the earliest deadline in the batch
     for job in queue.in_order():
+        if accept is not None and not accept(job):
+            foreign += 1
+            if foreign >= FOREIGN_SCAN_LIMIT:
+                break
+            continue
         if timing is not None and not timing.in_time(job.batch_items, job.latency_tokens, job.deadline):
             doomed.append(job)
             continue
@@ -180,7 +189,8 @@ def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[i
 
 def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
              max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0,
-             shed_by_cost: bool = False, workers: int = 1) -> Hold | Send[W]:
+             shed_by_cost: bool = False, workers: int = 1,
+             accept: Callable[[W], bool] | None = None) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
     `worker_busy_ms`. A batch sent to a busy worker would only wait in its FIFO, where nothing can
     overtake it: it stays here (in serving order, where a later, tighter deadline can still join or
@@ -199,22 +209,25 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     With `shed_by_cost` too, when the queue, served in order from this worker's free time in full
     batches shared by `workers` workers, cannot finish every job in time, the jobs `shed_costliest`
     picks (the costliest per answer) are dropped before compute (`late`), so that the rest can be;
-    while every queued job is predicted in time it changes nothing."""
+    while every queued job is predicted in time it changes nothing. The shedding plans for the whole
+    queue, whatever `accept` keeps.
+
+    `accept`: the jobs placed on this worker (the others stay queued for theirs; form_batch)."""
     hold_ms = worker_busy_ms - max_wait_ms
     if hold_ms > MIN_HOLD_MS:
         return Hold(hold_ms)
     timing = Timing(model, now_s, worker_busy_ms, slack_ms)
     if not (drop_late and model.verified):
-        return _send(form_batch(queue, workload, bounds)[0], [], timing)
+        return _send(form_batch(queue, workload, bounds, accept=accept)[0], [], timing)
     shed = shed_costliest(queue.in_order(), model, worker_busy_ms, workers, now_s * 1000.0 + slack_ms) \
         if shed_by_cost else ()
     if shed and not (worker_busy_ms <= 0 and len(shed) == queue.jobs):  # not all: the probe below decides
         return Send([], [j for j in queue.in_order() if id(j) in shed], 0.0, now_s)
-    packed, _ = form_batch(queue, workload, bounds)
-    short, doomed = form_batch(queue, workload, bounds, timing)
+    packed, _ = form_batch(queue, workload, bounds, accept=accept)
+    short, doomed = form_batch(queue, workload, bounds, timing, accept)
     if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
         timing = Timing(model, now_s, worker_busy_ms)
-        short, doomed = form_batch(queue, workload, bounds, timing)
+        short, doomed = form_batch(queue, workload, bounds, timing, accept)
     if doomed:
         return Send([], doomed, 0.0, now_s)
     packed_ms, late = _plan(packed, timing)

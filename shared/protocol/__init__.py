@@ -24,14 +24,14 @@ Import from here (`from shared import protocol as p`); the two modules are how i
 from shared.protocol.codec import DEFAULT_LIMITS, DecodeLimits, ProtocolError, decode, encode, peek_batch_id
 from shared.protocol.messages import (FLOAT32, INT32, MAX_ID_CHARS, MAX_ITEMS, MESSAGE_TYPES, PROTOCOL_VERSION,
                                       TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResult, BeamResults, Error,
-                                      ErrorCode, Goodbye, Heartbeat, Hello, Message, Ready, Record, ResultStatus,
-                                      ScoreBatch, ScoreRequest, ScoreResult, ScoreResults, Shutdown, Status,
-                                      WorkerCounters, pack_ids, unpack_ids)
+                                      ErrorCode, Goodbye, Heartbeat, Hello, Message, PrefixCacheReport, Ready, Record,
+                                      ResultStatus, ScoreBatch, ScoreRequest, ScoreResult, ScoreResults, Shutdown,
+                                      Status, WorkerCounters, pack_ids, unpack_ids)
 
 __all__ = [
     "DEFAULT_LIMITS", "FLOAT32", "INT32", "MAX_ID_CHARS", "MAX_ITEMS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
     "TOKEN_DTYPES", "BeamBatch", "BeamRequest", "BeamResult", "BeamResults", "DecodeLimits", "Error", "ErrorCode",
-    "Goodbye", "Heartbeat", "Hello", "Message", "ProtocolError", "Ready", "Record", "ResultStatus", "ScoreBatch",
+    "Goodbye", "Heartbeat", "Hello", "Message", "PrefixCacheReport", "ProtocolError", "Ready", "Record", "ResultStatus", "ScoreBatch",
     "ScoreRequest", "ScoreResult", "ScoreResults", "Shutdown", "Status", "WorkerCounters", "decode", "encode",
     "pack_ids", "peek_batch_id", "unpack_ids",
 ]

@@ -16,10 +16,11 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
 4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
-5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place)."""
+5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place).
+6: Heartbeat.prefix_cache: what the worker's prefix cache holds and its counters."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -242,6 +243,22 @@ class WorkerCounters(Record):
     """Batches refused because the queue was full or the worker was draining."""
 
 
+class PrefixCacheReport(Record):
+    """A worker's prefix cache (worker/prefix_cache.py): the prefixes it holds now and its counters
+    since start. A cache that is off (`[score] prefix_cache_mb = 0`) reports budget_bytes 0."""
+
+    held: tuple[tuple[int, NonNegative], ...] = ()
+    """(prefix_key, tokens) of every entry held (shared/policy/routing.prefix_key of its token ids)."""
+    budget_bytes: NonNegative = 0
+    bytes_held: NonNegative = 0
+    hits: NonNegative = 0
+    misses: NonNegative = 0
+    insertions: NonNegative = 0
+    evictions: NonNegative = 0
+    hit_tokens: NonNegative = 0
+    """Prompt tokens read from the cache instead of computed."""
+
+
 class Heartbeat(Record):
     """Worker -> every known gateway, every heartbeat_interval_ms: liveness and load."""
 
@@ -252,6 +269,7 @@ class Heartbeat(Record):
     in_flight: int
     draining: bool
     counters: WorkerCounters
+    prefix_cache: PrefixCacheReport = PrefixCacheReport()
 
 
 class Error(Record):

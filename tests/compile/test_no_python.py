@@ -10,8 +10,6 @@ import torch
 
 from compile.beam.node import node_inputs
 from compile.runtime import load_nodes
-from compile.score.layout import lay_out
-from compile.score.module import pack_inputs
 from tests.compile.reference import random_batch
 
 LABELS = torch.tensor([0, 5, 17])
@@ -52,12 +50,11 @@ def test_scoring_package_runs_without_the_project(demo_artifacts, tmp_path):
     node = load_nodes(demo_artifacts).score
     prefix, *suffixes = random_batch(node.vocab_size, [4, 5, 50, 17], 0)  # one shared prefix, three samples
     ids = torch.cat([prefix, *suffixes])
-    static = torch.tensor(node.static_prefix_ids, dtype=torch.int64)
-    layout = lay_out(ids, [len(s) for s in suffixes], [len(prefix)], [3], static, node.block)
-    inputs = pack_inputs(ids, None, LABELS, node.bounds.max_labels, layout)
+    inputs, _ = node.package_inputs(ids, torch.tensor([len(s) for s in suffixes]), LABELS, torch.tensor([len(prefix)]),
+                                    torch.tensor([3]), keep=[0])  # the prefix's keys/values returned too
     with torch.inference_mode():
         outputs = node.package(*inputs)
-    assert "same outputs 6" in run_bare(demo_artifacts, "score.pt2", inputs, outputs, tmp_path)
+    assert "same outputs 8" in run_bare(demo_artifacts, "score.pt2", inputs, outputs, tmp_path)
 
 
 def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):

@@ -45,10 +45,10 @@ def deployment_for(endpoints: list[str], port: int = 0):
 
 
 @contextlib.asynccontextmanager
-async def real_gateway(artifacts: Path, folder: Path, **sections):
-    """A real worker process and the gateway app (in this process) in front of it."""
+async def real_gateway(artifacts: Path, folder: Path, worker_config: Path | str = "configs/test.toml", **sections):
+    """A real worker process (started with `worker_config`) and the gateway app (in this process) in front of it."""
     endpoint = f"ipc://{folder}/w0"
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", "configs/test.toml", "--artifacts",
+    worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(worker_config), "--artifacts",
                                str(artifacts), "--endpoint", endpoint], cwd=ROOT)
     manifest = read_manifest(artifacts)
     config = deployment_for([endpoint]).replace(**sections)

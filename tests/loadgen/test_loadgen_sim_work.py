@@ -100,3 +100,67 @@ def test_prefix_tokens_round_trip_and_are_checked():
     assert record.prefix_tokens == 8 and parse_record(record.to_json()) == record
     with pytest.raises(TraceError, match="prefix_tokens = 11 needs a score line"):
         parse_record({"t_ms": 1, "route": "score", "sample_tokens": [10, 12], "prefix_tokens": 11})
+
+
+def test_a_context_id_round_trips_and_repeats_the_same_prefix_tokens():
+    lines = [{"t_ms": i, "route": "score", "sample_tokens": [12, 15], "prefix_tokens": 10, "context": c}
+             for i, c in enumerate([3, 4, 3])]
+    records = [parse_record(line) for line in lines]
+    assert records[0].context == 3 and parse_record(records[0].to_json()) == records[0]
+    factory = BodyFactory()
+    prefixes = [[s["input_ids"][:10] for s in factory.body(r, i)["samples"]] for i, r in enumerate(records)]
+    assert prefixes[0][0] == prefixes[0][1] == prefixes[2][0]  # the same context: the same tokens
+    assert prefixes[0][0] != prefixes[1][0]
+    suffixes = [factory.body(r, i)["samples"][0]["input_ids"][10:] for i, r in enumerate(records)]
+    assert suffixes[0] != suffixes[2]  # the items still differ
+    with pytest.raises(TraceError, match="context = 3 names a shared prefix: the line needs prefix_tokens"):
+        parse_record({"t_ms": 1, "route": "score", "sample_tokens": [10, 12], "context": 3})
+
+
+def _session_trace(contexts: int, pages: int, prefix: int = 400, gap_ms: float = 200.0):
+    """Each context scored over `pages` requests of 15 items of 20 tokens, one request at a time."""
+    records = [TraceRecord(t_ms=gap_ms * (page * contexts + c), route="score", sample_tokens=(prefix + 20,) * 15,
+                           prefix_tokens=prefix, context=c)
+               for page in range(pages) for c in range(contexts)]
+    return make_trace(records)
+
+
+def test_the_simulator_routes_contexts_to_their_worker_and_replays_its_prefix_cache():
+    """8 contexts over 4 requests each on 2 workers: each context is seen twice (inserted on the
+    second sighting), then hit twice on the worker that holds it; a hit computes the items only."""
+    from loadgen.simulator import Simulator
+
+    computed = []
+
+    def service(route, items, tokens):
+        computed.append(items * tokens)
+        return 1.0
+
+    trace = _session_trace(8, 4)
+    runs = {}
+    for budget in (0, 100_000):
+        computed.clear()
+        simulator = Simulator(SimSettings(workers=2, prefix_cache_tokens=budget, score_deadline_ms=1000.0), service,
+                              profile=lambda route, items, tokens: 1.0)  # predictions apart from the compute
+        results = simulator.run(trace)
+        assert [r.status for r in results] == [200] * len(results)
+        runs[budget] = (simulator.prefix_cache_hits(), sum(computed))
+    assert runs[0][0]["hits"] == 0 and runs[0][1] == 32 * (400 + 15 * 20)
+    assert runs[100_000][0] == {"hits": 16, "misses": 16, "insertions": 8, "evictions": 0, "hit_tokens": 16 * 400}
+    assert runs[100_000][1] == 32 * (400 + 15 * 20) - 16 * 400
+
+
+def test_a_cache_too_small_for_every_context_evicts_and_settings_size_it_from_the_manifest():
+    from loadgen.simulator import Simulator, cache_tokens
+    from shared.manifest import ModelFacts
+    import msgspec
+
+    simulator = Simulator(SimSettings(workers=1, prefix_cache_tokens=1000, score_deadline_ms=1000.0),
+                          lambda route, items, tokens: 1.0)
+    simulator.run(_session_trace(8, 4))
+    stats = simulator.prefix_cache_hits()
+    assert stats["evictions"] > 0 and stats["hits"] < 16
+    manifest = msgspec.structs.replace(standin_manifest(1024), dtype="float32", model=ModelFacts(
+        vocab_size=1024, num_layers=2, num_kv_heads=2, head_dim=16))
+    assert cache_tokens(1, manifest) == (1 << 20) // (2 * 2 * 2 * 16 * 4 + 8)
+    assert cache_tokens(1, standin_manifest(1024)) == 0  # shapes unknown: not modelled

@@ -2,7 +2,8 @@
 and the latency model count it."""
 
 from shared.bounds import ScoreShape
-from shared.work import StaticPrefix, WorkSize, batch_shape
+from shared.policy.routing import prefix_key
+from shared.work import HeldPrefixes, StaticPrefix, WorkSize, batch_shape
 
 STATIC = StaticPrefix((7, 8, 9))
 
@@ -41,10 +42,27 @@ def test_a_beam_prompt_counts_its_beams_as_items_and_its_prompt_once_per_beam():
 
 def test_reuse_is_one_notion_any_source_of_cached_rows_can_answer():
     class CachedRows:  # e.g. a cache of recently seen prefixes: the first 6 tokens of anything starting 1, 2
-        def reused(self, ids, every_sample_goes_on):
+        def reused(self, ids, every_sample_goes_on, shared=True):
             return min(6, len(ids) - (0 if every_sample_goes_on else 1)) if list(ids[:2]) == [1, 2] else 0
 
     shared = WorkSize.of([[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10]], 8, CachedRows())
     assert shared.reused_tokens == 6 and shared.computed_tokens == 8 + 2 - 6
     alone = WorkSize.of([[1, 2, 3], [4, 5]], 0, CachedRows())
     assert alone.reused_tokens == 2 and alone.computed_tokens == 3  # a sample computes at least its last token
+
+
+def test_a_workers_held_prefixes_leave_the_longest_one_uncomputed():
+    context = list(range(100, 140))
+    held = HeldPrefixes(frozenset({(prefix_key(context[:25]), 25), (prefix_key(context), 40),
+                                   (prefix_key([7] * 30), 30)}), StaticPrefix((100, 101, 102)))
+    samples = [context + [1, 2], context + [3]]
+    whole = WorkSize.of(samples, 40, held)
+    assert whole.reused_tokens == 40 and whole.computed_tokens == 3
+    longer = WorkSize.of([context + [9, 1, 2], context + [9, 3]], 41, held)
+    assert longer.reused_tokens == 40 and longer.computed_tokens == 1 + 3
+    ends_in_it = WorkSize.of([context, context + [5]], 40, held)  # a sample ends in the prefix: its last token computes
+    assert ends_in_it.reused_tokens == 25
+    other = WorkSize.of([context[:3] + [8] * 10, context[:3] + [8] * 9 + [4]], 12, held)
+    assert other.reused_tokens == 3  # the static prefix alone
+    unshared = WorkSize.of([context + [1]], 0, held)
+    assert unshared.reused_tokens == 3  # cached rows serve shared prefixes; the static one serves all

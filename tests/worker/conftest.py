@@ -30,10 +30,14 @@ profile_repeats = 1
 """
 
 
-def write_config(folder: Path, endpoint: str, queued: int = 4) -> Path:
-    """configs/test.toml with its [worker] section replaced (short profile, fast heartbeats)."""
+def write_config(folder: Path, endpoint: str, queued: int = 4, prefix_cache_mb: int | None = None) -> Path:
+    """configs/test.toml with its [worker] section replaced (short profile, fast heartbeats) and,
+    when given, [score] prefix_cache_mb set."""
     text = (ROOT / "configs" / "test.toml").read_text()
     text = re.sub(r"(?ms)^\[worker\].*?(?=^\[|\Z)", "", text)
+    if prefix_cache_mb is not None:
+        text = re.sub(r"(?m)^prefix_cache_mb = .*\n", "", text)
+        text = re.sub(r"(?m)^\[score\]\n", f"[score]\nprefix_cache_mb = {prefix_cache_mb}\n", text)
     path = folder / "worker-test.toml"
     path.write_text(text + "\n" + WORKER_SECTION.format(endpoint=endpoint, queued=queued))
     return path
@@ -93,10 +97,14 @@ class WorkerClient:
 
     def counters(self) -> p.WorkerCounters:
         """Counters of the next heartbeat (sent after every reply already received)."""
+        return self.heartbeat().counters
+
+    def heartbeat(self) -> p.Heartbeat:
+        """The next heartbeat (sent after every reply already received)."""
         self.heartbeats.clear()
         while not self.heartbeats:
             self.recv(5.0, keep_heartbeats=True)
-        return self.heartbeats[-1].counters
+        return self.heartbeats[-1]
 
     def close(self) -> None:
         self.socket.close()
@@ -105,9 +113,9 @@ class WorkerClient:
 class WorkerProcess:
     """A `python -m worker` subprocess; its JSON-lines log goes to a file."""
 
-    def __init__(self, artifacts: Path, folder: Path, queued: int = 4) -> None:
+    def __init__(self, artifacts: Path, folder: Path, queued: int = 4, prefix_cache_mb: int | None = None) -> None:
         self.endpoint = f"ipc://{folder}/worker.sock"
-        self.config = write_config(folder, self.endpoint, queued)
+        self.config = write_config(folder, self.endpoint, queued, prefix_cache_mb)
         self.log_path = folder / "worker.log"
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(

@@ -1,0 +1,230 @@
+"""The prefix cache across requests through the real gateway: goodput with it against without it,
+routing's hit rate against one worker's, the cost at zero reuse, and exactness.
+
+A Qwen2.5-0.5B-shaped checkpoint (random weights, float32, 24 layers; --quick: 2, labelled quick)
+compiled once; each stack is `python -m gateway --spawn-workers` (loadgen/stack.py) with its own
+config, the workers' CPU threads split between them:
+  on    2 workers, [score] prefix_cache_mb 256, cache-aware routing (the product)
+  off   2 workers, prefix_cache_mb 0 (within-request sharing on, as on both sides)
+  one   1 worker, prefix_cache_mb 256 (the hit rate routing is measured against)
+Workloads (token ids, seeded; every item's first token differs, so a request's shared prefix is
+its context exactly):
+  session    each context (300-500 tokens, e.g. a user's history) scored over 4 requests of 15
+             items of 10-30 tokens, one after another; `clients` sessions at once (closed loop)
+  zipf       requests over `contexts` contexts drawn by Zipf(1.0), `clients` at once
+  unique     every request a new context (0 % reuse)
+Every request has a loose deadline, so goodput is the rate of answers (all in time; checked).
+Figures: speedup_vs_cache_off (session goodput, on / off); flop_bound (executed FLOPs off / on for
+the session requests as served, bench/flops.py: a request whose answer counts its context as
+cached computed only its items); routing_hit_rate_ratio (zipf hit rate, on / one, from the
+workers' /metrics); zero_reuse_slowdown (unique seconds per request, on / off - 1);
+max_abs_diff_vs_uncached (session scores, on vs off).
+
+    .venv/bin/python bench/prefix_cache.py [--quick] [--sessions N] [--zipf-requests N] [--clients N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import torch
+
+from bench.common import CACHE, QWEN25_05B, bench_config, build_artifacts, emit, shaped_checkpoint
+from bench.flops import shared_score_flops
+from loadgen.prometheus import parse
+from loadgen.stack import LocalStack, deployment_toml
+
+ITEMS, PAGES, LABELS = 15, 4, [9454, 2152]
+DEADLINE_MS = 600_000
+
+
+def make_context(rng: np.random.Generator, vocab: int, low: int = 300, high: int = 500) -> list[int]:
+    return rng.integers(1000, vocab, int(rng.integers(low, high + 1))).tolist()
+
+
+def make_request(rng: np.random.Generator, context: list[int], vocab: int) -> list[list[int]]:
+    """15 items of 10-30 tokens after `context`, their first tokens all different."""
+    firsts = rng.choice(np.arange(1000, vocab), ITEMS, replace=False)
+    return [context + [int(f)] + rng.integers(1000, vocab, int(rng.integers(9, 30))).tolist() for f in firsts]
+
+
+def workloads(seed: int, vocab: int, sessions: int, contexts: int, zipf_requests: int, unique: int) -> dict:
+    rng = np.random.default_rng(seed)
+    session = []
+    for _ in range(sessions):
+        context = make_context(rng, vocab)
+        session.append([make_request(rng, context, vocab) for _ in range(PAGES)])
+    pool = [make_context(rng, vocab) for _ in range(contexts)]
+    weights = 1.0 / np.arange(1, contexts + 1)
+    drawn = rng.choice(contexts, zipf_requests, p=weights / weights.sum())
+    zipf = [[make_request(rng, pool[c], vocab)] for c in drawn]
+    fresh = [[make_request(rng, make_context(rng, vocab), vocab)] for _ in range(unique)]
+    return {"session": session, "zipf": zipf, "unique": fresh}
+
+
+async def drive(url: str, sessions: list[list[list[list[int]]]], clients: int) -> tuple[float, list[list[dict]]]:
+    """Closed loop: `clients` tasks each take the next session and send its requests one after
+    another. Returns the wall seconds and every answer, by session and page."""
+    answers: list[list[dict]] = [[] for _ in sessions]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(sessions)):
+        queue.put_nowait(i)
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            for samples in sessions[i]:
+                body = {"samples": [{"input_ids": s} for s in samples], "label_token_ids": LABELS,
+                        "output": "logits", "deadline_ms": DEADLINE_MS}
+                async with http.post(url + "/v1/score", json=body) as response:
+                    answer = await response.json()
+                    if response.status != 200:
+                        raise RuntimeError(f"a request failed ({response.status}): {answer}")
+                    answers[i].append(answer)
+
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return time.perf_counter() - start, answers
+
+
+def cache_counts(url: str) -> dict[str, float]:
+    """The workers' prefix-cache counters summed, from the gateway's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as response:
+        samples = parse(response.read().decode())
+    return {name: sum(value for metric, _, value in samples if metric == f"boundserve_prefix_cache_{name}_total")
+            for name in ("hits", "misses", "insertions", "evictions", "hit_tokens")}
+
+
+def run_stack(name: str, config, artifacts: Path, jobs: dict[str, tuple[list, int]]) -> dict:
+    """Start a stack, run each workload (name -> (sessions, clients)) in order; seconds, answers and
+    the cache counters each added."""
+    folder = CACHE / "prefix_cache" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "base.toml"
+    config_path.write_text(deployment_toml(config))
+    out = {}
+    with LocalStack(config_path, artifacts, folder, startup_timeout_s=1800.0) as stack:
+        for workload, (sessions, clients) in jobs.items():
+            before = cache_counts(stack.url)
+            seconds, answers = asyncio.run(drive(stack.url, sessions, clients))
+            after = cache_counts(stack.url)
+            out[workload] = {"seconds": seconds, "answers": answers,
+                             "cache": {k: after[k] - before[k] for k in after}}
+    return out
+
+
+def hit_rate(cache: dict[str, float]) -> float:
+    looked = cache["hits"] + cache["misses"]
+    return cache["hits"] / looked if looked else 0.0
+
+
+def variant(config, workers: int, cache_mb: int, threads: int):
+    endpoints = tuple(f"ipc:///tmp/prefix-cache-bench-w{i}" for i in range(workers))  # the stack puts its own
+    worker = dataclasses.replace(config.worker, endpoints=endpoints, devices=("cpu",) * workers, cpu_threads=threads,
+                                 profile_budget_s=60.0,
+                                 profile_repeats=1, warmup_runs=1)
+    gateway = dataclasses.replace(config.gateway, access_log=False, worker_timeout_ms=DEADLINE_MS,
+                                  max_deadline_ms=DEADLINE_MS, score_deadline_ms=DEADLINE_MS)
+    return config.replace(worker=worker, gateway=gateway,
+                          score=dataclasses.replace(config.score, prefix_cache_mb=cache_mb))
+
+
+def session_flops(spec, sessions: list, answers: list[list[dict]] | None = None) -> float:
+    """FLOPs the session requests executed: with `answers` (as served), a request whose usage counts
+    every sample's context as cached read it from the cache (its context's rows were not computed);
+    without, every context computed (within-request sharing only)."""
+    total = 0.0
+    for k, pages in enumerate(sessions):
+        for page, samples in enumerate(pages):
+            prefix = _lcp(samples)
+            cached = answers[k][page]["usage"]["prompt_tokens_details"]["cached_tokens"] if answers else 0
+            static = prefix if cached >= len(samples) * prefix else 0
+            total += shared_score_flops(spec, prefix, [len(s) - prefix for s in samples], static_len=static)
+    return total
+
+
+def _lcp(samples: list[list[int]]) -> int:
+    n = 0
+    while all(len(s) > n and s[n] == samples[0][n] for s in samples):
+        n += 1
+    return n
+
+
+def scores(answers: list[list[dict]]) -> np.ndarray:
+    return np.concatenate([np.asarray(a["scores"], dtype=np.float64).ravel() for pages in answers for a in pages])
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke test: 2 layers, few requests (labelled quick)")
+    parser.add_argument("--layers", type=int, help="decoder layers (default 24; quick 2)")
+    parser.add_argument("--sessions", type=int, help="session contexts (default 32; quick 4)")
+    parser.add_argument("--contexts", type=int, help="zipf contexts (default 64; quick 8)")
+    parser.add_argument("--zipf-requests", type=int, help="zipf requests (default 192; quick 16)")
+    parser.add_argument("--unique", type=int, help="unique-context requests (default 32; quick 4)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    from compile.checkpoint import read_spec
+
+    layers = args.layers or (2 if args.quick else 24)
+    quick = args.quick or layers != 24
+    sessions = args.sessions or (4 if args.quick else 32)
+    contexts = args.contexts or (8 if args.quick else 64)
+    zipf_requests = args.zipf_requests or (16 if args.quick else 192)
+    unique = args.unique or (4 if args.quick else 32)
+    threads = max(1, (os.cpu_count() or 2) // 2)  # each of two workers gets half the cores
+    torch.set_num_threads(threads)  # the packages are compiled for this process's threads (these_threads)
+    checkpoint = shaped_checkpoint("qwen2", QWEN25_05B, layers, torch.float32)
+    spec = read_spec(checkpoint)
+    config = bench_config(checkpoint, "float32", workloads=("score",), max_samples_per_batch=16,
+                          max_tokens_per_sample=1024, max_tokens_per_batch=8192, max_prefix_tokens=512)
+    artifacts = build_artifacts(config, f"prefix_cache-qwen2.5-0.5b-fp32-{layers}l-{threads}t")
+    work = workloads(args.seed, spec.vocab_size, sessions, contexts, zipf_requests, unique)
+    c = args.clients
+    on = run_stack("on", variant(config, 2, 256, threads), artifacts,
+                   {"session": (work["session"], c), "unique": (work["unique"], c), "zipf": (work["zipf"], c)})
+    off = run_stack("off", variant(config, 2, 0, threads), artifacts,
+                    {"session": (work["session"], c), "unique": (work["unique"], c)})
+    one = run_stack("one", variant(config, 1, 256, threads), artifacts, {"zipf": (work["zipf"], c)})
+    session_requests = sessions * PAGES
+    flops_off = session_flops(spec, work["session"])
+    result = {
+        "model": "qwen2.5-0.5b", "layers": layers, "dtype": "float32", "quick": quick, "threads_per_worker": threads,
+        "clients": c, "sessions": sessions, "pages": PAGES, "items": ITEMS, "zipf_contexts": contexts,
+        "zipf_requests": zipf_requests, "unique_requests": unique,
+        "session_goodput_rps": {"on": session_requests / on["session"]["seconds"],
+                                "off": session_requests / off["session"]["seconds"]},
+        "speedup_vs_cache_off": off["session"]["seconds"] / on["session"]["seconds"],
+        "flop_bound": flops_off / session_flops(spec, work["session"], on["session"]["answers"]),
+        "session_hit_rate": hit_rate(on["session"]["cache"]),
+        "zipf_hit_rate": {"two_workers_routed": hit_rate(on["zipf"]["cache"]),
+                          "one_worker": hit_rate(one["zipf"]["cache"])},
+        "routing_hit_rate_ratio": hit_rate(on["zipf"]["cache"]) / max(1e-9, hit_rate(one["zipf"]["cache"])),
+        "zero_reuse_slowdown": on["unique"]["seconds"] / off["unique"]["seconds"] - 1.0,
+        "max_abs_diff_vs_uncached": float(np.abs(scores(on["session"]["answers"])
+                                                 - scores(off["session"]["answers"])).max()),
+        "cache_counters": {name: {w: s[w]["cache"] for w in s} for name, s in (("on", on), ("one", one))},
+        "load_average_at_end": os.getloadavg(),
+    }
+    emit(f"prefix_cache-qwen2.5-0.5b-fp32-{layers}l{'-quick' if args.quick else ''}", result,
+         threads={"per_worker": threads})
+
+
+if __name__ == "__main__":
+    main()
