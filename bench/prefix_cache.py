@@ -20,7 +20,7 @@ cached computed only its items); routing_hit_rate_ratio (zipf hit rate, on / one
 workers' /metrics); zero_reuse_slowdown (unique seconds per request, on / off - 1);
 max_abs_diff_vs_uncached (session scores, on vs off).
 
-    .venv/bin/python bench/prefix_cache.py [--quick] [--sessions N] [--zipf-requests N] [--clients N]
+    .venv/bin/python bench/prefix_cache.py [--quick] [--sessions N] [--zipf-requests N] [--clients N] [--build-only]
 """
 
 from __future__ import annotations
@@ -175,6 +175,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--unique", type=int, help="unique-context requests (default 32; quick 4)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--build-only", action="store_true", help="compile the artifacts (cached) and stop, so that "
+                                                                   "a quiet window times only the stacks")
     return parser.parse_args()
 
 
@@ -195,6 +197,9 @@ def main() -> None:
     config = bench_config(checkpoint, "float32", workloads=("score",), max_samples_per_batch=16,
                           max_tokens_per_sample=1024, max_tokens_per_batch=8192, max_prefix_tokens=512)
     artifacts = build_artifacts(config, f"prefix_cache-qwen2.5-0.5b-fp32-{layers}l-{threads}t")
+    if args.build_only:
+        print(f"artifacts in {artifacts}")
+        return
     work = workloads(args.seed, spec.vocab_size, sessions, contexts, zipf_requests, unique)
     c = args.clients
     on = run_stack("on", variant(config, 2, 256, threads), artifacts,
