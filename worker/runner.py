@@ -59,7 +59,9 @@ class ScoreRunner:
     def run(self, batch: ScoreBatch, live: Sequence[int], lane: Lane) -> dict[int, ScoreResult]:
         requests = [batch.requests[i] for i in live]
         tokens = [unpack_ids(r.input_ids, batch.token_dtype) for r in requests]
-        prefixes = [tuple(t[: r.prefix_len].tolist()) for t, r in zip(tokens, requests)]
+        # the shared prefixes as the cache keys them; only with a cache (a per-request copy otherwise wasted)
+        prefixes = ([tuple(t[: r.prefix_len].tolist()) for t, r in zip(tokens, requests)]
+                    if self.cache is not None else [])
         plans = self._plan(requests, prefixes)
         input_ids = lane.stage_tokens(tokens)  # [T]
         suffix_lens = [n for r in requests for n in r.sample_lens]
