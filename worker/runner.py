@@ -53,7 +53,7 @@ class ScoreRunner:
 
     def __init__(self, node, cache: PrefixCache | None = None) -> None:
         self.node = node
-        self.cache = cache if cache is not None and cache.enabled and node.takes_hits else None
+        self.cache = cache if cache is not None and cache.enabled else None  # startup: off for a package without hits
         self.static = StaticPrefix(tuple(node.static_prefix_ids))
 
     def run(self, batch: ScoreBatch, live: Sequence[int], lane: Lane) -> dict[int, ScoreResult]:

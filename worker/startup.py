@@ -54,11 +54,16 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     compiled = manifest.bounds
     vocab_size = manifest.model.vocab_size
     lanes = make_lanes(device, config.worker, compiled)
-    prefix_cache = PrefixCache(config.score.prefix_cache_mb << 20, bytes.fromhex(manifest.build_key))
+    cache_mb = config.score.prefix_cache_mb
+    if cache_mb and nodes.score is not None and not nodes.score.takes_hits:
+        log.warning("prefix_cache_off", prefix_cache_mb=cache_mb,
+                    reason="the score package was built before the prefix cache (no hit inputs): rebuild it to cache")
+        cache_mb = 0
+    prefix_cache = PrefixCache(cache_mb << 20, bytes.fromhex(manifest.build_key))  # budget 0: off, reported so
     workloads = workloads_of(ScoreRunner(nodes.score, prefix_cache) if nodes.score is not None else None,
                              BeamRunner(nodes.beam) if nodes.beam is not None else None, compiled, vocab_size)
     log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes), workloads=list(workloads.names()),
-             prefix_cache_mb=config.score.prefix_cache_mb)
+             prefix_cache_mb=cache_mb)
     plans = plan_batches(workloads, compiled, vocab_size)
     threads = config.worker.cpu_threads if device == "cpu" else len(lanes)
     cache = profile_cache.cache_path(profile_folder, manifest, device, threads) if profile_folder else None

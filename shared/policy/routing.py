@@ -6,9 +6,11 @@ only cheap on the worker that saw it. `route` chooses, in order:
   1. the worker that most recently got this prefix (`RecentHolders`), if its predicted finish is in
      time (with every slot taken, the batch waits for one);
   2. else the prefix's owners on a consistent-hash ring over the workers (`Ring`: 64 points each),
-     clockwise from the prefix's point, skipping those over the load bound (consistent hashing with
-     bounded loads: at most ceil(load_factor x (batches in flight + 1) / workers) batches each) and
-     those that would finish late; adding or losing a worker moves only the prefixes it owns;
+     clockwise from the prefix's point, skipping those that would finish late and those with more
+     batches in flight than the least loaded free worker (consistent hashing with the tightest load
+     bound): no worker holds the prefix yet, so a busier owner would gain nothing by it and the
+     other would idle (at zero reuse the ring alone left one of two workers idle while the other
+     queued). Adding or losing a worker moves only the prefixes it owns;
   3. else the usual least-busy worker (batching.least_busy).
 Pure: the caller passes the time and the deadline test, as for every policy here.
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import math
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,8 +34,6 @@ K = TypeVar("K", bound=Worker)
 
 RING_POINTS = 64
 """Points per worker on the ring: each owns about 1/n of the prefixes, give or take ~10 %."""
-LOAD_FACTOR = 1.25
-"""How far above the mean of batches in flight a prefix's owner may be and still get it."""
 
 
 def prefix_key(ids: Sequence[int]) -> int:
@@ -99,29 +98,23 @@ class RecentHolders:
             self._sent.popitem(last=False)
 
 
-def load_bound(workers: Sequence[Worker], load_factor: float = LOAD_FACTOR) -> int:
-    """The most batches in flight a worker may have for a prefix's batch to be sent to it."""
-    total = sum(len(w.in_flight) for w in workers)
-    return math.ceil(load_factor * (total + 1) / max(1, len(workers)))
-
-
 class Placement(Generic[K]):
     """The routing rule evaluated for many prefixes at one instant (the batcher asks it for every job
     it looks at): the free workers, the load bound and the ring are computed once. `choose` records
     nothing; `route` is `choose`, then the choice recorded in `recent`."""
 
-    def __init__(self, workers: Mapping[str, K], now_s: float, max_inflight_batches: int, recent: RecentHolders,
-                 load_factor: float = LOAD_FACTOR) -> None:
+    def __init__(self, workers: Mapping[str, K], now_s: float, max_inflight_batches: int,
+                 recent: RecentHolders) -> None:
         self.now_s, self.recent, self.max_inflight_batches = now_s, recent, max_inflight_batches
         self.workers = dict(workers)
         self.free = {name: w for name, w in workers.items() if len(w.in_flight) < max_inflight_batches}
-        self.bound = load_bound(list(workers.values()), load_factor)
+        self.fewest = min((len(w.in_flight) for w in self.free.values()), default=0)  # the ring owners' load bound
         self.ring = Ring.of(tuple(sorted(workers)))
 
     def home(self, key: int) -> str:
         """Where the prefix would go with every worker in time: its recent holder (even with every
-        slot taken: the batch would wait for one), else its first free ring owner under the load
-        bound, else "" (no such worker)."""
+        slot taken: the batch would wait for one), else its first ring owner among the least loaded
+        free workers, else "" (no such worker)."""
         return next(iter(self._preferred(key)), "")
 
     def choose(self, key: int | None, in_time: Callable[[K], bool]) -> K | None:
@@ -140,19 +133,19 @@ class Placement(Generic[K]):
         holder = self.recent.get(key, self.now_s)
         preferred = [holder] if holder in self.workers else []
         return preferred + [name for name in self.ring.owners(key) if name in self.free and name != holder
-                            and len(self.free[name].in_flight) < self.bound]
+                            and len(self.free[name].in_flight) <= self.fewest]
 
     def name_of(self, worker: K) -> str:
         return next(n for n, w in self.workers.items() if w is worker)
 
 
 def route(key: int | None, workers: Mapping[str, K], now_s: float, max_inflight_batches: int,
-          in_time: Callable[[K], bool], recent: RecentHolders, load_factor: float = LOAD_FACTOR) -> K | None:
+          in_time: Callable[[K], bool], recent: RecentHolders) -> K | None:
     """Where a batch whose prefix is `key` goes (None: every slot is taken, or its holder's are and it
     is in time there: the batch waits for it); see the module's order.
     `in_time(worker)`: the batch sent there now would finish by its deadline. A keyless batch (no
     shared prefix) goes to the least busy worker. The choice is recorded in `recent`."""
-    placement = Placement(workers, now_s, max_inflight_batches, recent, load_factor)
+    placement = Placement(workers, now_s, max_inflight_batches, recent)
     chosen = placement.choose(key, in_time)
     if chosen is None or len(chosen.in_flight) >= max_inflight_batches:
         return None  # every slot taken, or the prefix's holder is full and still in time: wait for it

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.policy import Hold
-from shared.policy.routing import RecentHolders, Ring, dispatch_routed, load_bound, prefix_key, route
+from shared.policy.routing import RecentHolders, Ring, dispatch_routed, prefix_key, route
 
 MAX_INFLIGHT = 4
 
@@ -72,14 +72,31 @@ def test_a_full_holder_in_time_keeps_its_prefix_and_none_when_every_slot_is_take
     assert route(key, workers, 2.0, MAX_INFLIGHT, always, recent) is None
 
 
-def test_the_load_bound_moves_a_hot_prefix_off_an_overloaded_owner():
+def test_a_new_prefix_goes_to_its_ring_owner_only_when_no_worker_is_less_loaded():
     workers = pool(2)
     key = prefix_key([7, 7, 7])
-    owner = workers[Ring.of(("w0", "w1")).owners(key)[0]]
-    owner.in_flight.extend(["b"] * 3)  # 3 in flight, the other none: bound = ceil(1.25 * 4 / 2) = 3
-    assert load_bound(list(workers.values())) == 3
-    chosen = route(key, workers, 0.0, MAX_INFLIGHT, always, RecentHolders())
-    assert chosen is not owner
+    owner_name, other_name = Ring.of(("w0", "w1")).owners(key)
+    owner, other = workers[owner_name], workers[other_name]
+    # equal loads: the ring decides, the same way for every gateway and every time
+    assert route(key, workers, 0.0, MAX_INFLIGHT, always, RecentHolders()) is owner
+    owner.in_flight.append("b")
+    owner.remaining_ms = 5.0
+    other.in_flight.append("b")
+    other.remaining_ms = 50.0
+    assert route(key, workers, 0.0, MAX_INFLIGHT, always, RecentHolders()) is owner
+    # one batch more on the owner: nobody holds the prefix yet, so the less loaded worker takes it
+    # rather than idle (the ring's plain load bound let one of two workers idle at zero reuse)
+    owner.in_flight.append("b")
+    assert route(key, workers, 0.0, MAX_INFLIGHT, always, RecentHolders()) is other
+
+
+def test_a_prefix_sent_before_stays_with_its_holder_though_another_worker_is_idle():
+    workers, recent = pool(2), RecentHolders()
+    key = prefix_key([3, 1, 4])
+    holder = route(key, workers, 0.0, MAX_INFLIGHT, always, recent)
+    holder.in_flight.extend(["b", "b"])
+    holder.remaining_ms = 40.0
+    assert route(key, workers, 1.0, MAX_INFLIGHT, always, recent) is holder
 
 
 def test_holders_are_forgotten_after_memory_s_and_beyond_capacity():
