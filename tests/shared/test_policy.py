@@ -374,3 +374,32 @@ def test_the_precheck_by_cost_refuses_what_the_queue_would_shed_even_at_its_leas
                     items=1) is None  # it gets in by shedding the costlier job ahead; deadline order refuses it
     assert isinstance(precheck(queue_of(FakeJob(0.006, samples=6)), IDLE, model(1.0, 0.0), 0.0065, 0.0, BY_DEADLINE,
                                Lateness(), items=1), Refusal)
+
+
+class CountingQueue(DeadlineQueue):
+    """A queue that counts the passes over its jobs."""
+
+    passes = 0
+
+    def in_order(self):
+        self.passes += 1
+        return super().in_order()
+
+    def ahead_of(self, deadline):
+        self.passes += 1
+        return super().ahead_of(deadline)
+
+
+@pytest.mark.parametrize("settings", [BY_COST, BY_DEADLINE], ids=["by_cost", "by_deadline"])
+def test_precheck_and_admit_each_read_the_queue_in_one_pass(settings):
+    queue = CountingQueue()
+    for k in range(12):  # 1 ms each, due at 10.0-11.1 ms: the last two cannot be in time
+        queue.push(FakeJob(0.010 + 0.0001 * k, samples=1))
+    new = [FakeJob(0.0105, samples=1)]  # served seventh: done at 7 ms
+    queue.passes = 0
+    assert precheck(queue, IDLE, model(1.0, 0.0), 0.0105, 0.0, settings, Lateness(), items=1) is None
+    assert queue.passes == 1
+    queue.passes = 0
+    decision = admit(new, queue, IDLE, model(1.0, 0.0), 0.0, settings, Lateness())
+    assert isinstance(decision, Prediction) and decision.wait_ms + decision.service_ms == 7.0
+    assert queue.passes == 1
