@@ -102,17 +102,18 @@ class Timing:
 
 
 def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers: int, now_ms: float,
-                   reached: dict[int, float] | None = None) -> set[int]:
+                   reached: dict[int, float] | None = None, gain: float = 1.0) -> set[int]:
     """The jobs (their id()) that a schedule of `jobs`, served in this order in full batches shared
     by `workers` workers from `free_ms` on, sheds so that every other one finishes by its deadline
     (ms on the caller's clock: `now_ms` carries the slack): the costliest per answer first, not the
     latest in the order (Moore and Hodgson's rule for the most jobs in time on one machine).
 
     Walking the order, a job that would finish past its deadline sheds the kept job that costs the
-    most predicted ms alone (itself included; ties: the latest in the order, so where every job
-    costs the same this sheds exactly the jobs a walk that skips late ones skips), if shedding that
-    one brings it in time; else it is shed itself (one late job never sheds more than one other,
-    and a job late even alone sheds nothing but itself). Nothing is shed while every job is in time.
+    most predicted ms alone (ties: the latest in the order), if that one costs more than `gain` x
+    its own and shedding it brings it in time; else it is shed itself (so where every job costs the
+    same this sheds exactly the jobs a walk that skips late ones skips; one late job never sheds
+    more than one other, and a job late even alone sheds nothing but itself). Nothing is shed while
+    every job is in time. Admission passes a `gain` above 1 (ADMIT_SHED_GAIN: admission.py).
 
     `reached`: for each job whose id() is a key, set to its predicted finish (ms from `free_ms`'s
     origin, the caller's now) where the walk reaches it, behind the jobs kept so far (less the one
@@ -141,7 +142,7 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
             kept = [(-model.backlog_ms(j.batch_items, j.latency_tokens), -p, j) for p, j in enumerate(in_time)]
             heapq.heapify(kept)
         cost = model.backlog_ms(job.batch_items, job.latency_tokens)
-        if kept and (-kept[0][0], -kept[0][1]) > (cost, position):
+        if kept and -kept[0][0] > gain * cost:
             costliest = kept[0][2]
             less_items, less_tokens = items - costliest.batch_items, tokens - costliest.latency_tokens
             if (less_ms := free_ms + model.backlog_ms(less_items, less_tokens) / workers) <= due_ms:
