@@ -11,8 +11,9 @@ and request/batch overheads. Capacity is the best goodput of a rate sweep on `ad
 
     python bench/overload_sim.py [--workload uniform|trace|both] [--windows 3]
 
-Prints one JSON object per workload (goodput median and spread, batch fill, wasted share per
-policy and load; goodput by class at 2x for the trace) and writes bench/results/overload-sim-<workload>.json.
+Prints one JSON object per workload (goodput median and spread, the shares refused and dropped after
+admission, batch fill, wasted share per policy and load; goodput by class at 2x for the trace) and
+writes bench/results/overload-sim-<workload>.json.
 """
 
 from __future__ import annotations
