@@ -11,8 +11,9 @@ and request/batch overheads. Capacity is the best goodput of a rate sweep on `ad
 
     python bench/overload_sim.py [--workload uniform|trace|both] [--windows 3]
 
-Prints one JSON object per workload (goodput median and spread, batch fill, wasted share per
-policy and load; goodput by class at 2x for the trace) and writes bench/results/overload-sim-<workload>.json.
+Prints one JSON object per workload (goodput median and spread, the shares refused and dropped after
+admission, batch fill, wasted share per policy and load; goodput by class at 2x for the trace) and
+writes bench/results/overload-sim-<workload>.json.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def window(policy: str, trace, args, service, **extra: Any) -> dict[str, Any]:
         by_size.setdefault(size_class(rec), []).append(r.index in good_ids)
     return {"goodput_rps": len(good) / span_s, "offered": len(results),
             "refused": sum(r.outcome in ("deadline_unmeetable", "queue_full") for r in results),
+            "dropped": sum(r.outcome == "deadline_exceeded" for r in results),
             "wasted_share": wasted / compute if compute else 0.0,
             "batch_fill": statistics.fmean(sim.batch_fill) if sim.batch_fill else None,
             "by_class": {c: sum(v) / span_s for c, v in by_class.items()},
@@ -111,6 +113,7 @@ def run(workload: overload_load.Workload, args) -> dict[str, Any]:
                 "goodput_rps": round(statistics.median(goodputs), 2),
                 "spread": [round(goodputs[0], 2), round(goodputs[-1], 2)],
                 "refused_share": round(statistics.median(r["refused"] / r["offered"] for r in rows), 3),
+                "dropped_share": round(statistics.median(r["dropped"] / r["offered"] for r in rows), 3),
                 "wasted_share": round(statistics.median(r["wasted_share"] for r in rows), 4),
                 "batch_fill": round(statistics.median(r["batch_fill"] or 0.0 for r in rows), 3),
                 "by_class": {c: round(statistics.median(r["by_class"][c] for r in rows), 2) for c in classes},

@@ -44,7 +44,7 @@ predicted-late drops (`dispatch(drop_late=...)`) and deadline order (`QueueOrder
 queue budget always holds and requests always expire at their deadline.
 """
 
-from shared.policy.admission import (AdmissionSettings, Lateness, PoolView, Prediction, admit,
+from shared.policy.admission import (ADMIT_SHED_GAIN, AdmissionSettings, Lateness, PoolView, Prediction, admit,
                                      finish_ms, is_probe, place, precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, Timing, busy_ms,
                                     chunk_bounds, dispatch, form_batch, least_busy, shed_costliest,
@@ -54,7 +54,7 @@ from shared.policy.deadline_queue import DeadlineQueue, QueueOrder, Work
 from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
 
 __all__ = [
-    "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "AdmissionSettings", "BatchBounds",
+    "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "ADMIT_SHED_GAIN", "AdmissionSettings", "BatchBounds",
     "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "QueueOrder", "Refusal", "Send",
     "Timing", "Work", "admit", "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe",
     "least_busy", "place", "precheck", "shed_costliest", "take_expired",

@@ -8,7 +8,7 @@ import pytest
 
 from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
-from shared.policy import (DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
+from shared.policy import (ADMIT_SHED_GAIN, DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
                            PoolView, Prediction, QueueOrder, Refusal, Send, admit, busy_ms, chunk_bounds, dispatch,
                            form_batch, place, precheck, shed_costliest, take_expired)
 
@@ -374,3 +374,49 @@ def test_the_precheck_by_cost_refuses_what_the_queue_would_shed_even_at_its_leas
                     items=1) is None  # it gets in by shedding the costlier job ahead; deadline order refuses it
     assert isinstance(precheck(queue_of(FakeJob(0.006, samples=6)), IDLE, model(1.0, 0.0), 0.0065, 0.0, BY_DEADLINE,
                                Lateness(), items=1), Refusal)
+
+
+def test_a_newcomer_hardly_cheaper_than_a_queued_job_is_refused_instead_of_displacing_it():
+    # 1 ms per item: a queued job of 40 samples (40 ms) due at 40 ms, a newcomer of 39 (39 ms) due at
+    # 41 ms. Only one fits; 40 ms is not more than ADMIT_SHED_GAIN x 39 ms: the queued job keeps its place.
+    queued = FakeJob(0.040, samples=40)
+    newcomer = [FakeJob(0.041, samples=39)]
+    assert 40.0 <= ADMIT_SHED_GAIN * 39.0
+    refusal = admit(newcomer, queue_of(queued), IDLE, model(1.0, 0.0), 0.0, BY_COST, Lateness())
+    assert isinstance(refusal, Refusal) and refusal.reason == "deadline_unmeetable"
+    assert precheck(queue_of(queued), IDLE, model(1.0, 0.0), 0.041, 0.0, BY_COST, Lateness(), items=39) is not None
+    # among admitted work the batcher still sheds the costlier one (gain 1): it was admitted first
+    assert shed_costliest([queued, *newcomer], model(1.0, 0.0), 0.0, 1, 0.0) == {id(queued)}
+    # a newcomer that costs markedly less gets in by shedding it (the batcher drops it before compute)
+    cheap = [FakeJob(0.041, samples=20)]
+    prediction = admit(cheap, queue_of(queued), IDLE, model(1.0, 0.0), 0.0, BY_COST, Lateness())
+    assert isinstance(prediction, Prediction) and prediction.wait_ms + prediction.service_ms == 20.0
+
+
+class CountingQueue(DeadlineQueue):
+    """A queue that counts the passes over its jobs."""
+
+    passes = 0
+
+    def in_order(self):
+        self.passes += 1
+        return super().in_order()
+
+    def ahead_of(self, deadline):
+        self.passes += 1
+        return super().ahead_of(deadline)
+
+
+@pytest.mark.parametrize("settings", [BY_COST, BY_DEADLINE], ids=["by_cost", "by_deadline"])
+def test_precheck_and_admit_each_read_the_queue_in_one_pass(settings):
+    queue = CountingQueue()
+    for k in range(12):  # 1 ms each, due at 10.0-11.1 ms: the last two cannot be in time
+        queue.push(FakeJob(0.010 + 0.0001 * k, samples=1))
+    new = [FakeJob(0.0105, samples=1)]  # served seventh: done at 7 ms
+    queue.passes = 0
+    assert precheck(queue, IDLE, model(1.0, 0.0), 0.0105, 0.0, settings, Lateness(), items=1) is None
+    assert queue.passes == 1
+    queue.passes = 0
+    decision = admit(new, queue, IDLE, model(1.0, 0.0), 0.0, settings, Lateness())
+    assert isinstance(decision, Prediction) and decision.wait_ms + decision.service_ms == 7.0
+    assert queue.passes == 1
