@@ -8,9 +8,9 @@ only cheap on the worker that saw it. `route` chooses, in order:
   2. else the prefix's owners on a consistent-hash ring over the workers (`Ring`: 64 points each),
      clockwise from the prefix's point, skipping those that would finish late and those with more
      batches in flight than the least loaded free worker (consistent hashing with the tightest load
-     bound): no worker holds the prefix yet, so a busier owner would gain nothing by it and the
-     other would idle (at zero reuse the ring alone left one of two workers idle while the other
-     queued). Adding or losing a worker moves only the prefixes it owns;
+     bound): no worker holds the prefix yet, so a busier owner would gain nothing by it while the
+     other idles (a looser bound let an owner with a batch in flight take a second one while the
+     other worker had none). Adding or losing a worker moves only the prefixes it owns;
   3. else the usual least-busy worker (batching.least_busy).
 Pure: the caller passes the time and the deadline test, as for every policy here.
 """
