@@ -42,7 +42,8 @@ SWEEP = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
 
 def settings_for(policy: str, args, **extra: Any) -> SimSettings:
     base = SimSettings.from_config(load_config(CONFIG), request_overhead_ms=args.request_overhead_ms,
-                                   batch_overhead_ms=args.batch_overhead_ms)
+                                   batch_overhead_ms=args.batch_overhead_ms,
+                                   gateway_ms_per_request=args.gateway_ms_per_request)
     rng = random.Random(7)
     jitter = tuple(rng.lognormvariate(0.0, args.jitter_cv) for _ in range(1000))
     product = {"shed_by_cost": args.shed_by_cost == "on"} if policy == "admission" else {}
@@ -127,6 +128,7 @@ def run(workload: overload_load.Workload, args) -> dict[str, Any]:
     return {"bench": "overload_sim", "workload": workload.name, "service": args.service,
             "shed_by_cost": args.shed_by_cost,
             "jitter_cv": args.jitter_cv, "request_overhead_ms": args.request_overhead_ms,
+            "gateway_ms_per_request": args.gateway_ms_per_request,
             "batch_overhead_ms": args.batch_overhead_ms, "windows": args.windows,
             "capacity_rps": round(capacity, 1), "token_budget_edf_bounded": budget,
             "admission_at_2x_over_best_ablation": round(at2["admission"] / at2[best], 3) if best else None,
@@ -148,6 +150,8 @@ def main() -> None:
                         f"(default: the quiet estimate; the busy run's: {BUSY_SERVICE})")
     parser.add_argument("--jitter-cv", type=float, default=0.1, help="spread of compute around the model")
     parser.add_argument("--request-overhead-ms", type=float, default=2.0, help="HTTP etc. per request, half each way")
+    parser.add_argument("--gateway-ms-per-request", type=float, default=0.0,
+                        help="the gateway event loop's work per arrival: bursts make it run late (0: not modelled)")
     parser.add_argument("--batch-overhead-ms", type=float, default=1.0, help="messages per batch, half each way")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--requests-per-window", type=int, default=900)

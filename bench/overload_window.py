@@ -58,10 +58,10 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def read(text: str) -> dict[str, Any]:
-    """The COUNTERS, the queue and the learnt lateness (ms) of one /metrics page."""
+    """The COUNTERS, the queue, the learnt lateness and the loop's present lag (ms) of one /metrics page."""
     samples = parse(text)
     out: dict[str, Any] = {name: 0.0 for name in COUNTERS}
-    out["lateness_ms"], out["queue_jobs"] = 0.0, 0.0
+    out["lateness_ms"], out["loop_lag_ms"], out["queue_jobs"] = 0.0, 0.0, 0.0
     for name, labels, value in samples:
         for key, (series, wanted) in COUNTERS.items():
             if name == series and all(labels.get(k) == v for k, v in wanted.items()):
@@ -70,6 +70,8 @@ def read(text: str) -> dict[str, Any]:
             out["queue_jobs"] = value
         if name == "boundserve_lateness_seconds" and labels.get("workload") == "score":
             out["lateness_ms"] = round(value * 1000.0, 2)
+        if name == "boundserve_loop_lag_seconds" and labels.get("workload") == "score":
+            out["loop_lag_ms"] = round(value * 1000.0, 2)
     return out
 
 
@@ -174,6 +176,7 @@ def per_second(results: list[RequestResult], deadlines: list[float],
             "gateway_cpu": round(d["gateway_cpu_s"] / dt, 3),
             "queue_jobs": b["queue_jobs"],
             "lateness_ms": b["lateness_ms"],
+            "loop_lag_ms": b["loop_lag_ms"],
         })
     return rows
 

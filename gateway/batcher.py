@@ -5,7 +5,8 @@ the policy what to do with the head of the queue (`dispatch`): hold the batch wh
 predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so a wrong
 prediction costs no idle time), or send it, answering the jobs that cannot finish in time 504
 instead (predicted late, before any compute). Its `lateness` learns how late answers come against
-the finish predicted when their batch was sent: the slack of those drops. A job whose deadline
+the finish predicted when their batch was sent, beyond the event loop's present lag (sampled by
+gateway/loop_lag.py): the slack of those drops. A job whose deadline
 passes while queued is answered 504 at once by its own timer (`take_expired`) and never sent. If the
 loop ever ends (cancelled, or failing step after step), it logs why and answers every job it holds
 503 at once, and so every later submit.
@@ -54,6 +55,9 @@ class Batcher:
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+
+    def now(self) -> float:
+        return self._loop.time()
 
     @property
     def queued_jobs(self) -> int:
@@ -150,7 +154,7 @@ class Batcher:
         workers = self._pool.serving(self.workload)
         decision = dispatch_routed(self.queue, self.workload, self.bounds, workers, lambda link: link.models[
             self.workload], now, self._pool.max_inflight_batches, self._pool.recent, self._max_wait_ms,
-            self._drop_late, self.lateness.slack_ms(self._margin_ms), self._shed_by_cost)
+            self._drop_late, self.lateness.slack_ms(self._margin_ms, now), self._shed_by_cost)
         if decision is None:
             return None  # the pool wakes us when a slot frees or a worker becomes ready, a submit when a job comes
         if isinstance(decision, Hold):

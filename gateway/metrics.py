@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gateway.worker_link import Answered
 from shared import protocol as p
 from shared.policy import DropReason
+from shared.policy.admission import LAG_HALF_LIFE_MS
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -153,8 +154,11 @@ class Metrics:
                                   registry=r)
         self.lateness = Gauge(
             "boundserve_lateness_seconds", "Learnt 98th percentile of how much later than predicted when their "
-            "batch was sent requests are answered; added to predictions by admission and by the predicted-late "
-            "drops.", ("workload",), registry=r)
+            "batch was sent requests are answered, beyond the event loop's present lag; added to predictions by "
+            "admission and by the predicted-late drops.", ("workload",), registry=r)
+        self.loop_lag = Gauge(
+            "boundserve_loop_lag_seconds", "The gateway event loop's present lag (the largest sampled, halved every "
+            f"{LAG_HALF_LIFE_MS:g} ms since); added to predictions with the learnt lateness.", ("workload",), registry=r)
         self.workers_ready = Gauge("boundserve_workers_ready", "Workers ready to take batches.", registry=r)
         self.batches_in_flight = Gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.",
                                        registry=r)

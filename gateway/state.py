@@ -12,6 +12,7 @@ from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.generation import GenerateService
 from gateway.limits import Limits
+from gateway.loop_lag import LoopLagWatch
 from gateway.metrics import Metrics
 from gateway.scoring import ScoreService
 from gateway.tokenizer import RequestTokenizer
@@ -47,6 +48,7 @@ class Gateway:
     executor: ThreadPoolExecutor
     draining: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    lag_watch: LoopLagWatch | None = None
     _wire_ids: Any = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
@@ -78,6 +80,7 @@ class Gateway:
             m.queue_jobs.labels(workload).set_function(lambda b=batcher: b.queued_jobs)
             m.queue_tokens.labels(workload).set_function(lambda b=batcher: b.queued_tokens)
             m.lateness.labels(workload).set_function(lambda b=batcher: b.lateness.value / 1000.0)
+            m.loop_lag.labels(workload).set_function(lambda b=batcher: b.lateness.lag.ms(b.now()) / 1000.0)
         m.workers_ready.set_function(lambda: self.pool.ready_count())
         m.batches_in_flight.set_function(self.pool.in_flight_batches)
         m.watch_prefix_caches(lambda: [(link.endpoint, link.prefix_cache) for link in self.pool.links])
@@ -87,8 +90,12 @@ class Gateway:
             self.pool.on_change(batcher.wake)
         await self.pool.start()
         self.tasks += [asyncio.create_task(b.run(), name=f"batcher {w}") for w, b in self.batchers.items()]
+        self.lag_watch = LoopLagWatch([b.lateness.lag for b in self.batchers.values()])
+        self.lag_watch.start()
 
     async def stop(self) -> None:
+        if self.lag_watch is not None:
+            self.lag_watch.stop()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 
 from loadgen.bodies import BodyFactory
+from loadgen.http1 import Http1Pool
 from loadgen.prometheus import fetch_metrics
 from loadgen.result import ReplayRun, RequestResult
 from loadgen.trace import PATHS, Trace
@@ -61,16 +62,22 @@ def prepare(trace: Trace, options: ReplayOptions) -> Trace:
 async def replay(trace: Trace, bodies: BodyFactory, options: ReplayOptions) -> ReplayRun:
     """Send every record of `trace` open-loop to `options.url`; return all results."""
     trace = prepare(trace, options)
-    payloads = [orjson.dumps(bodies.body(r, i)) for i, r in enumerate(trace.records)]
-    results = [RequestResult(i, r.route, r.t_ms) for i, r in enumerate(trace.records)]
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=options.timeout_s)
     headers = {"Content-Type": "application/json", **dict(options.headers)}
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+    pool = Http1Pool(options.url.rstrip("/"), headers.items())
+    prefix = options.id_prefix
+    requests = [pool.post(PATHS[r.route], orjson.dumps(bodies.body(r, i)),
+                          () if prefix is None else (("X-Request-Id", f"{prefix}{i}"),))
+                for i, r in enumerate(trace.records)]
+    results = [RequestResult(i, r.route, r.t_ms) for i, r in enumerate(trace.records)]
+    timeout = aiohttp.ClientTimeout(total=options.timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:  # the /metrics scrapes
         before = await fetch_metrics(session, options.url) if options.scrape_metrics else None
         started_unix = time.time()
-        sender = _Sender(session, options, results, payloads)
-        await sender.run()
+        sender = _Sender(pool, options, results, requests)
+        try:
+            await sender.run()
+        finally:
+            pool.close()
         after = await fetch_metrics(session, options.url) if options.scrape_metrics else None
     window_s = trace.duration_ms() / 1000.0 if trace.records else 0.0
     return ReplayRun(results, window_s, started_unix, before, after, sender.max_in_flight)
@@ -79,12 +86,13 @@ async def replay(trace: Trace, bodies: BodyFactory, options: ReplayOptions) -> R
 class _Sender:
     """The send loop and the per-request tasks it starts."""
 
-    def __init__(self, session: aiohttp.ClientSession, options: ReplayOptions,
-                 results: list[RequestResult], payloads: list[bytes]) -> None:
-        self.session = session
+    def __init__(self, pool: Http1Pool, options: ReplayOptions, results: list[RequestResult],
+                 requests: list[bytes]) -> None:
+        self.pool = pool
         self.options = options
         self.results = results
-        self.payloads = payloads
+        self.requests = requests
+        """Per result: its whole HTTP request, built before the run (loadgen/http1.py)."""
         self.in_flight = 0
         self.max_in_flight = 0
         self.counts: Counter[str] = Counter()
@@ -115,18 +123,15 @@ class _Sender:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         result.sent_ms = self._now_ms()
-        url = self.options.url.rstrip("/") + PATHS[result.route]
-        prefix = self.options.id_prefix
-        headers = None if prefix is None else {"X-Request-Id": f"{prefix}{result.index}"}
         try:
-            async with self.session.post(url, data=self.payloads[result.index], headers=headers) as response:
-                raw = await response.read()
-                result.done_ms = self._now_ms()
-                result.status = response.status
-                result.outcome = outcome_of(response.status, raw)
+            async with asyncio.timeout(self.options.timeout_s):
+                status, raw = await self.pool.exchange(self.requests[result.index])
+            result.done_ms = self._now_ms()
+            result.status = status
+            result.outcome = outcome_of(status, raw)
         except asyncio.TimeoutError:
             result.done_ms, result.outcome = self._now_ms(), "client_timeout"
-        except aiohttp.ClientError as exc:
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             result.done_ms, result.outcome = self._now_ms(), f"connection_error:{type(exc).__name__}"
         finally:
             self.in_flight -= 1

@@ -7,6 +7,8 @@ fed each simulated batch as the gateway feeds it the workers' answers. Only the 
 gateway is simulated (loadgen/sim_world.py):
   clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
             answer reaches the client as long after the gateway answers (HTTP, JSON, tokenizing);
+  the loop  with gateway_ms_per_request, each arrival keeps the gateway's event loop busy that long:
+            in a burst the loop runs late and every answer waits for it on its way back;
   workers   each computes its batches one after another (up to max_inflight_batches sent to it) for
             service(route, B, L) each, times a measured jitter if given (`speeds` may change both
             by period); batch_overhead_ms delays a batch on its way there and back without keeping
@@ -87,6 +89,11 @@ class SimSettings:
     """[gateway].worker_timeout_ms: the grace after a deadline before a missing answer is given up."""
     request_overhead_ms: float = 0.0
     """Time outside the gateway's queue and the workers (HTTP, JSON, tokenizing), half on the way in."""
+    gateway_ms_per_request: float = 0.0
+    """The gateway's one event loop's work per arrival (HTTP, JSON, tokenizing, admission; 0: none
+    modelled): arrivals faster than it takes them make it run late, and an answer reaches the
+    client, and the gateway's learnt lateness, only when the loop gets to it. Its lag is sampled
+    into the learnt lateness's present lag at each arrival and answer, as the gateway's timer does."""
     batch_overhead_ms: float = 0.0
     """Time per batch around the compute (messages, packing, waking the worker), half each way."""
     compute_jitter: tuple[float, ...] = ()
@@ -191,6 +198,8 @@ class Simulator:
         self.recent = RecentHolders()
         """Which worker each context was last sent to (routing's memory, as the gateway's pool keeps it)."""
         self._events: list[tuple[float, int, str, Any]] = []
+        self._loop_free_at = 0.0
+        """When the gateway's event loop has done the work of every arrival so far (gateway_ms_per_request)."""
         self._wake_at: dict[str, float] = {}
         for i, record in enumerate(trace.records):
             self._at(record.t_ms / 1000.0 + self._request_overhead_ms(record.t_ms / 1000.0) / 2000.0, "arrive", i)
@@ -213,8 +222,18 @@ class Simulator:
         heapq.heappush(self._events, (when_s, next(self._ids), kind, payload))
 
     # -- requests: the gateway's scoring/generation services -------------------------------------
+    def _loop_lag_s(self) -> float:
+        """How late the gateway's event loop runs now; sampled into every workload's present lag."""
+        lag_s = max(0.0, self._loop_free_at - self.now)
+        for lateness in self.lateness.values():  # as the gateway's timer: when the loop gets to it, how late
+            lateness.lag.sample(self.now + lag_s, lag_s * 1000.0)
+        return lag_s
+
     def _on_arrive(self, index: int) -> None:
         record = self.records[index]
+        if self.settings.gateway_ms_per_request:
+            self._loop_lag_s()
+            self._loop_free_at = max(self._loop_free_at, self.now) + self.settings.gateway_ms_per_request / 1000.0
         workload = ROUTE_WORKLOAD[record.route]
         budget_ms = record.deadline_ms if record.deadline_ms is not None else self.settings.deadline_ms(record.route)
         deadline = self.now + budget_ms / 1000.0
@@ -264,14 +283,17 @@ class Simulator:
         if request.open_jobs == 0 and not request.done:
             request.done = True
             workload = ROUTE_WORKLOAD[self.records[job.request].route]
+            answered_at = self.now + (self._loop_lag_s() if self.settings.gateway_ms_per_request else 0.0)
             for sibling in request.jobs:
                 if sibling.dispatched is not None:
-                    self.lateness[workload].observe(sibling.dispatched, self.now)
-            self._answer(job.request, "ok")
+                    self.lateness[workload].observe(sibling.dispatched, answered_at)
+            self._answer(job.request, "ok", answered_at)
 
-    def _answer(self, index: int, code: str) -> None:
+    def _answer(self, index: int, code: str, at_s: float | None = None) -> None:
+        """The client gets the answer the gateway gives at `at_s` (default: now) half the overhead later."""
         result = self.results[index]
-        result.done_ms = self.now * 1000.0 + self._request_overhead_ms(self.now) / 2.0
+        at_s = self.now if at_s is None else at_s
+        result.done_ms = at_s * 1000.0 + self._request_overhead_ms(self.now) / 2.0
         result.status, result.outcome = STATUS[code], code
 
     # -- timers and answers ------------------------------------------------------------------------
@@ -310,7 +332,7 @@ class Simulator:
             decision = dispatch_routed(queue, workload, self.settings.batch_bounds(workload), self._by_name(),
                                        lambda w: w.models[workload], self.now, self.settings.max_inflight_batches,
                                        self.recent, self.settings.max_batch_wait_ms, self.settings.drop_predicted_late,
-                                       self.lateness[workload].slack_ms(self.settings.admission_margin_ms),
+                                       self.lateness[workload].slack_ms(self.settings.admission_margin_ms, self.now),
                                        self.settings.shed_by_cost)
             if decision is None:
                 return  # an answer (a freed slot) triggers the next look

@@ -15,7 +15,8 @@ reasons) hold the vocabulary; admission.py and batching.py the decisions.
              jobs served before it (in deadline order: those due no later), skipping those the
              batcher will drop as late, in full batches shared by the ready workers, then itself;
              plus margin and the batcher's learnt lateness (`Lateness`: how late answers come against
-             the finish predicted at send), the slack its drops use: admission refuses what the
+             the finish predicted at send: the event loop's present lag, and a percentile of the
+             rest), the slack its drops use: admission refuses what the
              batcher would drop were the queue to stay as it is. A probe is admitted anyway while
              nothing else is queued or running and the start-up profile is unconfirmed or only the
              learnt lateness refuses it.
@@ -44,8 +45,8 @@ predicted-late drops (`dispatch(drop_late=...)`) and deadline order (`QueueOrder
 queue budget always holds and requests always expire at their deadline.
 """
 
-from shared.policy.admission import (ADMIT_SHED_GAIN, AdmissionSettings, Lateness, PoolView, Prediction, admit,
-                                     finish_ms, is_probe, place, precheck)
+from shared.policy.admission import (ADMIT_SHED_GAIN, AdmissionSettings, Lateness, PoolView, Prediction, PresentLag,
+                                     admit, finish_ms, is_probe, place, precheck)
 from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, Timing, busy_ms,
                                     chunk_bounds, dispatch, form_batch, least_busy, shed_costliest,
                                     take_expired)
@@ -55,7 +56,7 @@ from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
 
 __all__ = [
     "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "ADMIT_SHED_GAIN", "AdmissionSettings", "BatchBounds",
-    "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "QueueOrder", "Refusal", "Send",
+    "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "PresentLag", "QueueOrder", "Refusal", "Send",
     "Timing", "Work", "admit", "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe",
     "least_busy", "place", "precheck", "shed_costliest", "take_expired",
 ]

@@ -9,6 +9,7 @@ import pytest
 from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
 from shared.policy import (ADMIT_SHED_GAIN, DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
+                           PresentLag,
                            PoolView, Prediction, QueueOrder, Refusal, Send, admit, busy_ms, chunk_bounds, dispatch,
                            form_batch, place, precheck, shed_costliest, take_expired)
 
@@ -102,7 +103,7 @@ def test_admit_refuses_a_deadline_it_cannot_meet_and_learnt_lateness_counts():
     late = Lateness()
     for _ in range(20):                                   # answers of 6.5 ms budgets come 10 ms late
         late.observe(Prediction(0, 3.0, 6.5, finish_at=1.0), finished_at=1.010)
-    assert 5.0 < late.slack_ms(0.0) < 12.5                # steps of a quarter of the estimate up to the 10 ms
+    assert 5.0 < late.slack_ms(0.0, 1.0) < 12.5                # steps of a quarter of the estimate up to the 10 ms
     running = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)  # (idle: a probe goes)
     refused = admit([job], DeadlineQueue(), running, model(), 0.0, SETTINGS, late)
     assert isinstance(refused, Refusal) and refused.reason == "deadline_unmeetable"
@@ -114,7 +115,7 @@ def test_a_far_off_lateness_comes_back_in_steps_of_its_own_size():
     late.value = 40.0                                      # learnt in a slow spell: 40 ms
     for _ in range(300):                                   # now every answer comes on time
         late.observe(Prediction(0, 5.0, 100.0, finish_at=1.0), finished_at=1.0)
-    assert late.slack_ms(0.0) < 10.0                       # in fixed 0.25 ms steps: 32.5 ms after 300
+    assert late.slack_ms(0.0, 1.0) < 10.0                       # in fixed 0.25 ms steps: 32.5 ms after 300
 
 
 def test_a_missed_answer_counts_as_at_least_as_late_as_its_deadline():
@@ -127,6 +128,52 @@ def test_a_missed_answer_counts_as_at_least_as_late_as_its_deadline():
     assert late.value == 30.0
 
 
+def test_the_present_lag_counts_at_once_and_is_forgotten_within_a_few_hundred_ms():
+    lag = PresentLag(half_life_ms=50.0)
+    lag.sample(1.000, 30.0)                              # the loop fired a timer 30 ms late
+    assert lag.ms(1.000) == pytest.approx(30.0)
+    lag.sample(1.010, 2.0)                               # a smaller lag does not hide the burst's at once
+    assert lag.ms(1.010) == pytest.approx(30.0 * 0.5 ** 0.2)
+    assert lag.ms(1.050) == pytest.approx(15.0)          # halved every 50 ms since the largest
+    assert lag.ms(1.300) < 1.0
+
+
+def test_after_a_burst_s_lag_has_gone_a_tight_request_that_fits_is_admitted_again():
+    """Answers in a burst come 30 ms late because the gateway's loop runs 30 ms late: the slack
+    follows the lag while it lasts (a request that would be late is refused) and is gone soon after
+    (the percentile beyond it did not learn the lag, so it does not hold it through the lull)."""
+    late = Lateness()
+    busy = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=1)    # not idle: no probe
+    for k in range(200):                                 # a burst: 200 answers over 400 ms, each 30 ms late
+        now = 1.0 + 0.002 * k
+        late.lag.sample(now, 30.0)                       # the loop's timer, as late as the answers
+        late.observe(Prediction(0, 20.0, 50.0, finish_at=now - 0.030), finished_at=now)
+    during = 1.4
+    assert late.value < 5.0                              # the lag is not learnt into the percentile
+    job = FakeJob(during + 0.030)                        # 3 ms alone + 1 ms margin: in time but for the lag
+    refused = admit([job], DeadlineQueue(), busy, model(), during, SETTINGS, late)
+    assert isinstance(refused, Refusal) and refused.reason == "deadline_unmeetable"
+    assert isinstance(precheck(DeadlineQueue(), busy, model(), during + 0.030, during, SETTINGS, late, items=1),
+                      Refusal)
+    after = during + 0.3                                 # the loop is on time again (its timer samples 0)
+    late.lag.sample(after, 0.0)
+    assert isinstance(admit([FakeJob(after + 0.030)], DeadlineQueue(), busy, model(), after, SETTINGS, late),
+                      Prediction)
+    assert isinstance(admit([FakeJob(after + 0.050, samples=8)], queue_of(FakeJob(after + 0.040, samples=8)),
+                            busy, model(), after, SETTINGS, late), Prediction)   # 50 ms: 10 + 10 ms of work
+
+
+def test_the_batcher_s_drops_take_the_present_lag_too():
+    late = Lateness()
+    late.lag.sample(1.0, 30.0)
+    during = queue_of(FakeJob(1.025))                    # 1 ms busy + 3 ms alone, due in 25 ms: late behind 30 ms
+    plan = dispatch(during, "score", SCORE, model(), 1.0, 2.0, 1.0, slack_ms=late.slack_ms(1.0, 1.0))
+    assert isinstance(plan, Send) and plan.late and not plan.live
+    after = queue_of(FakeJob(1.325))                     # the same 300 ms later, the loop on time again
+    plan = dispatch(after, "score", SCORE, model(), 1.0, 2.0, 1.3, slack_ms=late.slack_ms(1.0, 1.3))
+    assert isinstance(plan, Send) and plan.live and not plan.late
+
+
 @pytest.mark.parametrize("late_every, slack_above, slack_below", [(20, 15.0, 30.0), (100, 0.0, 5.0)])
 def test_the_learnt_lateness_covers_all_but_the_slowest_two_percent(late_every, slack_above, slack_below):
     """One answer in 20 (5 %) coming 20 ms late is a tail the slack must cover: sent at the edge, those
@@ -135,7 +182,7 @@ def test_the_learnt_lateness_covers_all_but_the_slowest_two_percent(late_every, 
     for k in range(2000):
         finished_at = 1.020 if k % late_every == 0 else 1.0
         late.observe(Prediction(0, 5.0, 100.0, finish_at=1.0), finished_at=finished_at)
-    assert slack_above <= late.slack_ms(0.0) < slack_below
+    assert slack_above <= late.slack_ms(0.0, 1.0) < slack_below
 
 
 @pytest.mark.parametrize("slack_ms", [0.0, 4.0])
@@ -155,7 +202,7 @@ def test_admission_refuses_exactly_what_the_batcher_would_drop_were_the_queue_to
         sent, now = False, 0.0
         worker_busy = busy_ms
         while queue and not sent:                          # the batcher's steps, the worker's time advanced
-            plan = dispatch(queue, "score", SCORE, model(), worker_busy, 0.0, now, slack_ms=late.slack_ms(1.0))
+            plan = dispatch(queue, "score", SCORE, model(), worker_busy, 0.0, now, slack_ms=late.slack_ms(1.0, 0.0))
             if isinstance(plan, Hold):
                 now, worker_busy = now + worker_busy / 1000.0, 0.0
                 continue
