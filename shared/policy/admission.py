@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.policy.batching import shed_costliest
 from shared.policy.cost import CostModel
-from shared.policy.deadline_queue import DeadlineQueue, QueueOrder, Work
+from shared.policy.deadline_queue import DeadlineQueue, Work
 from shared.policy.drops import DropReason, Refusal
 
 LATE_QUANTILE, LATE_STEP_MS, LATE_STEP_SHARE = 0.98, 0.25, 0.25
@@ -242,22 +242,9 @@ def _walk(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
         return place(queue, pool, model, now_s, settings.margin_ms, deadline, sum(j.batch_items for j in jobs),
                      sum(j.latency_tokens for j in jobs)), False
     reached = {id(job): 0.0 for job in jobs}
-    shed = shed_costliest(_inserted(queue, jobs, deadline), model, pool.soonest_free_ms, max(1, pool.ready_workers),
-                          now_s * 1000.0 + slack_ms, reached, ADMIT_SHED_GAIN)
+    shed = shed_costliest(queue.in_order_with(jobs, deadline), model, pool.soonest_free_ms,
+                          max(1, pool.ready_workers), now_s * 1000.0 + slack_ms, reached, ADMIT_SHED_GAIN)
     return max(reached.values()), any(id(job) in shed for job in jobs)
-
-
-def _inserted(queue: DeadlineQueue, jobs: Sequence[Work], deadline: float) -> Iterator[Work]:
-    """The queue in serving order with `jobs` where a new job due at `deadline` is served (as
-    `DeadlineQueue.ahead_of` places it), produced while walking it."""
-    pending = True
-    for queued in queue.in_order():
-        if pending and queue.order is QueueOrder.DEADLINE and queued.deadline > deadline:
-            yield from jobs
-            pending = False
-        yield queued
-    if pending:
-        yield from jobs
 
 
 @dataclass(frozen=True)

@@ -97,11 +97,20 @@ class DeadlineQueue(Generic[W]):
 
     def ahead_of(self, deadline: float) -> Iterator[W]:
         """The queued jobs served ahead of a new job with `deadline`, in serving order."""
-        end = len(self._entries) if self.order is QueueOrder.ARRIVAL else self._cut(deadline)
-        return (entry[2] for entry in itertools.islice(self._entries, end))
+        return (entry[2] for entry in itertools.islice(self._entries, self._cut(deadline)))
+
+    def in_order_with(self, jobs: Iterable[W], deadline: float) -> Iterator[W]:
+        """The jobs in serving order with `jobs` (not queued) where a new job with `deadline` is served."""
+        cut = self._cut(deadline)
+        yield from (entry[2] for entry in itertools.islice(self._entries, cut))
+        yield from jobs
+        yield from (entry[2] for entry in itertools.islice(self._entries, cut, None))
 
     def _cut(self, deadline: float) -> int:
-        """Serving position of a new job with `deadline` (after every queued job due no later)."""
+        """Serving position of a new job with `deadline`: after every queued job due no later (in an
+        arrival-order queue, last)."""
+        if self.order is QueueOrder.ARRIVAL:
+            return len(self._entries)
         return bisect.bisect_right(self._entries, (deadline, float("inf")))
 
     def _sort_key(self, deadline: float, number: int) -> tuple[float, int]:

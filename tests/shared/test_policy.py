@@ -453,6 +453,10 @@ class CountingQueue(DeadlineQueue):
         self.passes += 1
         return super().ahead_of(deadline)
 
+    def in_order_with(self, jobs, deadline):
+        self.passes += 1
+        return super().in_order_with(jobs, deadline)
+
 
 @pytest.mark.parametrize("settings", [BY_COST, BY_DEADLINE], ids=["by_cost", "by_deadline"])
 def test_precheck_and_admit_each_read_the_queue_in_one_pass(settings):
