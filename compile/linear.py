@@ -10,7 +10,8 @@ aten (bit-identical outputs, measured), but unpacked: through `mkldnn::_linear_p
 weights are prepacked once at load (compile/packing.py), so "auto" takes oneDNN for bfloat16 too. The
 op is CPU-only.
 
-Default "auto": oneDNN for float32 and bfloat16 on a CPU, aten otherwise. At Qwen2.5-0.5B's shapes it made the
+Default "auto": oneDNN for float32 and bfloat16 on a CPU (bfloat16 only where the CPU has bfloat16
+instructions), aten otherwise. At Qwen2.5-0.5B's shapes it made the
 float32 scoring node 1.6x faster at 24 layers (1.7x at 4) and the beam node 1.5x at 4 layers
 (medians of interleaved rounds, bench/gemm_ab.py). Its float32 results differ from aten's only in
 summation order: at 24 layers, 3 requests of 15 samples, the largest label-logit difference from
@@ -58,16 +59,29 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias, self.gemm)
 
 
+def onednn_bf16() -> bool:
+    """Whether this CPU runs oneDNN's bfloat16 matmul (AVX512-BF16 / AMX; on AVX2 alone oneDNN has no
+    bfloat16 inner product: its op refuses to build one, while aten's bfloat16 matmul converts)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
-    """The backend a build uses, checked against its device: oneDNN's op exists on a CPU only;
-    "auto" takes it for float32 and bfloat16 there (compile/packing.py prepacks its weights)."""
+    """The backend a build uses, checked against its device: oneDNN's op exists on a CPU only, and in
+    bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it for float32 and, on such a
+    CPU, bfloat16 (compile/packing.py prepacks its weights), and aten otherwise."""
     if choice not in GEMM_CHOICES:
         raise ValueError(f"model.gemm = {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
     on_cpu = device == "cpu" and torch.backends.mkldnn.is_available()
     if choice == "auto":
-        return "onednn" if on_cpu and dtype in (torch.float32, torch.bfloat16) else "aten"
+        if on_cpu and (dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16())):
+            return "onednn"
+        return "aten"
     if choice == "onednn" and not on_cpu:
         raise ValueError(f"model.gemm = 'onednn' needs a CPU build with oneDNN (model.device is {device!r})")
+    if choice == "onednn" and dtype == torch.bfloat16 and not onednn_bf16():
+        raise ValueError(f"model.gemm = 'onednn' in bfloat16 needs a CPU with bfloat16 instructions (AVX512-BF16 or "
+                         f"AMX; this one: {torch.backends.cpu.get_cpu_capability()}): use 'auto' or 'aten', or "
+                         "model.dtype = 'float32'")
     return choice  # type: ignore[return-value]
 
 

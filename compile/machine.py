@@ -17,6 +17,8 @@ def machine_facts(device: str) -> dict:
     facts = {"torch": torch.__version__, "device": kind, "machine": platform.machine()}
     if kind == "cpu":
         facts["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
+        # int8 packages quantize activations to the range this CPU's int8 dot products hold (quantize/int8.py)
+        facts["cpu_vnni"] = "yes" if torch.cpu._is_vnni_supported() else "no"
     else:
         index = int(device.split(":")[1]) if ":" in device else 0
         major, minor = torch.cuda.get_device_capability(index)

@@ -16,7 +16,7 @@ from torch import nn
 
 from compile.fp8 import candidate_linears, pack_batch, random_calibration, swap
 from compile.quantize.gate import GateLimits, check, figures
-from compile.quantize.int8 import Int8Linear
+from compile.quantize.int8 import Int8Linear, activation_max
 from compile.quantize.select import select
 
 BATCH_SAMPLES = 8
@@ -105,6 +105,7 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
     limits = {k: v for k, v in vars(q).items() if k not in ("int8", "calibration")}
     return {"int8_layers": selection.chosen, "float_layers": sorted(set(candidates) - set(selection.chosen)),
             "kept_float": "embeddings, final norm, output projection, last layer's q/k/v",
+            "activation_levels": activation_max(),  # 127, or 63 on a CPU without VNNI (quantize/int8.py)
             "calibration": source, "selection": {"max_drift": selection.max_drift,
                                                  "mean_drift": selection.mean_drift, "budget": selection.budget,
                                                  "probes": selection.probes},

@@ -11,6 +11,14 @@ activations (signed ones run its reference kernel, ~1000x slower). The op takes 
 tensor, so it gets the largest row scale and each row is rescaled by s_x[m] / max s_x after (Inductor fuses that
 into the next pointwise kernel). Scale and zero point are 0-d tensors computed in the graph: as Python numbers
 Inductor would turn them into constants of its own, which a shared weights file cannot supply.
+
+Activation range, by the CPU the build runs on (`activation_max`). With VNNI (AVX512-VNNI / AVX-VNNI) oneDNN
+multiplies u8 by s8 into 32-bit sums, so activations take the full range (q in [-127, 127], zero point 128). On
+AVX2 alone it pairs the products into 16-bit sums first (vpmaddubsw), which saturate: 2 x 255 x 127 is past
+32,767, and a 64 x 96 layer was measured 25 % off its float layer (of the output's range). There activations
+get 7 bits (q in [-63, 63], zero point 64: 2 x 127 x 127 fits), the reduced range other x86 int8 stacks use on
+such CPUs; the same layer came within 1.5 %. A package is bound to the kind it was built on (compile/machine.py:
+`cpu_vnni`), so a full-range package never runs where it would saturate.
 """
 
 from __future__ import annotations
@@ -19,13 +27,17 @@ import torch
 from torch import nn
 
 INT8_MAX = 127
-ZERO_POINT = 128  # uint8 activations: u = q + 128
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float -> (u [M, K] uint8 = round(x / s) + 128, s [M, 1] float32), s = absmax(row) / 127."""
-    scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / INT8_MAX
-    u = torch.round(x.float() / scale).clamp(-INT8_MAX, INT8_MAX) + ZERO_POINT
+def activation_max() -> int:
+    """The largest |q| of an activation on this CPU: 127 with VNNI, 63 without (see the module docstring)."""
+    return INT8_MAX if torch.cpu._is_vnni_supported() else 63
+
+
+def quantize_rows(x: torch.Tensor, levels: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float -> (u [M, K] uint8 = round(x / s) + levels + 1, s [M, 1] float32), s = absmax(row) / levels."""
+    scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / levels
+    u = torch.round(x.float() / scale).clamp(-levels, levels) + (levels + 1)
     return u.to(torch.uint8), scale
 
 
@@ -54,13 +66,14 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_zero_point", torch.zeros_like(scale, dtype=torch.int32))
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.levels = activation_max()  # fixed at build: the package is bound to this kind of CPU
         self.packed = pack_int8(qweight)  # eager calls; an export reads `qweight` (the worker packs it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape  # [..., K]
-        u, row_scale = quantize_rows(x.reshape(-1, shape[-1]))
+        u, row_scale = quantize_rows(x.reshape(-1, shape[-1]), self.levels)
         top = row_scale.amax()  # 0-d
-        zero_point = (top > 0).to(torch.int32) * ZERO_POINT  # 0-d, always 128 (see the module docstring)
+        zero_point = (top > 0).to(torch.int32) * (self.levels + 1)  # 0-d, always levels + 1 (module docstring)
         weight = self.qweight if torch.compiler.is_exporting() else self.packed
         y = torch.ops.onednn.qlinear_pointwise.tensor(
             u, top, zero_point, weight, self.weight_scale, self.weight_zero_point, None,

@@ -20,7 +20,8 @@ def test_manifest_describes_the_build(demo_artifacts):
     assert manifest["bounds"]["max_tokens_per_batch"] == 256
     assert manifest["dtype"] == "float32"
     assert manifest["machine"] == {"torch": torch.__version__, "device": "cpu", "machine": manifest["machine"]["machine"],
-                                   "cpu_isa": torch.backends.cpu.get_cpu_capability()}
+                                   "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+                                   "cpu_vnni": "yes" if torch.cpu._is_vnni_supported() else "no"}
     assert manifest["nodes"]["score"]["package"] == "score.pt2"
     assert len(manifest["nodes"]["score"]["sha256"]) == 64 and len(manifest["model"]["sha256"]) == 64
     for name in manifest["tokenizer_files"]:
@@ -44,8 +45,13 @@ def test_build_key_follows_bounds_and_checkpoint(demo_checkpoint, checkpoint_fac
     assert build_key(config, sha) != build_key(config, checkpoint_hash(checkpoint_factory("llama")))
 
 
+OTHER_ISA = "AVX512" if torch.backends.cpu.get_cpu_capability() != "AVX512" else "AVX2"
+OTHER_VNNI = "no" if torch.cpu._is_vnni_supported() else "yes"
+
+
 @pytest.mark.parametrize("fact,value,message", [
-    ("cpu_isa", "AVX2", "cpu_isa: built for 'AVX2'"),
+    ("cpu_isa", OTHER_ISA, f"cpu_isa: built for '{OTHER_ISA}'"),
+    ("cpu_vnni", OTHER_VNNI, f"cpu_vnni: built for '{OTHER_VNNI}'"),
     ("torch", "2.0.0", "torch: built for '2.0.0'"),
     ("device", "cuda", "compiled for device 'cuda'"),
 ])

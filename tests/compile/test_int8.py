@@ -27,7 +27,8 @@ def test_an_int8_layer_is_close_to_its_float_layer_and_answers_in_its_dtype(dtyp
     x = torch.randn(rows, 64, generator=generator).to(dtype)
     got, want = Int8Linear(layer)(x), layer(x)
     assert got.dtype == dtype and got.shape == (rows, 96)
-    # 127 levels per row and per channel: ~1 % of the output's range (a wrong layout misses by 100 %)
+    # 127 levels per channel, 127 (63 without VNNI) per row: ~1 % of the output's range (a wrong layout misses
+    # by 100 %; full-range activations on AVX2 alone saturated oneDNN's 16-bit pair sums: 25 % off)
     assert float((got.float() - want.float()).abs().max()) <= 0.02 * float(want.float().abs().max())
 
 
@@ -99,9 +100,9 @@ def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once
 
 @pytest.mark.slow
 @needs_onednn
-@pytest.mark.skipif("avx512_vnni" not in open("/proc/cpuinfo").read(), reason="the CPU has no AVX512-VNNI")
-def test_the_int8_package_runs_onednn_vnni_kernels_with_int8_weights(int8_artifacts):
-    """oneDNN's own log of what ran: a brgemm matmul on VNNI with s8 weights (a float fallback shows f32/bf16)."""
+def test_the_int8_package_runs_onednn_int8_kernels_with_int8_weights(int8_artifacts):
+    """oneDNN's own log of what ran: an int8 matmul with s8 weights (a float fallback shows f32/bf16), on VNNI
+    where the CPU has it (brgemm avx512_core_vnni), else a jit kernel (AVX2: gemm:jit), never the reference one."""
     artifacts = int8_artifacts
     script = ("import sys, torch; sys.path.insert(0, '.'); from compile.runtime import load_nodes; "
               f"n = load_nodes('{artifacts}'); "
@@ -110,7 +111,11 @@ def test_the_int8_package_runs_onednn_vnni_kernels_with_int8_weights(int8_artifa
     log = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True).stdout
     int8_lines = [line for line in log.splitlines() if "exec" in line and "matmul" in line and "wei:s8" in line]
-    assert int8_lines and any("avx512_core_vnni" in line for line in int8_lines), log[-2000:]
+    assert int8_lines and not any(",ref" in line for line in int8_lines), log[-2000:]
+    if "avx512_vnni" in open("/proc/cpuinfo").read():
+        assert any("avx512_core_vnni" in line for line in int8_lines), log[-2000:]
+    else:
+        assert all("jit" in line for line in int8_lines), log[-2000:]
 
 
 @pytest.mark.slow
