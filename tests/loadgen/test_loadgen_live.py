@@ -69,7 +69,9 @@ def test_live_tuning_restarts_the_real_gateway_per_candidate(tmp_path, standin, 
     assert evaluate.runs == 2
     tight, relaxed = result.candidates
     assert relaxed.outcomes == {"ok": 20}
-    assert tight.outcomes.get("deadline_unmeetable", 0) >= 10
+    # refused at admission (unmeetable) or, where parsing and tokenizing alone outlast 1 ms (a slower CPU: 11 of 20
+    # on an AVX2 machine), found past the deadline first (exceeded); either way not served
+    assert tight.outcomes.get("deadline_unmeetable", 0) + tight.outcomes.get("deadline_exceeded", 0) >= 18
     assert set(tight.outcomes) <= {"ok", "deadline_unmeetable", "deadline_exceeded"}
     assert result.best_candidate().knobs == {"score_deadline_ms": 500}
 
