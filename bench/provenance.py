@@ -52,6 +52,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_features() -> dict:
+    """What decides which kernels run: the vector ISA torch dispatches to and the int8 / bfloat16 extensions (one
+    "AMD EPYC" model name has covered both an AVX-512 machine with BF16 and VNNI and an AVX2-only one)."""
+    import torch
+
+    return {"isa": torch.backends.cpu.get_cpu_capability(), "vnni": torch.cpu._is_vnni_supported(),
+            "avx512_bf16": torch.cpu._is_avx512_bf16_supported(), "amx": torch.cpu._is_amx_tile_supported()}
+
+
 def version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -142,6 +151,7 @@ def provenance(quick: bool, threads: int | dict[str, int | None] | None) -> dict
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_model": cpu_model(),
+        "cpu_features": cpu_features(),
         "cpu_cores": os.cpu_count(),
         "threads": threads,
         "load": load_during_run(),
