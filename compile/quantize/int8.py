@@ -12,7 +12,7 @@ tensor, so it gets the largest row scale and each row is rescaled by s_x[m] / ma
 into the next pointwise kernel). Scale and zero point are 0-d tensors computed in the graph: as Python numbers
 Inductor would turn them into constants of its own, which a shared weights file cannot supply.
 
-Activation range, by the CPU the build runs on (`activation_max`). With VNNI (AVX512-VNNI / AVX-VNNI) oneDNN
+Activation range, by the CPU the build runs on (`activation_max`). With VNNI (`torch.cpu._is_vnni_supported()`) oneDNN
 multiplies u8 by s8 into 32-bit sums, so activations take the full range (q in [-127, 127], zero point 128). On
 AVX2 alone it pairs the products into 16-bit sums first (vpmaddubsw), which saturate: 2 x 255 x 127 is past
 32,767, and a 64 x 96 layer was measured 25 % off its float layer (of the output's range). There activations
