@@ -34,8 +34,9 @@ def activation_max() -> int:
     return INT8_MAX if torch.cpu._is_vnni_supported() else 63
 
 
-def quantize_rows(x: torch.Tensor, levels: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float -> (u [M, K] uint8 = round(x / s) + levels + 1, s [M, 1] float32), s = absmax(row) / levels."""
+def quantize_rows(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float -> (u [M, K] uint8 = round(x / s) + levels + 1, s [M, 1] float32), s = absmax(row) / levels
+    (levels: activation_max() of the CPU the package is built for; no default, so no caller saturates by omission)."""
     scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / levels
     u = torch.round(x.float() / scale).clamp(-levels, levels) + (levels + 1)
     return u.to(torch.uint8), scale
