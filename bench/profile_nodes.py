@@ -10,7 +10,13 @@ Beam: the eager building blocks of one request timed piece by piece (prefill, a 
 vocabulary projection, log-softmax + top-k), each with its FLOP rate; eager attention is
 FlexAttention's unfused reference, so its prefill is an upper bound of the compiled one.
 
-    .venv/bin/python bench/profile_nodes.py [--model qwen2.5-0.5b] [--dtype fp32|bf16] [--layers N] [--no-beam]
+int8 (--dtype int8, the bf16 model with the layers `[quantize] int8` chose, as bench/score_node.py builds
+it, --int8-budget as there): oneDNN's int8 GEMMs are a family of their own (gemm_int8), and each shape is
+also timed alone on the int8 kernel (activations already quantized, weight prepacked) against the best
+int8 rate measured here (int8_peak_gops), beside bfloat16 against its peak.
+
+    .venv/bin/python bench/profile_nodes.py [--model qwen2.5-0.5b] [--dtype fp32|bf16|int8] [--layers N]
+                                            [--int8-budget NATS] [--no-beam]
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ import torch.nn.functional as F
 from bench.common import MODELS, emit, matmul_peak_flops, median, model_gemm_shapes, shaped_checkpoint, time_calls
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}  # int8: bf16 + [quantize] int8
 FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
     "attention": ("flex_attention",),
+    "gemm_int8": ("qlinear",),  # before gemm: its op name holds "linear_pointwise" too
     "gemm": ("linear_pointwise", "addmm", "_mm", "bmm", "aten::mm", "aten::matmul"),
 }
 
@@ -58,43 +65,77 @@ def score_gemm_shapes(spec, lengths: list[int]) -> dict[tuple[int, int, int], in
             (t, h, 2 * kv): 1, (b, h, q): 1, (b, q, h): 1, (b, h, 2 * i): 1, (b, i, h): 1, (b, h, spec.vocab_size): 1}
 
 
-def gemm_table(shapes: dict, dtype: torch.dtype, peak: float) -> tuple[list[dict], dict[str, float]]:
+def int8_kernel(layer, x: torch.Tensor):
+    """One call of oneDNN's int8 GEMM as the int8 `layer` (compile/quantize/int8.Int8Linear) makes it on `x`, the
+    activations quantized beforehand and the weight prepacked: the kernel alone, without the per-row
+    quantization and rescaling around it (in a package those are fused pointwise kernels, family "other")."""
+    from compile.quantize.int8 import quantize_rows
+
+    u, scale = quantize_rows(x, layer.levels)
+    top, zero_point = scale.amax(), torch.tensor(layer.levels + 1, dtype=torch.int32)
+    return lambda: torch.ops.onednn.qlinear_pointwise.tensor(
+        u, top, zero_point, layer.packed, layer.weight_scale, layer.weight_zero_point, None, 1.0, 0, x.dtype,
+        "none", [], "")
+
+
+def random_int8_kernel(m: int, k: int, n: int):
+    """int8_kernel at (m, k, n) on random weights and bfloat16 activations."""
+    from compile.quantize.int8 import Int8Linear
+
+    return int8_kernel(Int8Linear(torch.nn.Linear(k, n, bias=False)), torch.randn(m, k, dtype=torch.bfloat16))
+
+
+def int8_peak_ops(shapes) -> float:
+    """The best int8 rate (multiply-adds x 2 per second) of random_int8_kernel over `shapes`: min of 5 calls each."""
+    return max(2 * m * k * n / min(time_calls(random_int8_kernel(m, k, n), repeats=5)) for m, k, n in shapes)
+
+
+def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float | None = None
+               ) -> tuple[list[dict], dict[str, float]]:
     """Each shape timed alone with torch.mm (MKL for float32), oneDNN, and oneDNN on a weight prepacked as
-    the worker packs it (compile/packing.py: what our node's linears call): ms per call and the fraction of
-    the peak each reaches; the request's total GEMM ms per library."""
+    the worker packs it (compile/packing.py: what our node's linears call), with `int8_peak` also on the
+    int8 kernel (random_int8_kernel, its fraction of int8_peak): ms per call and the fraction of the peak each
+    reaches; the request's total GEMM ms per library."""
     rows, totals = [], {"torch.mm": 0.0, "onednn": 0.0, "onednn_prepacked": 0.0}
+    if int8_peak is not None:
+        totals["onednn_int8_prepacked"] = 0.0
     for (m, k, n), count in shapes.items():
         a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
         a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
         w_packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
-        calls = {"torch.mm": lambda: torch.mm(a, w.t()),
-                 "onednn": lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None),
-                 "onednn_prepacked": lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], "")}
+        calls = {"torch.mm": (lambda: torch.mm(a, w.t()), peak),
+                 "onednn": (lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None), peak),
+                 "onednn_prepacked": (lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], ""),
+                                      peak)}
+        if int8_peak is not None:
+            calls["onednn_int8_prepacked"] = (random_int8_kernel(m, k, n), int8_peak)
         row = {"m": m, "k": k, "n": n, "calls": count}
-        for lib, fn in calls.items():
+        for lib, (fn, lib_peak) in calls.items():
             seconds = min(time_calls(fn, repeats=5))
-            row[f"{lib}_ms"], row[f"{lib}_of_peak"] = 1e3 * seconds, 2 * m * k * n / seconds / peak
+            row[f"{lib}_ms"], row[f"{lib}_of_peak"] = 1e3 * seconds, 2 * m * k * n / seconds / lib_peak
             totals[lib] += 1e3 * seconds * count
         rows.append(row)
     return rows, totals
 
 
-def profiled_node(checkpoint, dtype_name: str, name: str):
+def profiled_node(checkpoint, dtype_name: str, name: str, quantize=None):
     """The scoring node of bench/score_node.py's build, compiled with kernel profiling."""
     from bench.common import SCORE_BOUNDS, bench_config, build_nodes
 
-    config = bench_config(checkpoint, dtype_name, **SCORE_BOUNDS)
+    config = bench_config(checkpoint, dtype_name, quantize=quantize, **SCORE_BOUNDS)
     return build_nodes(config, f"{name}-kernel-profile", kernel_profile=True).score
 
 
-def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name: str) -> dict:
+def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name: str, quantize=None,
+                  int8_peak: float | None = None) -> dict:
+    """With `quantize` (an int8 run): the node built with it, and the GEMM table with the int8 kernel too."""
     from bench.score_node import LABELS, build_node
 
     ids, lens = torch.randint(0, spec.vocab_size, (sum(lengths),)), torch.tensor(lengths)
     dtype_name = str(dtype).removeprefix("torch.")
-    profiled = profiled_node(checkpoint, dtype_name, name)
+    profiled = profiled_node(checkpoint, dtype_name, name, quantize)
     families = compiled_profile(lambda: profiled(ids, lens, LABELS, 2))
-    node = build_node(checkpoint, dtype_name, name)  # the same node without profiling hooks
+    node = build_node(checkpoint, dtype_name, name, quantize)  # the same node without profiling hooks
     node_ms = 1e3 * median(time_calls(lambda: node(ids, lens, LABELS, 2), repeats=3))
     t, b = sum(lengths), len(lengths)
     gemm_flops = (spec.num_layers - 1) * (_q_o_mlp(spec) + _kv(spec)) * t + _kv(spec) * t + _q_o_mlp(spec) * b \
@@ -102,7 +143,9 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
     attention_flops = (spec.num_layers - 1) * _attention(spec, sum(n * n for n in lengths) / 2)
     rates = {"gemm": gemm_flops, "attention": attention_flops}
     total_ms = sum(families.values())
-    rows, gemm_alone_ms = gemm_table(score_gemm_shapes(spec, lengths), dtype, peak)  # per library
+    if quantize is not None:  # the float and the int8 GEMMs are families of their own: no one peak for them
+        rates.pop("gemm")
+    rows, gemm_alone_ms = gemm_table(score_gemm_shapes(spec, lengths), dtype, peak, int8_peak)  # per library
     return {
         "tokens": t, "samples": b, "executed_gflop": score_flops(spec, lengths) / 1e9,
         "node_ms": node_ms, "profiled_ms": total_ms,
@@ -110,7 +153,8 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
         "families_share": {k: round(v / total_ms, 3) for k, v in families.items()},
         "family_of_peak": {k: flops / (families[k] / 1e3) / peak for k, flops in rates.items() if families.get(k)},
         "gemm_shapes_alone": rows, "gemm_alone_ms": gemm_alone_ms,
-        "gemm_alone_of_peak": {lib: gemm_flops / (ms / 1e3) / peak for lib, ms in gemm_alone_ms.items()},
+        "gemm_alone_of_peak": {lib: gemm_flops / (ms / 1e3) / (int8_peak if "int8" in lib else peak)
+                               for lib, ms in gemm_alone_ms.items()},
     }
 
 
@@ -158,27 +202,34 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--layers", type=int)
+    parser.add_argument("--int8-budget", type=float, help="--dtype int8: as bench/score_node.py's")
     parser.add_argument("--no-beam", action="store_true")
     args = parser.parse_args()
     family, shape, depth = MODELS[args.model]
     layers, dtype = args.layers or depth, DTYPES[args.dtype]
     from compile.checkpoint import read_spec
-    from bench.score_node import SAMPLES, make_requests
+    from bench.score_node import SAMPLES, int8_config, make_requests
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
     lengths = [len(s) for s in make_requests(1, SAMPLES, 32, 480, spec.vocab_size)[0]]
     start = time.perf_counter()
-    peak = matmul_peak_flops(dtype, ((2048, 2048, 2048), *model_gemm_shapes(spec)))
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec))
+    peak = matmul_peak_flops(dtype, peak_shapes)
+    int8 = args.dtype == "int8"
+    int8_peak = int8_peak_ops(peak_shapes) if int8 else None
+    budget = f"-{args.int8_budget:g}nats" if int8 and args.int8_budget is not None else ""
     result = {"bench": "profile_nodes", "model": args.model, "layers": layers, "dtype": args.dtype,
               "quick": layers != depth, "peak_gflops": peak / 1e9,
+              **({"int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget} if int8 else {}),
               "score": score_profile(checkpoint, spec, dtype, lengths, peak,
-                                     f"score-{args.model}-{args.dtype}-{layers}l")}
+                                     f"score-{args.model}-{args.dtype}-{layers}l{budget}",
+                                     int8_config(args.int8_budget) if int8 else None, int8_peak)}
     if not args.no_beam and args.dtype == "fp32":
         result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
     result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, ((2048, 2048, 2048), *model_gemm_shapes(spec)))) / 1e9
     result["seconds"] = time.perf_counter() - start
-    emit(f"profile_nodes-{args.model}-{args.dtype}-{layers}l", result)
+    emit(f"profile_nodes-{args.model}-{args.dtype}-{layers}l{budget}", result)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""bench/profile_nodes.py's int8 parts: oneDNN's int8 GEMMs are counted as a family of their own, and the kernel
+timed alone per shape is the one our int8 layers call (same result as the layer, up to its row rescaling)."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.profile_nodes import family_of, gemm_table, int8_kernel, random_int8_kernel
+from compile.quantize.int8 import Int8Linear
+
+
+def test_int8_gemms_are_their_own_family_and_float_ones_stay_gemm():
+    assert family_of("onednn::qlinear_pointwise") == "gemm_int8"
+    assert family_of("mkldnn::_linear_pointwise") == "gemm"
+    assert family_of("cpp_fused_mul_silu_0") == "other"
+
+
+def test_the_int8_kernel_alone_is_the_int8_layers_kernel():
+    """Rows of one absmax need no rescaling after the kernel: the layer's output is the kernel's, bit for bit."""
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.nn.Linear(64, 32, bias=False))
+    x = torch.randn(8, 64)
+    x = (x / x.abs().amax(-1, keepdim=True)).to(torch.bfloat16)  # every row's absmax is 1
+    assert torch.equal(int8_kernel(layer, x)(), layer(x))
+    assert random_int8_kernel(8, 64, 32)().shape == (8, 32)
+
+
+def test_the_gemm_table_times_the_int8_kernel_against_its_own_peak():
+    rows, totals = gemm_table({(16, 64, 32): 2}, torch.bfloat16, peak=1e12, int8_peak=2e12)
+    assert set(totals) == {"torch.mm", "onednn", "onednn_prepacked", "onednn_int8_prepacked"}
+    row = rows[0]
+    assert row["calls"] == 2 and row["onednn_int8_prepacked_ms"] > 0
+    assert row["onednn_int8_prepacked_of_peak"] == 2 * 16 * 64 * 32 / (row["onednn_int8_prepacked_ms"] / 1e3) / 2e12
+    assert totals["onednn_int8_prepacked"] == row["onednn_int8_prepacked_ms"] * 2
+    assert "onednn_int8_prepacked" not in gemm_table({(16, 64, 32): 1}, torch.bfloat16, peak=1e12)[1]
