@@ -20,6 +20,8 @@ import torch
 from bench.common import CACHE
 
 CPU_COMPUTE_TYPES = ("float32", "int8_float32", "int8")
+SCORE_ROWS = 2
+"""Rows per score_batch call in label_logprobs (its memory: see there)."""
 
 
 def require_ctranslate2():
@@ -71,9 +73,16 @@ class Ct2Model:
         return ids, torch.tensor([r.scores[0] for r in results], dtype=torch.float32)
 
     def label_logprobs(self, compute_type: str, rows: list[list[str]], label_ids: list[int]) -> torch.Tensor:
-        """log P(label | sample) [B, labels] float32: score_batch on sample + label, the last token's log-prob."""
+        """log P(label | sample) [B, labels] float32: score_batch on sample + label, the last token's log-prob.
+        Two rows per call (SCORE_ROWS): score_batch computes the whole vocabulary at every position, and all 30
+        rows of a request at once (15 samples x 2 labels, up to 481 tokens, 151,936 logits each) would be
+        ~8.8 GB of float32 logits alone (a 24-layer int8 run was killed for memory in this call). The two rows of
+        one sample have the same length, so no row is padded: in int8 padding changes CTranslate2's results
+        (5 short samples scored all at once against one by one: up to 0.38 nats apart in int8, 6e-5 in float32;
+        one by one and in pairs: identical), so its int8 is measured at its most accurate."""
         labels = [self.vocabulary[i] for i in label_ids]
-        scored = self.generator(compute_type).score_batch([row + [label] for row in rows for label in labels])
+        scored = self.generator(compute_type).score_batch([row + [label] for row in rows for label in labels],
+                                                          max_batch_size=SCORE_ROWS)
         values = torch.tensor([s.log_probs[-1] for s in scored], dtype=torch.float32)
         return values.view(len(rows), len(labels))
 
