@@ -76,8 +76,9 @@ class Ct2Model:
         """log P(label | sample) [B, labels] float32: score_batch on sample + label, the last token's log-prob.
         Two rows per call (SCORE_ROWS): score_batch computes the whole vocabulary at every position, and all 30
         rows of a request at once (15 samples x 2 labels, up to 481 tokens, 151,936 logits each) would be
-        ~8.8 GB of float32 logits alone (a 24-layer int8 run was killed for memory in this call). The two rows of
-        one sample have the same length, so no row is padded: in int8 padding changes CTranslate2's results
+        ~8.8 GB of float32 logits alone (a 24-layer int8 run peaked at 18.4 GB in the phase that calls this;
+        the next was killed for memory at about that point). The two rows of one sample have the same length,
+        so no row is padded: in int8 padding changes CTranslate2's results
         (5 short samples scored all at once against one by one: up to 0.38 nats apart in int8, 6e-5 in float32;
         one by one and in pairs: identical), so its int8 is measured at its most accurate."""
         labels = [self.vocabulary[i] for i in label_ids]
