@@ -134,11 +134,19 @@ def matmul_peaks(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 409
     (MKL for float32 on x86) and oneDNN (what torch uses for bfloat16, and on AMD CPUs the faster
     float32 GEMM: MKL runs an AVX2 path there). The best of several short bursts over a few shapes
     (pass the model's own GEMM shapes too), so that a moment of contention from other processes
-    does not pass for the peak."""
+    does not pass for the peak. With oneDNN also on a weight prepacked as the worker packs it
+    (`onednn_prepacked`, compile/packing.py: what our nodes' linears call), which ran up to 9 % above the
+    unpacked rate on the bfloat16 shapes of a profile (bench/profile_nodes.py): without it, a GEMM's
+    fraction of the peak could pass 1."""
+    from compile.linear import onednn_bf16
+
     peaks = {"torch.mm": 0.0}
     onednn = torch.backends.mkldnn.is_available()
+    packed = onednn and (dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16()))
     if onednn:
         peaks["onednn"] = 0.0
+    if packed:
+        peaks["onednn_prepacked"] = 0.0
     for m, k, n in shapes:
         a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
         flops = 2 * m * k * n
@@ -147,6 +155,11 @@ def matmul_peaks(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 409
             a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
             rate = _best_rate(lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None), flops, bursts, seconds)
             peaks["onednn"] = max(peaks["onednn"], rate)
+        if packed:
+            w_packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
+            rate = _best_rate(lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], ""),
+                              flops, bursts, seconds)
+            peaks["onednn_prepacked"] = max(peaks["onednn_prepacked"], rate)
     return peaks
 
 

@@ -33,3 +33,11 @@ def test_the_gemm_table_times_the_int8_kernel_against_its_own_peak():
     assert row["onednn_int8_prepacked_of_peak"] == 2 * 16 * 64 * 32 / (row["onednn_int8_prepacked_ms"] / 1e3) / 2e12
     assert totals["onednn_int8_prepacked"] == row["onednn_int8_prepacked_ms"] * 2
     assert "onednn_int8_prepacked" not in gemm_table({(16, 64, 32): 1}, torch.bfloat16, peak=1e12)[1]
+
+
+def test_the_peak_includes_the_prepacked_kernel_the_nodes_call():
+    """Our linears call oneDNN on prepacked weights; a peak without that kernel can be passed by the node itself."""
+    from bench.common import matmul_peaks
+
+    peaks = matmul_peaks(torch.float32, ((64, 64, 64),), bursts=1, seconds=0.01)
+    assert set(peaks) == {"torch.mm", "onednn", "onednn_prepacked"} and min(peaks.values()) > 0
