@@ -138,11 +138,11 @@ def matmul_peaks(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 409
     (`onednn_prepacked`, compile/packing.py: what our nodes' linears call), which ran up to 9 % above the
     unpacked rate on the bfloat16 shapes of a profile (bench/profile_nodes.py): without it, a GEMM's
     fraction of the peak could pass 1."""
-    from compile.linear import onednn_bf16
+    from compile.linear import resolve_gemm
 
     peaks = {"torch.mm": 0.0}
     onednn = torch.backends.mkldnn.is_available()
-    packed = onednn and (dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16()))
+    packed = resolve_gemm("auto", "cpu", dtype) == "onednn"  # where a build's linears take oneDNN, prepacked
     if onednn:
         peaks["onednn"] = 0.0
     if packed:

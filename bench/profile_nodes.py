@@ -227,7 +227,7 @@ def main() -> None:
                                      int8_config(args.int8_budget) if int8 else None, int8_peak)}
     if not args.no_beam and args.dtype == "fp32":
         result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
-    result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, ((2048, 2048, 2048), *model_gemm_shapes(spec)))) / 1e9
+    result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, peak_shapes)) / 1e9
     result["seconds"] = time.perf_counter() - start
     emit(f"profile_nodes-{args.model}-{args.dtype}-{layers}l{budget}", result)
 
