@@ -2,7 +2,9 @@
 
 Model: Qwen2.5-0.5B's or Qwen3-0.6B's shapes at their real depth (or --layers N), random weights
 written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (fixed seed).
-Contenders, timed interleaved request by request in one process, same threads:
+Contenders, timed interleaved request by request in one process, same threads (--rounds R: R rounds per
+request, the order rotated each round, each request counted at its median round; on a machine whose speed
+drifts, every round is kept in ms_by_round):
   ours        one packed call per request (no padding computed; the last layer only at the last tokens);
   hf_careful  the request as one left-padded batch, last position projected (bench/hf_baselines.py);
   hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep; its
@@ -28,7 +30,8 @@ Parity is asserted before anything is written: a run that fails it writes no res
 non-zero (bench/provenance.py).
 
     .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16|int8] [--layers N]
-                                         [--requests R] [--quick] [--no-ct2] [--no-openvino] [--build-only]
+                                         [--requests R] [--rounds R] [--quick] [--no-ct2] [--no-openvino]
+                                         [--build-only]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import statistics
 
 import torch
 
@@ -193,18 +197,27 @@ def fastest_at_parity(report: dict, outs: dict, reference: torch.Tensor) -> str:
     return min(at_parity, key=lambda t: report["ct2_compute_type_ms"][str(t)])
 
 
-def time_requests(contenders: Contenders, requests) -> tuple[dict, list[dict]]:
-    """Per request one interleaved round (order rotated): name -> seconds per request, outputs."""
-    seconds, outputs = {}, []
-    for index, samples in enumerate(requests):
+def time_requests(contenders: Contenders, requests, rounds: int = 1) -> tuple[dict, list[dict], dict]:
+    """Per request `rounds` interleaved rounds (order rotated from round to round): name -> seconds per
+    request (the mean over requests of each request's median round), outputs (of each request's first
+    round), and name -> every round's seconds, request by request (the spread a noisy machine leaves)."""
+    by_round, outputs, turn = {}, [], 0
+    for samples in requests:
         fns = contenders.for_request(samples)
-        names = list(fns)
-        names = names[index % len(names):] + names[: index % len(names)]
-        round_ = interleaved_round({n: fns[n] for n in names})
-        for name, (s, _) in round_.items():
-            seconds.setdefault(name, []).append(s)
-        outputs.append({name: value for name, (_, value) in round_.items()})
-    return {name: sum(s) / len(s) for name, s in seconds.items()}, outputs
+        for r in range(rounds):
+            names = list(fns)
+            names = names[turn % len(names):] + names[: turn % len(names)]
+            turn += 1
+            round_ = interleaved_round({n: fns[n] for n in names})
+            for name, (s, _) in round_.items():
+                per_request = by_round.setdefault(name, [])
+                if r == 0:
+                    per_request.append([])
+                per_request[-1].append(s)
+            if r == 0:
+                outputs.append({name: value for name, (_, value) in round_.items()})
+    seconds = {name: sum(statistics.median(s) for s in rows) / len(rows) for name, rows in by_round.items()}
+    return seconds, outputs, by_round
 
 
 def fp32_checks(outputs: list[dict]) -> list[dict]:
@@ -255,6 +268,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
     parser.add_argument("--int8-budget", type=float, help="--dtype int8: selection budget in nats (default: "
                         "[quantize]'s defaults), the gate loosened to match (score_node.int8_config)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per request (default 1); each "
+                        "request counts at its median round, every round is in ms_by_round")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out (speedup_vs_ct2 is null)")
     parser.add_argument("--no-openvino", action="store_true",
@@ -337,7 +352,7 @@ def measure(run: Run, requests) -> dict:
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
                             run.openvino, openvino_setting, run.bf16_node)
     with timed_part():
-        seconds, outputs = time_requests(contenders, requests)
+        seconds, outputs, by_round = time_requests(contenders, requests, run.args.rounds)
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
@@ -351,7 +366,8 @@ def measure(run: Run, requests) -> dict:
         checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
                                         outputs[0]["ours"].topk_logprobs[:, 0], reference, parity.QUANTIZED_ABS))
     clock.lap("parity")
-    return {"seconds": seconds, "micro_batch": micro_batch, "onednn_micro_batch": onednn_micro_batch,
+    return {"seconds": seconds, "by_round": by_round, "micro_batch": micro_batch,
+            "onednn_micro_batch": onednn_micro_batch,
             "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks,
             "peaks": (peak_before, peak_after),
             "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2), "int8_drift": drift}
@@ -410,6 +426,9 @@ def report(run: Run, requests, m: dict) -> dict:
         "vocab": run.spec.vocab_size, "samples_per_request": SAMPLES, "sample_tokens": list(run.sample_tokens),
         "requests": count, "mean_tokens_per_request": sum(len(s) for r in requests for s in r) / count,
         "ms_per_request": {name: 1e3 * s for name, s in seconds.items()},
+        "rounds_per_request": run.args.rounds,
+        "ms_by_round": {name: [[round(1e3 * s, 1) for s in rows] for rows in per_request]
+                        for name, per_request in m["by_round"].items()},
         "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
                      "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
                      "hf_best_onednn": m["onednn_micro_batch"] and f"length-sorted micro-batches of "
@@ -426,8 +445,8 @@ def report(run: Run, requests, m: dict) -> dict:
 def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
     """Which GEMM library each side's linear layers called."""
     if dtype != "fp32":
-        ours = "oneDNN int8 (VNNI) for the chosen layers, bfloat16 oneDNN for the rest" if dtype == "int8" else \
-            "oneDNN matmul, weights prepacked at load (model.gemm = auto)"
+        ours = ("oneDNN int8 (VNNI, or AMX where the CPU has it) for the chosen layers, bfloat16 oneDNN for the rest"
+                if dtype == "int8" else "oneDNN matmul, weights prepacked at load (model.gemm = auto)")
         labels = {"ours": ours, "ours_bf16": "oneDNN matmul, weights prepacked at load", "ct2": "its own",
                   "openvino": "its own"}
         return {name: labels.get(name, "oneDNN (bfloat16 through aten)") for name in seconds}

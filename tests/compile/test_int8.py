@@ -16,6 +16,8 @@ from compile.quantize.int8 import INT8_MAX, Int8Linear, activation_max
 from tests.conftest import CACHE, ROOT, build_int8
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+VNNI_ISAS = ("avx512_core_vnni", "avx512_core_amx", "avx10_1_512")
+"""oneDNN ISA names of kernels with int8 dot products (AVX512-VNNI; AMX and AVX10.1 machines include it)."""
 
 
 @needs_onednn
@@ -104,8 +106,9 @@ def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once
 @pytest.mark.slow
 @needs_onednn
 def test_the_int8_package_runs_onednn_int8_kernels_with_int8_weights(int8_artifacts):
-    """oneDNN's own log of what ran: an int8 matmul with s8 weights (a float fallback shows f32/bf16), on VNNI
-    where the CPU has it (brgemm avx512_core_vnni), else a jit kernel (AVX2: gemm:jit), never the reference one."""
+    """oneDNN's own log of what ran: an int8 matmul with s8 weights (a float fallback shows f32/bf16), on int8
+    dot products where the CPU has them (brgemm on avx512_core_vnni; on a CPU with AMX or AVX10, oneDNN names
+    those ISAs, which include VNNI), else a jit kernel (AVX2: gemm:jit), never the reference one."""
     artifacts = int8_artifacts
     script = ("import sys, torch; sys.path.insert(0, '.'); from compile.runtime import load_nodes; "
               f"n = load_nodes('{artifacts}'); "
@@ -116,7 +119,7 @@ def test_the_int8_package_runs_onednn_int8_kernels_with_int8_weights(int8_artifa
     int8_lines = [line for line in log.splitlines() if "exec" in line and "matmul" in line and "wei:s8" in line]
     assert int8_lines and not any(",ref" in line for line in int8_lines), log[-2000:]
     if "avx512_vnni" in open("/proc/cpuinfo").read():
-        assert any("avx512_core_vnni" in line for line in int8_lines), log[-2000:]
+        assert any(isa in line for line in int8_lines for isa in VNNI_ISAS), log[-2000:]
     else:
         assert all("jit" in line for line in int8_lines), log[-2000:]
 

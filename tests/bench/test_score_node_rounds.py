@@ -1,0 +1,39 @@
+"""bench/score_node.py's repeated rounds: every contender runs `rounds` times per request, the order rotated
+from round to round, each request counted at its median round, outputs taken from its first round."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from bench import score_node
+
+
+class Recorded:
+    """Contenders whose calls are logged (name, request, round) and return which call they were."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def for_request(self, samples) -> dict:
+        request = samples[0]
+        return {name: (lambda name=name: self._call(name, request)) for name in ("ours", "openvino", "ct2")}
+
+    def _call(self, name: str, request: int) -> tuple[str, int, int]:
+        count = sum(1 for n, r in self.calls if (n, r) == (name, request))
+        self.calls.append((name, request))
+        return name, request, count
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_every_contender_runs_each_round_in_rotated_order(rounds):
+    contenders = Recorded()
+    seconds, outputs, by_round = score_node.time_requests(contenders, [[0], [1]], rounds)
+    assert len(contenders.calls) == 2 * 3 * rounds
+    firsts = [contenders.calls[i][0] for i in range(0, len(contenders.calls), 3)]
+    assert firsts == ["ours", "openvino", "ct2", "ours", "openvino", "ct2"][: 2 * rounds]  # one turn per round
+    assert [out["ours"] for out in outputs] == [("ours", 0, 0), ("ours", 1, 0)]  # each request's first round
+    for name in ("ours", "openvino", "ct2"):
+        assert [len(rows) for rows in by_round[name]] == [rounds, rounds]
+        assert seconds[name] == pytest.approx(sum(statistics.median(r) for r in by_round[name]) / 2)
