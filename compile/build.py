@@ -174,15 +174,17 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
     relevant = {k: asdict(config)[k] for k in ("model", "bounds", "score", "beam", "quantize")}
     relevant["cpu_threads"] = compiled_threads(config)
     relevant["kernel_profile"] = kernel_profile
-    relevant["model"] = {**relevant["model"], "path": None}  # the content counts, not the path
+    # Of every input file the content counts, not the path: the same file elsewhere builds the same artifacts.
+    relevant["model"] = {**relevant["model"], "path": None}
     relevant["score"] = {**relevant["score"], "prefix_cache_mb": None}  # a run-time budget, not the artifacts'
-    digest.update(json.dumps(relevant, sort_keys=True).encode())
+    files = {"score.mlp_head.weights": config.score.mlp_head.weights if config.score.mlp_head else None,
+             "beam.constraints": config.beam.constraints, "quantize.calibration": config.quantize.calibration}
     if relevant["score"]["mlp_head"]:
-        digest.update(file_hash(Path(config.score.mlp_head.weights)).encode())
-    if config.beam.constraints:
-        digest.update(file_hash(Path(config.beam.constraints)).encode())
-    if config.quantize.calibration:
-        digest.update(file_hash(Path(config.quantize.calibration)).encode())
+        relevant["score"] = {**relevant["score"], "mlp_head": {**relevant["score"]["mlp_head"], "weights": None}}
+    relevant["beam"] = {**relevant["beam"], "constraints": None}
+    relevant["quantize"] = {**relevant["quantize"], "calibration": None}
+    relevant["file_sha256"] = {name: file_hash(Path(path)) if path else None for name, path in files.items()}
+    digest.update(json.dumps(relevant, sort_keys=True).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
     for source in sorted(Path(__file__).parent.rglob("*.py")):

@@ -45,6 +45,24 @@ def test_build_key_follows_bounds_and_checkpoint(demo_checkpoint, checkpoint_fac
     assert build_key(config, sha) != build_key(config, checkpoint_hash(checkpoint_factory("llama")))
 
 
+def test_build_key_follows_an_input_files_content_not_its_path(demo_checkpoint, tmp_path):
+    config = load_config(ROOT / "configs/test.toml")
+    sha = checkpoint_hash(demo_checkpoint)
+    a, b, c = tmp_path / "a.txt", tmp_path / "elsewhere.txt", tmp_path / "c.txt"
+    a.write_text("5 6 7\n8 9\n")
+    b.write_text("5 6 7\n8 9\n")
+    c.write_text("5 6 7\n8 10\n")
+
+    def key(path, section="beam", field="constraints"):
+        part = getattr(config, section)
+        return build_key(config.replace(**{section: part.__class__(**{**part.__dict__, field: str(path)})}), sha)
+
+    assert key(a) == key(b)  # moved: the same artifacts (a test's temporary folder, a deployment's checkout)
+    assert key(a) != key(c)  # edited in place: rebuilt
+    assert key(a, "quantize", "calibration") == key(b, "quantize", "calibration") != key(c, "quantize", "calibration")
+    assert key(a) != key(a, "quantize", "calibration")  # the same file in another role is another build
+
+
 OTHER_ISA = "AVX512" if torch.backends.cpu.get_cpu_capability() != "AVX512" else "AVX2"
 OTHER_VNNI = "no" if torch.cpu._is_vnni_supported() else "yes"
 

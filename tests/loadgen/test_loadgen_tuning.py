@@ -105,7 +105,9 @@ def test_offline_sweep_finds_the_capacity_of_a_known_server():
 def test_kingman_numbers_and_capacity_cross_check():
     assert kingman_wait_ms(0.5, 1.0, 1.0, 10.0) == pytest.approx(10.0)   # M/M/1: rho/(1-rho) * tau
     assert kingman_wait_ms(1.0, 1.0, 0.0, 10.0) == float("inf")
-    trace = synthesize(SynthSpec(arrivals="poisson", rate_rps=300, duration_s=30, samples=1, seed=4))
+    # 6 s: one unbatched worker at rho 1.5 lets the queue grow without bound, and each arrival's admission
+    # walks it, so the search's first simulation costs the square of the trace (30 s took 95 s of the suite)
+    trace = synthesize(SynthSpec(arrivals="poisson", rate_rps=300, duration_s=6, samples=1, seed=4))
     service = load_service_model("0,0,0,5")                                  # 5 ms per request
     facts = workload_facts(trace, service)
     assert facts.tau_ms == 5.0 and facts.cs == 0.0 and facts.ca == pytest.approx(1.0, abs=0.05)
