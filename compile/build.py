@@ -171,18 +171,17 @@ def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
 def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: bool = False) -> str:
     """Everything the artifacts depend on: checkpoint, config, torch, machine and this code."""
     digest = hashlib.sha256()
-    relevant = {k: asdict(config)[k] for k in ("model", "bounds", "score", "beam", "quantize")}
+    full = asdict(config)  # fresh dicts: edited below, the config untouched
+    relevant = {k: full[k] for k in ("model", "bounds", "score", "beam", "quantize")}
     relevant["cpu_threads"] = compiled_threads(config)
     relevant["kernel_profile"] = kernel_profile
+    relevant["score"]["prefix_cache_mb"] = None  # a run-time budget, not the artifacts'
     # Of every input file the content counts, not the path: the same file elsewhere builds the same artifacts.
-    relevant["model"] = {**relevant["model"], "path": None}
-    relevant["score"] = {**relevant["score"], "prefix_cache_mb": None}  # a run-time budget, not the artifacts'
-    files = {"score.mlp_head.weights": config.score.mlp_head.weights if config.score.mlp_head else None,
-             "beam.constraints": config.beam.constraints, "quantize.calibration": config.quantize.calibration}
-    if relevant["score"]["mlp_head"]:
-        relevant["score"] = {**relevant["score"], "mlp_head": {**relevant["score"]["mlp_head"], "weights": None}}
-    relevant["beam"] = {**relevant["beam"], "constraints": None}
-    relevant["quantize"] = {**relevant["quantize"], "calibration": None}
+    relevant["model"]["path"] = None  # the checkpoint's content: checkpoint_sha
+    head = relevant["score"]["mlp_head"]
+    files = {"score.mlp_head.weights": head.pop("weights") if head else None,
+             "beam.constraints": relevant["beam"].pop("constraints"),
+             "quantize.calibration": relevant["quantize"].pop("calibration")}
     relevant["file_sha256"] = {name: file_hash(Path(path)) if path else None for name, path in files.items()}
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     digest.update(checkpoint_sha.encode())
