@@ -32,8 +32,13 @@ compile: venv $(if $(MODEL),,$(DEMO_MODEL)/config.json)
 serve: compile
 	$(PY) -m gateway --config $(CONFIG) --artifacts $(ARTIFACTS) --spawn-workers --port $(PORT)
 
+# One pytest process per core of a 2-core machine (pytest-xdist): the suite's main cost is compiling its
+# tiny deployments, one Python thread and one g++ at a time each, so the processes first share those
+# builds out, longest first, then the tests (tests/conftest.py). TEST_PROCS=0: one process.
+TEST_PROCS ?= 2
+
 test: venv
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_PROCS)
 
 # Benchmarks need the peer engines (CTranslate2, OpenVINO), which `make test` never installs.
 bench-venv: $(VENV)/.bench-installed

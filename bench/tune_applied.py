@@ -56,19 +56,26 @@ def traffic(seed: int, rate_rps: float, seconds: float):
     return at_rate(synthesize(spec), rate_rps).window(0.0, seconds * 1000.0)
 
 
-def heavy_deployment(folder: Path) -> tuple[Path, Path]:
-    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, the demo model (`make demo-model`)
-    compiled for it (the build is skipped when up to date)."""
-    from compile.build import build
-
-    checkpoint = ROOT / "models" / "demo"
-    if not (checkpoint / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "compile.demo", "--out", str(checkpoint)], cwd=ROOT, check=True)
+def heavy_config(checkpoint: Path, folder: Path) -> Path:
+    """folder/heavy.toml: configs/test.toml with HEAVY_BOUNDS, its model `checkpoint` (also the
+    live checks' deployment in tests/loadgen)."""
     raw = tomllib.loads((ROOT / "configs" / "test.toml").read_text())
     raw["bounds"] = {**raw["bounds"], **HEAVY_BOUNDS}
     raw["model"] = {**raw["model"], "path": str(checkpoint)}
     config = folder / "heavy.toml"
     config.write_text(config_toml(raw))
+    return config
+
+
+def heavy_deployment(folder: Path) -> tuple[Path, Path]:
+    """(config, artifacts): heavy_config for the demo model (`make demo-model`), compiled for it (the
+    build is skipped when up to date)."""
+    from compile.build import build
+
+    checkpoint = ROOT / "models" / "demo"
+    if not (checkpoint / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "compile.demo", "--out", str(checkpoint)], cwd=ROOT, check=True)
+    config = heavy_config(checkpoint, folder)
     artifacts = ROOT / "bench" / ".cache" / "artifacts" / "tune-applied-heavy"
     build(load_config(config), artifacts)
     return config, artifacts

@@ -1,21 +1,34 @@
 """Session fixtures: tiny checkpoints written by transformers, and compiled artifacts built once.
 
-Compiled artifacts live under .pytest_cache/boundserve/ and are rebuilt only when their build key
-(checkpoint content, config, torch, machine, compile/ sources) changes, so reruns skip the compile.
-A file lock keeps concurrent test runs from building the same folder twice.
+Compiled artifacts (tests/builds.py) live under .pytest_cache/boundserve/ and are rebuilt only when
+their build key (checkpoint content, config, torch, machine, compile/ sources) changes, so reruns skip
+the compile. A file lock keeps concurrent test runs from building the same folder twice.
+
+Every compiled deployment of the suite is a `suite_build`: a session fixture that also sits in one
+registry. Run on several processes (`make test`: pytest-xdist), each process first compiles, longest
+first, the registered builds its collected tests use that no other process is compiling at that
+moment, and only then runs tests: the processes share the compiling (the suite's main cost) instead
+of one waiting on another's lock, test after test.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / ".pytest_cache" / "boundserve"
+from tests.builds import (  # noqa: F401 (the registered builds are session fixtures)
+    SUITE_BUILDS,
+    SuiteBuilds,
+    beam_artifacts,
+    bf16_artifacts,
+    demo,
+    demo_artifacts,
+    int8_artifacts,
+    static_template_artifacts,
+)
 
 # Every property test draws the same examples on every run and every machine, CI included: a failure
 # is found again by whoever reruns it, and no run passes by the luck of its draw. (No deadline: a
@@ -58,55 +71,22 @@ def checkpoint_factory(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_checkpoint(checkpoint_factory) -> Path:
-    """A tiny Qwen3 checkpoint (GQA 4:2, head_dim 24 != 64/4, untied embeddings)."""
-    return checkpoint_factory("qwen3", name="demo")
-
-
-def build_artifacts(checkpoint: Path, name: str, config_path: str = "configs/test.toml", **sections) -> Path:
-    """Compile `checkpoint` with a config from configs/ (sections replaced), cached across runs."""
-    from compile.build import build
-    from shared.config import load_config
-
-    config = load_config(ROOT / config_path)
-    model = dataclasses.replace(config.model, path=str(checkpoint), **sections.pop("model", {}))
-    config = config.replace(model=model, **sections)
-    out = CACHE / "artifacts" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        build(config, out)
-    return out
+    """demo(): the checkpoint most of the suite runs on."""
+    return demo(checkpoint_factory)
 
 
 @pytest.fixture(scope="session")
-def demo_artifacts(demo_checkpoint) -> Path:
-    """demo_checkpoint compiled for the CPU with configs/test.toml (float32)."""
-    return build_artifacts(demo_checkpoint, "demo")
+def suite_builds(checkpoint_factory, tmp_path_factory) -> SuiteBuilds:
+    return SuiteBuilds(checkpoint_factory, tmp_path_factory)
 
 
-INT8_GATE = {"selection_max_drift": 0.5, "max_label_logprob_drift": 1.0, "mean_label_logprob_drift": 0.5,
-             "min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
-"""[quantize] gate limits a tiny random model passes (tests/compile/test_int8.py)."""
+@pytest.fixture(scope="session", autouse=True)
+def share_builds(request, suite_builds) -> None:
+    """On more than one pytest-xdist process: first the builds this session's tests use (see the module
+    docstring). On one process each build waits for its first test, so running one test compiles one."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        return
+    used = {name for item in request.session.items for name in item.fixturenames if name in SUITE_BUILDS}
+    suite_builds.share(sorted(used))
 
 
-def build_int8(checkpoint: Path, name: str, **gate) -> Path:
-    """`checkpoint` with both nodes and selective int8 under INT8_GATE (limits in `gate` replaced)."""
-    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig
-
-    return build_artifacts(checkpoint, name, quantize=QuantizeConfig(int8=True, **(INT8_GATE | gate)),
-                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
-
-
-@pytest.fixture(scope="session")
-def int8_artifacts(demo_checkpoint) -> Path:
-    """demo_checkpoint with both nodes and selective int8 (build_int8), built once for the session:
-    every int8 test reads this one build (the build, not the tests, is the costly part)."""
-    return build_int8(demo_checkpoint, "demo-int8")
-
-
-@pytest.fixture(scope="session")
-def beam_artifacts(demo_checkpoint) -> Path:
-    """demo_checkpoint compiled with both nodes, scoring and beam search (sharing one weights file)."""
-    from shared.config import BeamConfig, ScoreConfig
-
-    return build_artifacts(demo_checkpoint, "beam", score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))

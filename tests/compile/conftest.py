@@ -1,11 +1,10 @@
 """Fixtures shared by the compile tests: compiled scoring artifacts for the other two families."""
 
-import pytest
 import torch
 from safetensors.torch import save_file
 
 from shared.config import MlpHeadConfig, ScoreConfig
-from tests.conftest import build_artifacts
+from tests.builds import build_artifacts, suite_build
 
 
 def head_weights(path, sizes, seed=0):
@@ -18,19 +17,19 @@ def head_weights(path, sizes, seed=0):
     return tensors
 
 
-@pytest.fixture(scope="session")
-def qwen2_with_head(checkpoint_factory, tmp_path_factory):
+@suite_build(compile_s=60)
+def qwen2_with_head(make, folder):
     """Qwen2 (q/k/v bias, MHA, tied embeddings) with a 64 -> 16 -> 3 MLP head (gelu)."""
-    path = checkpoint_factory("qwen2", tie_word_embeddings=True, num_key_value_heads=4)
-    weights_file = tmp_path_factory.mktemp("head") / "head.safetensors"
+    path = make("qwen2", tie_word_embeddings=True, num_key_value_heads=4)
+    weights_file = folder / "head.safetensors"
     tensors = head_weights(weights_file, [64, 16, 3])
     score = ScoreConfig(mlp_head=MlpHeadConfig(weights=str(weights_file), layer_sizes=(64, 16, 3), activation="gelu"))
     return path, build_artifacts(path, "qwen2-head", score=score), tensors
 
 
-@pytest.fixture(scope="session")
-def llama_artifacts(checkpoint_factory):
+@suite_build(compile_s=60)
+def llama_artifacts(make, folder):
     """Llama, GQA 4:1, untied embeddings; its linears on aten's GEMM (`[model] gemm = "aten"`): the
     suite's one aten build (tests/compile/test_linear.py), every other float build runs oneDNN."""
-    path = checkpoint_factory("llama", tie_word_embeddings=False, num_key_value_heads=1)
+    path = make("llama", tie_word_embeddings=False, num_key_value_heads=1)
     return path, build_artifacts(path, "llama", model={"gemm": "aten"})

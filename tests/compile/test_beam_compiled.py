@@ -1,15 +1,17 @@
 """The AOTInductor-compiled beam node (built by the build CLI's chain) equals transformers and the
 eager node, shares its weights with the scoring node, and serves R = 1, W = 1 and 1-token prompts."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from compile.runtime import load_nodes
-from shared.config import BeamConfig, ScoreConfig
+from shared.config import BeamConfig, ScoreConfig, load_config
 from tests.compile.beam_reference import assert_same_as_hf, hf_beam
 from tests.compile.reference import load_hf, random_batch
 from tests.compile.test_beam_constrained import constrained_node, semantic_ids
-from tests.conftest import build_artifacts
+from tests.builds import ROOT, build_artifacts, demo, suite_build
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +41,24 @@ def test_beam_and_score_nodes_share_one_weights_file(beam_artifacts):
     assert beam_names <= set(nodes.weights)  # one file, loaded once, handed to both packages
 
 
-def test_compiled_constrained_node_returns_only_valid_sequences(demo_checkpoint, tmp_path_factory):
-    valid = semantic_ids(1, 300, 3) + semantic_ids(2, 20, 2)
-    file = tmp_path_factory.mktemp("constraints") / "valid.txt"
-    file.write_text("\n".join(" ".join(map(str, s)) for s in valid))
-    artifacts = build_artifacts(demo_checkpoint, "beam-constrained", score=ScoreConfig(enabled=False),
-                                beam=BeamConfig(enabled=True, constraints=str(file)))
-    nodes = load_nodes(artifacts)
-    eager, rule = constrained_node(demo_checkpoint, valid, steps=4)
+VALID = semantic_ids(1, 300, 3) + semantic_ids(2, 20, 2)
+"""The constrained build's valid sequences (3 and 2 tokens)."""
+
+
+@suite_build(compile_s=150)
+def constrained_beam_artifacts(make, folder):
+    """demo_checkpoint's beam node alone, constrained to VALID, unrolled for 3 new tokens (the longest
+    valid sequence; test.toml's 4 would unroll one more step, ~1/4 more compile time)."""
+    file = folder / "valid.txt"
+    file.write_text("\n".join(" ".join(map(str, s)) for s in VALID))
+    bounds = dataclasses.replace(load_config(ROOT / "configs/test.toml").bounds, max_new_tokens=3)
+    return build_artifacts(demo(make), "beam-constrained", score=ScoreConfig(enabled=False),
+                           beam=BeamConfig(enabled=True, constraints=str(file)), bounds=bounds)
+
+
+def test_compiled_constrained_node_returns_only_valid_sequences(demo_checkpoint, constrained_beam_artifacts):
+    nodes = load_nodes(constrained_beam_artifacts)
+    eager, rule = constrained_node(demo_checkpoint, VALID, steps=3)
     prompts = random_batch(1024, [7, 3], seed=11)
     for w, s in [(8, 3), (4, 2)]:
         ours = nodes.beam(torch.cat(prompts), torch.tensor([7, 3]), w, s, w)
@@ -56,4 +68,4 @@ def test_compiled_constrained_node_returns_only_valid_sequences(demo_checkpoint,
         for seq, n in zip(ours.sequences.reshape(-1, s).tolist(), ours.lengths.flatten().tolist()):
             if n:
                 body = seq[: n - 1] if seq[n - 1] in rule.eos_ids else seq[:n]
-                assert body in valid
+                assert body in VALID

@@ -12,7 +12,7 @@ from compile.build import build_key, checkpoint_hash
 from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
 from shared.config import load_config
-from tests.conftest import ROOT, build_artifacts
+from tests.builds import ROOT, build_artifacts
 
 
 def test_manifest_describes_the_build(demo_artifacts):

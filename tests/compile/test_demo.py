@@ -7,7 +7,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from compile.checkpoint import read_spec
-from tests.conftest import ROOT
+from tests.builds import ROOT
 
 
 def test_demo_generator_writes_a_usable_checkpoint(tmp_path):

@@ -13,7 +13,7 @@ import torch
 from compile.quantize.build_step import read_calibration
 from compile.quantize.gate import GateFigures, GateLimits, QuantizationRefused, check, figures
 from compile.quantize.int8 import INT8_MAX, Int8Linear, activation_max
-from tests.conftest import CACHE, ROOT, build_int8
+from tests.builds import CACHE, ROOT, build_int8
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 VNNI_ISAS = ("avx512_core_vnni", "avx512_core_amx", "avx10_1_512")

@@ -7,7 +7,6 @@ import torch
 from compile.runtime import load_nodes
 from shared.bounds import BoundsError
 from tests.compile.reference import hf_last_token, load_hf, random_batch
-from tests.conftest import build_artifacts
 
 LABELS = torch.tensor([0, 5, 17, 300, 1023])
 # lengths 1 to the maximum (64), sample counts 1 to the maximum (8), up to 256 tokens per batch
@@ -78,10 +77,9 @@ def test_label_logprobs_are_normalised_over_the_full_vocabulary(demo_artifacts):
     assert torch.allclose(total, torch.ones(2), atol=1e-4)
 
 
-def test_bf16_package_error_is_no_worse_than_transformers_bf16(demo_checkpoint):
+def test_bf16_package_error_is_no_worse_than_transformers_bf16(demo_checkpoint, bf16_artifacts):
     """Justified bf16 bound as in test_model_parity: within 1.5x transformers' own bf16 error + 0.02."""
-    artifacts = build_artifacts(demo_checkpoint, "demo-bf16", model={"dtype": "bfloat16"})
-    node = load_nodes(artifacts).score
+    node = load_nodes(bf16_artifacts).score
     samples = random_batch(node.vocab_size, [64, 7, 33, 1, 20], 5)
     reference, _ = hf_last_token(load_hf(demo_checkpoint), samples)
     hf_bf16, _ = hf_last_token(load_hf(demo_checkpoint, torch.bfloat16), samples)

@@ -7,9 +7,8 @@ import torch
 from compile.runtime import load_nodes
 from compile.score.layout import lay_out
 from shared.bounds import BoundsError
-from shared.config import ScoreConfig
 from tests.compile.reference import hf_last_token, load_hf
-from tests.conftest import build_artifacts
+from tests.builds import STATIC_TEMPLATE
 
 LABELS = torch.tensor([0, 5, 17, 300, 1023])
 TOLERANCE = 1e-4
@@ -109,25 +108,23 @@ def test_inconsistent_groups_are_refused(demo_artifacts, prefix_lens, group_size
 
 # --- the deployment's static prefix: the template header's keys/values come from the package ---
 
-TEMPLATE = "You rate how well an item fits the user. Answer yes or no.\nUser: {query}\nItem: {text}"
 
 
 @pytest.fixture(scope="module")
-def static_node(demo_checkpoint):
-    artifacts = build_artifacts(demo_checkpoint, "demo-static", score=ScoreConfig(prompt_template=TEMPLATE))
-    return load_nodes(artifacts).score
+def static_node(static_template_artifacts):
+    return load_nodes(static_template_artifacts).score
 
 
 def test_static_prefix_ids_are_the_template_headers_tokens(static_node, tokenizer):
     static = list(static_node.static_prefix_ids)
     assert len(static) >= 5
-    sample = tokenizer.encode(TEMPLATE.format(query="likes trail running", text="red shoe")).ids
+    sample = tokenizer.encode(STATIC_TEMPLATE.format(query="likes trail running", text="red shoe")).ids
     assert sample[: len(static)] == static
 
 
 def test_static_prefix_reuse_equals_transformers(static_node, demo_checkpoint, tokenizer):
     static = torch.tensor(static_node.static_prefix_ids)
-    encode = lambda q, t: torch.tensor(tokenizer.encode(TEMPLATE.format(query=q, text=t)).ids)  # noqa: E731
+    encode = lambda q, t: torch.tensor(tokenizer.encode(STATIC_TEMPLATE.format(query=q, text=t)).ids)  # noqa: E731
     unshared = [encode("hiking", "boots"), encode("coffee", "a mug"), torch.tensor([7, 8, 9]), static.clone()]
     # a group whose common prefix (header + query) starts with the static prefix
     group = [encode("likes trail running", "red shoe"), encode("likes trail running", "blue tent")]

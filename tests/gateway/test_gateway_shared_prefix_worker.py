@@ -20,13 +20,12 @@ from shared.config import ScoreConfig
 from shared.manifest import read_manifest
 from shared.prefix import longest_common_prefix
 from tests.compile.reference import hf_last_token, load_hf
-from tests.conftest import build_artifacts
+from tests.builds import STATIC_TEMPLATE
 from tests.gateway.test_gateway_real_worker import encode, real_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 TOLERANCE = 1e-4
 LABELS = [5, 9, 300]
-TEMPLATE = "You rate how well an item fits the user. Answer yes or no.\nUser: {query}\nItem: {text}"
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +139,19 @@ async def test_shared_and_unshared_requests_in_one_batch_equal_transformers(clie
     pytest.fail("the shared and the unshared request were never computed in one batch")
 
 
-async def test_a_template_with_a_static_header_equals_transformers(demo_checkpoint, hf, tmp_path):
-    score = ScoreConfig(prompt_template=TEMPLATE)
-    artifacts = build_artifacts(demo_checkpoint, "demo-static", score=score)
+async def test_a_template_with_a_static_header_equals_transformers(static_template_artifacts, hf, tmp_path):
+    score, artifacts = ScoreConfig(prompt_template=STATIC_TEMPLATE), static_template_artifacts
     static = read_manifest(artifacts).node_table().score.static_prefix_ids
     async with real_gateway(artifacts, tmp_path, score=score) as client:
         texts = ["red shoe", "a tent", "red shoe"]
-        samples = encode(client, [TEMPLATE.format(query="likes trail running", text=t) for t in texts])
+        samples = encode(client, [STATIC_TEMPLATE.format(query="likes trail running", text=t) for t in texts])
         common = longest_common_prefix(samples)
         assert tuple(samples[0][: len(static)]) == static and common > len(static)
         answer = await post(client, {"samples": texts, "query": "likes trail running", "label_token_ids": LABELS,
                                      "output": "probs"})
         close(answer["scores"], reference(hf, samples)["probs"])
         assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 2 * common + len(static)}
-        alone = encode(client, [TEMPLATE.format(query="coffee", text="a mug")])
+        alone = encode(client, [STATIC_TEMPLATE.format(query="coffee", text="a mug")])
         answer = await post(client, {"samples": ["a mug"], "query": "coffee", "label_token_ids": LABELS})
         close(answer["scores"], reference(hf, alone)["probs"])
         assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": len(static)}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from tests.builds import demo, suite_build
 from tests.gateway.conftest import endpoint, request_tokenizer, start_stack, tokenizer_dir  # noqa: F401 (fixtures)
 from loadgen.standin_worker import StandInWorker, standin_manifest
 from shared.manifest import manifest_json
@@ -36,34 +37,23 @@ def deployment_toml(folder: Path, worker_endpoint: str, **gateway) -> Path:
     return path
 
 
-HEAVY_BOUNDS = {"max_samples_per_batch": 16, "max_tokens_per_sample": 128, "max_tokens_per_batch": 1024}
-"""Batches of up to 1024 tokens: a few tens of requests per second fill the tiny demo model, so the
-load generator keeps up with the load levels of the live checks on a small, shared machine."""
-
-
 def _heavy(checkpoint: Path, name: str, folder: Path) -> tuple[Path, Path]:
-    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, and `checkpoint` compiled for it."""
-    import dataclasses
-    import tomllib
-
-    import tomli_w
-
+    """(config, artifacts): bench/tune_applied.py's heavy_config (configs/test.toml with batches of up to
+    1024 tokens: a few tens of requests per second fill the tiny demo model, so the load generator
+    keeps up with the load levels of the live checks on a small, shared machine), and `checkpoint`
+    compiled for it."""
+    from bench.tune_applied import heavy_config
     from shared.config import load_config
-    from tests.conftest import ROOT, build_artifacts
+    from tests.builds import build_artifacts
 
-    raw = tomllib.loads((ROOT / "configs" / "test.toml").read_text())
-    raw["bounds"] = {**raw["bounds"], **HEAVY_BOUNDS}
-    raw["model"]["path"] = str(checkpoint)
-    config = folder / f"{name}.toml"
-    config.write_text(tomli_w.dumps(raw))
-    bounds = dataclasses.replace(load_config(config).bounds)
-    return config, build_artifacts(checkpoint, name, bounds=bounds)
+    config = heavy_config(checkpoint, folder)
+    return config, build_artifacts(checkpoint, name, bounds=load_config(config).bounds)
 
 
-@pytest.fixture(scope="session")
-def heavy_deployment(demo_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
-    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, and the demo checkpoint compiled for it."""
-    return _heavy(demo_checkpoint, "loadgen-heavy", tmp_path_factory.mktemp("heavy"))
+@suite_build(compile_s=50)
+def heavy_deployment(make, folder) -> tuple[Path, Path]:
+    """(config, artifacts): _heavy for the demo checkpoint."""
+    return _heavy(demo(make), "loadgen-heavy", folder)
 
 
 COMPUTE_BOUND = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
@@ -73,11 +63,10 @@ COMPUTE_BOUND = dict(hidden_size=256, intermediate_size=768, num_attention_heads
 real deployment, even on a small machine shared with other work."""
 
 
-@pytest.fixture(scope="session")
-def compute_bound_deployment(checkpoint_factory, tmp_path_factory) -> tuple[Path, Path]:
-    """(config, artifacts): configs/test.toml with HEAVY_BOUNDS, a COMPUTE_BOUND checkpoint compiled for it."""
-    checkpoint = checkpoint_factory("qwen3", name="compute-bound", **COMPUTE_BOUND)
-    return _heavy(checkpoint, "loadgen-compute-bound", tmp_path_factory.mktemp("compute-bound"))
+@suite_build(compile_s=50)
+def compute_bound_deployment(make, folder) -> tuple[Path, Path]:
+    """(config, artifacts): _heavy for a COMPUTE_BOUND checkpoint."""
+    return _heavy(make("qwen3", name="compute-bound", **COMPUTE_BOUND), "loadgen-compute-bound", folder)
 
 
 @pytest.fixture

@@ -1,0 +1,167 @@
+"""The suite's compiled deployments: `build_artifacts` (cached across runs under .pytest_cache/boundserve/,
+one build per folder at a time under a file lock) and the registry of `suite_build`s that the session
+fixtures of tests/conftest.py share out between pytest processes.
+
+A module of its own, imported as `tests.builds` by every conftest and test: pytest imports each
+conftest.py under a name of its own, so state kept in tests/conftest.py would exist twice.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import fcntl
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".pytest_cache" / "boundserve"
+
+
+def demo(make) -> Path:
+    """A tiny Qwen3 checkpoint (GQA 4:2, head_dim 24 != 64/4, untied embeddings)."""
+    return make("qwen3", name="demo")
+
+
+
+class Busy(Exception):
+    """Another process holds the build's lock (raised only while sharing builds: `share_builds`)."""
+
+
+_WAIT_FOR_LOCK = contextvars.ContextVar("wait_for_lock", default=True)
+
+
+def build_artifacts(checkpoint: Path, name: str, config_path: str = "configs/test.toml", **sections) -> Path:
+    """Compile `checkpoint` with a config from configs/ (sections replaced), cached across runs."""
+    from compile.build import build
+    from shared.config import load_config
+
+    config = load_config(ROOT / config_path)
+    model = dataclasses.replace(config.model, path=str(checkpoint), **sections.pop("model", {}))
+    config = config.replace(model=model, **sections)
+    out = CACHE / "artifacts" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if _WAIT_FOR_LOCK.get() else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise Busy(name) from None
+        build(config, out)
+    return out
+
+
+Make = Callable[..., Path]
+"""checkpoint_factory's maker: make(family, name=None, **config_overrides) -> checkpoint folder."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteBuild:
+    make: Callable[[Make, Path], Any]
+    """(checkpoint maker, a scratch folder of its own) -> the fixture's value; compiles one deployment."""
+    compile_s: int
+    """Rough compile time on a 2-core machine, cold: the shared builds go longest first."""
+
+
+SUITE_BUILDS: dict[str, SuiteBuild] = {}
+
+
+def suite_build(compile_s: int):
+    """Register `make(checkpoint_maker, folder)` as a compiled deployment of the suite, and return a session
+    fixture of the same name whose value is make's (built once per process, cached across runs)."""
+    def register(make: Callable[[Make, Path], Any]):
+        name = make.__name__
+        SUITE_BUILDS[name] = SuiteBuild(make, compile_s)
+
+        def fixture(suite_builds):
+            return suite_builds.get(name)
+        fixture.__doc__ = make.__doc__
+        return pytest.fixture(scope="session", name=name)(fixture)
+    return register
+
+
+class SuiteBuilds:
+    """The values of the registered builds this process has made (session fixture `suite_builds`)."""
+
+    def __init__(self, make: Make, tmp_path_factory) -> None:
+        self._make = make
+        self._tmp = tmp_path_factory
+        self._values: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        if name not in self._values:
+            self._values[name] = SUITE_BUILDS[name].make(self._make, self._tmp.mktemp(name))
+        return self._values[name]
+
+    def share(self, names: list[str]) -> None:
+        """Build `names`, longest first, skipping each that another process is building right now; a build
+        that fails here is left to its tests' fixture, which raises it again where it belongs."""
+        token = _WAIT_FOR_LOCK.set(False)
+        try:
+            for name in sorted(names, key=lambda n: -SUITE_BUILDS[n].compile_s):
+                try:
+                    self.get(name)
+                except Busy:
+                    continue
+                except Exception:
+                    logging.getLogger("tests").exception("the suite build %s failed; its tests will say how", name)
+        finally:
+            _WAIT_FOR_LOCK.reset(token)
+
+
+@suite_build(compile_s=60)
+def demo_artifacts(make: Make, folder: Path) -> Path:
+    """demo_checkpoint compiled for the CPU with configs/test.toml (float32)."""
+    return build_artifacts(demo(make), "demo")
+
+
+INT8_GATE = {"selection_max_drift": 0.5, "max_label_logprob_drift": 1.0, "mean_label_logprob_drift": 0.5,
+             "min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
+"""[quantize] gate limits a tiny random model passes (tests/compile/test_int8.py)."""
+
+
+def build_int8(checkpoint: Path, name: str, **gate) -> Path:
+    """`checkpoint` with both nodes and selective int8 under INT8_GATE (limits in `gate` replaced), its
+    beam node unrolled for 3 new tokens (the int8 tests ask for 3; test.toml's 4 costs ~1/4 more compile)."""
+    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig, load_config
+
+    bounds = dataclasses.replace(load_config(ROOT / "configs/test.toml").bounds, max_new_tokens=3)
+    return build_artifacts(checkpoint, name, quantize=QuantizeConfig(int8=True, **(INT8_GATE | gate)),
+                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True), bounds=bounds)
+
+
+@suite_build(compile_s=230)
+def int8_artifacts(make: Make, folder: Path) -> Path:
+    """demo_checkpoint with both nodes and selective int8 (build_int8), built once for the session:
+    every int8 test reads this one build (the build, not the tests, is the costly part)."""
+    return build_int8(demo(make), "demo-int8")
+
+
+@suite_build(compile_s=190)
+def beam_artifacts(make: Make, folder: Path) -> Path:
+    """demo_checkpoint compiled with both nodes, scoring and beam search (sharing one weights file)."""
+    from shared.config import BeamConfig, ScoreConfig
+
+    return build_artifacts(demo(make), "beam", score=ScoreConfig(enabled=True),
+                           beam=BeamConfig(enabled=True))
+
+
+STATIC_TEMPLATE = "You rate how well an item fits the user. Answer yes or no.\nUser: {query}\nItem: {text}"
+"""A prompt template whose header (before the first placeholder) the scoring node holds as a static prefix."""
+
+
+@suite_build(compile_s=75)
+def static_template_artifacts(make: Make, folder: Path) -> Path:
+    """demo_checkpoint compiled with [score] prompt_template = STATIC_TEMPLATE."""
+    from shared.config import ScoreConfig
+
+    return build_artifacts(demo(make), "demo-static", score=ScoreConfig(prompt_template=STATIC_TEMPLATE))
+
+
+@suite_build(compile_s=60)
+def bf16_artifacts(make: Make, folder: Path) -> Path:
+    """demo_checkpoint compiled in bfloat16."""
+    return build_artifacts(demo(make), "demo-bf16", model={"dtype": "bfloat16"})
