@@ -34,7 +34,7 @@ serve: compile
 
 # One pytest process per core of a 2-core machine (pytest-xdist): the suite's main cost is compiling its
 # tiny deployments, one Python thread and one g++ at a time each, so the processes first share those
-# builds out, longest first, then the tests (tests/conftest.py). TEST_PROCS=0: one process.
+# builds out, longest first, then the tests (tests/builds.py). TEST_PROCS=0: one process.
 TEST_PROCS ?= 2
 
 test: venv

@@ -27,7 +27,6 @@ def demo(make) -> Path:
     return make("qwen3", name="demo")
 
 
-
 class Busy(Exception):
     """Another process holds the build's lock (raised only while sharing builds: `share_builds`)."""
 
@@ -35,17 +34,25 @@ class Busy(Exception):
 _WAIT_FOR_LOCK = contextvars.ContextVar("wait_for_lock", default=True)
 
 
+def lock_file(name: str) -> Path:
+    """The file whose lock a build of the folder `name` holds (one build per folder at a time)."""
+    return CACHE / "artifacts" / f".{name}.lock"
+
+
 def build_artifacts(checkpoint: Path, name: str, config_path: str = "configs/test.toml", **sections) -> Path:
-    """Compile `checkpoint` with a config from configs/ (sections replaced), cached across runs."""
+    """Compile `checkpoint` with a config from configs/, cached across runs. Each of `sections` replaces
+    the config's section of that name: a section object whole, a dict only the fields it names."""
     from compile.build import build
     from shared.config import load_config
 
     config = load_config(ROOT / config_path)
-    model = dataclasses.replace(config.model, path=str(checkpoint), **sections.pop("model", {}))
+    sections = {key: dataclasses.replace(getattr(config, key), **value) if isinstance(value, dict) else value
+                for key, value in sections.items()}
+    model = dataclasses.replace(sections.pop("model", config.model), path=str(checkpoint))
     config = config.replace(model=model, **sections)
     out = CACHE / "artifacts" / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{name}.lock", "w") as lock:
+    with open(lock_file(name), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | (0 if _WAIT_FOR_LOCK.get() else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -126,11 +133,11 @@ INT8_GATE = {"selection_max_drift": 0.5, "max_label_logprob_drift": 1.0, "mean_l
 def build_int8(checkpoint: Path, name: str, **gate) -> Path:
     """`checkpoint` with both nodes and selective int8 under INT8_GATE (limits in `gate` replaced), its
     beam node unrolled for 3 new tokens (the int8 tests ask for 3; test.toml's 4 costs ~1/4 more compile)."""
-    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig, load_config
+    from shared.config import BeamConfig, QuantizeConfig, ScoreConfig
 
-    bounds = dataclasses.replace(load_config(ROOT / "configs/test.toml").bounds, max_new_tokens=3)
     return build_artifacts(checkpoint, name, quantize=QuantizeConfig(int8=True, **(INT8_GATE | gate)),
-                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True), bounds=bounds)
+                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True),
+                           bounds={"max_new_tokens": 3})
 
 
 @suite_build(compile_s=230)

@@ -5,7 +5,7 @@ import fcntl
 
 import pytest
 
-from tests.builds import CACHE, SUITE_BUILDS, SuiteBuild, SuiteBuilds, build_artifacts
+from tests.builds import SUITE_BUILDS, SuiteBuild, SuiteBuilds, build_artifacts, lock_file
 
 
 def test_sharing_goes_longest_first_skips_a_build_held_elsewhere_and_survives_a_failure(
@@ -29,8 +29,8 @@ def test_sharing_goes_longest_first_skips_a_build_held_elsewhere_and_survives_a_
                         "long": SuiteBuild(recorder("long"), 5), "broken": SuiteBuild(fails, 7)}.items():
         monkeypatch.setitem(SUITE_BUILDS, name, build)
     builds = SuiteBuilds(lambda *a, **k: None, tmp_path_factory)
-    (CACHE / "artifacts").mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "artifacts" / ".test-held-elsewhere.lock", "w") as other_process:
+    lock_file("test-held-elsewhere").parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file("test-held-elsewhere"), "w") as other_process:
         fcntl.flock(other_process, fcntl.LOCK_EX)
         builds.share(["short", "held", "long", "broken"])
         assert made == ["long", "short"]

@@ -1,17 +1,15 @@
 """The AOTInductor-compiled beam node (built by the build CLI's chain) equals transformers and the
 eager node, shares its weights with the scoring node, and serves R = 1, W = 1 and 1-token prompts."""
 
-import dataclasses
-
 import pytest
 import torch
 
 from compile.runtime import load_nodes
-from shared.config import BeamConfig, ScoreConfig, load_config
+from shared.config import BeamConfig, ScoreConfig
 from tests.compile.beam_reference import assert_same_as_hf, hf_beam
 from tests.compile.reference import load_hf, random_batch
 from tests.compile.test_beam_constrained import constrained_node, semantic_ids
-from tests.builds import ROOT, build_artifacts, demo, suite_build
+from tests.builds import build_artifacts, demo, suite_build
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +49,8 @@ def constrained_beam_artifacts(make, folder):
     valid sequence; test.toml's 4 would unroll one more step, ~1/4 more compile time)."""
     file = folder / "valid.txt"
     file.write_text("\n".join(" ".join(map(str, s)) for s in VALID))
-    bounds = dataclasses.replace(load_config(ROOT / "configs/test.toml").bounds, max_new_tokens=3)
     return build_artifacts(demo(make), "beam-constrained", score=ScoreConfig(enabled=False),
-                           beam=BeamConfig(enabled=True, constraints=str(file)), bounds=bounds)
+                           beam=BeamConfig(enabled=True, constraints=str(file)), bounds={"max_new_tokens": 3})
 
 
 def test_compiled_constrained_node_returns_only_valid_sequences(demo_checkpoint, constrained_beam_artifacts):

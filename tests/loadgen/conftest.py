@@ -42,12 +42,10 @@ def _heavy(checkpoint: Path, name: str, folder: Path) -> tuple[Path, Path]:
     1024 tokens: a few tens of requests per second fill the tiny demo model, so the load generator
     keeps up with the load levels of the live checks on a small, shared machine), and `checkpoint`
     compiled for it."""
-    from bench.tune_applied import heavy_config
-    from shared.config import load_config
+    from bench.tune_applied import HEAVY_BOUNDS, heavy_config
     from tests.builds import build_artifacts
 
-    config = heavy_config(checkpoint, folder)
-    return config, build_artifacts(checkpoint, name, bounds=load_config(config).bounds)
+    return heavy_config(checkpoint, folder), build_artifacts(checkpoint, name, bounds=HEAVY_BOUNDS)
 
 
 @suite_build(compile_s=50)
