@@ -2,13 +2,14 @@
 attention it gives, against references computed sample by sample; the layout's block padding."""
 
 import random
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from compile.attention import CPU_BLOCK, KeyPool, packed_attention, padded, pool_mask
+from compile.attention import CPU_BLOCK, KeyPool, eager_attention, packed_attention, padded, pool_mask
 from compile.score.layout import lay_out
 
 
@@ -73,6 +74,23 @@ def test_segment_attention_equals_each_sample_alone(seed):
     out = packed_attention(q, k, v, mask)
     for row, expected in reference_attention(q, k, v, cu, parents, cached, samples).items():
         assert (out[row: row + len(expected)] - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_eager_attention_is_flex_attentions_reference_bit_for_bit(seed, dtype):
+    """Outside a compile, packed_attention skips flex_attention's reference (its mask through nested vmaps in every
+    layer) for the same computation with the mask broadcast once: the same bits, padding rows included."""
+    cu, parents, cached, num_keys, _ = random_pool(200 + seed, CPU_BLOCK)
+    num_queries = num_keys - cached
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, num_queries, 16, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, num_keys, 16, generator=g).to(dtype) for _ in range(2))
+    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), CPU_BLOCK), cu, parents, num_queries, num_keys)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        expected = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)  # its unfused reference
+    assert torch.equal(eager_attention(q, k, v, mask), expected)
 
 
 def reference_blocks(cu, parents, num_queries, num_keys, block):
