@@ -109,7 +109,6 @@ def test_inconsistent_groups_are_refused(demo_artifacts, prefix_lens, group_size
 # --- the deployment's static prefix: the template header's keys/values come from the package ---
 
 
-
 @pytest.fixture(scope="module")
 def static_node(static_template_artifacts):
     return load_nodes(static_template_artifacts).score
