@@ -10,6 +10,11 @@ calibration set.
 Candidates are the decoder layers' projections (compile/fp8.candidate_linears: never the embedding, the final
 norm or the output projection, which stay in the model's precision, nor the last layer's fused q/k/v, which the
 scoring pass slices). The model is left as it was; the caller swaps the chosen layers in.
+
+Ranking a candidate of decoder layer b leaves layers 0..b-1 as they were, so their outputs are the reference
+pass's: while it is measured, those layers are stood in for by `Replay`s that return the outputs recorded then
+(the same tensors, so the drift is the same to the bit), and each ranking pass computes only layers b onwards,
+about half a pass on average. The recording is kept only while it fits REPLAY_BYTES.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ import torch
 from torch import nn
 
 from compile.fp8 import candidate_linears, swap
+
+REPLAY_BYTES = 2 << 30
+"""The most memory the decoder layers' recorded outputs may take (calibration batches x layers x tokens x hidden):
+beyond it, every ranking pass computes every layer."""
 
 Quantizer = Callable[[nn.Module], nn.Module]  # a float linear -> its quantized replacement
 Run = Callable[[], list[tuple[torch.Tensor, torch.Tensor]]]  # calibration batches -> (label log-probs, top-1)
@@ -58,18 +67,71 @@ def drift(reference: list[tuple[torch.Tensor, torch.Tensor]], got: list[tuple[to
     return float(diffs.max()), float(diffs.mean())
 
 
-def select(model: nn.Module, run: Run, quantize: Quantizer, budget: float) -> Selection:
+class Replay(nn.Module):
+    """Stands in for a decoder layer that a measurement leaves as it was: returns the layer's outputs of the
+    reference pass, one per call, in the order the calibration batches are scored (see the module docstring)."""
+
+    def __init__(self, outputs: list[torch.Tensor]):
+        super().__init__()
+        self.outputs, self.calls = outputs, 0
+
+    def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
+        out = self.outputs[self.calls % len(self.outputs)]
+        if out.shape != x.shape:
+            raise RuntimeError(f"replayed layer output {tuple(out.shape)} for an input {tuple(x.shape)}: the "
+                               f"calibration batches were not scored in the recorded order")
+        self.calls += 1
+        return out
+
+
+def record_layer_outputs(model: nn.Module, run: Run) -> tuple[list, list[list[torch.Tensor]] | None]:
+    """run() with every decoder layer but the last recording its outputs: (what run returned, per layer its
+    outputs in call order), or None for the outputs where they pass REPLAY_BYTES (then nothing is kept)."""
+    outputs: list[list[torch.Tensor]] = [[] for _ in model.layers[:-1]]
+    recorded = [0]
+
+    def keep(index):
+        def hook(module, args, out):
+            if isinstance(out, torch.Tensor) and recorded[0] + out.nbytes <= REPLAY_BYTES:
+                outputs[index].append(out)
+                recorded[0] += out.nbytes
+            else:
+                recorded[0] = REPLAY_BYTES + 1  # too large, or not a plain output: no replay
+        return hook
+
+    handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(model.layers[:-1])]
+    try:
+        result = run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return result, (outputs if recorded[0] <= REPLAY_BYTES else None)
+
+
+def block_of(name: str) -> int:
+    """The decoder layer index of a candidate name ("layers.{i}.…")."""
+    return int(name.split(".")[1])
+
+
+def select(model: nn.Module, run: Run, quantize: Quantizer, budget: float, replay: bool = True) -> Selection:
     """Rank the candidates of `model` (its `layers`) and choose under `budget` (max label log-prob change, nats).
-    `run()` scores the calibration batches with the model as it currently is."""
+    `run()` scores the calibration batches with the model as it currently is. replay: rank with the unchanged
+    layers' recorded outputs (the same figures, fewer layers computed; see the module docstring)."""
     candidates = candidate_linears(model)
-    reference = run()
+    reference, outputs = record_layer_outputs(model, run) if replay else (run(), None)
     quantized = {name: quantize(module) for name, module in candidates.items()}
 
     def measure(names: list[str]) -> tuple[float, float]:
         previous = swap(model, {n: quantized[n] for n in names})
+        below = min(block_of(n) for n in names) if outputs is not None else 0
+        layers = list(model.layers[:below])
+        for i in range(below):
+            model.layers[i] = Replay(outputs[i])
         try:
             return drift(reference, run())
         finally:
+            for i, layer in enumerate(layers):
+                model.layers[i] = layer
             swap(model, previous)
 
     ranked = [LayerDrift(n, *measure([n]), candidates[n].weight.numel()) for n in candidates]

@@ -160,3 +160,51 @@ async def test_an_int8_deployment_serves_both_routes_over_http_with_the_same_api
     out = nodes.beam(torch.tensor(prompt), torch.tensor([len(prompt)]), 4, 3, 2)
     assert [c["token_ids"] for c in generated["candidates"]] == \
         [out.sequences[0, i, : int(out.lengths[0, i])].tolist() for i in range(2)]
+
+
+@needs_onednn
+def test_ranking_with_the_unchanged_layers_replayed_gives_the_same_selection_computing_fewer_layers(
+        checkpoint_factory):
+    """A candidate of layer b is measured with layers 0..b-1 replaced by their recorded outputs (select.Replay):
+    every drift, the order, the probes and the chosen layers are those of full passes, to the bit."""
+    from compile.checkpoint import load_checkpoint
+    from compile.fp8 import random_calibration
+    from compile.model import build_model
+    from compile.quantize import select as selection
+    from compile.quantize.build_step import scorer
+    from compile.score.module import ScoreModule
+
+    checkpoint = load_checkpoint(checkpoint_factory("qwen3", num_hidden_layers=4), "float32")
+    model = build_model(checkpoint.spec, checkpoint.state_dict, torch.float32)
+    batches = random_calibration(checkpoint.spec.vocab_size, 2, 4, (3, 24), [5, 9, 11], 8, seed=2)
+    run = scorer(ScoreModule(model, 1).eval(), batches)
+    first_layer_calls = []
+    model.layers[0].register_forward_hook(lambda *_: first_layer_calls.append(1))
+
+    def chosen(replay: bool):
+        first_layer_calls.clear()
+        result = selection.select(model, run, Int8Linear, 0.05, replay=replay)
+        return result, len(first_layer_calls)
+
+    full, full_calls = chosen(replay=False)
+    replayed, replayed_calls = chosen(replay=True)
+    assert replayed.to_dict() == full.to_dict()  # the same floats, not merely close
+    assert full.ranked and 0 < len(full.chosen) < len(full.ranked)  # a budget that chooses some, not all
+    # without replay layer 0 runs in every pass; with it, only in the reference pass and in the passes that
+    # quantize one of its own layers (its candidates, the probes whose prefix holds one)
+    order = [d.name for d in full.ranked if d.max_drift <= full.budget]
+    in_layer_0 = lambda names: any(n.startswith("layers.0.") for n in names)  # noqa: E731
+    passes = 1 + sum(in_layer_0([d.name]) for d in full.ranked) + sum(in_layer_0(order[:p["layers"]])
+                                                                       for p in full.probes)
+    assert full_calls == (1 + len(full.ranked) + len(full.probes)) * len(batches)
+    assert replayed_calls == passes * len(batches) < full_calls
+    assert all(type(layer).__name__ == "Layer" for layer in model.layers)  # every stand-in put back
+
+
+def test_replay_refuses_a_batch_it_did_not_record():
+    from compile.quantize.select import Replay
+
+    replay = Replay([torch.zeros(3, 8)])
+    assert replay(torch.ones(3, 8)) is replay.outputs[0]
+    with pytest.raises(RuntimeError, match=r"replayed layer output \(3, 8\) for an input \(5, 8\)"):
+        replay(torch.ones(5, 8))
