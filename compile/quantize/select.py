@@ -76,7 +76,10 @@ class Replay(nn.Module):
         self.outputs, self.calls = outputs, 0
 
     def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
-        out = self.outputs[self.calls % len(self.outputs)]
+        if self.calls == len(self.outputs):
+            raise RuntimeError(f"replayed layer called {self.calls + 1} times, more than the {len(self.outputs)} "
+                               f"calls recorded")
+        out = self.outputs[self.calls]
         if out.shape != x.shape:
             raise RuntimeError(f"replayed layer output {tuple(out.shape)} for an input {tuple(x.shape)}: the "
                                f"calibration batches were not scored in the recorded order")
@@ -88,15 +91,16 @@ def record_layer_outputs(model: nn.Module, run: Run) -> tuple[list, list[list[to
     """run() with every decoder layer but the last recording its outputs: (what run returned, per layer its
     outputs in call order), or None for the outputs where they pass REPLAY_BYTES (then nothing is kept)."""
     outputs: list[list[torch.Tensor]] = [[] for _ in model.layers[:-1]]
-    recorded = [0]
+    recorded = 0
 
     def keep(index):
         def hook(module, args, out):
-            if isinstance(out, torch.Tensor) and recorded[0] + out.nbytes <= REPLAY_BYTES:
+            nonlocal recorded
+            if isinstance(out, torch.Tensor) and recorded + out.nbytes <= REPLAY_BYTES:
                 outputs[index].append(out)
-                recorded[0] += out.nbytes
+                recorded += out.nbytes
             else:
-                recorded[0] = REPLAY_BYTES + 1  # too large, or not a plain output: no replay
+                recorded = REPLAY_BYTES + 1  # too large, or not a plain output: no replay
         return hook
 
     handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(model.layers[:-1])]
@@ -105,7 +109,7 @@ def record_layer_outputs(model: nn.Module, run: Run) -> tuple[list, list[list[to
     finally:
         for handle in handles:
             handle.remove()
-    return result, (outputs if recorded[0] <= REPLAY_BYTES else None)
+    return result, (outputs if recorded <= REPLAY_BYTES else None)
 
 
 def block_of(name: str) -> int:

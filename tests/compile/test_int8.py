@@ -204,7 +204,10 @@ def test_ranking_with_the_unchanged_layers_replayed_gives_the_same_selection_com
 def test_replay_refuses_a_batch_it_did_not_record():
     from compile.quantize.select import Replay
 
-    replay = Replay([torch.zeros(3, 8)])
+    replay = Replay([torch.zeros(3, 8), torch.zeros(4, 8)])
     assert replay(torch.ones(3, 8)) is replay.outputs[0]
-    with pytest.raises(RuntimeError, match=r"replayed layer output \(3, 8\) for an input \(5, 8\)"):
+    with pytest.raises(RuntimeError, match=r"replayed layer output \(4, 8\) for an input \(5, 8\)"):
         replay(torch.ones(5, 8))
+    assert replay(torch.ones(4, 8)) is replay.outputs[1]
+    with pytest.raises(RuntimeError, match="replayed layer called 3 times, more than the 2 calls recorded"):
+        replay(torch.ones(3, 8))
