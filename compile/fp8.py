@@ -120,7 +120,8 @@ class Fp8Plan:
 
 
 def candidate_linears(model: nn.Module) -> dict[str, nn.Linear]:
-    """Linear layers of the decoder that may run in FP8 (see the module docstring for exclusions)."""
+    """Linear layers of the decoder that may run in FP8 (see the module docstring for exclusions), named
+    "layers.{i}.{path in the layer}" (`candidate_layer` reads i back)."""
     last = len(model.layers) - 1
     return {
         f"layers.{i}.{name}": module
@@ -128,6 +129,11 @@ def candidate_linears(model: nn.Module) -> dict[str, nn.Linear]:
         for name, module in layer.named_modules()
         if isinstance(module, nn.Linear) and not (i == last and name == "attn.qkv")
     }
+
+
+def candidate_layer(name: str) -> int:
+    """The decoder layer index of a `candidate_linears` name."""
+    return int(name.split(".")[1])
 
 
 def calibrate(score_module: nn.Module, batches: list[tuple], names: dict[str, nn.Linear]) -> dict[str, float]:

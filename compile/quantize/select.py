@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from compile.fp8 import candidate_linears, swap
+from compile.fp8 import candidate_layer, candidate_linears, swap
 
 REPLAY_BYTES = 2 << 30
 """The most memory the decoder layers' recorded outputs may take (calibration batches x layers x tokens x hidden):
@@ -112,11 +112,6 @@ def record_layer_outputs(model: nn.Module, run: Run) -> tuple[list, list[list[to
     return result, (outputs if recorded <= REPLAY_BYTES else None)
 
 
-def block_of(name: str) -> int:
-    """The decoder layer index of a candidate name ("layers.{i}.…")."""
-    return int(name.split(".")[1])
-
-
 def select(model: nn.Module, run: Run, quantize: Quantizer, budget: float, replay: bool = True) -> Selection:
     """Rank the candidates of `model` (its `layers`) and choose under `budget` (max label log-prob change, nats).
     `run()` scores the calibration batches with the model as it currently is. replay: rank with the unchanged
@@ -127,7 +122,7 @@ def select(model: nn.Module, run: Run, quantize: Quantizer, budget: float, repla
 
     def measure(names: list[str]) -> tuple[float, float]:
         previous = swap(model, {n: quantized[n] for n in names})
-        below = min(block_of(n) for n in names) if outputs is not None else 0
+        below = min(candidate_layer(n) for n in names) if outputs is not None else 0
         layers = list(model.layers[:below])
         for i in range(below):
             model.layers[i] = Replay(outputs[i])
