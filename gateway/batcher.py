@@ -2,8 +2,9 @@
 
 One Batcher per workload. Its loop asks the pool for the least-loaded worker with a free slot, and
 the policy what to do with the head of the queue (`dispatch`): hold the batch while that worker is
-predicted busy for longer than `max_batch_wait_ms` (a worker's answer wakes the loop, so a wrong
-prediction costs no idle time), or send it, answering the jobs that cannot finish in time 504
+predicted busy for longer than `max_batch_wait_ms` plus the event loop's present lag (the timer
+that sends it fires late by as much: `Lateness.lead_ms`; a worker's answer wakes the loop, so a
+wrong prediction costs no idle time), or send it, answering the jobs that cannot finish in time 504
 instead (predicted late, before any compute). Its `lateness` learns how late answers come against
 the finish predicted when their batch was sent, beyond the event loop's present lag (sampled by
 gateway/loop_lag.py): the slack of those drops. A job whose deadline
@@ -153,7 +154,8 @@ class Batcher:
         now = self._loop.time()
         workers = self._pool.serving(self.workload)
         decision = dispatch_routed(self.queue, self.workload, self.bounds, workers, lambda link: link.models[
-            self.workload], now, self._pool.max_inflight_batches, self._pool.recent, self._max_wait_ms,
+            self.workload], now, self._pool.max_inflight_batches, self._pool.recent,
+            self.lateness.lead_ms(self._max_wait_ms, now),
             self._drop_late, self.lateness.slack_ms(self._margin_ms, now), self._shed_by_cost)
         if decision is None:
             return None  # the pool wakes us when a slot frees or a worker becomes ready, a submit when a job comes

@@ -331,7 +331,9 @@ class Simulator:
         while queue:
             decision = dispatch_routed(queue, workload, self.settings.batch_bounds(workload), self._by_name(),
                                        lambda w: w.models[workload], self.now, self.settings.max_inflight_batches,
-                                       self.recent, self.settings.max_batch_wait_ms, self.settings.drop_predicted_late,
+                                       self.recent,
+                                       self.lateness[workload].lead_ms(self.settings.max_batch_wait_ms, self.now),
+                                       self.settings.drop_predicted_late,
                                        self.lateness[workload].slack_ms(self.settings.admission_margin_ms, self.now),
                                        self.settings.shed_by_cost)
             if decision is None:

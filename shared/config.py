@@ -189,7 +189,8 @@ class GatewayConfig:
     generate_deadline_ms: Positive = 200
     max_batch_wait_ms: Annotated[float, Meta(ge=0)] = 2.0
     """Lead time: a partial batch goes to a busy worker this long before it is predicted to be free
-    (until then queued requests gather companions); an idle worker gets work at once."""
+    (until then queued requests gather companions), plus the event loop's present lag (the timer
+    that sends it fires late by as much); an idle worker gets work at once."""
     admission_margin_ms: Annotated[float, Meta(ge=0)] = 1.0
     """Safety margin added to every predicted finish time."""
     max_queue_tokens: Positive = 65536

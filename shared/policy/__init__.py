@@ -21,11 +21,11 @@ reasons) hold the vocabulary; admission.py and batching.py the decisions.
              nothing else is queued or running and the start-up profile is unconfirmed or only the
              learnt lateness refuses it.
   batching   one queue per workload, served in deadline order (or arrival order: an ablation); a
-             batch is sent only when its worker is predicted free within max_batch_wait_ms (until
-             then a later, tighter deadline can still join or pass it); it takes jobs in serving
-             order up to the compiled bounds, looking past at most SCAN_LIMIT that do not fit, and,
-             with predicted-late drops on, only companions that keep every member in time; a job
-             that cannot finish in time even alone is dropped before compute.
+             batch is sent only when its worker is predicted free within max_batch_wait_ms plus the
+             loop's present lag (until then a later, tighter deadline can still join or pass it); it
+             takes jobs in serving order up to the compiled bounds, looking past at most SCAN_LIMIT
+             that do not fit, and, with predicted-late drops on, only companions that keep every
+             member in time; a job that cannot finish in time even alone is dropped before compute.
   by cost    with shed_by_cost (on by default), under overload only: when the queue served in
              order cannot finish every job in time, `shed_costliest` (Moore and Hodgson's rule)
              picks the costliest per answer to give up, not the latest in the order; admission

@@ -136,6 +136,13 @@ class Lateness:
         lag, and the estimate beyond it when positive."""
         return margin_ms + self.lag.ms(now_s) + max(0.0, self.value)
 
+    def lead_ms(self, max_wait_ms: float, now_s: float) -> float:
+        """How long before a busy worker is predicted free the batcher sends it its next batch:
+        max_batch_wait_ms plus the loop's present lag. The batcher holds a batch by a timer on the
+        same loop, which fires late by the lag: with the wait alone, a batch would reach its worker the
+        lag later than meant, after the worker had gone idle whenever the lag exceeds the wait."""
+        return max_wait_ms + self.lag.ms(now_s)
+
     def _step(self) -> float:
         return max(self.step_ms, LATE_STEP_SHARE * abs(self.value))
 

@@ -278,6 +278,19 @@ def test_a_batch_holds_while_its_worker_is_busy_longer_than_the_lead_time():
     assert dispatch(full, "score", SCORE, model(), 10.0, 2.0, 0.0) == Hold(8.0)
 
 
+def test_the_lead_time_grows_by_the_loop_s_present_lag_and_shrinks_back_as_it_passes():
+    """A loop running 6 ms late fires the hold's timer 6 ms late: the batch is sent that much earlier."""
+    late = Lateness(lag_half_life_ms=50.0)
+    assert late.lead_ms(2.0, 1.000) == 2.0                       # an on-time loop: the configured wait alone
+    late.lag.sample(1.000, 6.0)
+    assert late.lead_ms(2.0, 1.000) == pytest.approx(8.0)
+    assert late.lead_ms(2.0, 1.050) == pytest.approx(5.0)        # the lag halved 50 ms on
+    queue = queue_of(FakeJob(1.0, samples=2))
+    assert dispatch(queue, "score", SCORE, model(), 10.0, late.lead_ms(2.0, 1.000), 1.000) == Hold(pytest.approx(2.0))
+    assert isinstance(dispatch(queue, "score", SCORE, model(), 7.5, late.lead_ms(2.0, 1.000), 1.000), Send)
+    assert dispatch(queue, "score", SCORE, model(), 7.5, 2.0, 1.000) == Hold(5.5)  # without the lag: held
+
+
 def test_a_job_that_cannot_finish_even_alone_is_dropped_only_by_a_confirmed_model():
     queue = queue_of(FakeJob(0.004), FakeJob(0.020))
     plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=2.0, max_wait_ms=5.0, now_s=0.0)
