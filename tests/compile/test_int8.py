@@ -168,7 +168,7 @@ def test_ranking_with_the_unchanged_layers_replayed_gives_the_same_selection_com
     """A candidate of layer b is measured with layers 0..b-1 replaced by their recorded outputs (select.Replay):
     every drift, the order, the probes and the chosen layers are those of full passes, to the bit."""
     from compile.checkpoint import load_checkpoint
-    from compile.fp8 import random_calibration
+    from compile.fp8 import candidate_layer, random_calibration
     from compile.model import build_model
     from compile.quantize import select as selection
     from compile.quantize.build_step import scorer
@@ -193,7 +193,7 @@ def test_ranking_with_the_unchanged_layers_replayed_gives_the_same_selection_com
     # without replay layer 0 runs in every pass; with it, only in the reference pass and in the passes that
     # quantize one of its own layers (its candidates, the probes whose prefix holds one)
     order = [d.name for d in full.ranked if d.max_drift <= full.budget]
-    in_layer_0 = lambda names: any(n.startswith("layers.0.") for n in names)  # noqa: E731
+    in_layer_0 = lambda names: any(candidate_layer(n) == 0 for n in names)  # noqa: E731
     passes = 1 + sum(in_layer_0([d.name]) for d in full.ranked) + sum(in_layer_0(order[:p["layers"]])
                                                                        for p in full.probes)
     assert full_calls == (1 + len(full.ranked) + len(full.probes)) * len(batches)
