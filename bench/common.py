@@ -16,9 +16,10 @@ from bench.provenance import RESULTS, ROOT, timed_part, write_result
 CACHE = ROOT / "bench" / ".cache"
 
 __all__ = ["CACHE", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "bench_config",
-           "build_artifacts", "build_nodes", "emit", "interleaved_round", "interleaved_times", "load_built",
-           "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "node_device", "peak_by_library",
-           "run_together", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
+           "build_artifacts", "build_nodes", "emit", "gemm_calls", "gemm_libraries", "interleaved_round",
+           "interleaved_times", "load_built", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes",
+           "node_device", "peak_by_library", "run_together", "shaped_checkpoint", "these_threads", "time_calls",
+           "timed_part"]
 
 SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
 """The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
@@ -128,38 +129,46 @@ def _best_rate(fn, flops: float, bursts: int, seconds: float) -> float:
     return best
 
 
+def gemm_libraries(dtype: torch.dtype) -> tuple[str, ...]:
+    """The libraries this machine multiplies `dtype` matrices with, as the benchmarks name them: torch.mm
+    always; oneDNN where it takes the dtype (bfloat16 needs AVX512-BF16 / AVX-NE-CONVERT; on AVX2 alone
+    oneDNN raises instead); `onednn_prepacked` where a build's linears take oneDNN on prepacked weights
+    (compile/linear.resolve_gemm)."""
+    from compile.linear import onednn_bf16, resolve_gemm
+
+    onednn = torch.backends.mkldnn.is_available() and (dtype != torch.bfloat16 or onednn_bf16())
+    packed = resolve_gemm("auto", "cpu", dtype) == "onednn"
+    return ("torch.mm",) + ("onednn",) * onednn + ("onednn_prepacked",) * packed
+
+
+def gemm_calls(a: torch.Tensor, w: torch.Tensor) -> dict:
+    """library -> a call of a @ w.T on it, for each of gemm_libraries(a.dtype); `a`'s rows size the prepacked
+    weight as a worker sizes it."""
+    calls = {"torch.mm": lambda: torch.mm(a, w.t())}
+    libraries = gemm_libraries(a.dtype)
+    if "onednn" in libraries:
+        a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
+        calls["onednn"] = lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None)
+    if "onednn_prepacked" in libraries:
+        w_packed = torch.ops.mkldnn._reorder_linear_weight(w, a.shape[0])
+        calls["onednn_prepacked"] = lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], "")
+    return calls
+
+
 def matmul_peaks(dtype: torch.dtype, shapes=((2048, 2048, 2048), (4096, 896, 4096)), bursts: int = 5,
                  seconds: float = 0.3) -> dict[str, float]:
-    """This machine's best FLOP/s on large matrix multiplies of `dtype`, per library: torch.mm
-    (MKL for float32 on x86) and oneDNN (what torch uses for bfloat16, and on AMD CPUs the faster
-    float32 GEMM: MKL runs an AVX2 path there). The best of several short bursts over a few shapes
-    (pass the model's own GEMM shapes too), so that a moment of contention from other processes
-    does not pass for the peak. With oneDNN also on a weight prepacked as the worker packs it
-    (`onednn_prepacked`, compile/packing.py: what our nodes' linears call), which ran up to 9 % above the
-    unpacked rate on the bfloat16 shapes of a profile (bench/profile_nodes.py): without it, a GEMM's
-    fraction of the peak could pass 1."""
-    from compile.linear import resolve_gemm
-
-    peaks = {"torch.mm": 0.0}
-    onednn = torch.backends.mkldnn.is_available()
-    packed = resolve_gemm("auto", "cpu", dtype) == "onednn"  # where a build's linears take oneDNN, prepacked
-    if onednn:
-        peaks["onednn"] = 0.0
-    if packed:
-        peaks["onednn_prepacked"] = 0.0
+    """This machine's best FLOP/s on large matrix multiplies of `dtype`, per library (gemm_libraries):
+    torch.mm (MKL for float32 on x86), oneDNN (what torch uses for bfloat16, and on AMD CPUs the faster
+    float32 GEMM: MKL runs an AVX2 path there) and oneDNN on a weight prepacked as the worker packs it
+    (compile/packing.py: what our nodes' linears call), which ran up to 9 % above the unpacked rate on the
+    bfloat16 shapes of a profile (bench/profile_nodes.py): without it, a GEMM's fraction of the peak could
+    pass 1. The best of several short bursts over a few shapes (pass the model's own GEMM shapes too), so
+    that a moment of contention from other processes does not pass for the peak."""
+    peaks = dict.fromkeys(gemm_libraries(dtype), 0.0)
     for m, k, n in shapes:
-        a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
         flops = 2 * m * k * n
-        peaks["torch.mm"] = max(peaks["torch.mm"], _best_rate(lambda: torch.mm(a, w.t()), flops, bursts, seconds))
-        if onednn:
-            a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
-            rate = _best_rate(lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None), flops, bursts, seconds)
-            peaks["onednn"] = max(peaks["onednn"], rate)
-        if packed:
-            w_packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
-            rate = _best_rate(lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], ""),
-                              flops, bursts, seconds)
-            peaks["onednn_prepacked"] = max(peaks["onednn_prepacked"], rate)
+        for lib, fn in gemm_calls(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)).items():
+            peaks[lib] = max(peaks[lib], _best_rate(fn, flops, bursts, seconds))
     return peaks
 
 

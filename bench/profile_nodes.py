@@ -27,7 +27,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import MODELS, emit, matmul_peak_flops, median, model_gemm_shapes, shaped_checkpoint, time_calls
+from bench.common import (MODELS, emit, gemm_calls, gemm_libraries, matmul_peak_flops, median, model_gemm_shapes,
+                          shaped_checkpoint, time_calls)
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}  # int8: bf16 + [quantize] int8
@@ -90,21 +91,16 @@ def int8_peak_ops(shapes) -> float:
 
 def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float | None = None
                ) -> tuple[list[dict], dict[str, float]]:
-    """Each shape timed alone with torch.mm (MKL for float32), oneDNN, and oneDNN on a weight prepacked as
-    the worker packs it (compile/packing.py: what our node's linears call), with `int8_peak` also on the
-    int8 kernel (random_int8_kernel, its fraction of int8_peak): ms per call and the fraction of the peak each
-    reaches; the request's total GEMM ms per library."""
-    rows, totals = [], {"torch.mm": 0.0, "onednn": 0.0, "onednn_prepacked": 0.0}
+    """Each shape timed alone on every library this machine has for `dtype` (bench/common.gemm_libraries:
+    torch.mm, i.e. MKL for float32; oneDNN; oneDNN on a weight prepacked as the worker packs it, what our node's
+    linears call), with `int8_peak` also on the int8 kernel (random_int8_kernel, its fraction of int8_peak): ms
+    per call and the fraction of the peak each reaches; the request's total GEMM ms per library."""
+    rows, totals = [], dict.fromkeys(gemm_libraries(dtype), 0.0)
     if int8_peak is not None:
         totals["onednn_int8_prepacked"] = 0.0
     for (m, k, n), count in shapes.items():
-        a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-        a_dnn, w_dnn = a.to_mkldnn(), w.to_mkldnn()
-        w_packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
-        calls = {"torch.mm": (lambda: torch.mm(a, w.t()), peak),
-                 "onednn": (lambda: torch._C._nn.mkldnn_linear(a_dnn, w_dnn, None), peak),
-                 "onednn_prepacked": (lambda: torch.ops.mkldnn._linear_pointwise(a, w_packed, None, "none", [None], ""),
-                                      peak)}
+        calls = {lib: (fn, peak) for lib, fn in gemm_calls(torch.randn(m, k, dtype=dtype),
+                                                           torch.randn(n, k, dtype=dtype)).items()}
         if int8_peak is not None:
             calls["onednn_int8_prepacked"] = (random_int8_kernel(m, k, n), int8_peak)
         row = {"m": m, "k": k, "n": n, "calls": count}

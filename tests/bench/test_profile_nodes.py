@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from bench.common import gemm_libraries, matmul_peaks
 from bench.profile_nodes import family_of, gemm_table, int8_kernel, random_int8_kernel
+from compile.linear import onednn_bf16
 from compile.quantize.int8 import Int8Linear
 
 
@@ -26,18 +28,26 @@ def test_the_int8_kernel_alone_is_the_int8_layers_kernel():
 
 
 def test_the_gemm_table_times_the_int8_kernel_against_its_own_peak():
-    rows, totals = gemm_table({(16, 64, 32): 2}, torch.bfloat16, peak=1e12, int8_peak=2e12)
+    rows, totals = gemm_table({(16, 64, 32): 2}, torch.float32, peak=1e12, int8_peak=2e12)
     assert set(totals) == {"torch.mm", "onednn", "onednn_prepacked", "onednn_int8_prepacked"}
     row = rows[0]
     assert row["calls"] == 2 and row["onednn_int8_prepacked_ms"] > 0
     assert row["onednn_int8_prepacked_of_peak"] == 2 * 16 * 64 * 32 / (row["onednn_int8_prepacked_ms"] / 1e3) / 2e12
     assert totals["onednn_int8_prepacked"] == row["onednn_int8_prepacked_ms"] * 2
-    assert "onednn_int8_prepacked" not in gemm_table({(16, 64, 32): 1}, torch.bfloat16, peak=1e12)[1]
+    assert "onednn_int8_prepacked" not in gemm_table({(16, 64, 32): 1}, torch.float32, peak=1e12)[1]
+
+
+def test_bfloat16_tables_time_only_the_libraries_this_cpu_has():
+    """On AVX2 alone oneDNN refuses bfloat16 (the build takes aten there): the table and the peak leave it out
+    instead of failing; where it runs, they time it, prepacked as the node's linears are."""
+    expected = {"torch.mm", "onednn", "onednn_prepacked"} if onednn_bf16() else {"torch.mm"}
+    assert set(gemm_libraries(torch.bfloat16)) == expected
+    rows, totals = gemm_table({(16, 64, 32): 1}, torch.bfloat16, peak=1e12)
+    assert set(totals) == expected and all(rows[0][f"{lib}_ms"] > 0 for lib in expected)
+    assert set(matmul_peaks(torch.bfloat16, ((16, 64, 32),), bursts=1, seconds=0.01)) == expected
 
 
 def test_the_peak_includes_the_prepacked_kernel_the_nodes_call():
     """Our linears call oneDNN on prepacked weights; a peak without that kernel can be passed by the node itself."""
-    from bench.common import matmul_peaks
-
     peaks = matmul_peaks(torch.float32, ((64, 64, 64),), bursts=1, seconds=0.01)
     assert set(peaks) == {"torch.mm", "onednn", "onednn_prepacked"} and min(peaks.values()) > 0
