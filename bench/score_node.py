@@ -17,10 +17,12 @@ drifts, every round is kept in ms_by_round):
   openvino    OpenVINO (bench/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
               the run's precision, last position projected, at the micro-batch size that was fastest in
               a sweep (openvino_setting says which).
-  ours_bf16   (--dtype int8) our bf16 node: --dtype int8 builds the bf16 model with `[quantize] int8`
-              (calibrated on random token ids, the default gate) and reports speedup_vs_bf16, the label
-              log-prob drift of ours and of CTranslate2's int8 against transformers in float32 on the same
-              inputs (max_label_logprob_drift, ct2_max_label_logprob_drift); OpenVINO runs bf16.
+  ours_bf16   (--dtype int8) our node without int8 layers: --dtype int8 builds the model in --int8-base
+  ours_fp32   (bf16 where oneDNN multiplies bfloat16 on this CPU, else fp32: on AVX2 alone bfloat16 runs
+              aten's slow path and a user picks float32) with `[quantize] int8` (calibrated on random token ids,
+              the default gate) and reports speedup_vs_bf16 or speedup_vs_fp32, the label log-prob drift of
+              ours and of CTranslate2's int8 against transformers in float32 on the same inputs
+              (max_label_logprob_drift, ct2_max_label_logprob_drift); OpenVINO and transformers run the base.
 Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
@@ -31,7 +33,7 @@ non-zero (bench/provenance.py).
 
     .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16|int8] [--layers N]
                                          [--requests R] [--rounds R] [--quick] [--no-ct2] [--no-openvino]
-                                         [--build-only]
+                                         [--int8-budget N] [--int8-base bf16|fp32] [--build-only]
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ from bench.common import (CACHE, MODELS, SCORE_BOUNDS, Clock, bench_config, buil
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
-# int8: the bf16 model with the linear layers `[quantize] int8` chose running oneDNN's int8 GEMMs (compile/quantize/)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the float precisions; --dtype int8: the --int8-base
+# model with the linear layers `[quantize] int8` chose running oneDNN's int8 GEMMs (compile/quantize/), see run_dtype
 SAMPLES = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
@@ -67,6 +69,28 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
         lengths = [rng.randint(low, high) for _ in range(samples)]
         requests.append([torch.tensor([rng.randrange(vocab) for _ in range(n)]) for n in lengths])
     return requests
+
+
+def default_int8_base() -> str:
+    """The float precision a user of this CPU would quantize: bf16 where oneDNN multiplies bfloat16, else fp32."""
+    from compile.linear import onednn_bf16
+
+    return "bf16" if onednn_bf16() else "fp32"
+
+
+def float_dtype_name(args) -> str:
+    """The run's float precision: --dtype, or for int8 its base."""
+    return args.int8_base if args.dtype == "int8" else args.dtype
+
+
+def run_dtype(args) -> torch.dtype:
+    """The torch dtype of the run's float side (the checkpoint, transformers, OpenVINO, our float node)."""
+    return DTYPES[float_dtype_name(args)]
+
+
+def run_label(args) -> str:
+    """The run's name in cache folders and result files: the dtype, `int8-fp32` for int8 on a float32 base."""
+    return "int8-fp32" if args.dtype == "int8" and args.int8_base == "fp32" else args.dtype
 
 
 def int8_config(budget: float | None):
@@ -104,8 +128,9 @@ class Contenders:
 
     def __init__(self, node, hf, ct2, micro_batch: int, ct2_setting: tuple[str, int] | None,
                  onednn_micro_batch: int | None = None, openvino=None, openvino_setting: tuple[str, int] | None = None,
-                 bf16_node=None):
-        self.node, self.hf, self.ct2, self.openvino, self.bf16_node = node, hf, ct2, openvino, bf16_node
+                 float_node=None, float_name: str = "bf16"):
+        self.node, self.hf, self.ct2, self.openvino, self.float_node = node, hf, ct2, openvino, float_node
+        self.float_name = float_name
         self.micro_batch, self.ct2_setting, self.onednn_micro_batch = micro_batch, ct2_setting, onednn_micro_batch
         self.openvino_setting = openvino_setting
 
@@ -113,7 +138,8 @@ class Contenders:
         ids, lens = torch.cat(samples), torch.tensor([len(s) for s in samples])
         fns = {
             "ours": lambda: self.node(ids, lens, LABELS, 2),
-            **({"ours_bf16": lambda: self.bf16_node(ids, lens, LABELS, 2)} if self.bf16_node is not None else {}),
+            **({f"ours_{self.float_name}": lambda: self.float_node(ids, lens, LABELS, 2)}
+               if self.float_node is not None else {}),
             "hf_careful": lambda: hf_side.careful(self.hf, samples, PAD_ID),
             "hf_best": lambda: hf_side.best(self.hf, samples, PAD_ID, self.micro_batch),
         }
@@ -241,11 +267,14 @@ def fp32_checks(outputs: list[dict]) -> list[dict]:
     return checks
 
 
-def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sweep: dict) -> list[dict]:
-    """Request 0 of a bf16 run against transformers in float32 on the same (bf16-valued) weights;
-    CTranslate2 in float32 (from its sweep) strictly, its timed compute type within its own bound."""
+def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sweep: dict) -> list[dict]:
+    """Request 0 of a bf16 or int8 run against transformers in float32 on the same (in bf16: bf16-valued) weights,
+    each side within 1.5x transformers' own error in the run's float dtype (bench/parity.bf16_check; in an int8
+    run on a float32 base that error is nil, so the bound is its floor); CTranslate2 in float32 (from its sweep)
+    strictly, its timed compute type within its own bound."""
     ref_labels, careful = reference[:, LABELS], out["hf_careful"][:, LABELS]
-    ours = "ours_bf16" if "ours_bf16" in out else "ours"  # an int8 run's float side (int8 has its own check)
+    # an int8 run's float side (the int8 node has its own check)
+    ours = next((name for name in ("ours_bf16", "ours_fp32") if name in out), "ours")
     checks = [parity.bf16_check(f"{ours}_label_logits_vs_fp32", out[ours].label_logits, careful, ref_labels),
               parity.bf16_check("hf_best_label_logits_vs_fp32", out["hf_best"][:, LABELS], careful, ref_labels)]
     if "float32" in ct2_sweep:
@@ -261,13 +290,16 @@ def bf16_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sw
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
-                        help="int8: the bf16 model with [quantize] int8, against our bf16 node as well")
+    parser.add_argument("--dtype", choices=(*sorted(DTYPES), "int8"), default="fp32",
+                        help="int8: the --int8-base model with [quantize] int8, against our node without it as well")
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
     parser.add_argument("--int8-budget", type=float, help="--dtype int8: selection budget in nats (default: "
                         "[quantize]'s defaults), the gate loosened to match (score_node.int8_config)")
+    parser.add_argument("--int8-base", choices=("bf16", "fp32"), default=None,
+                        help="--dtype int8: the float precision quantized (default: bf16 where oneDNN multiplies "
+                        "bfloat16 on this CPU, else fp32)")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per request (default 1); each "
                         "request counts at its median round, every round is in ms_by_round")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
@@ -276,7 +308,11 @@ def parse_args() -> argparse.Namespace:
                         help="leave OpenVINO out (speedup_vs_openvino is null)")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
                         "it for CTranslate2 and OpenVINO (all cached in bench/.cache) and stop")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.int8_base is not None and args.dtype != "int8":
+        parser.error("--int8-base goes with --dtype int8")
+    args.int8_base = args.int8_base or default_int8_base()
+    return args
 
 
 @dataclasses.dataclass
@@ -290,7 +326,7 @@ class Run:
     checkpoint: object
     spec: object
     node: object = None
-    bf16_node: object = None  # int8 runs: the same model without int8 layers
+    float_node: object = None  # int8 runs: the same model without int8 layers (in the base precision)
     quantized: dict | None = None  # int8 runs: the manifest's record of the int8 layers and the gate
     hf: object = None
     ct2: object = None
@@ -307,17 +343,17 @@ def prepare(args) -> Run:
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)
-    dtype = DTYPES[args.dtype]
+    dtype = run_dtype(args)
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     run = Run(args, layers, args.quick or layers != depth, (32, 160 if args.quick else 480), checkpoint,
               read_spec(checkpoint))
     dtype_name = str(dtype).removeprefix("torch.")
     budget = "" if args.int8_budget is None else f"-{args.int8_budget:g}nats"
-    name = f"score-{args.model}-{args.dtype}-{layers}l" + (budget if args.dtype == "int8" else "")
+    name = f"score-{args.model}-{run_label(args)}-{layers}l" + (budget if args.dtype == "int8" else "")
     run.node = build_node(checkpoint, dtype_name, name, int8_config(args.int8_budget) if args.dtype == "int8" else None)
     if args.dtype == "int8":
         run.quantized = read_manifest(CACHE / "artifacts" / name).quantize
-        run.bf16_node = build_node(checkpoint, dtype_name, f"score-{args.model}-bf16-{layers}l")
+        run.float_node = build_node(checkpoint, dtype_name, f"score-{args.model}-{args.int8_base}-{layers}l")
     run.ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     run.openvino = None if args.no_openvino else OpenVinoModel(checkpoint, torch.get_num_threads())
     if not args.build_only:
@@ -327,12 +363,12 @@ def prepare(args) -> Run:
 
 def measure(run: Run, requests) -> dict:
     """Sweep the baselines' batching, time every contender interleaved, measure the peak around it."""
-    dtype, clock = DTYPES[run.args.dtype], Clock()
+    dtype, clock = run_dtype(run.args), Clock()
     peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(run.spec))
     peak_before = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_before")
     reference = None
-    if run.args.dtype != "fp32":  # transformers in float32 on the same (bf16-valued) weights, request 0
+    if run.args.dtype != "fp32":  # transformers in float32 on the same weights (bf16-valued in bf16), request 0
         from transformers import AutoModelForCausalLM
 
         fp32 = AutoModelForCausalLM.from_pretrained(run.checkpoint, dtype=torch.float32).eval()
@@ -340,8 +376,8 @@ def measure(run: Run, requests) -> dict:
         del fp32
     clock.lap("reference")
     micro_batch, ct2_setting, sweeps, ct2_sweep = pick_settings(run.node, run.hf, run.ct2, requests[0], reference)
-    if run.bf16_node is not None:  # warm-up
-        run.bf16_node(torch.cat(requests[0]), torch.tensor([len(s) for s in requests[0]]), LABELS, 2)
+    if run.float_node is not None:  # warm-up
+        run.float_node(torch.cat(requests[0]), torch.tensor([len(s) for s in requests[0]]), LABELS, 2)
     onednn_micro_batch = None
     if run.args.dtype == "fp32":  # bf16 linears already run on oneDNN through aten
         onednn_micro_batch, sweeps["hf_best_onednn_micro_batch_ms"] = pick_onednn_micro_batch(run.hf, requests[0])
@@ -350,7 +386,7 @@ def measure(run: Run, requests) -> dict:
         openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0])
     clock.lap("warm_up_and_sweeps")
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
-                            run.openvino, openvino_setting, run.bf16_node)
+                            run.openvino, openvino_setting, run.float_node, float_dtype_name(run.args))
     with timed_part():
         seconds, outputs, by_round = time_requests(contenders, requests, run.args.rounds)
     clock.lap("timed_requests")
@@ -360,7 +396,7 @@ def measure(run: Run, requests) -> dict:
     if run.args.dtype == "fp32":
         checks = fp32_checks(outputs)
     else:
-        checks = bf16_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
+        checks = reference_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
     if run.args.dtype == "int8":
         drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
         checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
@@ -403,10 +439,10 @@ def report(run: Run, requests, m: dict) -> dict:
     int8 = m["int8_drift"] or {}
     return {
         "bench": "score_node", "model": run.args.model, "layers": run.layers, "dtype": run.args.dtype,
-        "quick": run.quick,
+        "int8_base": run.args.int8_base if run.args.dtype == "int8" else None, "quick": run.quick,
         # int8 layers run integer dot products against a float peak: no single peak to divide by
         "executed_mfu": None if run.args.dtype == "int8" else executed_mfu(flops, seconds["ours"], peak),
-        "speedup_vs_bf16": ratio("ours_bf16"),
+        "speedup_vs_bf16": ratio("ours_bf16"), "speedup_vs_fp32": ratio("ours_fp32"),
         "max_label_logprob_drift": int8.get("max_label_logprob_drift"),
         "ct2_max_label_logprob_drift": int8.get("ct2_max_label_logprob_drift"), "int8_drift": m["int8_drift"],
         "int8_layers": run.quantized and f"{len(run.quantized['int8_layers'])} of "
@@ -420,7 +456,8 @@ def report(run: Run, requests, m: dict) -> dict:
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
         "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if run.args.dtype == "fp32"
-                                     else "label logits against transformers in float32 on the same weights"),
+                                     else "label logits against transformers in float32 on the same weights"
+                                     + (" (of our node without int8 layers)" if run.args.dtype == "int8" else "")),
         "parity_ok": parity.all_ok(checks),
         "hidden": run.spec.hidden_size, "heads": run.spec.num_heads, "head_dim": run.spec.head_dim,
         "vocab": run.spec.vocab_size, "samples_per_request": SAMPLES, "sample_tokens": list(run.sample_tokens),
@@ -435,25 +472,32 @@ def report(run: Run, requests, m: dict) -> dict:
                                                                     f"{m['onednn_micro_batch']}",
                      "ct2": ct2 and f"max_batch_size={ct2[1]} (sorted by length), {ct2[0]}",
                      "openvino": openvino_label(m["openvino"])},
-        "gemm": gemm_labels(run.args.dtype, seconds),
+        "gemm": gemm_labels(run.args, seconds),
         "sweeps_ms": m["sweeps"], "executed_gflop_per_request": flops / 1e9,
         "executed_gflops": flops / seconds["ours"] / 1e9, "peak_gflops": peak / 1e9,
         "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": checks,
     }
 
 
-def gemm_labels(dtype: str, seconds: dict) -> dict[str, str]:
+def gemm_labels(args, seconds: dict) -> dict[str, str]:
     """Which GEMM library each side's linear layers called."""
-    if dtype != "fp32":
-        ours = ("oneDNN int8 (VNNI, or AMX where the CPU has it) for the chosen layers, bfloat16 oneDNN for the rest"
-                if dtype == "int8" else "oneDNN matmul, weights prepacked at load (model.gemm = auto)")
-        labels = {"ours": ours, "ours_bf16": "oneDNN matmul, weights prepacked at load", "ct2": "its own",
-                  "openvino": "its own"}
+    from compile.linear import resolve_gemm
+
+    dtype = float_dtype_name(args)
+    ours = {"onednn": "oneDNN matmul, weights prepacked at load (model.gemm = auto)",
+            "aten": "aten's matmul (model.gemm = auto: oneDNN has no bfloat16 on this CPU)"}[
+        resolve_gemm("auto", "cpu", run_dtype(args))]
+    if args.dtype == "int8":
+        int8 = "oneDNN int8 (VNNI or AMX where the CPU has them, else AVX2 with 7-bit activations)"
+        labels = {"ours": f"{int8} for the chosen layers; the rest: {ours}", f"ours_{dtype}": ours}
+    else:
+        labels = {"ours": ours}
+    if dtype == "bf16":
+        labels |= {"ct2": "its own", "openvino": "its own"}
         return {name: labels.get(name, "oneDNN (bfloat16 through aten)") for name in seconds}
-    labels = {"ours": "oneDNN matmul, weights prepacked at load (model.gemm = auto)",
-              "hf_careful": "torch default (MKL sgemm)",
-              "hf_best": "torch default (MKL sgemm)", "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
-              "openvino": "its own (oneDNN inside its CPU plugin)"}
+    labels |= {"hf_careful": "torch default (MKL sgemm)", "hf_best": "torch default (MKL sgemm)",
+               "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
+               "openvino": "its own (oneDNN inside its CPU plugin)"}
     return {name: labels[name] for name in seconds}
 
 
@@ -472,7 +516,7 @@ def main() -> None:
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(run, requests, measured)
     budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
-    emit(f"score_node-{args.model}-{args.dtype}-{run.layers}l{budget}" + ("-quick" if args.quick else ""), result,
+    emit(f"score_node-{args.model}-{run_label(args)}-{run.layers}l{budget}" + ("-quick" if args.quick else ""), result,
          threads=measured["threads"])  # refuses (exit 1, nothing written) when parity failed
 
 

@@ -1,0 +1,56 @@
+"""bench/score_node.py --dtype int8 quantizes the float precision a user of this CPU would pick (--int8-base):
+bfloat16 where oneDNN multiplies it, float32 on AVX2 alone, where bfloat16 runs aten's slow path; the run's float
+side, its files and its labels follow the base."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from bench import score_node
+from compile.linear import onednn_bf16
+
+
+def parsed(monkeypatch, *argv: str):
+    monkeypatch.setattr(sys, "argv", ["score_node.py", *argv])
+    return score_node.parse_args()
+
+
+def test_int8_quantizes_bfloat16_where_onednn_has_it_else_float32(monkeypatch):
+    args = parsed(monkeypatch, "--dtype", "int8")
+    base = "bf16" if onednn_bf16() else "fp32"
+    assert args.int8_base == base
+    assert score_node.run_dtype(args) == {"bf16": torch.bfloat16, "fp32": torch.float32}[base]
+    assert score_node.run_label(args) == {"bf16": "int8", "fp32": "int8-fp32"}[base]
+
+
+def test_a_float32_base_is_named_apart_from_the_bfloat16_one(monkeypatch):
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32")
+    assert (score_node.run_dtype(args), score_node.run_label(args)) == (torch.float32, "int8-fp32")
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "bf16")
+    assert (score_node.run_dtype(args), score_node.run_label(args)) == (torch.bfloat16, "int8")
+    args = parsed(monkeypatch, "--dtype", "fp32")
+    assert (score_node.run_dtype(args), score_node.run_label(args)) == (torch.float32, "fp32")
+
+
+def test_a_base_without_int8_is_refused(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        parsed(monkeypatch, "--dtype", "fp32", "--int8-base", "bf16")
+    assert "--int8-base goes with --dtype int8" in capsys.readouterr().err
+
+
+def test_the_float_side_is_timed_and_labelled_under_its_base(monkeypatch):
+    calls = []
+    contenders = score_node.Contenders(lambda *a: calls.append("int8"), None, None, 15, None,
+                                       float_node=lambda *a: calls.append("fp32"), float_name="fp32")
+    fns = contenders.for_request([torch.tensor([1, 2, 3])])
+    assert {"ours", "ours_fp32"} <= set(fns) and "ours_bf16" not in fns
+    fns["ours_fp32"]()
+    assert calls == ["fp32"]
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32")
+    labels = score_node.gemm_labels(args, {"ours": 1.0, "ours_fp32": 1.0, "hf_best": 1.0})
+    assert labels["ours"].startswith("oneDNN int8")
+    assert labels["ours_fp32"] == "oneDNN matmul, weights prepacked at load (model.gemm = auto)"
+    assert labels["hf_best"] == "torch default (MKL sgemm)"
