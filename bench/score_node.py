@@ -52,8 +52,9 @@ from bench.common import (CACHE, MODELS, SCORE_BOUNDS, Clock, bench_config, buil
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the float precisions; --dtype int8: the --int8-base
-# model with the linear layers `[quantize] int8` chose running oneDNN's int8 GEMMs (compile/quantize/), see run_dtype
+# The float precisions. --dtype int8: the --int8-base model with the linear layers `[quantize] int8` chose running
+# oneDNN's int8 GEMMs (compile/quantize/), see run_dtype
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SAMPLES = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
@@ -88,9 +89,12 @@ def run_dtype(args) -> torch.dtype:
     return DTYPES[float_dtype_name(args)]
 
 
-def run_label(args) -> str:
-    """The run's name in cache folders and result files: the dtype, `int8-fp32` for int8 on a float32 base."""
-    return "int8-fp32" if args.dtype == "int8" and args.int8_base == "fp32" else args.dtype
+def run_name(args, layers: int) -> str:
+    """The run's name in build folders and result files: model, dtype (`int8-fp32` for int8 on a float32 base),
+    depth, and an int8 run's selection budget when one was given."""
+    label = "int8-fp32" if args.dtype == "int8" and args.int8_base == "fp32" else args.dtype
+    budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
+    return f"{args.model}-{label}-{layers}l{budget}"
 
 
 def int8_config(budget: float | None):
@@ -311,7 +315,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.int8_base is not None and args.dtype != "int8":
         parser.error("--int8-base goes with --dtype int8")
-    args.int8_base = args.int8_base or default_int8_base()
+    if args.dtype == "int8":
+        args.int8_base = args.int8_base or default_int8_base()
     return args
 
 
@@ -348,8 +353,7 @@ def prepare(args) -> Run:
     run = Run(args, layers, args.quick or layers != depth, (32, 160 if args.quick else 480), checkpoint,
               read_spec(checkpoint))
     dtype_name = str(dtype).removeprefix("torch.")
-    budget = "" if args.int8_budget is None else f"-{args.int8_budget:g}nats"
-    name = f"score-{args.model}-{run_label(args)}-{layers}l" + (budget if args.dtype == "int8" else "")
+    name = f"score-{run_name(args, layers)}"
     run.node = build_node(checkpoint, dtype_name, name, int8_config(args.int8_budget) if args.dtype == "int8" else None)
     if args.dtype == "int8":
         run.quantized = read_manifest(CACHE / "artifacts" / name).quantize
@@ -439,7 +443,7 @@ def report(run: Run, requests, m: dict) -> dict:
     int8 = m["int8_drift"] or {}
     return {
         "bench": "score_node", "model": run.args.model, "layers": run.layers, "dtype": run.args.dtype,
-        "int8_base": run.args.int8_base if run.args.dtype == "int8" else None, "quick": run.quick,
+        "int8_base": run.args.int8_base, "quick": run.quick,
         # int8 layers run integer dot products against a float peak: no single peak to divide by
         "executed_mfu": None if run.args.dtype == "int8" else executed_mfu(flops, seconds["ours"], peak),
         "speedup_vs_bf16": ratio("ours_bf16"), "speedup_vs_fp32": ratio("ours_fp32"),
@@ -515,8 +519,7 @@ def main() -> None:
     measured = measure(run, requests)
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(run, requests, measured)
-    budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
-    emit(f"score_node-{args.model}-{run_label(args)}-{run.layers}l{budget}" + ("-quick" if args.quick else ""), result,
+    emit(f"score_node-{run_name(args, run.layers)}" + ("-quick" if args.quick else ""), result,
          threads=measured["threads"])  # refuses (exit 1, nothing written) when parity failed
 
 

@@ -23,16 +23,19 @@ def test_int8_quantizes_bfloat16_where_onednn_has_it_else_float32(monkeypatch):
     base = "bf16" if onednn_bf16() else "fp32"
     assert args.int8_base == base
     assert score_node.run_dtype(args) == {"bf16": torch.bfloat16, "fp32": torch.float32}[base]
-    assert score_node.run_label(args) == {"bf16": "int8", "fp32": "int8-fp32"}[base]
+    names = {"bf16": "qwen2.5-0.5b-int8-24l", "fp32": "qwen2.5-0.5b-int8-fp32-24l"}
+    assert score_node.run_name(args, 24) == names[base]
 
 
 def test_a_float32_base_is_named_apart_from_the_bfloat16_one(monkeypatch):
-    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32")
-    assert (score_node.run_dtype(args), score_node.run_label(args)) == (torch.float32, "int8-fp32")
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1")
+    assert (score_node.run_dtype(args), score_node.run_name(args, 24)) == (torch.float32,
+                                                                          "qwen2.5-0.5b-int8-fp32-24l-1nats")
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "bf16")
-    assert (score_node.run_dtype(args), score_node.run_label(args)) == (torch.bfloat16, "int8")
-    args = parsed(monkeypatch, "--dtype", "fp32")
-    assert (score_node.run_dtype(args), score_node.run_label(args)) == (torch.float32, "fp32")
+    assert (score_node.run_dtype(args), score_node.run_name(args, 24)) == (torch.bfloat16, "qwen2.5-0.5b-int8-24l")
+    args = parsed(monkeypatch, "--dtype", "fp32", "--int8-budget", "1")  # a budget names only int8 runs
+    assert (score_node.run_dtype(args), score_node.run_name(args, 24)) == (torch.float32, "qwen2.5-0.5b-fp32-24l")
+    assert args.int8_base is None
 
 
 def test_a_base_without_int8_is_refused(monkeypatch, capsys):
