@@ -132,13 +132,12 @@ def _best_rate(fn, flops: float, bursts: int, seconds: float) -> float:
 def gemm_libraries(dtype: torch.dtype) -> tuple[str, ...]:
     """The libraries this machine multiplies `dtype` matrices with, as the benchmarks name them: torch.mm
     always; oneDNN where it takes the dtype (bfloat16 needs AVX512-BF16 / AVX-NE-CONVERT; on AVX2 alone
-    oneDNN raises instead); `onednn_prepacked` where a build's linears take oneDNN on prepacked weights
-    (compile/linear.resolve_gemm)."""
-    from compile.linear import onednn_bf16, resolve_gemm
+    oneDNN raises instead), both on the plain weight and on one prepacked as a build with `model.gemm =
+    onednn` packs it (compile/packing.py), whether or not "auto" takes oneDNN here."""
+    from compile.linear import onednn_bf16
 
     onednn = torch.backends.mkldnn.is_available() and (dtype != torch.bfloat16 or onednn_bf16())
-    packed = resolve_gemm("auto", "cpu", dtype) == "onednn"
-    return ("torch.mm",) + ("onednn",) * onednn + ("onednn_prepacked",) * packed
+    return ("torch.mm",) + ("onednn", "onednn_prepacked") * onednn
 
 
 def gemm_calls(a: torch.Tensor, w: torch.Tensor) -> dict:

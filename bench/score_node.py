@@ -488,8 +488,9 @@ def gemm_labels(args, seconds: dict) -> dict[str, str]:
     from compile.linear import resolve_gemm
 
     dtype = float_dtype_name(args)
-    ours = {"onednn": "oneDNN matmul, weights prepacked at load (model.gemm = auto)",
-            "aten": "aten's matmul (model.gemm = auto: oneDNN has no bfloat16 on this CPU)"}[
+    aten = {"fp32": "MKL's sgemm (model.gemm = auto: without AVX-512 it beats oneDNN's)",
+            "bf16": "aten's matmul (model.gemm = auto: oneDNN has no bfloat16 on this CPU)"}
+    ours = {"onednn": "oneDNN matmul, weights prepacked at load (model.gemm = auto)", "aten": aten[dtype]}[
         resolve_gemm("auto", "cpu", run_dtype(args))]
     if args.dtype == "int8":
         int8 = "oneDNN int8 (VNNI or AMX where the CPU has them, else AVX2 with 7-bit activations)"
@@ -500,7 +501,7 @@ def gemm_labels(args, seconds: dict) -> dict[str, str]:
         labels |= {"ct2": "its own", "openvino": "its own"}
         return {name: labels.get(name, "oneDNN (bfloat16 through aten)") for name in seconds}
     labels |= {"hf_careful": "torch default (MKL sgemm)", "hf_best": "torch default (MKL sgemm)",
-               "hf_best_onednn": "oneDNN matmul, as ours", "ct2": "its own",
+               "hf_best_onednn": "oneDNN matmul, unpacked", "ct2": "its own",
                "openvino": "its own (oneDNN inside its CPU plugin)"}
     return {name: labels[name] for name in seconds}
 

@@ -149,10 +149,12 @@ def int8_artifacts(make: Make, folder: Path) -> Path:
 
 @suite_build(compile_s=190)
 def beam_artifacts(make: Make, folder: Path) -> Path:
-    """demo_checkpoint compiled with both nodes, scoring and beam search (sharing one weights file)."""
+    """demo_checkpoint compiled with both nodes, scoring and beam search (sharing one weights file), its
+    linears on prepacked oneDNN (`[model] gemm = "onednn"`) on every CPU: the suite's prepacked build
+    where "auto" keeps aten (AVX2 alone; compile/linear.py)."""
     from shared.config import BeamConfig, ScoreConfig
 
-    return build_artifacts(demo(make), "beam", score=ScoreConfig(enabled=True),
+    return build_artifacts(demo(make), "beam", model={"gemm": "onednn"}, score=ScoreConfig(enabled=True),
                            beam=BeamConfig(enabled=True))
 
 

@@ -29,7 +29,8 @@ def qwen2_with_head(make, folder):
 
 @suite_build(compile_s=60)
 def llama_artifacts(make, folder):
-    """Llama, GQA 4:1, untied embeddings; its linears on aten's GEMM (`[model] gemm = "aten"`): the
-    suite's one aten build (tests/compile/test_linear.py), every other float build runs oneDNN."""
+    """Llama, GQA 4:1, untied embeddings; its linears on aten's GEMM (`[model] gemm = "aten"`) on every CPU
+    (tests/compile/test_linear.py); the other float builds take what "auto" takes here, but beam_artifacts,
+    which asks for oneDNN."""
     path = make("llama", tie_word_embeddings=False, num_key_value_heads=1)
     return path, build_artifacts(path, "llama", model={"gemm": "aten"})

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compile.linear import Linear, linear, onednn_bf16, resolve_gemm
+from compile.linear import Linear, linear, onednn_bf16, onednn_fp32, resolve_gemm
 from compile.packing import combine, pack, packable
 from shared.config import ConfigError, parse_config
 from tests.compile.test_score_node import check_against_transformers
@@ -37,14 +37,25 @@ def test_onednn_linear_reads_a_row_slice_of_the_weight():
 
 
 @needs_onednn
-def test_both_kernels_are_accepted_for_a_cpu_build_and_auto_takes_onednn_there():
+def test_both_kernels_are_accepted_for_a_cpu_build_and_auto_follows_the_cpu():
     assert resolve_gemm("aten", "cpu", torch.float32) == "aten"
     assert resolve_gemm("onednn", "cpu", torch.float32) == "onednn"
-    assert resolve_gemm("auto", "cpu", torch.float32) == "onednn"
+    assert resolve_gemm("auto", "cpu", torch.float32) == ("onednn" if onednn_fp32() else "aten")
     assert resolve_gemm("auto", "cpu", torch.bfloat16) == ("onednn" if onednn_bf16() else "aten")
     assert resolve_gemm("auto", "cpu", torch.float16) == "aten"
     assert resolve_gemm("auto", "cuda", torch.float32) == "aten"
     assert resolve_gemm("aten", "cuda", torch.float32) == "aten"
+
+
+@needs_onednn
+@pytest.mark.parametrize("avx512", [True, False])
+def test_auto_takes_onednn_for_float32_with_avx512_and_mkl_on_avx2_alone(monkeypatch, avx512):
+    """Where each kernel won (compile/linear.py): oneDNN on AVX-512, MKL's sgemm on AVX2 alone; an
+    explicit choice stands on either CPU."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+    assert resolve_gemm("auto", "cpu", torch.float32) == ("onednn" if avx512 else "aten")
+    assert resolve_gemm("onednn", "cpu", torch.float32) == "onednn"
+    assert resolve_gemm("aten", "cpu", torch.float32) == "aten"
 
 
 @pytest.mark.skipif(onednn_bf16(), reason="this CPU has oneDNN bfloat16 matmul")
@@ -67,9 +78,9 @@ def test_an_unknown_gemm_in_the_config_is_refused_naming_the_field():
         parse_config({"model": {"gemm": "mkl"}})
 
 
-@needs_onednn
-def test_the_default_float32_cpu_build_records_onednn_in_its_manifest(demo_artifacts):
-    assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == "onednn"
+def test_the_default_float32_cpu_build_records_the_kernel_auto_takes_here_in_its_manifest(demo_artifacts):
+    assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == resolve_gemm("auto", "cpu",
+                                                                                             torch.float32)
 
 
 def test_an_aten_build_matches_transformers(llama_artifacts):
@@ -129,7 +140,8 @@ def test_an_unknown_packing_in_a_manifest_is_refused():
 @needs_onednn
 def test_both_nodes_get_the_same_prepacked_weights(beam_artifacts):
     """Every linear weight but the last layer's q/k/v (sliced by its queries-only pass) and the tied
-    embedding is packed once at load and handed to both packages."""
+    embedding is packed once at load and handed to both packages (beam_artifacts asks for oneDNN, so this
+    runs on every CPU, also where "auto" keeps aten)."""
     from compile.runtime import load_nodes
 
     nodes = load_nodes(beam_artifacts)
