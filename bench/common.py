@@ -15,14 +15,58 @@ from bench.provenance import RESULTS, ROOT, timed_part, write_result
 
 CACHE = ROOT / "bench" / ".cache"
 
-__all__ = ["CACHE", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT", "bench_config",
-           "build_artifacts", "build_nodes", "emit", "gemm_calls", "gemm_libraries", "interleaved_round",
-           "interleaved_times", "load_built", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes",
-           "node_device", "peak_by_library", "run_together", "shaped_checkpoint", "these_threads", "time_calls",
-           "timed_part"]
+__all__ = ["CACHE", "FLOAT_DTYPES", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT",
+           "add_int8_base", "bench_config", "build_artifacts", "build_nodes", "default_int8_base", "dtype_label",
+           "emit", "float_dtype_name", "gemm_calls", "gemm_libraries", "interleaved_round", "interleaved_times",
+           "load_built", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "node_device",
+           "peak_by_library", "run_dtype", "run_together", "settle_int8_base", "shaped_checkpoint", "these_threads",
+           "time_calls", "timed_part"]
 
 SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
 """The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
+
+FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The benchmarks' float precisions; --dtype int8 quantizes one of them, its --int8-base (add_int8_base)."""
+
+
+def default_int8_base() -> str:
+    """The float precision a user of this CPU would quantize: bf16 where oneDNN multiplies bfloat16, else fp32
+    (on AVX2 alone bfloat16 takes aten's slow path and a user picks float32)."""
+    from compile.linear import onednn_bf16
+
+    return "bf16" if onednn_bf16() else "fp32"
+
+
+def add_int8_base(parser) -> None:
+    """--int8-base on a benchmark's parser (checked by settle_int8_base)."""
+    parser.add_argument("--int8-base", choices=sorted(FLOAT_DTYPES), default=None,
+                        help="--dtype int8: the float precision quantized (default: bf16 where oneDNN multiplies "
+                        "bfloat16 on this CPU, else fp32)")
+
+
+def settle_int8_base(parser, args):
+    """args with --int8-base checked (only with --dtype int8) and, for int8, defaulted (default_int8_base)."""
+    if args.int8_base is not None and args.dtype != "int8":
+        parser.error("--int8-base goes with --dtype int8")
+    if args.dtype == "int8":
+        args.int8_base = args.int8_base or default_int8_base()
+    return args
+
+
+def float_dtype_name(args) -> str:
+    """The run's float precision: --dtype, or for int8 its base."""
+    return args.int8_base if args.dtype == "int8" else args.dtype
+
+
+def run_dtype(args) -> torch.dtype:
+    """The torch dtype of the run's float side (the checkpoint, transformers, our float node)."""
+    return FLOAT_DTYPES[float_dtype_name(args)]
+
+
+def dtype_label(args) -> str:
+    """The run's precision in build folders and result files: --dtype, `int8-fp32` for int8 on a float32 base
+    (int8 on bfloat16 keeps the plain `int8` of the files written before there was a choice)."""
+    return "int8-fp32" if args.dtype == "int8" and args.int8_base == "fp32" else args.dtype
 
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.

@@ -10,8 +10,9 @@ drifts, every round is kept in ms_by_round):
   hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep; its
               float32 linears on torch's default GEMM (MKL's sgemm, an AVX2 path on AMD CPUs);
   hf_best_onednn  (float32 runs) the same with transformers' linears on oneDNN's matmul, the kernel
-              our float32 node uses (bench/hf_baselines.linears_on), at its own fastest micro-batch:
-              its ratio is what the engine adds beyond the GEMM library;
+              our float32 node uses on AVX-512 (bench/hf_baselines.linears_on; on AVX2 alone ours runs MKL's,
+              as hf_best does), at its own fastest micro-batch: its ratio is what the engine adds beyond
+              the GEMM library;
   ct2         CTranslate2 at the max_batch_size (and, for bf16 runs, the CPU compute type) that was
               fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16);
   openvino    OpenVINO (bench/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
@@ -47,14 +48,12 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, MODELS, SCORE_BOUNDS, Clock, bench_config, build_nodes, emit, interleaved_round,
-                          matmul_peaks, model_gemm_shapes, peak_by_library, shaped_checkpoint, timed_part)
+from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, bench_config, build_nodes,
+                          dtype_label, emit, float_dtype_name, interleaved_round, matmul_peaks, model_gemm_shapes,
+                          peak_by_library, run_dtype, settle_int8_base, shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
-# The float precisions. --dtype int8: the --int8-base model with the linear layers `[quantize] int8` chose running
-# oneDNN's int8 GEMMs (compile/quantize/), see run_dtype
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SAMPLES = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
@@ -72,29 +71,11 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
     return requests
 
 
-def default_int8_base() -> str:
-    """The float precision a user of this CPU would quantize: bf16 where oneDNN multiplies bfloat16, else fp32."""
-    from compile.linear import onednn_bf16
-
-    return "bf16" if onednn_bf16() else "fp32"
-
-
-def float_dtype_name(args) -> str:
-    """The run's float precision: --dtype, or for int8 its base."""
-    return args.int8_base if args.dtype == "int8" else args.dtype
-
-
-def run_dtype(args) -> torch.dtype:
-    """The torch dtype of the run's float side (the checkpoint, transformers, OpenVINO, our float node)."""
-    return DTYPES[float_dtype_name(args)]
-
-
 def run_name(args, layers: int) -> str:
     """The run's name in build folders and result files: model, dtype (`int8-fp32` for int8 on a float32 base),
     depth, and an int8 run's selection budget when one was given."""
-    label = "int8-fp32" if args.dtype == "int8" and args.int8_base == "fp32" else args.dtype
     budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
-    return f"{args.model}-{label}-{layers}l{budget}"
+    return f"{args.model}-{dtype_label(args)}-{layers}l{budget}"
 
 
 def int8_config(budget: float | None):
@@ -294,16 +275,14 @@ def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, c
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=(*sorted(DTYPES), "int8"), default="fp32",
+    parser.add_argument("--dtype", choices=(*sorted(FLOAT_DTYPES), "int8"), default="fp32",
                         help="int8: the --int8-base model with [quantize] int8, against our node without it as well")
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
     parser.add_argument("--int8-budget", type=float, help="--dtype int8: selection budget in nats (default: "
                         "[quantize]'s defaults), the gate loosened to match (score_node.int8_config)")
-    parser.add_argument("--int8-base", choices=("bf16", "fp32"), default=None,
-                        help="--dtype int8: the float precision quantized (default: bf16 where oneDNN multiplies "
-                        "bfloat16 on this CPU, else fp32)")
+    add_int8_base(parser)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per request (default 1); each "
                         "request counts at its median round, every round is in ms_by_round")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
@@ -312,12 +291,7 @@ def parse_args() -> argparse.Namespace:
                         help="leave OpenVINO out (speedup_vs_openvino is null)")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
                         "it for CTranslate2 and OpenVINO (all cached in bench/.cache) and stop")
-    args = parser.parse_args()
-    if args.int8_base is not None and args.dtype != "int8":
-        parser.error("--int8-base goes with --dtype int8")
-    if args.dtype == "int8":
-        args.int8_base = args.int8_base or default_int8_base()
-    return args
+    return settle_int8_base(parser, parser.parse_args())
 
 
 @dataclasses.dataclass

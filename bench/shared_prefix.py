@@ -17,7 +17,12 @@ sharing (the default threshold) and one that never shares; requests sent one at 
 as token ids over HTTP. It also reports the worker's fitted latency model's error on the shared
 batches it served (predicted from their computed tokens, against the worker's measured compute_ms).
 
-    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16|int8] [--layers N] [--requests R] [--e2e] [--quick]
+--dtype int8 quantizes the --int8-base model (default: bf16 where oneDNN multiplies bfloat16 on this CPU, else
+fp32; bench/common.default_int8_base) with `[quantize] int8` (random-id calibration, the default gate;
+compile/quantize/); transformers runs the base.
+
+    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16|int8] [--int8-base bf16|fp32] [--layers N]
+                                            [--requests R] [--e2e] [--quick]
 """
 
 from __future__ import annotations
@@ -29,12 +34,11 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, interleaved_round,
-                          matmul_peak_flops, model_gemm_shapes, shaped_checkpoint)
+from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, bench_config, build_nodes,
+                          dtype_label, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, run_dtype,
+                          settle_int8_base, shaped_checkpoint)
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 
-# int8: the bf16 model with `[quantize] int8` (random-id calibration, the default gate; compile/quantize/)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}
 ITEMS = 15
 LABELS = torch.tensor([9454, 2152])  # two label ids ("yes"/"no" in Qwen's vocabulary)
 PAD_ID = 0
@@ -114,14 +118,15 @@ def checks_for(outputs: list[dict], dtype: str, reference: list[torch.Tensor] | 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=(*sorted(FLOAT_DTYPES), "int8"), default="fp32")
+    add_int8_base(parser)
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests (default 2, quick 1)")
     parser.add_argument("--e2e", action="store_true", help="also measure through the gateway (real worker)")
     parser.add_argument("--e2e-requests", type=int, default=2, help="requests per gateway in --e2e")
     parser.add_argument("--quick", action="store_true", help="a smoke test: 2 layers, 1 request")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: one per core)")
-    return parser.parse_args()
+    return settle_int8_base(parser, parser.parse_args())
 
 
 def main() -> None:
@@ -131,14 +136,14 @@ def main() -> None:
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)
     quick = args.quick or layers != depth
-    dtype = DTYPES[args.dtype]
+    dtype = run_dtype(args)
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
     config = build_config(checkpoint, str(dtype).removeprefix("torch."), args.dtype == "int8")
-    artifacts_name = f"shared-{args.model}-{args.dtype}-{layers}l"
+    artifacts_name = f"shared-{args.model}-{dtype_label(args)}-{layers}l"
     node = build_node(config, artifacts_name)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
     requests = make_requests(1 + (args.requests or (1 if args.quick else 2)), spec.vocab_size, (200, 400), (16, 64))
@@ -156,7 +161,8 @@ def main() -> None:
     flops_shared = sum(shared_score_flops(spec, len(c), [len(i) for i in items]) for c, items in timed)
     flops_unshared = sum(score_flops(spec, [len(c) + len(i) for i in items]) for c, items in timed)
     result = {
-        "model": args.model, "layers": layers, "dtype": args.dtype, "quick": quick, "items": ITEMS,
+        "model": args.model, "layers": layers, "dtype": args.dtype, "int8_base": args.int8_base, "quick": quick,
+        "items": ITEMS,
         "context_tokens": [len(c) for c, _ in timed], "requests": len(timed),
         "batched": "one request per call on every side (15 samples)",
         "shared_s_per_request": seconds["shared"], "unshared_s_per_request": seconds["unshared"],
@@ -183,7 +189,8 @@ def main() -> None:
         result["e2e"] = measure_e2e(config, CACHE / "artifacts" / artifacts_name, timed[: args.e2e_requests]
                                     if len(timed) >= args.e2e_requests else requests[: args.e2e_requests])
     threads = f"-{args.threads}t" if args.threads else ""
-    emit(f"shared_prefix-{args.model}-{args.dtype}-{layers}l{threads}{'-quick' if args.quick else ''}", result)
+    emit(f"shared_prefix-{args.model}-{dtype_label(args)}-{layers}l{threads}{'-quick' if args.quick else ''}",
+         result)
     failed = [c["check"] for c in checks if not c["ok"]]
     if failed:
         raise SystemExit(f"parity failed: {failed}")

@@ -1,6 +1,6 @@
-"""bench/score_node.py --dtype int8 quantizes the float precision a user of this CPU would pick (--int8-base):
-bfloat16 where oneDNN multiplies it, float32 on AVX2 alone, where bfloat16 runs aten's slow path; the run's float
-side, its files and its labels follow the base."""
+"""bench/score_node.py and bench/shared_prefix.py --dtype int8 quantize the float precision a user of this CPU would
+pick (--int8-base, bench/common.default_int8_base): bfloat16 where oneDNN multiplies it, float32 on AVX2 alone,
+where bfloat16 runs aten's slow path; the run's float side, its files and its labels follow the base."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import sys
 import pytest
 import torch
 
-from bench import score_node
+from bench import score_node, shared_prefix
+from bench.common import dtype_label, run_dtype
 from compile.linear import onednn_bf16, onednn_fp32
 
 
-def parsed(monkeypatch, *argv: str):
-    monkeypatch.setattr(sys, "argv", ["score_node.py", *argv])
-    return score_node.parse_args()
+def parsed(monkeypatch, *argv: str, bench=score_node):
+    monkeypatch.setattr(sys, "argv", [f"{bench.__name__}.py", *argv])
+    return bench.parse_args()
 
 
 def test_int8_quantizes_bfloat16_where_onednn_has_it_else_float32(monkeypatch):
@@ -38,10 +39,22 @@ def test_a_float32_base_is_named_apart_from_the_bfloat16_one(monkeypatch):
     assert args.int8_base is None
 
 
-def test_a_base_without_int8_is_refused(monkeypatch, capsys):
+@pytest.mark.parametrize("bench", [score_node, shared_prefix], ids=["score_node", "shared_prefix"])
+def test_a_base_without_int8_is_refused(monkeypatch, capsys, bench):
     with pytest.raises(SystemExit):
-        parsed(monkeypatch, "--dtype", "fp32", "--int8-base", "bf16")
+        parsed(monkeypatch, "--dtype", "fp32", "--int8-base", "bf16", bench=bench)
     assert "--int8-base goes with --dtype int8" in capsys.readouterr().err
+
+
+def test_the_shared_prefix_bench_quantizes_the_same_base_and_names_it(monkeypatch):
+    args = parsed(monkeypatch, "--dtype", "int8", bench=shared_prefix)
+    assert args.int8_base == ("bf16" if onednn_bf16() else "fp32")
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", bench=shared_prefix)
+    assert (run_dtype(args), dtype_label(args)) == (torch.float32, "int8-fp32")
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "bf16", bench=shared_prefix)
+    assert (run_dtype(args), dtype_label(args)) == (torch.bfloat16, "int8")
+    args = parsed(monkeypatch, "--dtype", "bf16", bench=shared_prefix)
+    assert (run_dtype(args), dtype_label(args), args.int8_base) == (torch.bfloat16, "bf16", None)
 
 
 def test_the_float_side_is_timed_and_labelled_under_its_base(monkeypatch):
