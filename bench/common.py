@@ -68,6 +68,7 @@ def dtype_label(args) -> str:
     (int8 on bfloat16 keeps the plain `int8` of the files written before there was a choice)."""
     return "int8-fp32" if args.dtype == "int8" and args.int8_base == "fp32" else args.dtype
 
+
 # Qwen2.5-0.5B's layer shapes (hidden 896, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151936,
 # tied embeddings, q/k/v bias); the number of layers is the benchmark's choice.
 QWEN25_05B = dict(
