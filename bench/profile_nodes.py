@@ -162,7 +162,7 @@ def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict
 
     loaded = load_checkpoint(checkpoint, "float32")
     model = build_model(loaded.spec, loaded.state_dict, torch.float32)
-    use_gemm(model, resolve_gemm("auto", "cpu", torch.float32))  # the kernel a default build compiles in
+    use_gemm(model, resolve_gemm("auto", "cpu", torch.float32, "beam"))  # the kernel a default build compiles in
     rows = padded(length, CPU_BLOCK)  # the prompt, then its block padding (a segment of its own)
     ids, positions = torch.randint(0, spec.vocab_size, (rows,)), torch.arange(rows)
     cu = torch.tensor([0, length], dtype=torch.int32)

@@ -465,7 +465,7 @@ def gemm_labels(args, seconds: dict) -> dict[str, str]:
     aten = {"fp32": "MKL's sgemm (model.gemm = auto: without AVX-512 it beats oneDNN's)",
             "bf16": "aten's matmul (model.gemm = auto: oneDNN has no bfloat16 on this CPU)"}
     ours = {"onednn": "oneDNN matmul, weights prepacked at load (model.gemm = auto)", "aten": aten[dtype]}[
-        resolve_gemm("auto", "cpu", run_dtype(args))]
+        resolve_gemm("auto", "cpu", run_dtype(args), "score")]
     if args.dtype == "int8":
         int8 = "oneDNN int8 (VNNI or AMX where the CPU has them, else AVX2 with 7-bit activations)"
         labels = {"ours": f"{int8} for the chosen layers; the rest: {ours}", f"ours_{dtype}": ours}

@@ -85,26 +85,28 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     dtype = DTYPES[checkpoint.spec.dtype if config.model.dtype == "auto" else config.model.dtype]
     device = config.model.device
     model = build_model(checkpoint.spec, checkpoint.state_dict, dtype).to(device)
-    gemm = resolve_gemm(config.model.gemm, device, dtype)
+    workloads = enabled_workloads(config)
+    gemms = {w: resolve_gemm(config.model.gemm, device, dtype, w) for w in workloads}  # per node (compile/linear.py)
     if device == "cpu" and dtype == torch.bfloat16 and not onednn_bf16():
         progress.stage("warning: this CPU has no bfloat16 instructions; bfloat16 matmuls convert on the fly "
                        "(6.5x slower than float32 on an AVX2 machine); model.dtype = 'float32' serves faster here")
-    use_gemm(model, gemm)  # before fp8 calibration, so it measures the kernels that will run
+    use_gemm(model, gemms[workloads[0]])  # before fp8 calibration, so it measures kernels that will run
     fp8 = fp8_for_build(config, model, progress.stage)  # [model] fp8: swaps chosen layers in place
     int8 = int8_for_build(config, model, progress.stage)  # [quantize] int8: the same, or refuses the build
     ctx = BuildContext(config, checkpoint, model, dtype, device)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-built folder must never look up to date
     nodes, weights, packings = {}, {}, []
-    for workload in enabled_workloads(config):
+    for workload in workloads:
         progress.stage(f"exporting the {workload} node")
+        use_gemm(model, gemms[workload])
         module, program, facts = NODE_BUILDERS[workload](ctx)
         weights.update(module.state_dict())
         packings.append(packable(program))
         progress.stage(f"compiling the {workload} node with AOTInductor (minutes on a small CPU)")
         package = out / f"{workload}.pt2"
         aoti_compile(program, package, compiled_threads(config), kernel_profile)
-        nodes[workload] = {"package": package.name, "sha256": file_hash(package), **facts}
+        nodes[workload] = {"package": package.name, "sha256": file_hash(package), "gemm": gemms[workload], **facts}
     progress.stage("writing weights and tokenizer files")
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, out / WEIGHTS)
     tokenizer_files = copy_tokenizer_files(model_dir, out)
@@ -114,7 +116,6 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         "build_key": key,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "dtype": str(dtype).removeprefix("torch."),
-        "gemm": gemm,
         "prepacked": combine(packings),  # weights the runtime packs at load (compile/packing.py)
         "machine": machine_facts(device),
         "cpu_threads": compiled_threads(config),

@@ -10,14 +10,22 @@ aten (bit-identical outputs, measured), but unpacked: through `mkldnn::_linear_p
 weights are prepacked once at load (compile/packing.py), so "auto" takes oneDNN for bfloat16 too. The
 op is CPU-only.
 
-Default "auto": oneDNN for float32 on a CPU with AVX-512 and for bfloat16 on a CPU with bfloat16
-instructions, aten otherwise. On AVX-512, at Qwen2.5-0.5B's shapes, oneDNN made the float32 scoring
-node 1.6x faster at 24 layers (1.7x at 4) and the beam node 1.5x at 4 layers (medians of interleaved
-rounds, bench/gemm_ab.py). On a CPU with AVX2 alone (an AMD EPYC, 2 threads) it was the other way:
-MKL's sgemm ran the 24-layer float32 scoring node 1.12x faster than prepacked oneDNN (19.14 against
-21.51 s a request, all 6 interleaved pairs, bench/node_ab.py --b-gemm aten), and per GEMM shape of
-that request 20.4 against 23.4 s (bench/profile_nodes.py), so there "auto" keeps aten. oneDNN's
-float32 results differ from aten's only in summation order: at 24 layers, 3 requests of 15 samples, the largest label-logit difference from
+Default "auto": oneDNN for float32 on a CPU with AVX-512 (on AVX2 alone: for the beam node only, see
+below) and for bfloat16 on a CPU with bfloat16 instructions, aten otherwise. On AVX-512, at
+Qwen2.5-0.5B's shapes, oneDNN made the float32 scoring node 1.6x faster at 24 layers (1.7x at 4) and
+the beam node 1.5x at 4 layers (medians of interleaved rounds, bench/gemm_ab.py). On a CPU with AVX2
+alone (an AMD EPYC, 2 threads) the scoring node went the other way: MKL's sgemm ran it 1.12x faster
+than prepacked oneDNN at 24 layers (19.14 against 21.51 s a request, all 6 interleaved pairs,
+bench/node_ab.py --b-gemm aten), and per GEMM shape of that request 20.4 against 23.4 s
+(bench/profile_nodes.py), so there "auto" takes aten for the scoring node. Not for the beam node: its
+GEMMs have W rows a decode step (and the prompt's rows once), where oneDNN wins on that CPU (one
+decode step's GEMMs at 100 rows, timed alone outside a package, median of 5 calls, a one-off script:
+MKL 915 ms, oneDNN 832 on dense weights, 754 prepacked; at 400 rows all three within 3 %), and the beam node compiled on aten ran at 0.83x the speed of the one
+on prepacked oneDNN (4.83 against 3.99 s a request, W = 100, all 6 pairs slower, bench/node_ab.py
+--workload beam). So on AVX2 alone "auto" gives each node its own kernel (NARROW_NODES). A weight two
+nodes read on different kernels stays dense (compile/packing.py), so a deployment with both nodes runs
+its beam node on oneDNN with dense weights. oneDNN's float32 results differ from aten's only in
+summation order: at 24 layers, 3 requests of 15 samples, the largest label-logit difference from
 transformers was 1.7e-4 with oneDNN and 1.1e-4 with aten (logits up to ~6: relative 3e-5), so
 neither kernel holds 1e-4 at real depth; at the test models' depth both hold the tests' 1e-4.
 
@@ -68,22 +76,29 @@ def onednn_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def onednn_fp32() -> bool:
-    """Whether "auto" takes oneDNN for float32 here: on a CPU with AVX-512, where it beat MKL's sgemm, and
-    not on AVX2 alone, where MKL's won (module docstring)."""
-    return torch.backends.mkldnn.is_available() and torch.cpu._is_avx512_supported()
+NARROW_NODES = frozenset({"beam"})
+"""Nodes whose GEMMs have a few hundred rows at most (the beam node: W a decode step, the prompt once),
+against the scoring node's thousands of packed tokens."""
 
 
-def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
-    """The backend a build uses, checked against its device: oneDNN's op exists on a CPU only, and in
-    bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it (compile/packing.py prepacks
-    its weights) for float32 on a CPU with AVX-512 and for bfloat16 on one with bfloat16 instructions,
-    and aten otherwise."""
+def onednn_fp32(workload: str) -> bool:
+    """Whether "auto" takes oneDNN for `workload`'s float32 node here: on a CPU with AVX-512, where it beat
+    MKL's sgemm, for every node; on AVX2 alone for the narrow ones only, where MKL's won the scoring
+    node and lost the beam node (module docstring)."""
+    return torch.backends.mkldnn.is_available() and (torch.cpu._is_avx512_supported() or workload in NARROW_NODES)
+
+
+def resolve_gemm(choice: str, device: str, dtype: torch.dtype, workload: str) -> GemmBackend:
+    """The backend `workload`'s node uses, checked against its device: oneDNN's op exists on a CPU only,
+    and in bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it (compile/packing.py
+    prepacks its weights) for float32 where `onednn_fp32` says so and for bfloat16 on a CPU with
+    bfloat16 instructions, and aten otherwise."""
     if choice not in GEMM_CHOICES:
         raise ValueError(f"model.gemm = {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
     on_cpu = device == "cpu" and torch.backends.mkldnn.is_available()
     if choice == "auto":
-        if on_cpu and ((dtype == torch.float32 and onednn_fp32()) or (dtype == torch.bfloat16 and onednn_bf16())):
+        if on_cpu and ((dtype == torch.float32 and onednn_fp32(workload))
+                       or (dtype == torch.bfloat16 and onednn_bf16())):
             return "onednn"
         return "aten"
     if choice == "onednn" and not on_cpu:
@@ -96,9 +111,9 @@ def resolve_gemm(choice: str, device: str, dtype: torch.dtype) -> GemmBackend:
 
 
 def use_gemm(model: nn.Module, backend: GemmBackend) -> nn.Module:
-    """Set the backend on every module with a `gemm` attribute (each Linear, the output projection);
-    returns model."""
+    """Set the backend on every module whose `gemm` names one (each Linear, the output projection; not
+    an int8 layer, whose `gemm` is its kernel call); returns model."""
     for module in model.modules():
-        if hasattr(module, "gemm"):
+        if isinstance(getattr(module, "gemm", None), str):
             module.gemm = backend
     return model

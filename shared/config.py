@@ -51,9 +51,10 @@ class ModelConfig:
     gemm: Literal["auto", "aten", "onednn"] = "auto"
     """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul, 1.5-1.7x
     faster than aten for float32 on the AVX-512 CPU measured), aten (torch's default: MKL sgemm for
-    float32 on a CPU), or auto: onednn for float32 on a CPU with AVX-512 and for bfloat16 on one with
-    bfloat16 instructions (weights prepacked at load, compile/packing.py), aten otherwise (on AVX2 alone
-    MKL's sgemm beat prepacked oneDNN in float32)."""
+    float32 on a CPU), or auto, chosen per node: onednn for float32 on a CPU with AVX-512 and for
+    bfloat16 on one with bfloat16 instructions (weights prepacked at load, compile/packing.py), aten
+    otherwise, but for the beam node's float32 on AVX2 alone (there MKL's sgemm beat prepacked oneDNN
+    on the scoring node's thousands of rows and lost on the beam node's hundreds)."""
     fp8: bool = False
     """Selective FP8 for GPU builds (compile/fp8.py): linear layers chosen at build time by measured accuracy
     loss run torch._scaled_mm in float8 e4m3 with offline scales. Off by default; refused on a CPU, where

@@ -67,6 +67,9 @@ class NodeFacts(Fact):
     package: str = ""
     sha256: str = ""
     attention_block: int = 0
+    gemm: str = ""
+    """The kernel its linear layers call (compile/linear.py; each node its own: "auto" may differ by
+    node); "": not recorded (a manifest from before it was per node, or hand-written)."""
 
 
 class ScoreNodeFacts(NodeFacts):
@@ -130,7 +133,6 @@ class Manifest(Fact):
     build_key: str = ""
     built_at: str = ""
     dtype: str = ""
-    gemm: str = ""
     prepacked: dict[str, str] = {}
     """Weights the runtime packs once at load into their kernel's layout, by name: the packing kind
     (compile/packing.py); absent: none packed."""

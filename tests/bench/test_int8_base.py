@@ -68,7 +68,7 @@ def test_the_float_side_is_timed_and_labelled_under_its_base(monkeypatch):
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32")
     labels = score_node.gemm_labels(args, {"ours": 1.0, "ours_fp32": 1.0, "hf_best": 1.0})
     assert labels["ours"].startswith("oneDNN int8")
-    kernel = "oneDNN matmul, weights prepacked at load" if onednn_fp32() else "MKL's sgemm"
+    kernel = "oneDNN matmul, weights prepacked at load" if onednn_fp32("score") else "MKL's sgemm"
     assert labels["ours_fp32"].startswith(kernel) and "(model.gemm = auto" in labels["ours_fp32"]
     assert labels["ours"].endswith(f"the rest: {labels['ours_fp32']}")
     assert labels["hf_best"] == "torch default (MKL sgemm)"

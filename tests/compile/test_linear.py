@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compile.linear import Linear, linear, onednn_bf16, onednn_fp32, resolve_gemm
+from compile.linear import Linear, linear, onednn_bf16, onednn_fp32, resolve_gemm, use_gemm
 from compile.packing import combine, pack, packable
 from shared.config import ConfigError, parse_config
 from tests.compile.test_score_node import check_against_transformers
@@ -37,40 +37,44 @@ def test_onednn_linear_reads_a_row_slice_of_the_weight():
 
 
 @needs_onednn
-def test_both_kernels_are_accepted_for_a_cpu_build_and_auto_follows_the_cpu():
-    assert resolve_gemm("aten", "cpu", torch.float32) == "aten"
-    assert resolve_gemm("onednn", "cpu", torch.float32) == "onednn"
-    assert resolve_gemm("auto", "cpu", torch.float32) == ("onednn" if onednn_fp32() else "aten")
-    assert resolve_gemm("auto", "cpu", torch.bfloat16) == ("onednn" if onednn_bf16() else "aten")
-    assert resolve_gemm("auto", "cpu", torch.float16) == "aten"
-    assert resolve_gemm("auto", "cuda", torch.float32) == "aten"
-    assert resolve_gemm("aten", "cuda", torch.float32) == "aten"
+@pytest.mark.parametrize("workload", ["score", "beam"])
+def test_both_kernels_are_accepted_for_a_cpu_build_and_auto_follows_the_cpu(workload):
+    assert resolve_gemm("aten", "cpu", torch.float32, workload) == "aten"
+    assert resolve_gemm("onednn", "cpu", torch.float32, workload) == "onednn"
+    assert resolve_gemm("auto", "cpu", torch.float32, workload) == ("onednn" if onednn_fp32(workload) else "aten")
+    assert resolve_gemm("auto", "cpu", torch.bfloat16, workload) == ("onednn" if onednn_bf16() else "aten")
+    assert resolve_gemm("auto", "cpu", torch.float16, workload) == "aten"
+    assert resolve_gemm("auto", "cuda", torch.float32, workload) == "aten"
+    assert resolve_gemm("aten", "cuda", torch.float32, workload) == "aten"
 
 
 @needs_onednn
 @pytest.mark.parametrize("avx512", [True, False])
-def test_auto_takes_onednn_for_float32_with_avx512_and_mkl_on_avx2_alone(monkeypatch, avx512):
-    """Where each kernel won (compile/linear.py): oneDNN on AVX-512, MKL's sgemm on AVX2 alone; an
-    explicit choice stands on either CPU."""
+def test_auto_takes_onednn_for_float32_with_avx512_and_on_avx2_alone_for_the_beam_node_only(monkeypatch, avx512):
+    """Where each kernel won (compile/linear.py): oneDNN on AVX-512; on AVX2 alone MKL's sgemm for the
+    scoring node's thousands of rows and oneDNN for the beam node's hundreds; an explicit choice stands
+    on either CPU."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
-    assert resolve_gemm("auto", "cpu", torch.float32) == ("onednn" if avx512 else "aten")
-    assert resolve_gemm("onednn", "cpu", torch.float32) == "onednn"
-    assert resolve_gemm("aten", "cpu", torch.float32) == "aten"
+    assert resolve_gemm("auto", "cpu", torch.float32, "score") == ("onednn" if avx512 else "aten")
+    assert resolve_gemm("auto", "cpu", torch.float32, "beam") == "onednn"
+    for workload in ("score", "beam"):
+        assert resolve_gemm("onednn", "cpu", torch.float32, workload) == "onednn"
+        assert resolve_gemm("aten", "cpu", torch.float32, workload) == "aten"
 
 
 @pytest.mark.skipif(onednn_bf16(), reason="this CPU has oneDNN bfloat16 matmul")
 def test_onednn_in_bfloat16_on_a_cpu_without_bfloat16_instructions_is_refused_and_auto_takes_aten():
     """On AVX2 alone oneDNN builds no bfloat16 inner product: the op would fail at the first call."""
     with pytest.raises(ValueError, match=r"model\.gemm = 'onednn' in bfloat16 needs a CPU with bfloat16"):
-        resolve_gemm("onednn", "cpu", torch.bfloat16)
+        resolve_gemm("onednn", "cpu", torch.bfloat16, "score")
     x, weight = torch.randn(5, 32).bfloat16(), torch.randn(48, 32).bfloat16()
-    got = linear(x, weight, None, resolve_gemm("auto", "cpu", torch.bfloat16))
+    got = linear(x, weight, None, resolve_gemm("auto", "cpu", torch.bfloat16, "score"))
     assert got.dtype == torch.bfloat16 and (got.float() - x.float() @ weight.float().T).abs().max() <= 0.1
 
 
 def test_onednn_on_cuda_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"model\.gemm = 'onednn'.*'cuda'"):
-        resolve_gemm("onednn", "cuda", torch.float32)
+        resolve_gemm("onednn", "cuda", torch.float32, "score")
 
 
 def test_an_unknown_gemm_in_the_config_is_refused_naming_the_field():
@@ -79,8 +83,16 @@ def test_an_unknown_gemm_in_the_config_is_refused_naming_the_field():
 
 
 def test_the_default_float32_cpu_build_records_the_kernel_auto_takes_here_in_its_manifest(demo_artifacts):
-    assert json.loads((demo_artifacts / "manifest.json").read_text())["gemm"] == resolve_gemm("auto", "cpu",
-                                                                                             torch.float32)
+    nodes = json.loads((demo_artifacts / "manifest.json").read_text())["nodes"]
+    assert nodes["score"]["gemm"] == resolve_gemm("auto", "cpu", torch.float32, "score")
+
+
+def test_a_build_of_both_nodes_records_each_nodes_kernel(int8_artifacts):
+    """The int8 build leaves "auto" to pick its float layers' kernel for both nodes (on AVX2 alone: aten
+    for the scoring node, oneDNN for the beam node, which still serve: tests/compile/test_int8.py)."""
+    nodes = json.loads((int8_artifacts / "manifest.json").read_text())["nodes"]
+    assert {w: nodes[w]["gemm"] for w in ("score", "beam")} == {
+        w: resolve_gemm("auto", "cpu", torch.float32, w) for w in ("score", "beam")}
 
 
 def test_an_aten_build_matches_transformers(llama_artifacts):
@@ -89,7 +101,7 @@ def test_an_aten_build_matches_transformers(llama_artifacts):
     transformers and aten 1.1e-4: see compile/linear.py). The aten build is the llama fixture's
     (tests/compile/conftest.py), shared with the llama node tests rather than built again."""
     path, artifacts = llama_artifacts
-    assert json.loads((artifacts / "manifest.json").read_text())["gemm"] == "aten"
+    assert json.loads((artifacts / "manifest.json").read_text())["nodes"]["score"]["gemm"] == "aten"
     check_against_transformers(artifacts, path)
 
 
@@ -114,6 +126,17 @@ def test_only_weights_the_onednn_op_takes_whole_are_packed():
     # a weight one node takes whole and another slices stays dense for both
     assert combine([found, {"whole.weight": None}]) == {}
     assert combine([found, {"other.weight": "onednn"}]) == {"other.weight": "onednn", "whole.weight": "onednn"}
+
+
+@needs_onednn
+def test_a_weight_another_node_reads_on_aten_stays_dense():
+    """On AVX2 alone "auto" gives the scoring node aten and the beam node oneDNN (compile/linear.py): the
+    weights both read are then handed dense to both."""
+    example = (torch.randn(4, 8),)
+    on_onednn = packable(torch.export.export(WholeAndSliced(), example))
+    on_aten = packable(torch.export.export(use_gemm(WholeAndSliced(), "aten"), example))
+    assert on_onednn["whole.weight"] == "onednn" and on_aten["whole.weight"] is None
+    assert combine([on_onednn, on_aten]) == {} and combine([on_onednn]) == {"whole.weight": "onednn"}
 
 
 @needs_onednn

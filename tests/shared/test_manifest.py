@@ -9,15 +9,15 @@ from shared.bounds import Bounds
 from shared.manifest import Manifest, ManifestError, parse_manifest, read_manifest, manifest_json
 
 BUILT = {
-    "format_version": 1, "name": "demo", "build_key": "k", "dtype": "float32", "gemm": "onednn",
+    "format_version": 1, "name": "demo", "build_key": "k", "dtype": "float32",
     "machine": {"torch": "2.13", "device": "cpu", "machine": "x86_64", "cpu_isa": "avx512"},
     "bounds": {"max_samples_per_batch": 8, "max_tokens_per_sample": 64, "max_tokens_per_batch": 256,
                "max_labels": 4, "max_top_k": 5, "max_prompt_tokens": 64, "max_beam_width": 8,
                "max_new_tokens": 4, "max_beam_requests_per_batch": 2, "max_prefix_tokens": 32},
     "model": {"family": "qwen3", "vocab_size": 1000, "hidden_size": 64, "rope": {"theta": 1e6}},
-    "nodes": {"score": {"package": "score.pt2", "sha256": "a" * 64, "outputs": ["label_logits", "head"],
-                        "static_prefix_ids": [1, 2]},
-              "beam": {"package": "beam.pt2", "sha256": "b" * 64, "eos_ids": [0], "pad_id": 0,
+    "nodes": {"score": {"package": "score.pt2", "sha256": "a" * 64, "gemm": "aten",
+                        "outputs": ["label_logits", "head"], "static_prefix_ids": [1, 2]},
+              "beam": {"package": "beam.pt2", "sha256": "b" * 64, "gemm": "onednn", "eos_ids": [0], "pad_id": 0,
                        "early_stopping": "never"}},
     "weights": {"file": "weights.safetensors", "sha256": "c" * 64},
 }
@@ -29,6 +29,7 @@ def test_a_built_manifest_reads_typed_and_round_trips():
     assert manifest.node_table().workloads() == ("score", "beam")
     assert manifest.node_table().score.static_prefix_ids == (1, 2)
     assert manifest.node_table().beam.early_stopping == "never"
+    assert (manifest.node_table().score.gemm, manifest.node_table().beam.gemm) == ("aten", "onednn")
     assert parse_manifest(manifest_json(manifest)) == manifest
 
 
@@ -41,6 +42,9 @@ def test_an_older_manifest_keeps_the_defaults_readers_always_tolerated():
     assert over.bounds.limit("max_prefix_tokens") == 64  # never over a sample
     assert manifest.node_table().score.static_prefix_ids == () and manifest.node_table().beam is None
     assert manifest.serves("score") and not manifest.serves("beam")
+    assert manifest.node_table().score.gemm == "aten"
+    one_kernel = {**BUILT, "gemm": "onednn", "nodes": {"score": {k: v for k, v in score.items() if k != "gemm"}}}
+    assert parse_manifest(json.dumps(one_kernel)).node_table().score.gemm == ""  # before it was per node
     bare = parse_manifest(json.dumps({"bounds": BUILT["bounds"]}))  # a hand-written one: no nodes, no model
     assert bare.serves("beam") and bare.model.vocab_size is None and bare.name == ""
 
