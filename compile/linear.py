@@ -20,14 +20,15 @@ bench/node_ab.py --b-gemm aten), and per GEMM shape of that request 20.4 against
 (bench/profile_nodes.py), so there "auto" takes aten for the scoring node. Not for the beam node: its
 GEMMs have W rows a decode step (and the prompt's rows once), where oneDNN wins on that CPU (one
 decode step's GEMMs at 100 rows, timed alone outside a package, median of 5 calls, a one-off script:
-MKL 915 ms, oneDNN 832 on dense weights, 754 prepacked; at 400 rows all three within 3 %), and the beam node compiled on aten ran at 0.83x the speed of the one
-on prepacked oneDNN (4.83 against 3.99 s a request, W = 100, all 6 pairs slower, bench/node_ab.py
---workload beam). So on AVX2 alone "auto" gives each node its own kernel (NARROW_NODES). A weight two
-nodes read on different kernels stays dense (compile/packing.py), so a deployment with both nodes runs
-its beam node on oneDNN with dense weights. oneDNN's float32 results differ from aten's only in
-summation order: at 24 layers, 3 requests of 15 samples, the largest label-logit difference from
-transformers was 1.7e-4 with oneDNN and 1.1e-4 with aten (logits up to ~6: relative 3e-5), so
-neither kernel holds 1e-4 at real depth; at the test models' depth both hold the tests' 1e-4.
+MKL 915 ms, oneDNN 832 on dense weights, 754 prepacked; at 400 rows all three within 3 %), and the
+beam node compiled on aten ran at 0.83x the speed of the one on prepacked oneDNN (4.83 against 3.99 s
+a request, W = 100, all 6 pairs slower, bench/node_ab.py --workload beam). So on AVX2 alone "auto"
+gives each node its own kernel (NARROW_NODES). A weight two nodes read on different kernels stays
+dense (compile/packing.py), so a deployment with both nodes runs its beam node on oneDNN with dense
+weights. oneDNN's float32 results differ from aten's only in summation order: at 24 layers, 3
+requests of 15 samples, the largest label-logit difference from transformers was 1.7e-4 with oneDNN
+and 1.1e-4 with aten (logits up to ~6: relative 3e-5), so neither kernel holds 1e-4 at real depth; at
+the test models' depth both hold the tests' 1e-4.
 
 Blocking the token axis (tried, not kept). Outside a package, Qwen2.5-0.5B's whole MLP (prepacked
 oneDNN gate/up, SiLU·mul, down) on 4,285 rows ran 1.37x faster in 512-row blocks in bf16 (752 vs
