@@ -112,9 +112,9 @@ def resolve_gemm(choice: str, device: str, dtype: torch.dtype, workload: str) ->
 
 
 def use_gemm(model: nn.Module, backend: GemmBackend) -> nn.Module:
-    """Set the backend on every module whose `gemm` names one (each Linear, the output projection; not
-    an int8 layer, whose `gemm` is its kernel call); returns model."""
+    """Set the backend on every module with a `gemm` attribute (each Linear, the output projection);
+    returns model."""
     for module in model.modules():
-        if isinstance(getattr(module, "gemm", None), str):
+        if hasattr(module, "gemm"):
             module.gemm = backend
     return model

@@ -74,13 +74,13 @@ class Int8Linear(nn.Module):
         shape = x.shape  # [..., K]
         u, row_scale = quantize_rows(x.reshape(-1, shape[-1]), self.levels)
         top = row_scale.amax()  # 0-d
-        y = self.gemm(u, top, x.dtype)
+        y = self.int8_gemm(u, top, x.dtype)
         y = y * (row_scale / top).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
-    def gemm(self, u: torch.Tensor, top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def int8_gemm(self, u: torch.Tensor, top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """oneDNN's int8 GEMM alone: u [M, K] uint8 from quantize_rows, `top` its largest row scale (0-d) ->
         [M, N] in `dtype`, scaled by top * s_w (forward rescales each row and adds the bias)."""
         zero_point = (top > 0).to(torch.int32) * (self.levels + 1)  # 0-d, always levels + 1 (module docstring)
