@@ -56,7 +56,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # compiling (cached in bench/.cache), so that the timed runs are all `make bench` does.
 SCORE_REQUESTS ?= 2
 # INT8_BUDGET=0.5: the int8 runs select layers under that many nats (gate loosened to match) instead of
-# [quantize]'s defaults (bench/score_node.py --int8-budget)
+# [quantize]'s defaults (--int8-budget of every int8 run: score_node, beam_node, shared_prefix, profile_nodes)
 INT8_BUDGET ?=
 INT8_BUDGET_ARG = $(if $(INT8_BUDGET),--int8-budget $(INT8_BUDGET))
 # The int8 runs leave OpenVINO out (its bf16 figure is the bf16 run's): beside our int8 and bf16 nodes,
@@ -73,7 +73,7 @@ bench-build: bench-venv
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --build-only
 	$(SCORE) --model qwen2.5-0.5b --dtype int8 $(INT8_ARGS) --build-only
 	$(SCORE) --model qwen3-0.6b --dtype int8 $(INT8_ARGS) --build-only
-	$(BEAM) --model qwen2.5-0.5b --int8 --build-only
+	$(BEAM) --model qwen2.5-0.5b --int8 $(INT8_BUDGET_ARG) --build-only
 
 bench: bench-build
 	$(SCORE) --model qwen2.5-0.5b --dtype fp32 --requests $(SCORE_REQUESTS)
@@ -82,10 +82,10 @@ bench: bench-build
 	$(SCORE) --model qwen3-0.6b --dtype bf16 --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen2.5-0.5b --dtype int8 $(INT8_ARGS) --requests $(SCORE_REQUESTS)
 	$(SCORE) --model qwen3-0.6b --dtype int8 $(INT8_ARGS) --requests $(SCORE_REQUESTS)
-	$(BEAM) --model qwen2.5-0.5b --int8
+	$(BEAM) --model qwen2.5-0.5b --int8 $(INT8_BUDGET_ARG)
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype bf16
-	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype int8
+	$(PY) bench/shared_prefix.py --model qwen2.5-0.5b --dtype int8 $(INT8_BUDGET_ARG)
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype fp32
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype bf16
 	$(PY) bench/profile_nodes.py --model qwen2.5-0.5b --dtype int8 $(INT8_BUDGET_ARG)

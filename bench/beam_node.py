@@ -10,12 +10,14 @@ beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender, t
 transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
 once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
 Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
---int8 adds our node built with `[quantize] int8` (random-id calibration, the default gate) as `ours_int8`,
+--int8 adds our node built with `[quantize] int8` (random-id calibration, the default gate, or with --int8-budget N
+a selection budget of N nats and a gate loosened to match, as bench/score_node.py's) as `ours_int8`,
 timed interleaved with the others: `int8` reports its speed-up over our float32 node and how many of the
 returned top-k candidates differ from our float32 node's on the same prompts (not held to parity: int8
 changes scores).
 
-    .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2] [--int8]
+    .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2]
+                                         [--int8 [--int8-budget NATS]]
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (MODELS, Clock, bench_config, build_nodes, emit, interleaved_round, matmul_peaks, median,
-                          model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
+from bench.common import (MODELS, Clock, add_int8_budget, bench_config, budget_label, build_nodes, emit, int8_config,
+                          interleaved_round, matmul_peaks, median, model_gemm_shapes, peak_by_library,
+                          shaped_checkpoint, time_calls)
 from bench.flops import beam_flops, executed_mfu
 
 W, S, K = 100, 4, 4
@@ -36,10 +39,9 @@ PAD_ID = 0
 IDENTICAL_ABS, PEER_ABS = 1e-4, 1e-3  # score tolerance: our node against generate(); CTranslate2 against it
 
 
-def build_node(checkpoint, name: str, max_width: int, int8: bool = False):
-    from shared.config import QuantizeConfig
-
-    return build_nodes(bench_config(checkpoint, "float32", ("beam",), quantize=QuantizeConfig(int8=int8),
+def build_node(checkpoint, name: str, max_width: int, quantize=None):
+    """Our beam node in float32; `quantize` an int8 build's [quantize] (bench/common.int8_config)."""
+    return build_nodes(bench_config(checkpoint, "float32", ("beam",), quantize=quantize,
                                     max_beam_width=max_width, max_new_tokens=S, max_prompt_tokens=512,
                                     max_beam_requests_per_batch=4), name)
 
@@ -179,10 +181,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     parser.add_argument("--int8", action="store_true", help="add our node built with [quantize] int8")
+    add_int8_budget(parser)
     parser.add_argument("--sweep", action="store_true", help="add our node's latency over W x prompt length")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
                         "it for CTranslate2 (all cached in bench/.cache) and stop")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.int8_budget is not None and not args.int8:
+        parser.error("--int8-budget goes with --int8")
+    return args
+
+
+def int8_name(args) -> str:
+    """An --int8 run's part of the build folder and result file names: `-int8`, then its budget (`-int8-1nats`)."""
+    return f"-int8{budget_label(args.int8_budget)}" if args.int8 else ""
 
 
 def speedups(sides: dict) -> dict:
@@ -225,7 +236,8 @@ def prepare(args):
     layers = args.layers or (2 if args.quick else depth)
     checkpoint = shaped_checkpoint(family, shape, layers, torch.float32)
     nodes = build_node(checkpoint, f"beam-{args.model}-{layers}l", 400)
-    int8 = build_node(checkpoint, f"beam-{args.model}-int8-{layers}l", 400, int8=True).beam if args.int8 else None
+    int8 = build_node(checkpoint, f"beam-{args.model}{int8_name(args)}-{layers}l", 400,
+                      int8_config(args.int8_budget)).beam if args.int8 else None
     ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     hf = None if args.build_only else AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     return read_spec(checkpoint), nodes, hf, ct2, layers, int8
@@ -263,7 +275,7 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "executed_mfu_single": executed_mfu(beam_flops(spec, [length], W, S), 1e-3 * sides["ours"]["single_ms"], peak),
         "executed_mfu_batched": executed_mfu(beam_flops(spec, [length] * best, W, S),
                                              best / sides["ours"]["best_requests_per_s"], peak),
-        "int8": m["int8"] and int8_summary(sides, m["int8"]),
+        "int8": m["int8"] and int8_summary(sides, m["int8"]), "int8_budget": args.int8_budget,
         "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
@@ -289,7 +301,7 @@ def main() -> None:
     result = report(args, spec, layers, length, measured)
     if args.sweep:
         result["sweep"] = sweep_ours(nodes.beam, spec.vocab_size, (8, 32, 100, 400), (64, 256, 480))
-    emit(f"beam_node-{args.model}-{layers}l-{length}t" + ("-quick" if args.quick else ""), result)
+    emit(f"beam_node-{args.model}-{layers}l-{length}t{int8_name(args)}" + ("-quick" if args.quick else ""), result)
     if not result["parity_ok"]:
         sys.exit("parity failed: " + ", ".join(c["check"] for c in result["parity"] if not c["ok"]))
 

@@ -16,11 +16,11 @@ from bench.provenance import RESULTS, ROOT, timed_part, write_result
 CACHE = ROOT / "bench" / ".cache"
 
 __all__ = ["CACHE", "FLOAT_DTYPES", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT",
-           "add_int8_base", "bench_config", "build_artifacts", "build_nodes", "default_int8_base", "dtype_label",
-           "emit", "float_dtype_name", "gemm_calls", "gemm_libraries", "interleaved_round", "interleaved_times",
-           "load_built", "matmul_peak_flops", "matmul_peaks", "median", "model_gemm_shapes", "node_device",
-           "peak_by_library", "run_dtype", "run_together", "settle_int8_base", "shaped_checkpoint", "these_threads",
-           "time_calls", "timed_part"]
+           "add_int8_base", "add_int8_budget", "bench_config", "budget_label", "build_artifacts", "build_nodes",
+           "default_int8_base", "dtype_label", "emit", "float_dtype_name", "gemm_calls", "gemm_libraries",
+           "int8_config", "interleaved_round", "interleaved_times", "load_built", "matmul_peak_flops", "matmul_peaks",
+           "median", "model_gemm_shapes", "node_device", "peak_by_library", "run_dtype", "run_name", "run_together",
+           "settle_int8_base", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
 
 SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
 """The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
@@ -42,6 +42,37 @@ def add_int8_base(parser) -> None:
     parser.add_argument("--int8-base", choices=sorted(FLOAT_DTYPES), default=None,
                         help="--dtype int8: the float precision quantized (default: bf16 where oneDNN multiplies "
                         "bfloat16 on this CPU, else fp32)")
+
+
+def add_int8_budget(parser) -> None:
+    """--int8-budget on a benchmark's parser (int8_config reads it)."""
+    parser.add_argument("--int8-budget", type=float, help="int8: selection budget in nats (default: [quantize]'s "
+                        "defaults), the gate loosened to match (bench/common.int8_config)")
+
+
+def int8_config(budget: float | None):
+    """[quantize] for an int8 run: the product's defaults, or with --int8-budget a selection budget of that many
+    nats and a gate loosened to match (max drift 2x the budget, mean drift the budget, agreements 0.5), so that a
+    run can trade drift for int8 coverage up to, say, CTranslate2 int8's own drift."""
+    from shared.config import QuantizeConfig
+
+    if budget is None:
+        return QuantizeConfig(int8=True)
+    return QuantizeConfig(int8=True, selection_max_drift=budget, max_label_logprob_drift=2 * budget,
+                          mean_label_logprob_drift=budget, min_top1_agreement=0.5, min_rank_agreement=0.5)
+
+
+def run_name(args, layers: int) -> str:
+    """A scoring run's name in build folders and result files: model, dtype (`int8-fp32` for int8 on a float32
+    base), depth, and an int8 run's selection budget when one was given (`-1nats`)."""
+    budget = budget_label(args.int8_budget) if args.dtype == "int8" else ""
+    return f"{args.model}-{dtype_label(args)}-{layers}l{budget}"
+
+
+def budget_label(budget: float | None) -> str:
+    """An int8 build's selection budget in its build folder's and result file's name: `-1nats`, or nothing for
+    [quantize]'s defaults."""
+    return "" if budget is None else f"-{budget:g}nats"
 
 
 def settle_int8_base(parser, args):

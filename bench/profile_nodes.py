@@ -10,13 +10,14 @@ Beam: the eager building blocks of one request timed piece by piece (prefill, a 
 vocabulary projection, log-softmax + top-k), each with its FLOP rate; eager attention is
 FlexAttention's unfused reference, so its prefill is an upper bound of the compiled one.
 
-int8 (--dtype int8, the bf16 model with the layers `[quantize] int8` chose, as bench/score_node.py builds
-it, --int8-budget as there): oneDNN's int8 GEMMs are a family of their own (gemm_int8), and each shape is
-also timed alone on the int8 kernel (activations already quantized, weight prepacked) against the best
-int8 rate measured here (int8_peak_gops), beside bfloat16 against its peak.
+int8 (--dtype int8, the model in its --int8-base precision with the layers `[quantize] int8` chose, as
+bench/score_node.py builds it, --int8-base and --int8-budget as there, the same build folders): oneDNN's int8
+GEMMs are a family of their own (gemm_int8), and each shape is also timed alone on the int8 kernel
+(activations already quantized, weight prepacked) against the best int8 rate measured here (int8_peak_gops),
+beside the base precision against its peak.
 
     .venv/bin/python bench/profile_nodes.py [--model qwen2.5-0.5b] [--dtype fp32|bf16|int8] [--layers N]
-                                            [--int8-budget NATS] [--no-beam]
+                                            [--int8-base bf16|fp32] [--int8-budget NATS] [--no-beam]
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import (MODELS, emit, gemm_calls, gemm_libraries, matmul_peak_flops, median, model_gemm_shapes,
-                          shaped_checkpoint, time_calls)
+from bench.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_budget, emit, gemm_calls, gemm_libraries,
+                          int8_config, matmul_peak_flops, median, model_gemm_shapes, run_dtype, run_name,
+                          settle_int8_base, shaped_checkpoint, time_calls)
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16}  # int8: bf16 + [quantize] int8
 FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
     "attention": ("flex_attention",),
     "gemm_int8": ("qlinear",),  # before gemm: its op name holds "linear_pointwise" too
@@ -77,16 +78,17 @@ def int8_kernel(layer, x: torch.Tensor):
     return lambda: layer.int8_gemm(u, top, x.dtype)
 
 
-def random_int8_kernel(m: int, k: int, n: int):
-    """int8_kernel at (m, k, n) on random weights and bfloat16 activations."""
+def random_int8_kernel(m: int, k: int, n: int, dtype: torch.dtype = torch.bfloat16):
+    """int8_kernel at (m, k, n) on random weights and activations in `dtype` (the int8 node's float precision)."""
     from compile.quantize.int8 import Int8Linear
 
-    return int8_kernel(Int8Linear(torch.nn.Linear(k, n, bias=False)), torch.randn(m, k, dtype=torch.bfloat16))
+    return int8_kernel(Int8Linear(torch.nn.Linear(k, n, bias=False)), torch.randn(m, k, dtype=dtype))
 
 
-def int8_peak_ops(shapes) -> float:
-    """The best int8 rate (multiply-adds x 2 per second) of random_int8_kernel over `shapes`: min of 5 calls each."""
-    return max(2 * m * k * n / min(time_calls(random_int8_kernel(m, k, n), repeats=5)) for m, k, n in shapes)
+def int8_peak_ops(shapes, dtype: torch.dtype) -> float:
+    """The best int8 rate (multiply-adds x 2 per second) of random_int8_kernel over `shapes` with activations in
+    `dtype`: min of 5 calls each."""
+    return max(2 * m * k * n / min(time_calls(random_int8_kernel(m, k, n, dtype), repeats=5)) for m, k, n in shapes)
 
 
 def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float | None = None
@@ -102,7 +104,7 @@ def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float |
         calls = {lib: (fn, peak) for lib, fn in gemm_calls(torch.randn(m, k, dtype=dtype),
                                                            torch.randn(n, k, dtype=dtype)).items()}
         if int8_peak is not None:
-            calls["onednn_int8_prepacked"] = (random_int8_kernel(m, k, n), int8_peak)
+            calls["onednn_int8_prepacked"] = (random_int8_kernel(m, k, n, dtype), int8_peak)
         row = {"m": m, "k": k, "n": n, "calls": count}
         for lib, (fn, lib_peak) in calls.items():
             seconds = min(time_calls(fn, repeats=5))
@@ -191,18 +193,23 @@ def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict
             "request_estimate_ms": ms["prefill"] + 3 * ms["decode_step_incl_head"] + 4 * ms["log_softmax_topk"]}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=sorted([*FLOAT_DTYPES, "int8"]), default="fp32")
     parser.add_argument("--layers", type=int)
-    parser.add_argument("--int8-budget", type=float, help="--dtype int8: as bench/score_node.py's")
+    add_int8_base(parser)
+    add_int8_budget(parser)
     parser.add_argument("--no-beam", action="store_true")
-    args = parser.parse_args()
+    return settle_int8_base(parser, parser.parse_args())
+
+
+def main() -> None:
+    args = parse_args()
     family, shape, depth = MODELS[args.model]
-    layers, dtype = args.layers or depth, DTYPES[args.dtype]
+    layers, dtype = args.layers or depth, run_dtype(args)
     from compile.checkpoint import read_spec
-    from bench.score_node import SAMPLES, int8_config, make_requests
+    from bench.score_node import SAMPLES, make_requests
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
@@ -211,19 +218,19 @@ def main() -> None:
     peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec))
     peak = matmul_peak_flops(dtype, peak_shapes)
     int8 = args.dtype == "int8"
-    int8_peak = int8_peak_ops(peak_shapes) if int8 else None
-    budget = f"-{args.int8_budget:g}nats" if int8 and args.int8_budget is not None else ""
+    int8_peak = int8_peak_ops(peak_shapes, dtype) if int8 else None
+    name = run_name(args, layers)  # as score_node names its builds: the same build folders
     result = {"bench": "profile_nodes", "model": args.model, "layers": layers, "dtype": args.dtype,
               "quick": layers != depth, "peak_gflops": peak / 1e9,
-              **({"int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget} if int8 else {}),
-              "score": score_profile(checkpoint, spec, dtype, lengths, peak,
-                                     f"score-{args.model}-{args.dtype}-{layers}l{budget}",
+              **({"int8_base": args.int8_base, "int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget}
+                 if int8 else {}),
+              "score": score_profile(checkpoint, spec, dtype, lengths, peak, f"score-{name}",
                                      int8_config(args.int8_budget) if int8 else None, int8_peak)}
     if not args.no_beam and args.dtype == "fp32":
         result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
     result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, peak_shapes)) / 1e9
     result["seconds"] = time.perf_counter() - start
-    emit(f"profile_nodes-{args.model}-{args.dtype}-{layers}l{budget}", result)
+    emit(f"profile_nodes-{name}", result)
 
 
 if __name__ == "__main__":

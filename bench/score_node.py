@@ -48,9 +48,10 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, bench_config, build_nodes,
-                          dtype_label, emit, float_dtype_name, interleaved_round, matmul_peaks, model_gemm_shapes,
-                          peak_by_library, run_dtype, settle_int8_base, shaped_checkpoint, timed_part)
+from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, add_int8_budget,
+                          bench_config, build_nodes, emit, float_dtype_name, int8_config, interleaved_round,
+                          matmul_peaks, model_gemm_shapes, peak_by_library, run_dtype, run_name, settle_int8_base,
+                          shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
@@ -69,25 +70,6 @@ def make_requests(count: int, samples: int, low: int, high: int, vocab: int, see
         lengths = [rng.randint(low, high) for _ in range(samples)]
         requests.append([torch.tensor([rng.randrange(vocab) for _ in range(n)]) for n in lengths])
     return requests
-
-
-def run_name(args, layers: int) -> str:
-    """The run's name in build folders and result files: model, dtype (`int8-fp32` for int8 on a float32 base),
-    depth, and an int8 run's selection budget when one was given."""
-    budget = f"-{args.int8_budget:g}nats" if args.dtype == "int8" and args.int8_budget is not None else ""
-    return f"{args.model}-{dtype_label(args)}-{layers}l{budget}"
-
-
-def int8_config(budget: float | None):
-    """[quantize] for an int8 run: the product's defaults, or with --int8-budget a selection budget of that many
-    nats and a gate loosened to match (max drift 2x the budget, mean drift the budget, agreements 0.5), so that a
-    run can trade drift for int8 coverage up to, say, CTranslate2 int8's own drift."""
-    from shared.config import QuantizeConfig
-
-    if budget is None:
-        return QuantizeConfig(int8=True)
-    return QuantizeConfig(int8=True, selection_max_drift=budget, max_label_logprob_drift=2 * budget,
-                          mean_label_logprob_drift=budget, min_top1_agreement=0.5, min_rank_agreement=0.5)
 
 
 def build_node(checkpoint, dtype_name: str, name: str, quantize=None):
@@ -280,8 +262,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests of 15 samples (default 3, quick 1)")
     parser.add_argument("--quick", action="store_true", help="2 layers, samples of 32..160 tokens, 1 request")
-    parser.add_argument("--int8-budget", type=float, help="--dtype int8: selection budget in nats (default: "
-                        "[quantize]'s defaults), the gate loosened to match (score_node.int8_config)")
+    add_int8_budget(parser)
     add_int8_base(parser)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per request (default 1); each "
                         "request counts at its median round, every round is in ms_by_round")

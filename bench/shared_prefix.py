@@ -18,10 +18,12 @@ as token ids over HTTP. It also reports the worker's fitted latency model's erro
 batches it served (predicted from their computed tokens, against the worker's measured compute_ms).
 
 --dtype int8 quantizes the --int8-base model (default: bf16 where oneDNN multiplies bfloat16 on this CPU, else
-fp32; bench/common.default_int8_base) with `[quantize] int8` (random-id calibration, the default gate;
+fp32; bench/common.default_int8_base) with `[quantize] int8` (random-id calibration, the default gate, or with
+--int8-budget N a selection budget of N nats and a gate loosened to match, as bench/score_node.py's;
 compile/quantize/); transformers runs the base.
 
-    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16|int8] [--int8-base bf16|fp32] [--layers N]
+    .venv/bin/python bench/shared_prefix.py [--dtype fp32|bf16|int8] [--int8-base bf16|fp32] [--int8-budget NATS]
+                                            [--layers N]
                                             [--requests R] [--e2e] [--quick]
 """
 
@@ -34,9 +36,9 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, bench_config, build_nodes,
-                          dtype_label, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, run_dtype,
-                          settle_int8_base, shaped_checkpoint)
+from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, add_int8_budget, bench_config,
+                          build_nodes, emit, int8_config, interleaved_round, matmul_peak_flops, model_gemm_shapes,
+                          run_dtype, run_name, settle_int8_base, shaped_checkpoint)
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 
 ITEMS = 15
@@ -52,10 +54,9 @@ def make_requests(count: int, vocab: int, context: tuple[int, int], item: tuple[
     return [(ids(rng.randint(*context)), [ids(rng.randint(*item)) for _ in range(ITEMS)]) for _ in range(count)]
 
 
-def build_config(checkpoint, dtype_name: str, int8: bool = False):
-    from shared.config import QuantizeConfig
-
-    return bench_config(checkpoint, dtype_name, quantize=QuantizeConfig(int8=int8), **SCORE_BOUNDS)
+def build_config(checkpoint, dtype_name: str, quantize=None):
+    """The scoring node's config; `quantize` an int8 run's [quantize] (bench/common.int8_config)."""
+    return bench_config(checkpoint, dtype_name, quantize=quantize, **SCORE_BOUNDS)
 
 
 def build_node(config, name: str):
@@ -120,6 +121,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
     parser.add_argument("--dtype", choices=(*sorted(FLOAT_DTYPES), "int8"), default="fp32")
     add_int8_base(parser)
+    add_int8_budget(parser)
     parser.add_argument("--layers", type=int, help="decoder layers (default: the real model's depth; quick 2)")
     parser.add_argument("--requests", type=int, help="timed requests (default 2, quick 1)")
     parser.add_argument("--e2e", action="store_true", help="also measure through the gateway (real worker)")
@@ -142,8 +144,10 @@ def main() -> None:
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
-    config = build_config(checkpoint, str(dtype).removeprefix("torch."), args.dtype == "int8")
-    artifacts_name = f"shared-{args.model}-{dtype_label(args)}-{layers}l"
+    int8 = args.dtype == "int8"
+    quantize = int8_config(args.int8_budget) if int8 else None
+    config = build_config(checkpoint, str(dtype).removeprefix("torch."), quantize)
+    artifacts_name = f"shared-{run_name(args, layers)}"
     node = build_node(config, artifacts_name)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
     requests = make_requests(1 + (args.requests or (1 if args.quick else 2)), spec.vocab_size, (200, 400), (16, 64))
@@ -161,7 +165,8 @@ def main() -> None:
     flops_shared = sum(shared_score_flops(spec, len(c), [len(i) for i in items]) for c, items in timed)
     flops_unshared = sum(score_flops(spec, [len(c) + len(i) for i in items]) for c, items in timed)
     result = {
-        "model": args.model, "layers": layers, "dtype": args.dtype, "int8_base": args.int8_base, "quick": quick,
+        "model": args.model, "layers": layers, "dtype": args.dtype, "int8_base": args.int8_base,
+        "int8_budget": args.int8_budget if int8 else None, "quick": quick,
         "items": ITEMS,
         "context_tokens": [len(c) for c, _ in timed], "requests": len(timed),
         "batched": "one request per call on every side (15 samples)",
@@ -189,8 +194,7 @@ def main() -> None:
         result["e2e"] = measure_e2e(config, CACHE / "artifacts" / artifacts_name, timed[: args.e2e_requests]
                                     if len(timed) >= args.e2e_requests else requests[: args.e2e_requests])
     threads = f"-{args.threads}t" if args.threads else ""
-    emit(f"shared_prefix-{args.model}-{dtype_label(args)}-{layers}l{threads}{'-quick' if args.quick else ''}",
-         result)
+    emit(f"shared_prefix-{run_name(args, layers)}{threads}{'-quick' if args.quick else ''}", result)
     failed = [c["check"] for c in checks if not c["ok"]]
     if failed:
         raise SystemExit(f"parity failed: {failed}")

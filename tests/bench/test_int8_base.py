@@ -1,6 +1,7 @@
-"""bench/score_node.py and bench/shared_prefix.py --dtype int8 quantize the float precision a user of this CPU would
-pick (--int8-base, bench/common.default_int8_base): bfloat16 where oneDNN multiplies it, float32 on AVX2 alone,
-where bfloat16 runs aten's slow path; the run's float side, its files and its labels follow the base."""
+"""bench/score_node.py, bench/shared_prefix.py and bench/profile_nodes.py --dtype int8 quantize the float precision
+a user of this CPU would pick (--int8-base, bench/common.default_int8_base): bfloat16 where oneDNN multiplies it,
+float32 on AVX2 alone, where bfloat16 runs aten's slow path; the run's float side, its files and its labels follow
+the base."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import sys
 import pytest
 import torch
 
-from bench import score_node, shared_prefix
-from bench.common import dtype_label, run_dtype
+from bench import beam_node, profile_nodes, score_node, shared_prefix
+from bench.common import dtype_label, int8_config, run_dtype, run_name
 from compile.linear import onednn_bf16, onednn_fp32
+from shared.config import QuantizeConfig
 
 
 def parsed(monkeypatch, *argv: str, bench=score_node):
@@ -25,21 +27,22 @@ def test_int8_quantizes_bfloat16_where_onednn_has_it_else_float32(monkeypatch):
     assert args.int8_base == base
     assert score_node.run_dtype(args) == {"bf16": torch.bfloat16, "fp32": torch.float32}[base]
     names = {"bf16": "qwen2.5-0.5b-int8-24l", "fp32": "qwen2.5-0.5b-int8-fp32-24l"}
-    assert score_node.run_name(args, 24) == names[base]
+    assert run_name(args, 24) == names[base]
 
 
 def test_a_float32_base_is_named_apart_from_the_bfloat16_one(monkeypatch):
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1")
-    assert (score_node.run_dtype(args), score_node.run_name(args, 24)) == (torch.float32,
+    assert (score_node.run_dtype(args), run_name(args, 24)) == (torch.float32,
                                                                           "qwen2.5-0.5b-int8-fp32-24l-1nats")
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "bf16")
-    assert (score_node.run_dtype(args), score_node.run_name(args, 24)) == (torch.bfloat16, "qwen2.5-0.5b-int8-24l")
+    assert (score_node.run_dtype(args), run_name(args, 24)) == (torch.bfloat16, "qwen2.5-0.5b-int8-24l")
     args = parsed(monkeypatch, "--dtype", "fp32", "--int8-budget", "1")  # a budget names only int8 runs
-    assert (score_node.run_dtype(args), score_node.run_name(args, 24)) == (torch.float32, "qwen2.5-0.5b-fp32-24l")
+    assert (score_node.run_dtype(args), run_name(args, 24)) == (torch.float32, "qwen2.5-0.5b-fp32-24l")
     assert args.int8_base is None
 
 
-@pytest.mark.parametrize("bench", [score_node, shared_prefix], ids=["score_node", "shared_prefix"])
+@pytest.mark.parametrize("bench", [score_node, shared_prefix, profile_nodes],
+                         ids=["score_node", "shared_prefix", "profile_nodes"])
 def test_a_base_without_int8_is_refused(monkeypatch, capsys, bench):
     with pytest.raises(SystemExit):
         parsed(monkeypatch, "--dtype", "fp32", "--int8-base", "bf16", bench=bench)
@@ -55,6 +58,35 @@ def test_the_shared_prefix_bench_quantizes_the_same_base_and_names_it(monkeypatc
     assert (run_dtype(args), dtype_label(args)) == (torch.bfloat16, "int8")
     args = parsed(monkeypatch, "--dtype", "bf16", bench=shared_prefix)
     assert (run_dtype(args), dtype_label(args), args.int8_base) == (torch.bfloat16, "bf16", None)
+
+
+def test_every_int8_bench_takes_the_same_budget_and_names_it(monkeypatch, capsys):
+    """--int8-budget N: the same [quantize] (selection budget N, gate loosened to match) on every benchmark, named
+    in its build folder and result file; without int8 it is refused where nothing else could use it (beam_node)."""
+    assert int8_config(None) == QuantizeConfig(int8=True)  # the product's defaults
+    one = int8_config(1)
+    assert (one.selection_max_drift, one.max_label_logprob_drift, one.mean_label_logprob_drift) == (1, 2, 1)
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1", bench=shared_prefix)
+    assert run_name(args, 24) == "qwen2.5-0.5b-int8-fp32-24l-1nats"
+    args = parsed(monkeypatch, "--int8", "--int8-budget", "1", bench=beam_node)
+    assert (args.int8_budget, beam_node.int8_name(args)) == (1, "-int8-1nats")
+    assert beam_node.int8_name(parsed(monkeypatch, "--int8", bench=beam_node)) == "-int8"
+    assert beam_node.int8_name(parsed(monkeypatch, bench=beam_node)) == ""
+    with pytest.raises(SystemExit):
+        parsed(monkeypatch, "--int8-budget", "1", bench=beam_node)
+    assert "--int8-budget goes with --int8" in capsys.readouterr().err
+
+
+def test_the_profile_quantizes_the_same_base_as_the_score_bench(monkeypatch):
+    """profile_nodes --dtype int8 profiles the node score_node times: same base, same build name."""
+    for argv in (("--dtype", "int8"), ("--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1"),
+                 ("--dtype", "int8", "--int8-base", "bf16")):
+        profiled, timed = parsed(monkeypatch, *argv, bench=profile_nodes), parsed(monkeypatch, *argv)
+        assert profiled.int8_base == timed.int8_base
+        assert (run_dtype(profiled), run_name(profiled, 24)) == (run_dtype(timed),
+                                                                            run_name(timed, 24))
+    args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", bench=profile_nodes)
+    assert (run_dtype(args), run_name(args, 24)) == (torch.float32, "qwen2.5-0.5b-int8-fp32-24l")
 
 
 def test_the_float_side_is_timed_and_labelled_under_its_base(monkeypatch):

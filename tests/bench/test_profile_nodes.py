@@ -25,6 +25,7 @@ def test_the_int8_kernel_alone_is_the_int8_layers_kernel():
     x = (x / x.abs().amax(-1, keepdim=True)).to(torch.bfloat16)  # every row's absmax is 1
     assert torch.equal(int8_kernel(layer, x)(), layer(x))
     assert random_int8_kernel(8, 64, 32)().shape == (8, 32)
+    assert random_int8_kernel(8, 64, 32, torch.float32)().dtype == torch.float32  # an int8 node on a float32 base
 
 
 def test_the_gemm_table_times_the_int8_kernel_against_its_own_peak():
