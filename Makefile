@@ -59,10 +59,12 @@ SCORE_REQUESTS ?= 2
 # [quantize]'s defaults (--int8-budget of every int8 run: score_node, beam_node, shared_prefix, profile_nodes)
 INT8_BUDGET ?=
 INT8_BUDGET_ARG = $(if $(INT8_BUDGET),--int8-budget $(INT8_BUDGET))
-# The int8 runs leave OpenVINO out (its bf16 figure is the bf16 run's): beside our int8 and bf16 nodes,
-# transformers' float32 reference and CTranslate2's compute types it took a 24-layer run past 24 GiB,
-# where the kernel killed it (without it that run peaked at 18.4 GB)
-INT8_ARGS = $(INT8_BUDGET_ARG) --no-openvino
+# The int8 runs include OpenVINO, so that one run times int8, our float node and every peer. It once took a
+# 24-layer run past 24 GiB, when CTranslate2's int8 log-probs were computed on all rows at once (bench/ct2_baseline.py
+# now takes two rows per call); on 12-04 the Qwen3-0.6B float32-base run with it peaked at 21.2 GB used on the
+# machine, 5.6 GB of which a paused build held. INT8_EXTRA=--no-openvino leaves it out on a smaller machine.
+INT8_EXTRA ?=
+INT8_ARGS = $(INT8_BUDGET_ARG) $(INT8_EXTRA)
 SCORE := $(PY) bench/score_node.py
 BEAM  := $(PY) bench/beam_node.py
 
