@@ -19,8 +19,8 @@ __all__ = ["CACHE", "FLOAT_DTYPES", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_0
            "add_int8_base", "add_int8_budget", "bench_config", "budget_label", "build_artifacts", "build_nodes",
            "default_int8_base", "dtype_label", "emit", "float_dtype_name", "gemm_calls", "gemm_libraries",
            "int8_config", "interleaved_round", "interleaved_times", "load_built", "matmul_peak_flops", "matmul_peaks",
-           "median", "model_gemm_shapes", "node_device", "peak_by_library", "run_dtype", "run_name", "run_together",
-           "settle_int8_base", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
+           "median", "model_gemm_shapes", "node_device", "peak_by_library", "run_dtype", "run_name", "run_quantize",
+           "run_together", "settle_int8_base", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
 
 SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
 """The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
@@ -60,6 +60,11 @@ def int8_config(budget: float | None):
         return QuantizeConfig(int8=True)
     return QuantizeConfig(int8=True, selection_max_drift=budget, max_label_logprob_drift=2 * budget,
                           mean_label_logprob_drift=budget, min_top1_agreement=0.5, min_rank_agreement=0.5)
+
+
+def run_quantize(args):
+    """A scoring run's [quantize]: int8_config of its --int8-budget for --dtype int8, else None (none)."""
+    return int8_config(args.int8_budget) if args.dtype == "int8" else None
 
 
 def run_name(args, layers: int) -> str:

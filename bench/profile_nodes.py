@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_budget, emit, gemm_calls, gemm_libraries,
-                          int8_config, matmul_peak_flops, median, model_gemm_shapes, run_dtype, run_name,
+                          matmul_peak_flops, median, model_gemm_shapes, run_dtype, run_name, run_quantize,
                           settle_int8_base, shaped_checkpoint, time_calls)
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
@@ -196,7 +196,7 @@ def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
-    parser.add_argument("--dtype", choices=sorted([*FLOAT_DTYPES, "int8"]), default="fp32")
+    parser.add_argument("--dtype", choices=(*sorted(FLOAT_DTYPES), "int8"), default="fp32")
     parser.add_argument("--layers", type=int)
     add_int8_base(parser)
     add_int8_budget(parser)
@@ -225,7 +225,7 @@ def main() -> None:
               **({"int8_base": args.int8_base, "int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget}
                  if int8 else {}),
               "score": score_profile(checkpoint, spec, dtype, lengths, peak, f"score-{name}",
-                                     int8_config(args.int8_budget) if int8 else None, int8_peak)}
+                                     run_quantize(args), int8_peak)}
     if not args.no_beam and args.dtype == "fp32":
         result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
     result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, peak_shapes)) / 1e9

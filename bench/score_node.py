@@ -49,8 +49,8 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, add_int8_budget,
-                          bench_config, build_nodes, emit, float_dtype_name, int8_config, interleaved_round,
-                          matmul_peaks, model_gemm_shapes, peak_by_library, run_dtype, run_name, settle_int8_base,
+                          bench_config, build_nodes, emit, float_dtype_name, interleaved_round, matmul_peaks,
+                          model_gemm_shapes, peak_by_library, run_dtype, run_name, run_quantize, settle_int8_base,
                           shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
@@ -309,7 +309,7 @@ def prepare(args) -> Run:
               read_spec(checkpoint))
     dtype_name = str(dtype).removeprefix("torch.")
     name = f"score-{run_name(args, layers)}"
-    run.node = build_node(checkpoint, dtype_name, name, int8_config(args.int8_budget) if args.dtype == "int8" else None)
+    run.node = build_node(checkpoint, dtype_name, name, run_quantize(args))
     if args.dtype == "int8":
         run.quantized = read_manifest(CACHE / "artifacts" / name).quantize
         run.float_node = build_node(checkpoint, dtype_name, f"score-{args.model}-{args.int8_base}-{layers}l")

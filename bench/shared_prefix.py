@@ -37,8 +37,8 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, add_int8_budget, bench_config,
-                          build_nodes, emit, int8_config, interleaved_round, matmul_peak_flops, model_gemm_shapes,
-                          run_dtype, run_name, settle_int8_base, shaped_checkpoint)
+                          build_nodes, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, run_dtype,
+                          run_name, run_quantize, settle_int8_base, shaped_checkpoint)
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 
 ITEMS = 15
@@ -144,9 +144,7 @@ def main() -> None:
 
     checkpoint = shaped_checkpoint(family, shape, layers, dtype)
     spec = read_spec(checkpoint)
-    int8 = args.dtype == "int8"
-    quantize = int8_config(args.int8_budget) if int8 else None
-    config = build_config(checkpoint, str(dtype).removeprefix("torch."), quantize)
+    config = build_config(checkpoint, str(dtype).removeprefix("torch."), run_quantize(args))
     artifacts_name = f"shared-{run_name(args, layers)}"
     node = build_node(config, artifacts_name)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
@@ -166,7 +164,7 @@ def main() -> None:
     flops_unshared = sum(score_flops(spec, [len(c) + len(i) for i in items]) for c, items in timed)
     result = {
         "model": args.model, "layers": layers, "dtype": args.dtype, "int8_base": args.int8_base,
-        "int8_budget": args.int8_budget if int8 else None, "quick": quick,
+        "int8_budget": args.int8_budget if args.dtype == "int8" else None, "quick": quick,
         "items": ITEMS,
         "context_tokens": [len(c) for c, _ in timed], "requests": len(timed),
         "batched": "one request per call on every side (15 samples)",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench import beam_node, profile_nodes, score_node, shared_prefix
-from bench.common import dtype_label, int8_config, run_dtype, run_name
+from bench.common import dtype_label, int8_config, run_dtype, run_name, run_quantize
 from compile.linear import onednn_bf16, onednn_fp32
 from shared.config import QuantizeConfig
 
@@ -32,8 +32,7 @@ def test_int8_quantizes_bfloat16_where_onednn_has_it_else_float32(monkeypatch):
 
 def test_a_float32_base_is_named_apart_from_the_bfloat16_one(monkeypatch):
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1")
-    assert (score_node.run_dtype(args), run_name(args, 24)) == (torch.float32,
-                                                                          "qwen2.5-0.5b-int8-fp32-24l-1nats")
+    assert (score_node.run_dtype(args), run_name(args, 24)) == (torch.float32, "qwen2.5-0.5b-int8-fp32-24l-1nats")
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "bf16")
     assert (score_node.run_dtype(args), run_name(args, 24)) == (torch.bfloat16, "qwen2.5-0.5b-int8-24l")
     args = parsed(monkeypatch, "--dtype", "fp32", "--int8-budget", "1")  # a budget names only int8 runs
@@ -64,6 +63,8 @@ def test_every_int8_bench_takes_the_same_budget_and_names_it(monkeypatch, capsys
     """--int8-budget N: the same [quantize] (selection budget N, gate loosened to match) on every benchmark, named
     in its build folder and result file; without int8 it is refused where nothing else could use it (beam_node)."""
     assert int8_config(None) == QuantizeConfig(int8=True)  # the product's defaults
+    assert run_quantize(parsed(monkeypatch, "--dtype", "fp32", "--int8-budget", "1")) is None  # float runs: none
+    assert run_quantize(parsed(monkeypatch, "--dtype", "int8", "--int8-budget", "1")) == int8_config(1)
     one = int8_config(1)
     assert (one.selection_max_drift, one.max_label_logprob_drift, one.mean_label_logprob_drift) == (1, 2, 1)
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1", bench=shared_prefix)
@@ -83,8 +84,7 @@ def test_the_profile_quantizes_the_same_base_as_the_score_bench(monkeypatch):
                  ("--dtype", "int8", "--int8-base", "bf16")):
         profiled, timed = parsed(monkeypatch, *argv, bench=profile_nodes), parsed(monkeypatch, *argv)
         assert profiled.int8_base == timed.int8_base
-        assert (run_dtype(profiled), run_name(profiled, 24)) == (run_dtype(timed),
-                                                                            run_name(timed, 24))
+        assert (run_dtype(profiled), run_name(profiled, 24)) == (run_dtype(timed), run_name(timed, 24))
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", bench=profile_nodes)
     assert (run_dtype(args), run_name(args, 24)) == (torch.float32, "qwen2.5-0.5b-int8-fp32-24l")
 
