@@ -10,14 +10,19 @@ beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender, t
 transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
 once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
 Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
---int8 adds our node built with `[quantize] int8` (random-id calibration, the default gate, or with --int8-budget N
-a selection budget of N nats and a gate loosened to match, as bench/score_node.py's) as `ours_int8`,
-timed interleaved with the others: `int8` reports its speed-up over our float32 node and how many of the
-returned top-k candidates differ from our float32 node's on the same prompts (not held to parity: int8
-changes scores).
+The other precisions, each our node on the same float32 checkpoint, timed interleaved with the others:
+  --bf16  our node built in bfloat16 (weights rounded once at load) as `ours_bf16`;
+  --int8  our node built with `[quantize] int8` on its --int8-base (default: bf16 where oneDNN multiplies
+          bfloat16 on this CPU, else fp32; bench/common.default_int8_base), with random-id calibration and the
+          default gate, or with --int8-budget N a selection budget of N nats and a gate loosened to match (as
+          bench/score_node.py's), as `ours_int8`.
+Each reports (keys `bf16`, `int8`) its speed-up over our float32 node, over our bfloat16 node where the run has
+one, and over CTranslate2 (float32), single and at each side's best batching; how many of the returned top-k
+candidates differ from our float32 node's on the same prompts; and the largest difference of the best
+candidate's score. Neither is held to parity: a lower precision changes scores, and with them which beams survive.
 
     .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2]
-                                         [--int8 [--int8-budget NATS]]
+                                         [--bf16] [--int8 [--int8-base bf16|fp32] [--int8-budget NATS]]
 """
 
 from __future__ import annotations
@@ -29,28 +34,31 @@ import torch
 
 from bench import hf_baselines as hf_side
 from bench import parity
-from bench.common import (MODELS, Clock, add_int8_budget, bench_config, budget_label, build_nodes, emit, int8_config,
-                          interleaved_round, matmul_peaks, median, model_gemm_shapes, peak_by_library,
-                          shaped_checkpoint, time_calls)
+from bench.common import (FLOAT_DTYPES, MODELS, Clock, add_int8_base, add_int8_budget, bench_config, budget_label,
+                          build_nodes, default_int8_base, emit, int8_config, interleaved_round, matmul_peaks, median,
+                          model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
 from bench.flops import beam_flops, executed_mfu
 
 W, S, K = 100, 4, 4
 PAD_ID = 0
 IDENTICAL_ABS, PEER_ABS = 1e-4, 1e-3  # score tolerance: our node against generate(); CTranslate2 against it
+PRECISIONS = ("bf16", "int8")  # the other precisions of our node a run may add (--bf16, --int8), as `ours_<name>`
+VARIANT_NAMES = tuple(f"ours_{p}" for p in PRECISIONS)
 
 
-def build_node(checkpoint, name: str, max_width: int, quantize=None):
-    """Our beam node in float32; `quantize` an int8 build's [quantize] (bench/common.int8_config)."""
-    return build_nodes(bench_config(checkpoint, "float32", ("beam",), quantize=quantize,
+def build_node(checkpoint, name: str, max_width: int, quantize=None, dtype: str = "float32"):
+    """Our beam node in `dtype`; `quantize` an int8 build's [quantize] (bench/common.int8_config)."""
+    return build_nodes(bench_config(checkpoint, dtype, ("beam",), quantize=quantize,
                                     max_beam_width=max_width, max_new_tokens=S, max_prompt_tokens=512,
                                     max_beam_requests_per_batch=4), name)
 
 
 class Contenders:
-    """Callables for a batch of prompts, each returning (tokens [R, k, S], scores [R, k], lens or None)."""
+    """Callables for a batch of prompts, each returning (tokens [R, k, S], scores [R, k], lens or None).
+    `variants`: our node in the run's other precisions, by contender name (`ours_bf16`, `ours_int8`)."""
 
-    def __init__(self, node, hf, ct2, int8_node=None):
-        self.node, self.hf, self.ct2, self.int8_node = node, hf, ct2, int8_node
+    def __init__(self, node, hf, ct2, variants: dict | None = None):
+        self.node, self.hf, self.ct2, self.variants = node, hf, ct2, variants or {}
 
     def ours(self, prompts, width: int = W, node=None):
         ids, lens, node = torch.cat(prompts), torch.tensor([len(p) for p in prompts]), node or self.node
@@ -67,15 +75,15 @@ class Contenders:
         fns = {"ours": self.ours(prompts), "hf": self.hf_call(prompts)}
         if self.ct2 is not None:
             fns["ct2"] = self.ct2_call(prompts)
-        if self.int8_node is not None:
-            fns["ours_int8"] = self.ours(prompts, node=self.int8_node)
+        for name, node in self.variants.items():
+            fns[name] = self.ours(prompts, node=node)
         return fns
 
 
 def warm_up(contenders: Contenders, prompt) -> None:
     contenders.ours([prompt])()
-    if contenders.int8_node is not None:
-        contenders.ours([prompt], node=contenders.int8_node)()
+    for node in contenders.variants.values():
+        contenders.ours([prompt], node=node)()
     hf_side.beams(contenders.hf, [prompt[:8]], PAD_ID, 2, S, 2)
     if contenders.ct2 is not None:
         contenders.ct2.beams("float32", contenders.ct2.strings([prompt[:8]]), 2, S, 2, 1, PAD_ID)
@@ -131,7 +139,7 @@ def checks(outputs: list[dict]) -> list[dict]:
     transformers' batched calls within IDENTICAL_ABS."""
     ref, found = references(outputs), []
     for o in outputs:
-        if o["name"] == "ours_int8":  # int8 changes scores: counted by int8_changes, not held to parity
+        if o["name"] in VARIANT_NAMES:  # a lower precision changes scores: counted by changes(), not held to parity
             continue
         for p in o["prompts"]:
             r = ref[p]
@@ -145,18 +153,21 @@ def checks(outputs: list[dict]) -> list[dict]:
     return found
 
 
-def int8_changes(outputs: list[dict]) -> dict:
-    """How many of our int8 node's returned candidates are not among our float32 node's for the same prompt."""
+def changes(outputs: list[dict], name: str) -> dict:
+    """How many of contender `name`'s returned candidates are not among our float32 node's for the same prompt,
+    and the largest difference between the two best candidates' scores."""
     ours = {p: o for o in outputs if o["name"] == "ours" for p in o["prompts"]}
     changed = total = 0
+    best_diff = 0.0
     for o in outputs:
-        if o["name"] != "ours_int8":
+        if o["name"] != name:
             continue
         for p in o["prompts"]:
-            tokens, ref_tokens = row(o, p)[0][0].tolist(), row(ours[p], p)[0][0].tolist()
-            changed += sum(candidate not in ref_tokens for candidate in tokens)
-            total += len(tokens)
-    return {"candidates_changed": changed, "candidates": total}
+            (tokens, scores, _), (ref_tokens, ref_scores, _) = row(o, p), row(ours[p], p)
+            changed += sum(candidate not in ref_tokens[0].tolist() for candidate in tokens[0].tolist())
+            total += tokens.shape[1]
+            best_diff = max(best_diff, float((scores[0, 0] - ref_scores[0, 0]).abs()))
+    return {"candidates_changed": changed, "candidates": total, "best_score_max_abs_diff": best_diff}
 
 
 def sweep_ours(node, vocab: int, widths, lengths) -> list[dict]:
@@ -180,20 +191,33 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 layers, 64-token prompts")
     parser.add_argument("--threads", type=int, help="threads for every contender (default: torch's, one per core)")
     parser.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    parser.add_argument("--bf16", action="store_true", help="add our node built in bfloat16")
     parser.add_argument("--int8", action="store_true", help="add our node built with [quantize] int8")
+    add_int8_base(parser)
     add_int8_budget(parser)
     parser.add_argument("--sweep", action="store_true", help="add our node's latency over W x prompt length")
     parser.add_argument("--build-only", action="store_true", help="write the checkpoint, compile the node, convert "
                         "it for CTranslate2 (all cached in bench/.cache) and stop")
     args = parser.parse_args()
-    if args.int8_budget is not None and not args.int8:
-        parser.error("--int8-budget goes with --int8")
+    for option in ("int8_budget", "int8_base"):
+        if getattr(args, option) is not None and not args.int8:
+            parser.error(f"--{option.replace('_', '-')} goes with --int8")
+    if args.int8:
+        args.int8_base = args.int8_base or default_int8_base()
     return args
 
 
 def int8_name(args) -> str:
-    """An --int8 run's part of the build folder and result file names: `-int8`, then its budget (`-int8-1nats`)."""
-    return f"-int8{budget_label(args.int8_budget)}" if args.int8 else ""
+    """An --int8 run's part of the build folder and result file names: `-int8` on a bfloat16 base, `-int8-fp32` on
+    float32 (as bench/common.dtype_label), then its budget (`-int8-fp32-1nats`)."""
+    if not args.int8:
+        return ""
+    return "-int8" + ("-fp32" if args.int8_base == "fp32" else "") + budget_label(args.int8_budget)
+
+
+def precisions_name(args) -> str:
+    """The result file's part naming the run's other precisions: `-bf16`, then int8_name (`-bf16-int8-1nats`)."""
+    return ("-bf16" if args.bf16 else "") + int8_name(args)
 
 
 def speedups(sides: dict) -> dict:
@@ -206,11 +230,18 @@ def speedups(sides: dict) -> dict:
     return out
 
 
-def int8_summary(sides: dict, changes: dict) -> dict:
-    """Our int8 node against our float32 node: single latency and best-batching throughput ratios."""
-    ours, int8 = sides["ours"], sides["ours_int8"]
-    return {"speedup_vs_fp32_single": ours["single_ms"] / int8["single_ms"],
-            "speedup_vs_fp32_batched": int8["best_requests_per_s"] / ours["best_requests_per_s"], **changes}
+def variant_summary(sides: dict, name: str, changed: dict) -> dict:
+    """Our node in another precision (contender `name`) against our float32 node, our bfloat16 node (None where the
+    run has none) and CTranslate2 (float32): single latency and best-batching throughput ratios, then `changed`
+    (changes())."""
+    variant, out = sides[name], {}
+    for peer, key in (("ours", "fp32"), ("ours_bf16", "bf16"), ("ct2", "ct2")):
+        if peer == name:
+            continue
+        side = sides.get(peer)
+        out[f"speedup_vs_{key}_single"] = side and side["single_ms"] / variant["single_ms"]
+        out[f"speedup_vs_{key}_batched"] = side and variant["best_requests_per_s"] / side["best_requests_per_s"]
+    return out | changed
 
 
 def summary(singles: dict, batched: dict) -> dict:
@@ -225,8 +256,8 @@ def summary(singles: dict, batched: dict) -> dict:
 
 
 def prepare(args):
-    """(spec, compiled nodes, transformers or None with --build-only, CTranslate2 or None, layers, the int8
-    beam node or None)."""
+    """(spec, compiled nodes, transformers or None with --build-only, CTranslate2 or None, layers, our beam node
+    in the run's other precisions by contender name)."""
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
@@ -236,11 +267,17 @@ def prepare(args):
     layers = args.layers or (2 if args.quick else depth)
     checkpoint = shaped_checkpoint(family, shape, layers, torch.float32)
     nodes = build_node(checkpoint, f"beam-{args.model}-{layers}l", 400)
-    int8 = build_node(checkpoint, f"beam-{args.model}{int8_name(args)}-{layers}l", 400,
-                      int8_config(args.int8_budget)).beam if args.int8 else None
+    variants = {}
+    if args.bf16:
+        variants["ours_bf16"] = build_node(checkpoint, f"beam-{args.model}-bf16-{layers}l", 400,
+                                           dtype="bfloat16").beam
+    if args.int8:
+        base = str(FLOAT_DTYPES[args.int8_base]).removeprefix("torch.")
+        variants["ours_int8"] = build_node(checkpoint, f"beam-{args.model}{int8_name(args)}-{layers}l", 400,
+                                           int8_config(args.int8_budget), dtype=base).beam
     ct2 = None if args.no_ct2 else Ct2Model(checkpoint, torch.get_num_threads())
     hf = None if args.build_only else AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    return read_spec(checkpoint), nodes, hf, ct2, layers, int8
+    return read_spec(checkpoint), nodes, hf, ct2, layers, variants
 
 
 def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
@@ -252,14 +289,14 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     single_s, single_outputs = run_singles(contenders, prompts[:singles])
     clock.lap("singles")
     sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {}) \
-        | ({"ours_int8": (2, 4)} if contenders.int8_node is not None else {})
+        | {name: (2, 4) for name in contenders.variants}
     batched_s, batched_outputs = run_batched(contenders, prompts, sizes)
     clock.lap("batched")
     peak_after = matmul_peaks(torch.float32, peak_shapes)
     clock.lap("peak_after")
     outputs = single_outputs + batched_outputs
-    return {"sides": summary(single_s, batched_s), "checks": checks(outputs), "int8": int8_changes(outputs)
-            if contenders.int8_node is not None else None,
+    return {"sides": summary(single_s, batched_s), "checks": checks(outputs),
+            "changes": {name: changes(outputs, name) for name in contenders.variants},
             "peaks": (peak_before, peak_after), "phase_seconds": clock.laps}
 
 
@@ -275,7 +312,9 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "executed_mfu_single": executed_mfu(beam_flops(spec, [length], W, S), 1e-3 * sides["ours"]["single_ms"], peak),
         "executed_mfu_batched": executed_mfu(beam_flops(spec, [length] * best, W, S),
                                              best / sides["ours"]["best_requests_per_s"], peak),
-        "int8": m["int8"] and int8_summary(sides, m["int8"]), "int8_budget": args.int8_budget,
+        **{precision: variant_summary(sides, f"ours_{precision}", m["changes"][f"ours_{precision}"])
+           if f"ours_{precision}" in sides else None for precision in PRECISIONS},
+        "int8_base": args.int8_base, "int8_budget": args.int8_budget,
         "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
@@ -289,19 +328,20 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = Clock()
-    spec, nodes, hf, ct2, layers, int8 = prepare(args)
+    spec, nodes, hf, ct2, layers, variants = prepare(args)
     if args.build_only:
         return
     clock.lap("prepare")
     length = args.prompt_tokens or (64 if args.quick else 256)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, spec.vocab_size, (length,), generator=g) for _ in range(4)]
-    measured = measure(Contenders(nodes.beam, hf, ct2, int8), prompts, args.singles, spec)
+    measured = measure(Contenders(nodes.beam, hf, ct2, variants), prompts, args.singles, spec)
     measured["phase_seconds"] = clock.laps | measured["phase_seconds"]
     result = report(args, spec, layers, length, measured)
     if args.sweep:
         result["sweep"] = sweep_ours(nodes.beam, spec.vocab_size, (8, 32, 100, 400), (64, 256, 480))
-    emit(f"beam_node-{args.model}-{layers}l-{length}t{int8_name(args)}" + ("-quick" if args.quick else ""), result)
+    emit(f"beam_node-{args.model}-{layers}l-{length}t{precisions_name(args)}" + ("-quick" if args.quick else ""),
+         result)
     if not result["parity_ok"]:
         sys.exit("parity failed: " + ", ".join(c["check"] for c in result["parity"] if not c["ok"]))
 

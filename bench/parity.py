@@ -14,6 +14,10 @@ Tolerances:
                  log-probability within QUANTIZED_ABS nats of the float32 reference's log-probability
                  of the same token, and a different top-1 token only where the reference's top two
                  are within that margin (a wrong model misses by several nats almost everywhere);
+  ours in int8   the same sanity bound, widened to the largest label log-probability drift the build's own
+                 gate accepted where that is larger (quantized_bound): a build asked for a selection budget of
+                 N nats is gated at 2N, and a benchmark holding its outputs to less would refuse what the user
+                 asked the build to allow;
   near ties      a top-1 token may differ only where the reference's top-2 margin is within the
                  tolerance (rounding can then pick either).
 """
@@ -25,6 +29,12 @@ import torch
 FP32_ABS = 1e-3
 BF16_FACTOR, BF16_ABS = 1.5, 0.02
 QUANTIZED_ABS = 1.0
+
+
+def quantized_bound(gate_max_drift: float | None) -> float:
+    """The sanity bound for our int8 node's outputs: QUANTIZED_ABS, or the gate's max label log-prob drift
+    (the manifest's limits) where that is larger."""
+    return max(QUANTIZED_ABS, gate_max_drift or 0.0)
 
 
 def top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -359,7 +359,8 @@ def measure(run: Run, requests) -> dict:
     if run.args.dtype == "int8":
         drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
         checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
-                                        outputs[0]["ours"].topk_logprobs[:, 0], reference, parity.QUANTIZED_ABS))
+                                        outputs[0]["ours"].topk_logprobs[:, 0], reference,
+                                        parity.quantized_bound(run.quantized["limits"]["max_label_logprob_drift"])))
     clock.lap("parity")
     return {"seconds": seconds, "by_round": by_round, "micro_batch": micro_batch,
             "onednn_micro_batch": onednn_micro_batch,

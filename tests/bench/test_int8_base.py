@@ -69,13 +69,22 @@ def test_every_int8_bench_takes_the_same_budget_and_names_it(monkeypatch, capsys
     assert (one.selection_max_drift, one.max_label_logprob_drift, one.mean_label_logprob_drift) == (1, 2, 1)
     args = parsed(monkeypatch, "--dtype", "int8", "--int8-base", "fp32", "--int8-budget", "1", bench=shared_prefix)
     assert run_name(args, 24) == "qwen2.5-0.5b-int8-fp32-24l-1nats"
-    args = parsed(monkeypatch, "--int8", "--int8-budget", "1", bench=beam_node)
+    args = parsed(monkeypatch, "--int8", "--int8-base", "bf16", "--int8-budget", "1", bench=beam_node)
     assert (args.int8_budget, beam_node.int8_name(args)) == (1, "-int8-1nats")
-    assert beam_node.int8_name(parsed(monkeypatch, "--int8", bench=beam_node)) == "-int8"
+    assert beam_node.int8_name(parsed(monkeypatch, "--int8", "--int8-base", "bf16", bench=beam_node)) == "-int8"
     assert beam_node.int8_name(parsed(monkeypatch, bench=beam_node)) == ""
-    with pytest.raises(SystemExit):
-        parsed(monkeypatch, "--int8-budget", "1", bench=beam_node)
-    assert "--int8-budget goes with --int8" in capsys.readouterr().err
+    for option in ("--int8-budget", "--int8-base"):
+        with pytest.raises(SystemExit):
+            parsed(monkeypatch, option, "1" if option == "--int8-budget" else "fp32", bench=beam_node)
+        assert f"{option} goes with --int8" in capsys.readouterr().err
+
+
+def test_the_beam_bench_quantizes_the_same_base_as_the_score_bench_and_names_it(monkeypatch):
+    args = parsed(monkeypatch, "--int8", bench=beam_node)
+    assert args.int8_base == parsed(monkeypatch, "--dtype", "int8").int8_base
+    args = parsed(monkeypatch, "--int8", "--int8-base", "fp32", "--int8-budget", "0.5", bench=beam_node)
+    assert (args.int8_base, beam_node.int8_name(args)) == ("fp32", "-int8-fp32-0.5nats")
+    assert parsed(monkeypatch, bench=beam_node).int8_base is None
 
 
 def test_the_profile_quantizes_the_same_base_as_the_score_bench(monkeypatch):
