@@ -155,7 +155,7 @@ def checks(outputs: list[dict]) -> list[dict]:
 
 def changes(outputs: list[dict], name: str) -> dict:
     """How many of contender `name`'s returned candidates are not among our float32 node's for the same prompt,
-    and the largest difference between the two best candidates' scores."""
+    and the largest difference between its best candidate's score and our float32 node's."""
     ours = {p: o for o in outputs if o["name"] == "ours" for p in o["prompts"]}
     changed = total = 0
     best_diff = 0.0

@@ -18,9 +18,10 @@ CACHE = ROOT / "bench" / ".cache"
 __all__ = ["CACHE", "FLOAT_DTYPES", "SCORE_BOUNDS", "Clock", "MODELS", "QWEN25_05B", "QWEN3_06B", "RESULTS", "ROOT",
            "add_int8_base", "add_int8_budget", "bench_config", "budget_label", "build_artifacts", "build_nodes",
            "default_int8_base", "dtype_label", "emit", "float_dtype_name", "gemm_calls", "gemm_libraries",
-           "int8_config", "interleaved_round", "interleaved_times", "load_built", "matmul_peak_flops", "matmul_peaks",
-           "median", "model_gemm_shapes", "node_device", "peak_by_library", "run_dtype", "run_name", "run_quantize",
-           "run_together", "settle_int8_base", "shaped_checkpoint", "these_threads", "time_calls", "timed_part"]
+           "int8_config", "int8_report", "interleaved_round", "interleaved_times", "load_built", "matmul_peak_flops",
+           "matmul_peaks", "median", "model_gemm_shapes", "node_device", "peak_by_library", "run_dtype", "run_name",
+           "run_quantize", "run_together", "settle_int8_base", "shaped_checkpoint", "these_threads", "time_calls",
+           "timed_part"]
 
 SCORE_BOUNDS = dict(max_samples_per_batch=16, max_tokens_per_sample=512, max_tokens_per_batch=8192)
 """The scoring benchmarks' bounds: 15 samples of up to 480 tokens in one call."""
@@ -60,6 +61,15 @@ def int8_config(budget: float | None):
         return QuantizeConfig(int8=True)
     return QuantizeConfig(int8=True, selection_max_drift=budget, max_label_logprob_drift=2 * budget,
                           mean_label_logprob_drift=budget, min_top1_agreement=0.5, min_rank_agreement=0.5)
+
+
+def int8_report(quantized: dict | None) -> dict:
+    """An int8 run's record of its build in the result JSON, from the manifest's `quantize` (None for a float run):
+    how many linears the selection put in int8, the gate's figures on the held-out batches and its limits."""
+    if quantized is None:
+        return {"int8_layers": None, "int8_gate": None, "int8_limits": None}
+    chosen, total = len(quantized["int8_layers"]), len(quantized["int8_layers"]) + len(quantized["float_layers"])
+    return {"int8_layers": f"{chosen} of {total}", "int8_gate": quantized["gate"], "int8_limits": quantized["limits"]}
 
 
 def run_quantize(args):

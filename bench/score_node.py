@@ -49,9 +49,9 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, add_int8_budget,
-                          bench_config, build_nodes, emit, float_dtype_name, interleaved_round, matmul_peaks,
-                          model_gemm_shapes, peak_by_library, run_dtype, run_name, run_quantize, settle_int8_base,
-                          shaped_checkpoint, timed_part)
+                          bench_config, build_nodes, emit, float_dtype_name, int8_report, interleaved_round,
+                          matmul_peaks, model_gemm_shapes, peak_by_library, run_dtype, run_name, run_quantize,
+                          settle_int8_base, shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
@@ -405,10 +405,7 @@ def report(run: Run, requests, m: dict) -> dict:
         "speedup_vs_bf16": ratio("ours_bf16"), "speedup_vs_fp32": ratio("ours_fp32"),
         "max_label_logprob_drift": int8.get("max_label_logprob_drift"),
         "ct2_max_label_logprob_drift": int8.get("ct2_max_label_logprob_drift"), "int8_drift": m["int8_drift"],
-        "int8_layers": run.quantized and f"{len(run.quantized['int8_layers'])} of "
-                                         f"{len(run.quantized['int8_layers']) + len(run.quantized['float_layers'])}",
-        "int8_gate": run.quantized and run.quantized["gate"],
-        "int8_limits": run.quantized and run.quantized["limits"],
+        **int8_report(run.quantized),
         "speedup_vs_hf_careful": ratio("hf_careful"), "speedup_vs_hf_best": ratio("hf_best"),
         "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],

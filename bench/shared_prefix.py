@@ -39,8 +39,8 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, add_int8_budget, bench_config,
-                          build_nodes, emit, interleaved_round, matmul_peak_flops, model_gemm_shapes, run_dtype,
-                          run_name, run_quantize, settle_int8_base, shaped_checkpoint)
+                          build_nodes, emit, int8_report, interleaved_round, matmul_peak_flops, model_gemm_shapes,
+                          run_dtype, run_name, run_quantize, settle_int8_base, shaped_checkpoint)
 from bench.flops import executed_mfu, score_flops, shared_score_flops
 from shared.manifest import read_manifest
 
@@ -191,10 +191,7 @@ def main() -> None:
         "max_abs_diff_vs_unshared": max(float((o["shared"].label_logits - o["unshared"].label_logits).abs().max())
                                         for o in outputs),
         "cached_tokens_per_request": [int(o["shared"].cached_tokens.sum()) for o in outputs],
-        "int8_layers": quantized and f"{len(quantized['int8_layers'])} of "
-                                     f"{len(quantized['int8_layers']) + len(quantized['float_layers'])}",
-        "int8_gate": quantized and quantized["gate"], "int8_limits": quantized and quantized["limits"],
-        "int8_sanity_bound": bound,
+        **int8_report(quantized), "int8_sanity_bound": bound,
         "parity": checks,
     }
     if args.e2e:

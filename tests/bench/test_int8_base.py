@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench import beam_node, profile_nodes, score_node, shared_prefix
-from bench.common import dtype_label, int8_config, run_dtype, run_name, run_quantize
+from bench.common import dtype_label, int8_config, int8_report, run_dtype, run_name, run_quantize
 from compile.linear import onednn_bf16, onednn_fp32
 from shared.config import QuantizeConfig
 
@@ -113,3 +113,11 @@ def test_the_float_side_is_timed_and_labelled_under_its_base(monkeypatch):
     assert labels["ours_fp32"].startswith(kernel) and "(model.gemm = auto" in labels["ours_fp32"]
     assert labels["ours"].endswith(f"the rest: {labels['ours_fp32']}")
     assert labels["hf_best"] == "torch default (MKL sgemm)"
+
+
+def test_an_int8_run_reports_its_build_as_score_node_and_shared_prefix_write_it():
+    quantized = {"int8_layers": ["a", "b"], "float_layers": ["c"], "gate": {"max_label_logprob_drift": 0.5},
+                 "limits": {"max_label_logprob_drift": 2.0}}
+    assert int8_report(quantized) == {"int8_layers": "2 of 3", "int8_gate": {"max_label_logprob_drift": 0.5},
+                                      "int8_limits": {"max_label_logprob_drift": 2.0}}
+    assert int8_report(None) == {"int8_layers": None, "int8_gate": None, "int8_limits": None}
