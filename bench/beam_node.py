@@ -7,6 +7,9 @@ beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender, t
   batched  requests per second at the contender's best batching, swept: our node with 1, 2 or 4
            prompts per call (its compiled bound), CTranslate2 with 1, 2 or 4 (max_batch_size =
            the batch), transformers with 1 or 2 (a batch of 2 already expands to 2·W·256 tokens).
+           A batch size whose projected memory does not fit the machine's free memory is skipped and
+           named in `batched_skipped` (bench/memory.py; CTranslate2's 4 prompts need ~16 GiB more than
+           its weights, which a 24 GiB machine holding every contender does not have).
 transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
 once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
 Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
@@ -33,9 +36,9 @@ import sys
 import torch
 
 from bench import hf_baselines as hf_side
-from bench import parity
+from bench import memory, parity
 from bench.common import (FLOAT_DTYPES, MODELS, Clock, add_int8_base, add_int8_budget, bench_config, budget_label,
-                          build_nodes, default_int8_base, emit, int8_config, interleaved_round, matmul_peaks, median,
+                          build_nodes, default_int8_base, emit, int8_config, matmul_peaks, median,
                           model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
 from bench.flops import beam_flops, executed_mfu
 
@@ -89,28 +92,40 @@ def warm_up(contenders: Contenders, prompt) -> None:
         contenders.ct2.beams("float32", contenders.ct2.strings([prompt[:8]]), 2, S, 2, 1, PAD_ID)
 
 
-def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict]]:
-    """One request per call, interleaved (order rotated): name -> seconds per call, outputs per prompt."""
-    seconds, outputs = {}, []
+def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict], dict]:
+    """One request per call, interleaved (order rotated): name -> seconds per call, outputs per prompt, and name ->
+    the most its calls raised the process's resident set (bytes, None where unknown; bench/memory.py)."""
+    seconds, outputs, rises = {}, [], {}
     for i, prompt in enumerate(prompts):
         fns = contenders.batch([prompt])
         names = list(fns)[i % len(fns):] + list(fns)[: i % len(fns)]
-        for name, (s, value) in interleaved_round({n: fns[n] for n in names}).items():
+        for name in names:
+            s, value, rise = memory.measured_call(fns[name])
             seconds.setdefault(name, []).append(s)
             outputs.append({"name": name, "prompts": [i], "value": value})
-    return {name: median(s) for name, s in seconds.items()}, outputs
+            rises[name] = None if rise is None or rises.get(name, 0) is None else max(rise, rises.get(name, 0))
+    return {name: median(s) for name, s in seconds.items()}, outputs, rises
 
 
-def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...]]) -> tuple[dict, list[dict]]:
-    """Each contender's batch sizes above 1, interleaved: (name, size) -> seconds per call, outputs."""
-    fns, outputs = {}, []
+def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...]],
+                rises: dict) -> tuple[dict, list[dict], dict]:
+    """Each contender's batch sizes above 1, one call each: (name, size) -> seconds per call, outputs, and
+    "name xsize" -> why it was skipped. Before each call the heap's free pages go back to the kernel (untimed), so
+    that memory one contender kept does not crowd out the next; a call is skipped where its single call's rise
+    (`rises`) times its size would not fit in the memory then available (bench/memory.fits)."""
+    seconds, outputs, skipped = {}, [], {}
     for name, batch_sizes in sizes.items():
         for size in batch_sizes:
-            fns[(name, size)] = contenders.batch(prompts[:size])[name]
-    timed = interleaved_round(fns)
-    for (name, size), (_, value) in timed.items():
-        outputs.append({"name": name, "prompts": list(range(size)), "value": value})
-    return {key: s for key, (s, _) in timed.items()}, outputs
+            memory.return_freed_memory()
+            fit, why = memory.fits(rises.get(name), size, memory.available())
+            if not fit:
+                skipped[f"{name} x{size}"] = why
+                print(f"[beam_node] skipped {name} with {size} prompts per call: {why}", file=sys.stderr, flush=True)
+                continue
+            s, value, _ = memory.measured_call(contenders.batch(prompts[:size])[name])
+            seconds[(name, size)] = s
+            outputs.append({"name": name, "prompts": list(range(size)), "value": value})
+    return seconds, outputs, skipped
 
 
 def references(outputs: list[dict]) -> dict[int, dict]:
@@ -286,18 +301,19 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     peak_before = matmul_peaks(torch.float32, peak_shapes)
     warm_up(contenders, prompts[0])
     clock.lap("peak_before_and_warm_up")
-    single_s, single_outputs = run_singles(contenders, prompts[:singles])
+    single_s, single_outputs, rises = run_singles(contenders, prompts[:singles])
     clock.lap("singles")
     sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {}) \
         | {name: (2, 4) for name in contenders.variants}
-    batched_s, batched_outputs = run_batched(contenders, prompts, sizes)
+    batched_s, batched_outputs, skipped = run_batched(contenders, prompts, sizes, rises)
     clock.lap("batched")
     peak_after = matmul_peaks(torch.float32, peak_shapes)
     clock.lap("peak_after")
     outputs = single_outputs + batched_outputs
     return {"sides": summary(single_s, batched_s), "checks": checks(outputs),
             "changes": {name: changes(outputs, name) for name in contenders.variants},
-            "peaks": (peak_before, peak_after), "phase_seconds": clock.laps}
+            "peaks": (peak_before, peak_after), "phase_seconds": clock.laps, "batched_skipped": skipped,
+            "single_call_rise_gib": {name: rise and round(rise / memory.GIB, 2) for name, rise in rises.items()}}
 
 
 def report(args, spec, layers: int, length: int, m: dict) -> dict:
@@ -318,6 +334,9 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
+        # batch sizes not run for want of memory (bench/memory.py), and each contender's single call's rise of the
+        # resident set they were projected from
+        "batched_skipped": m["batched_skipped"], "single_call_rise_gib": m["single_call_rise_gib"],
         "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
         "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": found,
     }

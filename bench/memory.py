@@ -1,0 +1,82 @@
+"""Resident memory of a benchmark's calls, and whether a larger call fits in what the machine has free (Linux /proc).
+
+A benchmark that runs several engines in one process can need more memory than the machine holds: the beam benchmark's
+CTranslate2 call with 4 prompts of 256 tokens at W = 100 (24 layers, float32) rose 15.8 GiB above the process's
+resident set on its own, on a 23.5 GiB machine that also held the other contenders' weights. `measured_call` times a
+call and records how far the resident set rose during it; `fits` says whether a call `size` times as large is
+likely to fit, scaling that rise linearly (an over-estimate where a batch shares work: CTranslate2's 4 prompts rose
+2.5x its single prompt's 6.2 GiB). Where /proc does not say, every figure is None and every call is taken to fit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+
+GIB = 2**30
+FREE_SHARE = 0.9  # of the memory available a projected call may take: the rest is the estimate's margin
+
+
+def _status_kib(*keys: str, path: str = "/proc/self/status") -> list[int] | None:
+    try:
+        fields = dict(line.split(":", 1) for line in Path(path).read_text().splitlines() if ":" in line)
+        return [int(fields[key].split()[0]) for key in keys]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def resident() -> tuple[int, int] | None:
+    """(resident bytes now, the most resident since the peak was last reset), or None."""
+    kib = _status_kib("VmRSS", "VmHWM")
+    return None if kib is None else (kib[0] * 1024, kib[1] * 1024)
+
+
+def available() -> int | None:
+    """Bytes the kernel can hand out without swapping (MemAvailable), or None."""
+    kib = _status_kib("MemAvailable", path="/proc/meminfo")
+    return None if kib is None else kib[0] * 1024
+
+
+def reset_peak() -> bool:
+    """Start the process's resident peak afresh (VmHWM := VmRSS); False where the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measured_call(fn) -> tuple[float, object, int | None]:
+    """Call fn once: (wall seconds, what it returned, bytes its peak resident set rose above the set at its start, or
+    None). Only fn is timed."""
+    before = resident() if reset_peak() else None
+    start = time.perf_counter()
+    value = fn()
+    seconds = time.perf_counter() - start
+    after = resident() if before is not None else None
+    return seconds, value, None if after is None else max(after[1] - before[0], 0)
+
+
+def fits(rise: int | None, size: int, free: int | None) -> tuple[bool, str]:
+    """Whether a call `size` times the one that rose `rise` bytes fits in `free` bytes (FREE_SHARE of them), and why
+    not. Unknown figures fit."""
+    if rise is None or free is None:
+        return True, ""
+    need = rise * size
+    if need <= FREE_SHARE * free:
+        return True, ""
+    return False, (f"needs about {need / GIB:.1f} GiB ({size} x its single call's rise of {rise / GIB:.1f} GiB), "
+                   f"{free / GIB:.1f} GiB available")
+
+
+def return_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim), wherever they lie in it: True when some
+    were. What compile/allocator.keep_freed_memory keeps for a node's next call, for a benchmark whose next call is
+    another contender's; the next call faults its pages in again. False where the C library has no malloc_trim."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return malloc_trim(0) == 1
