@@ -103,28 +103,33 @@ def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict], dict
             s, value, rise = memory.measured_call(fns[name])
             seconds.setdefault(name, []).append(s)
             outputs.append({"name": name, "prompts": [i], "value": value})
-            rises[name] = None if rise is None or rises.get(name, 0) is None else max(rise, rises.get(name, 0))
+            rises[name] = None if rise is None else max(rise, rises.get(name) or 0)
     return {name: median(s) for name, s in seconds.items()}, outputs, rises
 
 
 def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...]],
                 rises: dict) -> tuple[dict, list[dict], dict]:
-    """Each contender's batch sizes above 1, one call each: (name, size) -> seconds per call, outputs, and
-    "name xsize" -> why it was skipped. Before each call the heap's free pages go back to the kernel (untimed), so
-    that memory one contender kept does not crowd out the next; a call is skipped where its single call's rise
-    (`rises`) times its size would not fit in the memory then available (bench/memory.fits)."""
+    """Each contender's batch sizes above 1 in rising order, one call each: (name, size) -> seconds per call,
+    outputs, and "name xsize" -> why it was skipped. Before each call the heap's free pages go back to the kernel
+    (untimed), so that memory one contender kept does not crowd out the next, and the call's rise of the resident
+    set counts all it needs. A call is skipped where the contender's last measured rise (`rises`, its single call's,
+    until a batched call of its own is measured), scaled to the batch, would not fit in the memory then available
+    (bench/memory.fits). A single call's rise may fall short (it reused freed heap), a batched call's does not."""
     seconds, outputs, skipped = {}, [], {}
     for name, batch_sizes in sizes.items():
-        for size in batch_sizes:
+        measured_size, rise = 1, rises.get(name)
+        for size in sorted(batch_sizes):
             memory.return_freed_memory()
-            fit, why = memory.fits(rises.get(name), size, memory.available())
+            fit, why = memory.fits(rise, measured_size, size, memory.available())
             if not fit:
                 skipped[f"{name} x{size}"] = why
                 print(f"[beam_node] skipped {name} with {size} prompts per call: {why}", file=sys.stderr, flush=True)
                 continue
-            s, value, _ = memory.measured_call(contenders.batch(prompts[:size])[name])
+            s, value, batch_rise = memory.measured_call(contenders.batch(prompts[:size])[name])
             seconds[(name, size)] = s
             outputs.append({"name": name, "prompts": list(range(size)), "value": value})
+            if batch_rise is not None:
+                measured_size, rise = size, batch_rise
     return seconds, outputs, skipped
 
 

@@ -3,9 +3,13 @@
 A benchmark that runs several engines in one process can need more memory than the machine holds: the beam benchmark's
 CTranslate2 call with 4 prompts of 256 tokens at W = 100 (24 layers, float32) rose 15.8 GiB above the process's
 resident set on its own, on a 23.5 GiB machine that also held the other contenders' weights. `measured_call` times a
-call and records how far the resident set rose during it; `fits` says whether a call `size` times as large is
-likely to fit, scaling that rise linearly (an over-estimate where a batch shares work: CTranslate2's 4 prompts rose
-2.5x its single prompt's 6.2 GiB). Where /proc does not say, every figure is None and every call is taken to fit.
+call and records how far the resident set rose during it; `fits` says whether a larger call is likely to fit,
+scaling that rise linearly (an over-estimate where a batch shares work: CTranslate2's 4 prompts rose 2.5x its single
+prompt's 6.2 GiB). A rise counts only pages the call had to fault in: a call that reuses free memory an earlier
+call left in the heap (compile/allocator.keep_freed_memory keeps it) rises less than it needs (a 24-layer run
+projected CTranslate2's 4 prompts from a single call's short rise and was killed), so measure after
+`return_freed_memory` where the figure is to be trusted. Where /proc does not say, every figure is None and every
+call is taken to fit.
 """
 
 from __future__ import annotations
@@ -58,16 +62,16 @@ def measured_call(fn) -> tuple[float, object, int | None]:
     return seconds, value, None if after is None else max(after[1] - before[0], 0)
 
 
-def fits(rise: int | None, size: int, free: int | None) -> tuple[bool, str]:
-    """Whether a call `size` times the one that rose `rise` bytes fits in `free` bytes (FREE_SHARE of them), and why
-    not. Unknown figures fit."""
+def fits(rise: int | None, measured_size: int, size: int, free: int | None) -> tuple[bool, str]:
+    """Whether a call of `size` prompts fits in `free` bytes (FREE_SHARE of them), projected from a call of
+    `measured_size` prompts that rose `rise` bytes, and why not. Unknown figures fit."""
     if rise is None or free is None:
         return True, ""
-    need = rise * size
+    need = rise * size / measured_size
     if need <= FREE_SHARE * free:
         return True, ""
-    return False, (f"needs about {need / GIB:.1f} GiB ({size} x its single call's rise of {rise / GIB:.1f} GiB), "
-                   f"{free / GIB:.1f} GiB available")
+    return False, (f"needs about {need / GIB:.1f} GiB ({size} prompts from {measured_size}'s rise of "
+                   f"{rise / GIB:.1f} GiB), {free / GIB:.1f} GiB available")
 
 
 def return_freed_memory() -> bool:

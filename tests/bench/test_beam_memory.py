@@ -17,40 +17,52 @@ def test_a_call_that_touches_memory_raises_the_resident_set_by_about_that_much()
     assert 200 * MIB <= rise <= 1024 * MIB
 
 
-def test_a_projection_fits_within_the_share_of_free_memory_and_says_why_not():
+def test_a_projection_scales_the_measured_rise_to_the_batch_and_says_why_it_does_not_fit():
     gib = memory.GIB
-    assert memory.fits(6 * gib, 2, 20 * gib) == (True, "")
-    fit, why = memory.fits(6 * gib, 4, 20 * gib)
-    assert not fit and why == "needs about 24.0 GiB (4 x its single call's rise of 6.0 GiB), 20.0 GiB available"
-    assert memory.fits(None, 4, 1) == (True, "") and memory.fits(6 * gib, 4, None) == (True, "")
+    assert memory.fits(6 * gib, 1, 2, 20 * gib) == (True, "")
+    fit, why = memory.fits(6 * gib, 1, 4, 20 * gib)
+    assert not fit and why == "needs about 24.0 GiB (4 prompts from 1's rise of 6.0 GiB), 20.0 GiB available"
+    assert memory.fits(10 * gib, 2, 4, 23 * gib)[0] and not memory.fits(10 * gib, 2, 4, 22 * gib)[0]  # share 0.9
+    assert memory.fits(None, 1, 4, 1) == (True, "") and memory.fits(6 * gib, 1, 4, None) == (True, "")
 
 
 class Stand:
     """Contenders whose calls return their name and batch size (run_batched only asks for batch(prompts)[name])."""
 
-    def __init__(self):
-        self.called = []
+    def __init__(self, names=("ours", "ct2")):
+        self.names, self.called = names, []
 
     def batch(self, prompts):
         def call(name):
             self.called.append((name, len(prompts)))
             return name, len(prompts)
-        return {name: (lambda name=name: call(name)) for name in ("ours", "ct2")}
+        return {name: (lambda name=name: call(name)) for name in self.names}
 
 
-def test_the_batched_phase_skips_a_size_that_would_not_fit_and_keeps_the_rest(monkeypatch):
+def test_the_batched_phase_projects_from_the_last_measured_call_and_skips_what_would_not_fit(monkeypatch):
     gib = memory.GIB
+    batched_rises = {("ours", 2): 1.5 * gib, ("ours", 4): 3 * gib, ("ct2", 2): 10 * gib}
+
+    def measured(fn):
+        value = fn()
+        return 1.0, value, batched_rises[value]
+
     monkeypatch.setattr(memory, "available", lambda: 20 * gib)
-    stand = Stand()
-    seconds, outputs, skipped = beam_node.run_batched(stand, [torch.zeros(4)] * 4, {"ours": (2, 4), "ct2": (2, 4)},
-                                                      {"ours": 1 * gib, "ct2": 6 * gib})
+    monkeypatch.setattr(memory, "measured_call", measured)
+    stand = Stand(("ours", "hf", "ct2"))
+    # single calls' rises: hf's 12 GiB is already too much for 2 prompts; ct2's 2 GiB fell short (it reused freed
+    # heap), its call of 2 prompts says 10
+    seconds, outputs, skipped = beam_node.run_batched(stand, [torch.zeros(4)] * 4,
+                                                      {"ours": (4, 2), "hf": (2,), "ct2": (2, 4)},
+                                                      {"ours": 1 * gib, "hf": 12 * gib, "ct2": 2 * gib})
     assert stand.called == [("ours", 2), ("ours", 4), ("ct2", 2)]
     assert set(seconds) == {("ours", 2), ("ours", 4), ("ct2", 2)}
-    assert [(o["name"], o["prompts"], o["value"]) for o in outputs] == [
-        ("ours", [0, 1], ("ours", 2)), ("ours", [0, 1, 2, 3], ("ours", 4)), ("ct2", [0, 1], ("ct2", 2))]
-    assert skipped == {"ct2 x4": "needs about 24.0 GiB (4 x its single call's rise of 6.0 GiB), 20.0 GiB available"}
-    sides = beam_node.summary({"ours": 1.0, "ct2": 2.0}, seconds)
-    assert sorted(sides["ct2"]["requests_per_s_by_batch"]) == [1, 2]
+    assert [(o["name"], o["prompts"]) for o in outputs] == [("ours", [0, 1]), ("ours", [0, 1, 2, 3]),
+                                                           ("ct2", [0, 1])]
+    assert skipped == {"hf x2": "needs about 24.0 GiB (2 prompts from 1's rise of 12.0 GiB), 20.0 GiB available",
+                       "ct2 x4": "needs about 20.0 GiB (4 prompts from 2's rise of 10.0 GiB), 20.0 GiB available"}
+    sides = beam_node.summary({"ours": 1.0, "hf": 3.0, "ct2": 2.0}, seconds)
+    assert sorted(sides["ct2"]["requests_per_s_by_batch"]) == [1, 2] and sides["hf"]["best_batch"] == 1
 
 
 def test_singles_record_each_contenders_largest_rise(monkeypatch):
