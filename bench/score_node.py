@@ -30,7 +30,10 @@ the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the sam
 after the timed part.
 
 Parity is asserted before anything is written: a run that fails it writes no result and exits
-non-zero (bench/provenance.py).
+non-zero (bench/provenance.py). OpenVINO's bfloat16 is reported instead (`openvino_accuracy`, with
+`within_bound`): its label logits may miss the bf16 bound (1.5x transformers' own bf16 error + 0.02;
+Qwen3-0.6B on an AVX-512 CPU without AMX: 0.547 against 0.508), and the run still compares against it,
+the faster side, rather than write nothing.
 
     .venv/bin/python bench/score_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16|int8] [--layers N]
                                          [--requests R] [--rounds R] [--quick] [--no-ct2] [--no-openvino]
@@ -238,7 +241,7 @@ def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, c
     """Request 0 of a bf16 or int8 run against transformers in float32 on the same (in bf16: bf16-valued) weights,
     each side within 1.5x transformers' own error in the run's float dtype (bench/parity.bf16_check; in an int8
     run on a float32 base that error is nil, so the bound is its floor); CTranslate2 in float32 (from its sweep)
-    strictly, its timed compute type within its own bound."""
+    strictly, its timed compute type within its own bound. OpenVINO: openvino_accuracy."""
     ref_labels, careful = reference[:, LABELS], out["hf_careful"][:, LABELS]
     # an int8 run's float side (the int8 node has its own check)
     ours = next((name for name in ("ours_bf16", "ours_fp32") if name in out), "ours")
@@ -248,10 +251,22 @@ def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, c
         checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
     if "ct2" in out and ct2_type != "float32":
         checks.append(parity.top1_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference, parity.QUANTIZED_ABS))
-    if "openvino" in out:
-        checks.append(parity.bf16_check("openvino_label_logits_vs_fp32", out["openvino"][:, LABELS], careful,
-                                        ref_labels))
     return checks
+
+
+def openvino_accuracy(out: dict, reference: torch.Tensor, dtype: torch.dtype) -> tuple[list[dict], dict | None]:
+    """Request 0's label logits of OpenVINO in a bf16 or int8 run (it runs the float base, `dtype`) against
+    transformers in float32 on the same weights, within the bf16 bound (bench/parity.bf16_check): (checks to
+    assert, the check reported instead). On a bfloat16 base it is reported, not asserted ("ok" becomes
+    "within_bound"): a peer's bf16 less accurate than the bound is still the speed to beat. On a float32 base
+    (an int8 run) there is no bf16 error to allow: a miss is a broken comparison, asserted."""
+    if "openvino" not in out:
+        return [], None
+    check = parity.bf16_check("openvino_label_logits_vs_fp32", out["openvino"][:, LABELS],
+                              out["hf_careful"][:, LABELS], reference[:, LABELS])
+    if dtype == torch.float32:
+        return [check], None
+    return [], {("within_bound" if key == "ok" else key): value for key, value in check.items()}
 
 
 def parse_args() -> argparse.Namespace:
@@ -351,11 +366,13 @@ def measure(run: Run, requests) -> dict:
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
-    drift = None
+    drift = openvino_reported = None
     if run.args.dtype == "fp32":
         checks = fp32_checks(outputs)
     else:
         checks = reference_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
+        asserted, openvino_reported = openvino_accuracy(outputs[0], reference, dtype)
+        checks += asserted
     if run.args.dtype == "int8":
         drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
         checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
@@ -366,7 +383,8 @@ def measure(run: Run, requests) -> dict:
             "onednn_micro_batch": onednn_micro_batch,
             "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks,
             "peaks": (peak_before, peak_after),
-            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2), "int8_drift": drift}
+            "phase_seconds": clock.laps, "threads": threads_by_side(seconds, run.ct2), "int8_drift": drift,
+            "openvino_accuracy": openvino_reported}
 
 
 def int8_drift(run: Run, ours, request, reference: torch.Tensor) -> dict:
@@ -410,6 +428,10 @@ def report(run: Run, requests, m: dict) -> dict:
         "speedup_vs_hf_best_onednn": ratio("hf_best_onednn"),
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
         "speedup_vs_openvino": ratio("openvino"), "openvino_setting": openvino_label(m["openvino"]),
+        # in bf16 (and int8 on a bf16 base) OpenVINO's label logits against transformers in float32, reported, not
+        # asserted: a peer less accurate than the bound is still the speed to beat (None in float32, where they are
+        # a parity check)
+        "openvino_accuracy": m["openvino_accuracy"],
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
         "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if run.args.dtype == "fp32"
