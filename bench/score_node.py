@@ -429,8 +429,8 @@ def report(run: Run, requests, m: dict) -> dict:
         "speedup_vs_ct2": ratio("ct2"), "ct2_compute_type": ct2 and ct2[0],
         "speedup_vs_openvino": ratio("openvino"), "openvino_setting": openvino_label(m["openvino"]),
         # in bf16 (and int8 on a bf16 base) OpenVINO's label logits against transformers in float32, reported, not
-        # asserted: a peer less accurate than the bound is still the speed to beat (None in float32, where they are
-        # a parity check)
+        # asserted: a peer less accurate than the bound is still the speed to beat (None on a float32 base, where
+        # they are a parity check)
         "openvino_accuracy": m["openvino_accuracy"],
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
