@@ -2,18 +2,21 @@
 
 Model: Qwen2.5-0.5B's shapes at its real depth (or --layers N), random weights, float32 (so that
 "identical" can be checked to the last token). Each request: one prompt of 256 tokens, W = 100
-beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender, timed interleaved:
-  single   one request per call: latency;
+beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender:
+  single   one request per call, the contenders' calls interleaved (order rotated per prompt): latency;
   batched  requests per second at the contender's best batching, swept: our node with 1, 2 or 4
            prompts per call (its compiled bound), CTranslate2 with 1, 2 or 4 (max_batch_size =
            the batch), transformers with 1 or 2 (a batch of 2 already expands to 2·W·256 tokens).
-           A batch size whose projected memory does not fit the machine's free memory is skipped and
-           named in `batched_skipped` (bench/memory.py; CTranslate2's 4 prompts need ~16 GiB more than
-           its weights, which a 24 GiB machine holding every contender does not have).
+           One call per size, each contender's sizes in turn. Each starts from a heap whose free pages
+           went back to the kernel (its pages are faulted in inside the timed call, where a single call
+           runs on the heap its earlier calls left: batched figures are, if anything, low), and a size
+           whose projected memory does not fit the machine's free memory is skipped and named in
+           `batched_skipped` (bench/memory.py; CTranslate2's 4 prompts need ~16 GiB beyond the process's
+           resident set, which a 24 GiB machine holding every contender does not have).
 transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
 once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
 Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
-The other precisions, each our node on the same float32 checkpoint, timed interleaved with the others:
+The other precisions, each our node on the same float32 checkpoint, timed beside the others:
   --bf16  our node built in bfloat16 (weights rounded once at load) as `ours_bf16`;
   --int8  our node built with `[quantize] int8` on its --int8-base (default: bf16 where oneDNN multiplies
           bfloat16 on this CPU, else fp32; bench/common.default_int8_base), with random-id calibration and the
@@ -94,7 +97,9 @@ def warm_up(contenders: Contenders, prompt) -> None:
 
 def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict], dict]:
     """One request per call, interleaved (order rotated): name -> seconds per call, outputs per prompt, and name ->
-    the most its calls raised the process's resident set (bytes, None where unknown; bench/memory.py)."""
+    the most its calls raised the process's resident set (bytes; absent where unknown; bench/memory.py). A call
+    that reused free memory an earlier call left in the heap rises less than it needs: our nodes, warm after their
+    warm-up, rise ~0."""
     seconds, outputs, rises = {}, [], {}
     for i, prompt in enumerate(prompts):
         fns = contenders.batch([prompt])
@@ -103,7 +108,8 @@ def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict], dict
             s, value, rise = memory.measured_call(fns[name])
             seconds.setdefault(name, []).append(s)
             outputs.append({"name": name, "prompts": [i], "value": value})
-            rises[name] = None if rise is None else max(rise, rises.get(name) or 0)
+            if rise is not None:
+                rises[name] = max(rise, rises.get(name, 0))
     return {name: median(s) for name, s in seconds.items()}, outputs, rises
 
 
@@ -145,6 +151,14 @@ def references(outputs: list[dict]) -> dict[int, dict]:
             for p in o["prompts"]:
                 ref.setdefault(p, o)
     return ref
+
+
+def unchecked(outputs: list[dict]) -> list[int]:
+    """Prompts that no float32 output is checked on: their reference is the only float32 output that holds them
+    (our node's batch of 4 holds prompts 2 and 3, which otherwise only CTranslate2's batch of 4 runs)."""
+    ref = references(outputs)
+    checked = {p for o in outputs if o["name"] not in VARIANT_NAMES for p in o["prompts"] if ref[p] is not o}
+    return sorted(set(ref) - checked)
 
 
 def row(output: dict, prompt: int):
@@ -301,7 +315,7 @@ def prepare(args):
 
 
 def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
-    """Singles then batched calls, interleaved, with the fp32 peak measured before and after."""
+    """Singles (interleaved) then batched calls, with the fp32 peak measured before and after."""
     peak_shapes, clock = ((2048, 2048, 2048), *model_gemm_shapes(spec, tokens=W)), Clock()
     peak_before = matmul_peaks(torch.float32, peak_shapes)
     warm_up(contenders, prompts[0])
@@ -315,7 +329,7 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     peak_after = matmul_peaks(torch.float32, peak_shapes)
     clock.lap("peak_after")
     outputs = single_outputs + batched_outputs
-    return {"sides": summary(single_s, batched_s), "checks": checks(outputs),
+    return {"sides": summary(single_s, batched_s), "checks": checks(outputs), "unchecked_prompts": unchecked(outputs),
             "changes": {name: changes(outputs, name) for name in contenders.variants},
             "peaks": (peak_before, peak_after), "phase_seconds": clock.laps, "batched_skipped": skipped,
             "single_call_rise_gib": {name: rise and round(rise / memory.GIB, 2) for name, rise in rises.items()}}
@@ -338,10 +352,14 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "int8_base": args.int8_base, "int8_budget": args.int8_budget,
         "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
-                           f"{sorted(side['requests_per_s_by_batch'])})" for name, side in sides.items()},
-        # batch sizes not run for want of memory (bench/memory.py), and each contender's single call's rise of the
-        # resident set they were projected from
+                           f"{sorted(side['requests_per_s_by_batch'])}"
+                           + "".join(f"; {key.split(' x')[1]} skipped for memory" for key in m["batched_skipped"]
+                                     if key.split(" x")[0] == name) + ")" for name, side in sides.items()},
+        # batch sizes not run for want of memory (bench/memory.py, with the rise each was projected from), each
+        # contender's single calls' largest rise of the resident set (on a warm heap: short of what a call needs), and
+        # prompts no float32 output was checked on (with a batch skipped, only our node may have run them)
         "batched_skipped": m["batched_skipped"], "single_call_rise_gib": m["single_call_rise_gib"],
+        "unchecked_prompts": m["unchecked_prompts"],
         "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
         "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": found,
     }

@@ -3,6 +3,7 @@ size whose projected memory does not fit what the machine has free is skipped an
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench import beam_node, memory
@@ -14,6 +15,8 @@ def test_a_call_that_touches_memory_raises_the_resident_set_by_about_that_much()
     memory.return_freed_memory()  # an earlier test's freed heap would serve this call without new pages
     seconds, value, rise = memory.measured_call(lambda: float(torch.ones(64 * MIB).sum()))  # 256 MiB, every page
     assert value == 64 * MIB and seconds > 0
+    if rise is None:
+        pytest.skip("this kernel does not let a process reset its resident peak (/proc/self/clear_refs)")
     assert 200 * MIB <= rise <= 1024 * MIB
 
 
@@ -72,3 +75,12 @@ def test_singles_record_each_contenders_largest_rise(monkeypatch):
     assert seconds == {"ours": 1.0, "ct2": 1.0} and len(outputs) == 4
     # prompt 0 runs ours then ct2 (3, 5 MiB); prompt 1 rotates the order: ct2 then ours (7, 2 MiB)
     assert found == {"ours": 3 * MIB, "ct2": 7 * MIB}
+
+
+def test_prompts_that_only_one_float32_call_ran_are_named_unchecked():
+    def out(name, prompts):
+        return {"name": name, "prompts": prompts, "value": None}
+    singles = [out("ours", [0]), out("hf", [0]), out("ours", [1]), out("hf", [1])]
+    batched = [out("ours", [0, 1]), out("ours", [0, 1, 2, 3]), out("ours_bf16", [0, 1, 2, 3])]
+    assert beam_node.unchecked(singles + batched) == [2, 3]  # our bf16 node is not held to float32 parity
+    assert beam_node.unchecked(singles + batched + [out("ct2", [0, 1, 2, 3])]) == []
