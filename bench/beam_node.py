@@ -2,7 +2,8 @@
 
 Model: Qwen2.5-0.5B's shapes at its real depth (or --layers N), random weights, float32 (so that
 "identical" can be checked to the last token). Each request: one prompt of 256 tokens, W = 100
-beams, S = 4 new tokens, k = 4 candidates returned. Two figures per contender:
+beams, S = 4 new tokens, k = 4 candidates returned. Each contender is first called once, untimed, on one
+prompt (its warm-up; bench/memory.py measures how much memory the call needs). Then two figures per contender:
   single   one request per call, the contenders' calls interleaved (order rotated per prompt): latency;
   batched  requests per second at the contender's best batching, swept: our node with 1, 2 or 4
            prompts per call (its compiled bound), CTranslate2 with 1, 2 or 4 (max_batch_size =
@@ -41,7 +42,7 @@ import torch
 from bench import hf_baselines as hf_side
 from bench import memory, parity
 from bench.common import (FLOAT_DTYPES, MODELS, Clock, add_int8_base, add_int8_budget, bench_config, budget_label,
-                          build_nodes, default_int8_base, emit, int8_config, matmul_peaks, median,
+                          build_nodes, default_int8_base, emit, int8_config, interleaved_round, matmul_peaks, median,
                           model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
 from bench.flops import beam_flops, executed_mfu
 
@@ -86,31 +87,31 @@ class Contenders:
         return fns
 
 
-def warm_up(contenders: Contenders, prompt) -> None:
-    contenders.ours([prompt])()
-    for node in contenders.variants.values():
-        contenders.ours([prompt], node=node)()
-    hf_side.beams(contenders.hf, [prompt[:8]], PAD_ID, 2, S, 2)
-    if contenders.ct2 is not None:
-        contenders.ct2.beams("float32", contenders.ct2.strings([prompt[:8]]), 2, S, 2, 1, PAD_ID)
+def warm_up(contenders: Contenders, prompt) -> dict:
+    """Each contender's first call, untimed, on a full-size request (one prompt): name -> how far it raised the
+    process's resident set (bytes; absent where unknown; bench/memory.py). Each starts from a heap whose free pages
+    went back to the kernel, so that its rise counts all the call needs (a call that reuses free memory an earlier
+    call left in the heap rises less: at 24 layers CTranslate2's single call rose 4.5 GiB after transformers', 7.7
+    before it)."""
+    rises = {}
+    for name, fn in contenders.batch([prompt]).items():
+        memory.return_freed_memory()
+        _, _, rise = memory.measured_call(fn)
+        if rise is not None:
+            rises[name] = rise
+    return rises
 
 
-def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict], dict]:
-    """One request per call, interleaved (order rotated): name -> seconds per call, outputs per prompt, and name ->
-    the most its calls raised the process's resident set (bytes; absent where unknown; bench/memory.py). A call
-    that reused free memory an earlier call left in the heap rises less than it needs: our nodes, warm after their
-    warm-up, rise ~0."""
-    seconds, outputs, rises = {}, [], {}
+def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict]]:
+    """One request per call, interleaved (order rotated): name -> seconds per call, outputs per prompt."""
+    seconds, outputs = {}, []
     for i, prompt in enumerate(prompts):
         fns = contenders.batch([prompt])
         names = list(fns)[i % len(fns):] + list(fns)[: i % len(fns)]
-        for name in names:
-            s, value, rise = memory.measured_call(fns[name])
+        for name, (s, value) in interleaved_round({n: fns[n] for n in names}).items():
             seconds.setdefault(name, []).append(s)
             outputs.append({"name": name, "prompts": [i], "value": value})
-            if rise is not None:
-                rises[name] = max(rise, rises.get(name, 0))
-    return {name: median(s) for name, s in seconds.items()}, outputs, rises
+    return {name: median(s) for name, s in seconds.items()}, outputs
 
 
 def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...]],
@@ -118,9 +119,9 @@ def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...
     """Each contender's batch sizes above 1 in rising order, one call each: (name, size) -> seconds per call,
     outputs, and "name xsize" -> why it was skipped. Before each call the heap's free pages go back to the kernel
     (untimed), so that memory one contender kept does not crowd out the next, and the call's rise of the resident
-    set counts all it needs. A call is skipped where the contender's last measured rise (`rises`, its single call's,
-    until a batched call of its own is measured), scaled to the batch, would not fit in the memory then available
-    (bench/memory.fits). A single call's rise may fall short (it reused freed heap), a batched call's does not."""
+    set counts all it needs. A call is skipped where the contender's last measured rise (`rises`: its warm-up call's
+    on one prompt, until a batched call of its own is measured), scaled to the batch, would not fit in the memory
+    then available (bench/memory.fits)."""
     seconds, outputs, skipped = {}, [], {}
     for name, batch_sizes in sizes.items():
         measured_size, rise = 1, rises.get(name)
@@ -318,9 +319,9 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     """Singles (interleaved) then batched calls, with the fp32 peak measured before and after."""
     peak_shapes, clock = ((2048, 2048, 2048), *model_gemm_shapes(spec, tokens=W)), Clock()
     peak_before = matmul_peaks(torch.float32, peak_shapes)
-    warm_up(contenders, prompts[0])
+    rises = warm_up(contenders, prompts[0])
     clock.lap("peak_before_and_warm_up")
-    single_s, single_outputs, rises = run_singles(contenders, prompts[:singles])
+    single_s, single_outputs = run_singles(contenders, prompts[:singles])
     clock.lap("singles")
     sizes = {"ours": (2, 4), "hf": (2,)} | ({"ct2": (2, 4)} if contenders.ct2 is not None else {}) \
         | {name: (2, 4) for name in contenders.variants}
@@ -332,7 +333,7 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     return {"sides": summary(single_s, batched_s), "checks": checks(outputs), "unchecked_prompts": unchecked(outputs),
             "changes": {name: changes(outputs, name) for name in contenders.variants},
             "peaks": (peak_before, peak_after), "phase_seconds": clock.laps, "batched_skipped": skipped,
-            "single_call_rise_gib": {name: rise and round(rise / memory.GIB, 2) for name, rise in rises.items()}}
+            "warm_up_rise_gib": {name: round(rise / memory.GIB, 2) for name, rise in rises.items()}}
 
 
 def report(args, spec, layers: int, length: int, m: dict) -> dict:
@@ -356,9 +357,9 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
                            + "".join(f"; {key.split(' x')[1]} skipped for memory" for key in m["batched_skipped"]
                                      if key.split(" x")[0] == name) + ")" for name, side in sides.items()},
         # batch sizes not run for want of memory (bench/memory.py, with the rise each was projected from), each
-        # contender's single calls' largest rise of the resident set (on a warm heap: short of what a call needs), and
-        # prompts no float32 output was checked on (with a batch skipped, only our node may have run them)
-        "batched_skipped": m["batched_skipped"], "single_call_rise_gib": m["single_call_rise_gib"],
+        # contender's warm-up call's rise of the resident set (one prompt, from a trimmed heap), and prompts no
+        # float32 output was checked on (with a batch skipped, only our node may have run them)
+        "batched_skipped": m["batched_skipped"], "warm_up_rise_gib": m["warm_up_rise_gib"],
         "unchecked_prompts": m["unchecked_prompts"],
         "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
         "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": found,

@@ -68,13 +68,18 @@ def test_the_batched_phase_projects_from_the_last_measured_call_and_skips_what_w
     assert sorted(sides["ct2"]["requests_per_s_by_batch"]) == [1, 2] and sides["hf"]["best_batch"] == 1
 
 
-def test_singles_record_each_contenders_largest_rise(monkeypatch):
-    rises = iter([3 * MIB, 5 * MIB, 7 * MIB, 2 * MIB])
-    monkeypatch.setattr(memory, "measured_call", lambda fn: (1.0, fn(), next(rises)))
-    seconds, outputs, found = beam_node.run_singles(Stand(), [torch.zeros(4)] * 2)
-    assert seconds == {"ours": 1.0, "ct2": 1.0} and len(outputs) == 4
-    # prompt 0 runs ours then ct2 (3, 5 MiB); prompt 1 rotates the order: ct2 then ours (7, 2 MiB)
-    assert found == {"ours": 3 * MIB, "ct2": 7 * MIB}
+def test_each_warm_up_call_starts_from_a_trimmed_heap_and_records_its_rise(monkeypatch):
+    events = []
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: events.append("trim"))
+
+    def measured(fn):
+        name, size = fn()
+        events.append(name)
+        return 1.0, (name, size), {"ours": 3 * MIB, "ct2": 7 * MIB}[name]
+
+    monkeypatch.setattr(memory, "measured_call", measured)
+    assert beam_node.warm_up(Stand(), torch.zeros(4)) == {"ours": 3 * MIB, "ct2": 7 * MIB}
+    assert events == ["trim", "ours", "trim", "ct2"]
 
 
 def test_prompts_that_only_one_float32_call_ran_are_named_unchecked():
