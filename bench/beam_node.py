@@ -117,7 +117,7 @@ def run_singles(contenders: Contenders, prompts) -> tuple[dict, list[dict]]:
 def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...]],
                 rises: dict) -> tuple[dict, list[dict], dict]:
     """Each contender's batch sizes above 1 in rising order, one call each: (name, size) -> seconds per call,
-    outputs, and "name xsize" -> why it was skipped. Before each call the heap's free pages go back to the kernel
+    outputs, and (name, size) -> why it was skipped. Before each call the heap's free pages go back to the kernel
     (untimed), so that memory one contender kept does not crowd out the next, and the call's rise of the resident
     set counts all it needs. A call is skipped where the contender's last measured rise (`rises`: its warm-up call's
     on one prompt, until a batched call of its own is measured), scaled to the batch, would not fit in the memory
@@ -129,7 +129,7 @@ def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...
             memory.return_freed_memory()
             fit, why = memory.fits(rise, measured_size, size, memory.available())
             if not fit:
-                skipped[f"{name} x{size}"] = why
+                skipped[(name, size)] = why
                 print(f"[beam_node] skipped {name} with {size} prompts per call: {why}", file=sys.stderr, flush=True)
                 continue
             s, value, batch_rise = memory.measured_call(contenders.batch(prompts[:size])[name])
@@ -354,12 +354,13 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
         "parity_ok": parity.all_ok(found), "W": W, "S": S, "k": K, "singles": args.singles, "sides": sides,
         "batching": {name: f"single: 1 prompt per call; batched: {side['best_batch']} prompts per call (best of "
                            f"{sorted(side['requests_per_s_by_batch'])}"
-                           + "".join(f"; {key.split(' x')[1]} skipped for memory" for key in m["batched_skipped"]
-                                     if key.split(" x")[0] == name) + ")" for name, side in sides.items()},
+                           + "".join(f"; {size} skipped for memory" for n, size in m["batched_skipped"] if n == name)
+                           + ")" for name, side in sides.items()},
         # batch sizes not run for want of memory (bench/memory.py, with the rise each was projected from), each
         # contender's warm-up call's rise of the resident set (one prompt, from a trimmed heap), and prompts no
         # float32 output was checked on (with a batch skipped, only our node may have run them)
-        "batched_skipped": m["batched_skipped"], "warm_up_rise_gib": m["warm_up_rise_gib"],
+        "batched_skipped": {f"{name} x{size}": why for (name, size), why in m["batched_skipped"].items()},
+        "warm_up_rise_gib": m["warm_up_rise_gib"],
         "unchecked_prompts": m["unchecked_prompts"],
         "executed_gflop_per_request": beam_flops(spec, [length], W, S) / 1e9, "peak_gflops": peak / 1e9,
         "peak_gflops_by_library": peak_by_library(m["peaks"]), "phase_seconds": m["phase_seconds"], "parity": found,

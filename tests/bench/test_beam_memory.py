@@ -62,8 +62,8 @@ def test_the_batched_phase_projects_from_the_last_measured_call_and_skips_what_w
     assert set(seconds) == {("ours", 2), ("ours", 4), ("ct2", 2)}
     assert [(o["name"], o["prompts"]) for o in outputs] == [("ours", [0, 1]), ("ours", [0, 1, 2, 3]),
                                                            ("ct2", [0, 1])]
-    assert skipped == {"hf x2": "needs about 24.0 GiB (2 prompts from 1's rise of 12.0 GiB), 20.0 GiB available",
-                       "ct2 x4": "needs about 20.0 GiB (4 prompts from 2's rise of 10.0 GiB), 20.0 GiB available"}
+    assert skipped == {("hf", 2): "needs about 24.0 GiB (2 prompts from 1's rise of 12.0 GiB), 20.0 GiB available",
+                       ("ct2", 4): "needs about 20.0 GiB (4 prompts from 2's rise of 10.0 GiB), 20.0 GiB available"}
     sides = beam_node.summary({"ours": 1.0, "hf": 3.0, "ct2": 2.0}, seconds)
     assert sorted(sides["ct2"]["requests_per_s_by_batch"]) == [1, 2] and sides["hf"]["best_batch"] == 1
 
