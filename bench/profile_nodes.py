@@ -34,7 +34,7 @@ from bench.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_budget, 
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
-    "attention": ("flex_attention",),
+    "attention": ("flex_attention", "boundserve::packed_attention"),  # FlexAttention or compile/kernels
     "gemm_int8": ("qlinear",),  # before gemm: its op name holds "linear_pointwise" too
     "gemm": ("linear_pointwise", "addmm", "_mm", "bmm", "aten::mm", "aten::matmul"),
 }

@@ -12,11 +12,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from compile import kernels
 from compile.machine import ArtifactMismatch
 from compile.packing import pack
-from shared.manifest import FORMAT_VERSION, MANIFEST, Manifest, ManifestError, read_manifest as read_shared
+from shared.manifest import FORMAT_VERSION, MANIFEST, KernelLibrary, Manifest, ManifestError
+from shared.manifest import read_manifest as read_shared
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "WEIGHTS", "file_hash", "load_package", "load_weights", "read_manifest"]
+__all__ = ["FORMAT_VERSION", "MANIFEST", "WEIGHTS", "file_hash", "load_kernels", "load_package", "load_weights",
+           "read_manifest"]
 
 WEIGHTS = "weights.safetensors"
 
@@ -50,6 +53,14 @@ def load_weights(folder: Path, manifest: Manifest, device: str) -> dict[str, tor
     if file_hash(weights_file) != manifest.weights.sha256:
         raise ArtifactMismatch(f"{weights_file}: content does not match the manifest's hash")
     return pack({k: v.to(device) for k, v in load_file(weights_file).items()}, manifest.prepacked)
+
+
+def load_kernels(folder: Path, library: KernelLibrary) -> None:
+    """The folder's kernel library (compile/kernels), checked against its hash, loaded into this process."""
+    try:
+        kernels.load_library(folder / library.file, library.sha256)
+    except (kernels.KernelMismatch, OSError) as exc:
+        raise ArtifactMismatch(str(exc)) from None
 
 
 def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str, runners: int = 1):

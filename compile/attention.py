@@ -17,7 +17,9 @@ Once per forward, from the layout's tensors, `pool_mask` builds the block mask e
     - each (query block, key block) pair classified empty, full (the mask is not evaluated) or
       partial from the same intervals: Tq x key blocks x 3 comparisons, where create_block_mask
       evaluates the mask on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens).
-`packed_attention` then runs one flex_attention call per layer.
+`packed_attention` then runs one flex_attention call per layer, or, for bfloat16 on a CPU with
+AVX512-BF16 and no AMX, the C++ kernel of compile/kernels (torch.ops.boundserve.packed_attention),
+which reads the row table itself and never the block mask: `PoolMask` carries both.
 
 Outside a compile or an export (the build's int8 / fp8 calibration, its static prefix, tests),
 flex_attention runs its unfused reference, which evaluates the mask through four nested vmaps in
@@ -40,8 +42,9 @@ Traps of FlexAttention inside an AOTInductor package (torch 2.13), and how this 
       template refuses at code generation ("Unsupported for epilogue_nodes"; seen with bf16): CPU
       packages are built with epilogue fusion off (compile/build.py; no other template runs there);
     - on a CPU without AMX the bfloat16 kernel leaves the fast path (no VNNI packing; its p·v
-      product goes through cpublas' generic gemm per block), so there bfloat16 runs the float32
-      kernel on upcast q/k/v (`kernel_dtype`).
+      product goes through cpublas' generic gemm per block), so there bfloat16 runs our own kernel
+      (compile/kernels) where the CPU has AVX512-BF16, else the float32 kernel on upcast q/k/v
+      (`kernel_dtype`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from compile import kernels
 
 # Rows per block on a CPU: the masked waste of partial blocks shrinks with the block, the per-block
 # overhead grows. Measured on the scoring mix (1 thread, CPU time, against the per-sample SDPA loop):
@@ -86,10 +91,20 @@ class KeyPool:
         return KeyPool(block, max(num_keys, 1), max(num_segments, 1))
 
 
+@dataclass(frozen=True)
+class PoolMask:
+    """Which keys each query sees, once per forward for every layer: the row table (what the C++ kernel
+    reads) and the block mask built from it (what FlexAttention reads; unused, it is never computed in
+    a compiled graph)."""
+
+    table: torch.Tensor  # [6 * max_keys] int64 (_interval_table)
+    block_mask: BlockMask
+
+
 def pool_mask(pool: KeyPool, cu_seqlens: torch.Tensor, parents: torch.Tensor, num_queries: int,
-              num_keys: int) -> BlockMask:
-    """The block mask of one call: cu_seqlens [S+1] int over the pool's num_keys rows, parents [S]
-    int64; queries are the pool's last num_queries rows. Both counts are multiples of pool.block."""
+              num_keys: int) -> PoolMask:
+    """The mask of one call: cu_seqlens [S+1] int over the pool's num_keys rows, parents [S] int64;
+    queries are the pool's last num_queries rows. Both counts are multiples of pool.block."""
     torch._check(num_queries % pool.block == 0, lambda: f"{num_queries} queries: not a multiple of {pool.block}")
     torch._check(num_keys % pool.block == 0, lambda: f"{num_keys} keys: not a multiple of {pool.block}")
     table = _interval_table(pool, cu_seqlens, parents, num_queries, num_keys)
@@ -102,27 +117,34 @@ def pool_mask(pool: KeyPool, cu_seqlens: torch.Tensor, parents: torch.Tensor, nu
         grandparent = (kv_idx >= table[4 * m + q_idx]) & (kv_idx < table[5 * m + q_idx])
         return own | parent | grandparent
 
-    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=pool.block, mask_mod=visible,
-                                    seq_lengths=(num_queries, num_keys))
+    block_mask = BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=pool.block,
+                                          mask_mod=visible, seq_lengths=(num_queries, num_keys))
+    return PoolMask(table, block_mask)
 
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype the attention kernel runs in: bfloat16 on a CPU without AMX runs the float32 kernel."""
+    """The dtype FlexAttention runs in: bfloat16 on a CPU without AMX runs its float32 kernel (where
+    compile/kernels' bfloat16 kernel does not apply)."""
     if dtype == torch.bfloat16 and device.type == "cpu" and not torch.cpu._is_amx_tile_supported():
         return torch.float32
     return dtype
 
 
-def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> torch.Tensor:
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: PoolMask) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D] (Hq a multiple of Hkv) -> [Tq, Hq, D] in q's dtype."""
+    compiled = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    if compiled and kernels.attention_applies(q.dtype, q.device, q.shape[-1]):
+        kernels.build_library()  # the operator must exist to be traced
+        return torch.ops.boundserve.packed_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask.table)
     dtype = kernel_dtype(q.dtype, q.device)
     # [1, H, T, D], each its own 4-D buffer: the cast comes last (cast first, Inductor kept the cast's
     # 3-D buffer under a 4-D view, which the CPU template cannot lower)
     heads_first = [t.transpose(0, 1)[None].contiguous().to(dtype) for t in (q, k, v)]
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        out = flex_attention(*heads_first, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])  # [1, Hq, Tq, D]
+    if compiled:
+        out = flex_attention(*heads_first, block_mask=mask.block_mask,
+                             enable_gqa=q.shape[1] != k.shape[1])  # [1, Hq, Tq, D]
     else:
-        out = eager_attention(*heads_first, mask)
+        out = eager_attention(*heads_first, mask.block_mask)
     return out[0].transpose(0, 1).to(q.dtype)
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
+from compile import kernels
 from compile.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
 from compile.beam import module as beam_module
 from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
@@ -96,13 +97,14 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     ctx = BuildContext(config, checkpoint, model, dtype, device)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-built folder must never look up to date
-    nodes, weights, packings = {}, {}, []
+    nodes, weights, packings, operators = {}, {}, [], set()
     for workload in workloads:
         progress.stage(f"exporting the {workload} node")
         use_gemm(model, gemms[workload])
         module, program, facts = NODE_BUILDERS[workload](ctx)
         weights.update(module.state_dict())
         packings.append(packable(program))
+        operators |= kernels_called(program)
         progress.stage(f"compiling the {workload} node with AOTInductor (minutes on a small CPU)")
         package = out / f"{workload}.pt2"
         aoti_compile(program, package, compiled_threads(config), kernel_profile)
@@ -110,6 +112,12 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     progress.stage("writing weights and tokenizer files")
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, out / WEIGHTS)
     tokenizer_files = copy_tokenizer_files(model_dir, out)
+    library = None
+    if operators:  # the packages call compile/kernels' operators: the runtime loads their library first
+        path = kernels.build_library(out)
+        library = {"file": path.name, "sha256": file_hash(path), "operators": sorted(operators)}
+    else:
+        (out / kernels.LIBRARY).unlink(missing_ok=True)
     manifest = {
         "format_version": FORMAT_VERSION,
         "name": config.name,
@@ -125,6 +133,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         "fp8": fp8,
         "quantize": int8,  # [quantize] int8: layers, calibration, drift measured (compile/quantize/build_step.py)
         "weights": {"file": WEIGHTS, "sha256": file_hash(out / WEIGHTS)},
+        "kernels": library,
         "tokenizer_files": tokenizer_files,
         "config": asdict(config),
     }
@@ -158,6 +167,13 @@ def aoti_compile(program: torch.export.ExportedProgram, package: Path, threads: 
     torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=options)
 
 
+def kernels_called(program: torch.export.ExportedProgram) -> set[str]:
+    """The compile/kernels operators (namespace boundserve) a node's graph calls."""
+    return {node.target.name() for node in program.graph.nodes
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace == "boundserve"}
+
+
 def copy_tokenizer_files(model_dir: Path, out: Path) -> list[str]:
     copied = []
     for name in TOKENIZER_FILES:
@@ -187,7 +203,7 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
-    for source in sorted(Path(__file__).parent.rglob("*.py")):
+    for source in sorted(Path(__file__).parent.rglob("*.py")) + sorted(Path(__file__).parent.rglob("*.cpp")):
         digest.update(source.read_bytes())
     return digest.hexdigest()
 

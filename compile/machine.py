@@ -19,6 +19,9 @@ def machine_facts(device: str) -> dict:
         facts["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
         # int8 packages quantize activations to the range this CPU's int8 dot products hold (quantize/int8.py)
         facts["cpu_vnni"] = "yes" if torch.cpu._is_vnni_supported() else "no"
+        # bfloat16 packages may call compile/kernels' AVX512-BF16 attention, or FlexAttention's AMX kernel
+        facts["cpu_bf16"] = "yes" if torch.cpu._is_avx512_bf16_supported() else "no"
+        facts["cpu_amx"] = "yes" if torch.cpu._is_amx_tile_supported() else "no"
     else:
         index = int(device.split(":")[1]) if ":" in device else 0
         major, minor = torch.cuda.get_device_capability(index)

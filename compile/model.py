@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch.nn.attention.flex_attention import BlockMask
 
-from compile.attention import packed_attention
+from compile.attention import PoolMask, packed_attention
 from compile.checkpoint import ModelSpec
 from compile.linear import Linear, linear
 
@@ -171,11 +170,11 @@ class Layer(nn.Module):
         self.post_attn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = Mlp(spec)
 
-    def forward(self, x, cos, sin, mask: BlockMask, cached_kv=None):
+    def forward(self, x, cos, sin, mask: PoolMask, cached_kv=None):
         """x [T, H] -> [T, H]: attention over the key pool (cached_kv's rows, then x's own) under `mask`."""
         return self.forward_kv(x, cos, sin, mask, cached_kv)[0]
 
-    def forward_kv(self, x, cos, sin, mask: BlockMask, cached_kv=None):
+    def forward_kv(self, x, cos, sin, mask: PoolMask, cached_kv=None):
         """The layer's output [T, H] and the keys and values [T, Hkv, D] of x's own tokens.
         cached_kv: keys and values [C, Hkv, D] of C cached rows placed before the batch's own."""
         q, k, v = self.attn.project(self.input_norm(x), cos, sin)
@@ -239,14 +238,14 @@ class Transformer(nn.Module):
         """[V, H]: the output projection (the embedding when tied)."""
         return self.embed.weight if self.spec.tie_word_embeddings else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: BlockMask) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: PoolMask) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, H]
         cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return x
 
-    def last_hidden(self, input_ids, positions, mask: BlockMask, cu_seqlens, parents=None, sample_segments=None,
+    def last_hidden(self, input_ids, positions, mask: PoolMask, cu_seqlens, parents=None, sample_segments=None,
                     static_kv=None, keep_rows=None):
         """Hidden state [B, H] (before the final norm) at every sample's last token only.
 
@@ -254,7 +253,7 @@ class Transformer(nn.Module):
         them, cu_seqlens [S+1] spans the key pool (static_kv's C rows, then input_ids' T tokens),
         parents [S] says which segment each extends (-1: none), sample_segments [B] which segment
         ends each sample. static_kv = (keys, values) [layers, C, Hkv, D]: cached, never recomputed.
-        `mask` is the pool's block mask (compile/attention.pool_mask of the same segments).
+        `mask` is the pool's mask (compile/attention.pool_mask of the same segments).
         keep_rows [R] (pool rows): also return every layer's keys and values at those rows,
         [layers, R, Hkv, D] each (a prefix's, for the worker's prefix cache).
         """
@@ -285,9 +284,9 @@ class Transformer(nn.Module):
         return linear(self.norm(hidden), self.lm_head_weight, None, self.gemm).float()
 
 
-def prefill(model: Transformer, ids, positions, mask: BlockMask):
+def prefill(model: Transformer, ids, positions, mask: PoolMask):
     """ids, positions [T] -> hidden [T, H] (before the final norm), and every layer's keys and
-    values: per layer [T, Hkv, D]. `mask`: the prompts' block mask (each prompt causally)."""
+    values: per layer [T, Hkv, D]. `mask`: the prompts' mask (each prompt causally)."""
     x = model.embed(ids)  # [T, H]
     cos, sin = rope_tables(model.inv_freq, positions, x.dtype)
     keys, values = [], []

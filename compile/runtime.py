@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from compile.artifacts import load_package, load_weights, read_manifest
+from compile.artifacts import load_kernels, load_package, load_weights, read_manifest
 from compile.beam.node import BeamNode
 from compile.machine import check_compatible, check_threads
 from compile.score.node import ScoreNode
@@ -42,6 +42,8 @@ def load_nodes(artifacts_dir: str | Path, device: str = "cpu", runners: int = 1)
     if device == "cpu":
         check_threads(manifest.cpu_threads, torch.get_num_threads())
     weights = load_weights(folder, manifest, device)
+    if manifest.kernels is not None:  # before the packages: they call its operators
+        load_kernels(folder, manifest.kernels)
     packages = {
         workload: load_package(folder / node.package, node.sha256, weights, device, runners)
         for workload, node in manifest.node_table().items()

@@ -117,6 +117,15 @@ class WeightsFile(Fact):
     sha256: str
 
 
+class KernelLibrary(Fact):
+    """The C++ kernel library the folder's CPU packages call (compile/kernels), loaded before them."""
+
+    file: str
+    sha256: str
+    operators: tuple[str, ...] = ()
+    """The operators the packages call, e.g. boundserve::packed_attention."""
+
+
 class Manifest(Fact):
     """What one artifacts folder holds and was built for."""
 
@@ -146,6 +155,8 @@ class Manifest(Fact):
     """[quantize] int8: the layers made int8, the calibration and the drift the gate measured
     (compile/quantize/build_step.py); None: no int8 layer."""
     weights: WeightsFile | None = None
+    kernels: KernelLibrary | None = None
+    """None: the packages call no kernel of ours (a GPU or AMX build, float32, or an older manifest)."""
     tokenizer_files: tuple[str, ...] = ()
     config: dict[str, Any] = {}
     """The deployment config the build ran with, as built-ins."""

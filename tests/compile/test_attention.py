@@ -86,7 +86,7 @@ def test_eager_attention_is_flex_attentions_reference_bit_for_bit(seed, dtype):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 4, num_queries, 16, generator=g).to(dtype)
     k, v = (torch.randn(1, 2, num_keys, 16, generator=g).to(dtype) for _ in range(2))
-    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), CPU_BLOCK), cu, parents, num_queries, num_keys)
+    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), CPU_BLOCK), cu, parents, num_queries, num_keys).block_mask
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         expected = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)  # its unfused reference
@@ -126,7 +126,7 @@ def test_block_classification_is_sound_against_create_block_mask(seed):
     block = CPU_BLOCK
     cu, parents, cached, num_keys, _ = random_pool(100 + seed, block)
     num_queries = num_keys - cached
-    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), block), cu, parents, num_queries, num_keys)
+    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), block), cu, parents, num_queries, num_keys).block_mask
     ref_partial, ref_full = reference_blocks(cu, parents, num_queries, num_keys, block)
     nq, nk = num_queries // block, num_keys // block
     partial = torch.zeros(nq, nk, dtype=torch.bool)

@@ -1,11 +1,13 @@
-"""The compiled packages call no Python: they run in a process that never imports this project, and
-two threads share one package (both finish, with the results of one thread alone)."""
+"""The compiled packages call no Python: they run in a process that never imports this project (a
+bfloat16 package with the kernel library of its folder, loaded by torch alone), and two threads share
+one package (both finish, with the results of one thread alone)."""
 
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from compile.beam.node import node_inputs
@@ -22,7 +24,9 @@ import torch
 from safetensors.torch import load_file
 
 torch.set_num_threads(1)
-package_path, weights_path, io_path = sys.argv[1:]
+package_path, weights_path, io_path, *library = sys.argv[1:]
+for path in library:  # the C++ operators the package calls (compile/kernels)
+    torch.ops.load_library(path)
 saved = torch.load(io_path)
 package = torch._inductor.aoti_load_package(package_path)
 weights = load_file(weights_path)
@@ -36,25 +40,31 @@ print("same outputs", len(outputs))
 """
 
 
-def run_bare(artifacts: Path, package: str, inputs, outputs, tmp_path) -> str:
+def run_bare(artifacts: Path, package: str, inputs, outputs, tmp_path, library: str | None = None) -> str:
     io_path = tmp_path / f"{package}-io.pt"
     torch.save({"inputs": list(inputs), "outputs": list(outputs)}, io_path)
     done = subprocess.run([sys.executable, "-c", BARE_RUN, str(artifacts / package),
-                           str(artifacts / "weights.safetensors"), str(io_path)],
+                           str(artifacts / "weights.safetensors"), str(io_path),
+                           *([str(artifacts / library)] if library else [])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
-def test_scoring_package_runs_without_the_project(demo_artifacts, tmp_path):
-    node = load_nodes(demo_artifacts).score
+@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_artifacts"])
+def test_scoring_package_runs_without_the_project(artifacts, request, tmp_path):
+    """bf16_artifacts: where the CPU has AVX512-BF16 and no AMX, its attention is compile/kernels' operator."""
+    folder = request.getfixturevalue(artifacts)
+    nodes = load_nodes(folder)
+    node = nodes.score
     prefix, *suffixes = random_batch(node.vocab_size, [4, 5, 50, 17], 0)  # one shared prefix, three samples
     ids = torch.cat([prefix, *suffixes])
     inputs, _ = node.package_inputs(ids, torch.tensor([len(s) for s in suffixes]), LABELS, torch.tensor([len(prefix)]),
                                     torch.tensor([3]), keep=[0])  # the prefix's keys/values returned too
     with torch.inference_mode():
         outputs = node.package(*inputs)
-    assert "same outputs 8" in run_bare(demo_artifacts, "score.pt2", inputs, outputs, tmp_path)
+    library = nodes.manifest.kernels.file if nodes.manifest.kernels else None
+    assert "same outputs 8" in run_bare(folder, "score.pt2", inputs, outputs, tmp_path, library)
 
 
 def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):
@@ -66,11 +76,12 @@ def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):
     assert "same outputs 3" in run_bare(beam_artifacts, "beam.pt2", inputs, outputs, tmp_path)
 
 
-def test_two_threads_share_one_package(demo_artifacts):
+@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_artifacts"])
+def test_two_threads_share_one_package(artifacts, request):
     """With the attention as a Python operator this hung the process: a call waiting for the
     package's only runner held the GIL the running call needed. (Here the calls take turns: torch
     2.13's binding holds the GIL for a whole CPU run.)"""
-    node = load_nodes(demo_artifacts).score  # one runner: the case that deadlocked
+    node = load_nodes(request.getfixturevalue(artifacts)).score  # one runner: the case that deadlocked
     batches = [random_batch(node.vocab_size, lengths, seed) for seed, lengths in enumerate([[40, 64, 9], [3, 50]])]
     call = lambda samples: node(torch.cat(samples), torch.tensor([len(s) for s in samples]), LABELS, 3)  # noqa: E731
     expected = [call(b).label_logits for b in batches]

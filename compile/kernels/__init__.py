@@ -1,0 +1,110 @@
+"""C++ kernels the CPU packages call as operators (torch.ops.boundserve.*), and their one library file.
+
+`packed_attention.cpp`: attention over the packed key pool (compile/attention.py) in bfloat16 with
+AVX512-BF16 dot products. On a CPU with that instruction set but without AMX, FlexAttention's CPU
+kernel leaves its fast path in bfloat16, so those packages used to run attention as float32 on upcast
+q/k/v. Measured on Qwen3-0.6B's shapes (16 query heads, 8 K/V heads of 128; one scoring request of 15
+samples, 4,285 tokens; 2 threads, half-rate AVX-512 machine): 25 ms a layer against ~87 ms for the
+float32 FlexAttention kernel in the compiled node (bench/profile_nodes.py).
+
+The build compiles the library (torch.utils.cpp_extension: a C++ compiler and ninja, which the
+compile step has anyway) and copies it into the artifacts folder, named in the manifest with its
+hash; the runtime loads that file before the packages, so serving needs no compiler. A package calls
+the operator through AOTInductor's proxy executor: C++ from end to end, no Python, no lock.
+
+One process holds one version of the library: a second, different one is refused (its operators
+would have the same names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["LIBRARY", "KernelMismatch", "attention_applies", "build_library", "load_library", "library_hash"]
+
+LIBRARY = "boundserve_kernels.so"
+"""The library's file name in an artifacts folder."""
+
+SOURCES = (Path(__file__).parent / "packed_attention.cpp",)
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")
+"""-fopenmp: at::parallel_for is a header template; compiled without it, it runs on one thread."""
+
+_lock = threading.Lock()
+_loaded: str | None = None  # sha256 of the library this process loaded
+_built: Path | None = None  # the library this process compiled
+
+
+class KernelMismatch(RuntimeError):
+    """A kernel library that cannot be loaded into this process."""
+
+
+def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether a package's attention runs the bfloat16 kernel: a CPU with AVX512-BF16 and no AMX (with
+    AMX, FlexAttention's own bfloat16 kernel multiplies on its tiles), heads a multiple of 16 wide."""
+    return (dtype == torch.bfloat16 and device.type == "cpu" and head_dim % 16 == 0
+            and torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported())
+
+
+def library_hash(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def build_library(out: Path | None = None) -> Path:
+    """Compile the library (cached by torch.utils.cpp_extension while the sources and flags are unchanged),
+    load it into this process and, given `out`, copy it there as LIBRARY. Returns the library's path."""
+    global _built
+    with _lock:
+        if _built is None:
+            _built = _compile()
+    load_library(_built)
+    if out is None:
+        return _built
+    target = Path(out) / LIBRARY
+    shutil.copyfile(_built, target)
+    return target
+
+
+def _compile() -> Path:
+    """The compiled library's path. cpp_extension's `load` also loads what it built, from its own path:
+    it runs in a child process, so that this one loads a library only through `load_library` (the same
+    library loaded from a second path would register its operators twice)."""
+    script = ("import sys, json; from torch.utils.cpp_extension import load; a = json.loads(sys.argv[1]); "
+              "print(load(name='boundserve_kernels', sources=a['sources'], extra_cflags=a['flags'], "
+              "extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False))")
+    args = json.dumps({"sources": [str(s) for s in SOURCES], "flags": list(FLAGS)})
+    done = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling the boundserve kernels ({', '.join(s.name for s in SOURCES)}) failed; "
+                           f"they need a C++ compiler and ninja:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def load_library(path: Path, sha256: str | None = None) -> None:
+    """Load the library at `path` into this process once (checked against `sha256` when given); loading
+    the same library again does nothing, a different one raises KernelMismatch."""
+    global _loaded
+    digest = library_hash(path)
+    if sha256 is not None and digest != sha256:
+        raise KernelMismatch(f"{path}: content does not match the manifest's hash")
+    with _lock:
+        if _loaded == digest:
+            return
+        if _loaded is not None:
+            raise KernelMismatch(f"{path}: this process already runs another build of the boundserve kernels "
+                                 f"(sha256 {_loaded[:12]}); one process serves artifacts of one kernel build")
+        torch.ops.load_library(str(path))
+        torch.library.register_fake("boundserve::packed_attention")(_packed_attention_shape)
+        _loaded = digest
+
+
+def _packed_attention_shape(q, k, v, intervals):
+    """The operator's output for tracing: q's shape and dtype."""
+    return torch.empty_like(q)
