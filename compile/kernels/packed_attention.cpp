@@ -15,7 +15,9 @@
 //     [Hkv][Tk/2][D] pairs of consecutive keys, so 16 columns of two keys sit in one vector;
 //   - a task is 32 query rows and one K/V head: the rows' G = Hq/Hkv query heads that share it, 32 G
 //     query vectors, walk the key ranges any of the rows sees (the union of their intervals, 16-key
-//     aligned, never one key twice), 64 keys per step; keys outside a row's intervals are masked;
+//     aligned, never one key twice), 128 keys per step; keys outside a row's intervals are masked, and
+//     each tile of 4 query vectors reads only the 16-key groups its rows' spans touch (on the diagonal
+//     of a causal segment, fewer than the task's);
 //   - tasks are spread over the intra-op threads (at::parallel_for); scratch is per thread.
 // Nothing here calls Python: two threads may run it at once.
 
@@ -37,7 +39,7 @@ namespace boundserve {
 namespace {
 
 constexpr int64_t kRowsPerTask = 32;
-constexpr int64_t kKeysPerStep = 64;  // a multiple of 16
+constexpr int64_t kKeysPerStep = 128;  // a multiple of 16
 constexpr int64_t kFields = 6;        // lo, hi of the own, parent and grandparent intervals
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -217,14 +219,16 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
         const int64_t g0 = lo < hi ? (lo - c0) / 16 : 0, g1 = lo < hi ? (hi - c0 + 15) / 16 : 0;
         w.tile_groups[m / 4] = {g0, g1};
         if (g0 == g1) continue;
-        const uint32_t* qs[4];
-        float* ss[4];
-        for (int r = 0; r < 4; ++r) {
-          const int64_t mm = std::min(m + r, vectors - 1);  // past the end: recompute the last vector
-          qs[r] = query(mm);
-          ss[r] = w.scores.data() + mm * kKeysPerStep + 16 * g0;
+        for (int64_t g = g0; g < g1; g += 4) {  // at most 4 groups a tile: 16 accumulators
+          const uint32_t* qs[4];
+          float* ss[4];
+          for (int r = 0; r < 4; ++r) {
+            const int64_t mm = std::min(m + r, vectors - 1);  // past the end: recompute the last vector
+            qs[r] = query(mm);
+            ss[r] = w.scores.data() + mm * kKeysPerStep + 16 * g;
+          }
+          kScoreTiles[std::min<int64_t>(4, g1 - g) - 1](qs, kh + (c0 + 16 * g) * pairs, pairs, ss);
         }
-        kScoreTiles[g1 - g0 - 1](qs, kh + (c0 + 16 * g0) * pairs, pairs, ss);
       }
       // online softmax: mask each row's keys to its intervals, update its running max and sum
       for (int64_t r = 0; r < rows; ++r) {
