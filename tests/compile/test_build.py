@@ -21,7 +21,10 @@ def test_manifest_describes_the_build(demo_artifacts):
     assert manifest["dtype"] == "float32"
     assert manifest["machine"] == {"torch": torch.__version__, "device": "cpu", "machine": manifest["machine"]["machine"],
                                    "cpu_isa": torch.backends.cpu.get_cpu_capability(),
-                                   "cpu_vnni": "yes" if torch.cpu._is_vnni_supported() else "no"}
+                                   "cpu_vnni": "yes" if torch.cpu._is_vnni_supported() else "no",
+                                   "cpu_bf16": "yes" if torch.cpu._is_avx512_bf16_supported() else "no",
+                                   "cpu_amx": "yes" if torch.cpu._is_amx_tile_supported() else "no"}
+    assert manifest["kernels"] is None  # a float32 build: its packages call no kernel of compile/kernels
     assert manifest["nodes"]["score"]["package"] == "score.pt2"
     assert len(manifest["nodes"]["score"]["sha256"]) == 64 and len(manifest["model"]["sha256"]) == 64
     for name in manifest["tokenizer_files"]:
