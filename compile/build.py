@@ -217,6 +217,8 @@ def is_up_to_date(out: Path, key: str) -> bool:
         return False
     files = [(n.package, n.sha256) for _, n in manifest.node_table().items()]
     files.append((manifest.weights.file, manifest.weights.sha256))
+    if manifest.kernels is not None:
+        files.append((manifest.kernels.file, manifest.kernels.sha256))
     return manifest.build_key == key and all(
         (out / name).is_file() and file_hash(out / name) == sha for name, sha in files
     )

@@ -172,5 +172,17 @@ def static_template_artifacts(make: Make, folder: Path) -> Path:
 
 @suite_build(compile_s=60)
 def bf16_artifacts(make: Make, folder: Path) -> Path:
-    """demo_checkpoint compiled in bfloat16."""
+    """demo_checkpoint compiled in bfloat16 (heads 24 wide: FlexAttention's attention on every CPU)."""
     return build_artifacts(demo(make), "demo-bf16", model={"dtype": "bfloat16"})
+
+
+def kernel_checkpoint(make) -> Path:
+    """demo_checkpoint's shape with heads 32 wide, which compile/kernels' bfloat16 attention takes."""
+    return make("qwen3", name="demo-hd32", head_dim=32)
+
+
+@suite_build(compile_s=60)
+def bf16_kernel_artifacts(make: Make, folder: Path) -> Path:
+    """kernel_checkpoint compiled in bfloat16: its attention is compile/kernels' operator on a CPU with
+    AVX512-BF16 and no AMX (compile/kernels.attention_applies), FlexAttention's elsewhere."""
+    return build_artifacts(kernel_checkpoint(make), "demo-hd32-bf16", model={"dtype": "bfloat16"})

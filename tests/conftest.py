@@ -24,6 +24,7 @@ from tests.builds import (  # noqa: F401 (the registered builds are session fixt
     SuiteBuilds,
     beam_artifacts,
     bf16_artifacts,
+    bf16_kernel_artifacts,
     demo,
     demo_artifacts,
     int8_artifacts,

@@ -1,19 +1,25 @@
 """compile/kernels: the bfloat16 attention operator against the float32 reference over scoring-like key
 pools (shared prefixes, a static prefix, block padding), its refusals, and its library in the artifacts."""
 
+import shutil
+
 import pytest
 import torch
 
 from compile import kernels
-from compile.artifacts import load_kernels
+from compile.artifacts import load_kernels, read_manifest
+from compile.build import is_up_to_date
 from compile.attention import CPU_BLOCK, KeyPool, eager_attention, pool_mask
 from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
 from shared.manifest import KernelLibrary
+from tests.builds import kernel_checkpoint
+from tests.compile.reference import hf_last_token, load_hf, random_batch
 from tests.compile.test_attention import random_pool
 
 bf16_cpu = pytest.mark.skipif(not torch.cpu._is_avx512_bf16_supported(), reason="the CPU has no AVX512-BF16")
 CPU = torch.device("cpu")
+LABELS = torch.tensor([0, 5, 17, 300, 1023])
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +73,49 @@ def test_kernel_refuses_what_it_cannot_run(operator):
         operator(q, k, k, table[:6 * 16])
 
 
-def test_bfloat16_artifacts_carry_the_library_their_packages_call(bf16_artifacts):
+def test_bfloat16_artifacts_carry_the_library_their_packages_call(bf16_kernel_artifacts, bf16_artifacts):
     """Where the kernel applies, the build copies its library into the folder and names the operator;
-    elsewhere the packages call none and the folder has no library."""
-    nodes = load_nodes(bf16_artifacts)
-    library = nodes.manifest.kernels
-    if kernels.attention_applies(torch.bfloat16, CPU, nodes.manifest.model.head_dim):
+    elsewhere (here: heads 24 wide) the packages call none and the folder has no library."""
+    manifest = load_nodes(bf16_kernel_artifacts).manifest
+    library = manifest.kernels
+    if kernels.attention_applies(torch.bfloat16, CPU, manifest.model.head_dim):
         assert library is not None and library.operators == ("boundserve::packed_attention",)
-        assert kernels.library_hash(bf16_artifacts / library.file) == library.sha256
+        assert kernels.library_hash(bf16_kernel_artifacts / library.file) == library.sha256
     else:
-        assert library is None and not (bf16_artifacts / kernels.LIBRARY).exists()
+        assert library is None and not (bf16_kernel_artifacts / kernels.LIBRARY).exists()
+    assert load_nodes(bf16_artifacts).manifest.kernels is None and not (bf16_artifacts / kernels.LIBRARY).exists()
+
+
+def test_kernel_package_error_is_no_worse_than_transformers_bf16(checkpoint_factory, bf16_kernel_artifacts):
+    """The bound of tests/compile/test_score_node.py's bf16 test (1.5x transformers' own bf16 error + 0.02),
+    on a batch with a shared prefix (a segment with a parent) and samples one token long."""
+    checkpoint = kernel_checkpoint(checkpoint_factory)
+    node = load_nodes(bf16_kernel_artifacts).score
+    lengths = [64, 7, 33, 1, 20]
+    samples = random_batch(node.vocab_size, lengths, 5)
+    reference, _ = hf_last_token(load_hf(checkpoint), samples)
+    hf_bf16, _ = hf_last_token(load_hf(checkpoint, torch.bfloat16), samples)
+    hf_error = (hf_bf16[:, LABELS] - reference[:, LABELS]).abs().max().item()
+    out = node(torch.cat(samples), torch.tensor(lengths), LABELS, top_k=5)
+    assert (out.label_logits - reference[:, LABELS]).abs().max().item() <= 1.5 * hf_error + 0.02
+    prefix, *items = random_batch(node.vocab_size, [30, 9, 33, 1], 6)
+    shared = node(torch.cat([prefix, *items]), torch.tensor([len(i) for i in items]), LABELS, top_k=5,
+                  prefix_lens=torch.tensor([len(prefix)]), group_sizes=torch.tensor([3]))
+    reference, _ = hf_last_token(load_hf(checkpoint), [torch.cat([prefix, i]) for i in items])
+    hf_bf16, _ = hf_last_token(load_hf(checkpoint, torch.bfloat16), [torch.cat([prefix, i]) for i in items])
+    hf_error = (hf_bf16[:, LABELS] - reference[:, LABELS]).abs().max().item()
+    assert (shared.label_logits - reference[:, LABELS]).abs().max().item() <= 1.5 * hf_error + 0.02
+
+
+def test_a_folder_missing_its_library_is_rebuilt(bf16_kernel_artifacts, tmp_path):
+    """The library counts among the files that make a folder up to date, like the packages and weights."""
+    if load_nodes(bf16_kernel_artifacts).manifest.kernels is None:
+        pytest.skip("the kernel does not apply on this CPU: the folder has no library")
+    folder = shutil.copytree(bf16_kernel_artifacts, tmp_path / "artifacts")
+    key = read_manifest(folder).build_key
+    assert is_up_to_date(folder, key)
+    (folder / kernels.LIBRARY).unlink()
+    assert not is_up_to_date(folder, key)
 
 
 def test_a_library_that_does_not_match_its_hash_is_refused(tmp_path):

@@ -51,9 +51,10 @@ def run_bare(artifacts: Path, package: str, inputs, outputs, tmp_path, library: 
     return done.stdout
 
 
-@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_artifacts"])
+@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_kernel_artifacts"])
 def test_scoring_package_runs_without_the_project(artifacts, request, tmp_path):
-    """bf16_artifacts: where the CPU has AVX512-BF16 and no AMX, its attention is compile/kernels' operator."""
+    """bf16_kernel_artifacts: where the CPU has AVX512-BF16 and no AMX, its attention is compile/kernels'
+    operator, from the folder's library loaded by torch alone."""
     folder = request.getfixturevalue(artifacts)
     nodes = load_nodes(folder)
     node = nodes.score
@@ -76,7 +77,7 @@ def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):
     assert "same outputs 3" in run_bare(beam_artifacts, "beam.pt2", inputs, outputs, tmp_path)
 
 
-@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_artifacts"])
+@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_kernel_artifacts"])
 def test_two_threads_share_one_package(artifacts, request):
     """With the attention as a Python operator this hung the process: a call waiting for the
     package's only runner held the GIL the running call needed. (Here the calls take turns: torch
