@@ -181,8 +181,12 @@ def kernel_checkpoint(make) -> Path:
     return make("qwen3", name="demo-hd32", head_dim=32)
 
 
-@suite_build(compile_s=60)
+@suite_build(compile_s=190)
 def bf16_kernel_artifacts(make: Make, folder: Path) -> Path:
-    """kernel_checkpoint compiled in bfloat16: its attention is compile/kernels' operator on a CPU with
-    AVX512-BF16 and no AMX (compile/kernels.attention_applies), FlexAttention's elsewhere."""
-    return build_artifacts(kernel_checkpoint(make), "demo-hd32-bf16", model={"dtype": "bfloat16"})
+    """kernel_checkpoint compiled in bfloat16 with both nodes: their attention (the beam node's prefill)
+    is compile/kernels' operator on a CPU with AVX512-BF16 and no AMX (compile/kernels.attention_applies),
+    FlexAttention's elsewhere."""
+    from shared.config import BeamConfig, ScoreConfig
+
+    return build_artifacts(kernel_checkpoint(make), "demo-hd32-bf16", model={"dtype": "bfloat16"},
+                           score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))

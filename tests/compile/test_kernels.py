@@ -14,6 +14,7 @@ from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
 from shared.manifest import KernelLibrary
 from tests.builds import kernel_checkpoint
+from tests.compile.beam_reference import hf_beam
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 from tests.compile.test_attention import random_pool
 
@@ -105,6 +106,23 @@ def test_kernel_package_error_is_no_worse_than_transformers_bf16(checkpoint_fact
     hf_bf16, _ = hf_last_token(load_hf(checkpoint, torch.bfloat16), [torch.cat([prefix, i]) for i in items])
     hf_error = (hf_bf16[:, LABELS] - reference[:, LABELS]).abs().max().item()
     assert (shared.label_logits - reference[:, LABELS]).abs().max().item() <= 1.5 * hf_error + 0.02
+
+
+def test_kernel_beam_node_finds_beams_as_good_as_transformers_float32(checkpoint_factory, bf16_kernel_artifacts):
+    """The beam node's prompts go through the kernel in its prefill. Which candidates bf16 returns may
+    differ from float32's on near ties, so the check is on the best candidate's score: ours (bf16)
+    within twice transformers' own bf16 deviation from its float32 best, plus 0.05 nats."""
+    checkpoint = kernel_checkpoint(checkpoint_factory)
+    nodes = load_nodes(bf16_kernel_artifacts)
+    eos = nodes.manifest.node_table().beam.eos_ids
+    hf32, hf16 = load_hf(checkpoint), load_hf(checkpoint, torch.bfloat16)
+    lengths = [9, 1, 30]
+    prompts = random_batch(1024, lengths, seed=3)
+    ours = nodes.beam(torch.cat(prompts), torch.tensor(lengths), 8, 4, 3)
+    for i, prompt in enumerate(prompts):
+        best32 = hf_beam(hf32, prompt, 8, 4, 3, eos, 1.0)[1][0].item()
+        best16 = hf_beam(hf16, prompt, 8, 4, 3, eos, 1.0)[1][0].item()
+        assert abs(ours.scores[i, 0].item() - best32) <= 2 * abs(best16 - best32) + 0.05, (i, best32, best16)
 
 
 def test_a_folder_missing_its_library_is_rebuilt(bf16_kernel_artifacts, tmp_path):
