@@ -11,7 +11,7 @@ kernel, 25 ms a layer against 90 ms.
 The build compiles the library (torch.utils.cpp_extension: a C++ compiler and ninja, which the
 compile step has anyway) and copies it into the artifacts folder, named in the manifest with its
 hash; the runtime loads that file before the packages, so serving needs no compiler. A package calls
-the operator through AOTInductor's proxy executor: C++ from end to end, no Python, no lock.
+the operator through AOTInductor's proxy executor: C++ from end to end, no Python called.
 
 One process holds one version of the library: a second, different one is refused (its operators
 would have the same names).
