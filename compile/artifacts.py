@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from compile import kernels
 from compile.machine import ArtifactMismatch
 from compile.packing import pack
 from shared.manifest import FORMAT_VERSION, MANIFEST, KernelLibrary, Manifest, ManifestError
@@ -57,8 +56,13 @@ def load_weights(folder: Path, manifest: Manifest, device: str) -> dict[str, tor
 
 def load_kernels(folder: Path, library: KernelLibrary) -> None:
     """The folder's kernel library (compile/kernels), checked against its hash, loaded into this process."""
+    from compile import kernels  # here, not at the top: compile/kernels imports this module (file_hash)
+
+    path = folder / library.file
     try:
-        kernels.load_library(folder / library.file, library.sha256)
+        if file_hash(path) != library.sha256:
+            raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
+        kernels.load_library(path, library.sha256)
     except (kernels.KernelMismatch, OSError) as exc:
         raise ArtifactMismatch(str(exc)) from None
 

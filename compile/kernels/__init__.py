@@ -19,7 +19,6 @@ would have the same names).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -29,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["LIBRARY", "KernelMismatch", "attention_applies", "build_library", "load_library", "library_hash"]
+from compile.artifacts import file_hash
+
+__all__ = ["LIBRARY", "KernelMismatch", "attention_applies", "build_library", "load_library"]
 
 LIBRARY = "boundserve_kernels.so"
 """The library's file name in an artifacts folder."""
@@ -52,10 +53,6 @@ def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -
     AMX, FlexAttention's own bfloat16 kernel multiplies on its tiles), heads a multiple of 16 wide."""
     return (dtype == torch.bfloat16 and device.type == "cpu" and head_dim % 16 == 0
             and torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported())
-
-
-def library_hash(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def build_library(out: Path | None = None) -> Path:
@@ -88,13 +85,12 @@ def _compile() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def load_library(path: Path, sha256: str | None = None) -> None:
-    """Load the library at `path` into this process once (checked against `sha256` when given); loading
-    the same library again does nothing, a different one raises KernelMismatch."""
+def load_library(path: Path, digest: str | None = None) -> None:
+    """Load the library at `path` into this process once; loading the same library again (the same
+    content: `digest`, its sha256 where the caller has checked it, else hashed here) does nothing, a
+    different one raises KernelMismatch."""
     global _loaded
-    digest = library_hash(path)
-    if sha256 is not None and digest != sha256:
-        raise KernelMismatch(f"{path}: content does not match the manifest's hash")
+    digest = digest or file_hash(Path(path))
     with _lock:
         if _loaded == digest:
             return

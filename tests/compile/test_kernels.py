@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compile import kernels
-from compile.artifacts import load_kernels, read_manifest
+from compile.artifacts import file_hash, load_kernels, read_manifest
 from compile.build import is_up_to_date
 from compile.attention import CPU_BLOCK, KeyPool, eager_attention, pool_mask
 from compile.machine import ArtifactMismatch
@@ -81,7 +81,7 @@ def test_bfloat16_artifacts_carry_the_library_their_packages_call(bf16_kernel_ar
     library = manifest.kernels
     if kernels.attention_applies(torch.bfloat16, CPU, manifest.model.head_dim):
         assert library is not None and library.operators == ("boundserve::packed_attention",)
-        assert kernels.library_hash(bf16_kernel_artifacts / library.file) == library.sha256
+        assert file_hash(bf16_kernel_artifacts / library.file) == library.sha256
     else:
         assert library is None and not (bf16_kernel_artifacts / kernels.LIBRARY).exists()
     assert load_nodes(bf16_artifacts).manifest.kernels is None and not (bf16_artifacts / kernels.LIBRARY).exists()
