@@ -22,7 +22,8 @@ from safetensors.torch import save_file
 from compile import kernels
 from compile.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
 from compile.beam import module as beam_module
-from compile.checkpoint import DTYPES, TOKENIZER_FILES, Checkpoint, checkpoint_hash, load_checkpoint, read_spec
+from compile.checkpoint import (DTYPES, TOKENIZER_FILES, Checkpoint, ModelSpec, checkpoint_hash, load_checkpoint,
+                               read_spec)
 from compile.fp8 import fp8_for_build
 from compile.linear import onednn_bf16, resolve_gemm, use_gemm
 from compile.machine import machine_facts
@@ -56,6 +57,19 @@ def enabled_workloads(config: DeploymentConfig) -> list[str]:
     return [name for name, on in (("score", config.score.enabled), ("beam", config.beam.enabled)) if on]
 
 
+def check_positions(config: DeploymentConfig, spec: ModelSpec) -> None:
+    """Refuse bounds that would place a token past the model's positions (its RoPE table ends there)."""
+    bounds = config.bounds
+    reach = [(bounds.max_tokens_per_sample, "bounds.max_tokens_per_sample")] if config.score.enabled else []
+    if config.beam.enabled:
+        reach.append((bounds.max_prompt_tokens + bounds.max_new_tokens,
+                      "bounds.max_prompt_tokens + bounds.max_new_tokens"))
+    for tokens, what in reach:
+        if tokens > spec.max_position_embeddings:
+            raise ValueError(f"{what} = {tokens} tokens, more than the model's max_position_embeddings "
+                             f"({spec.max_position_embeddings}, {config.model.path}/config.json)")
+
+
 class Progress:
     """Prints which stage runs and the elapsed time, to stderr."""
 
@@ -72,7 +86,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
-    read_spec(model_dir)  # refuse an unsupported checkpoint before any work
+    check_positions(config, read_spec(model_dir))  # refuse an unsupported checkpoint before any work
     checkpoint_sha = checkpoint_hash(model_dir)
     key = build_key(config, checkpoint_sha, kernel_profile)
     if not force and is_up_to_date(out, key):

@@ -81,18 +81,35 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, D] for integer positions [T], computed in float32 and cast to the model dtype."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def rope_table(spec: ModelSpec) -> torch.Tensor:
+    """[P, D] float32: the cosines, then the sines, of every position the model takes (P =
+    max_position_embeddings) at its D/2 frequencies, as the family computes them (float32).
+
+    Built once with the weights, so a compiled node gathers rows rather than evaluating sines: a table
+    computed from the positions inside the graph is a pointwise expression that Inductor inlines into
+    every layer's RoPE kernel, recomputing a sine and a cosine per query and key element of every layer
+    (measured: most of Qwen3-0.6B's 11 ms a layer outside the matmuls and attention, bf16 on 2 cores).
+    """
+    positions = torch.arange(spec.max_position_embeddings, dtype=torch.int64).float()
+    freqs = positions[:, None] * spec.rope.inv_freq(spec.head_dim)[None, :]  # [P, D/2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+def rope_rows(table: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, D/2] in the model dtype for integer positions [T] (rope_table's rows)."""
+    return table.index_select(0, positions).to(dtype).chunk(2, dim=-1)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by cos/sin [T, D] (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    """Rotate x [T, heads, D] by cos/sin [T, D/2] (rotate-half convention: element i pairs with i + D/2).
+
+    The same products and sums as x * (cos, cos) + (-x2, x1) * (sin, sin), written per half so that no
+    rotated copy of x is built (compiled on 2 cores, Qwen3-0.6B's q/k norm and RoPE of 4,288 tokens:
+    4.3 ms a layer, against 5.3 with the halves swapped by an index flip and 6.8 with the rotated copy).
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Attention(nn.Module):
@@ -231,7 +248,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         if not spec.tie_word_embeddings:
             self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
-        self.register_buffer("inv_freq", spec.rope.inv_freq(spec.head_dim), persistent=True)
+        self.register_buffer("rope_table", rope_table(spec), persistent=True)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -240,7 +257,7 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: PoolMask) -> torch.Tensor:
         x = self.embed(input_ids)  # [T, H]
-        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        cos, sin = rope_rows(self.rope_table, positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return x
@@ -261,7 +278,7 @@ class Transformer(nn.Module):
             parents = torch.full_like(cu_seqlens[1:], -1, dtype=torch.int64)
             sample_segments = torch.arange(cu_seqlens.shape[0] - 1, device=cu_seqlens.device)
         x = self.embed(input_ids)  # [T, H]
-        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)
+        cos, sin = rope_rows(self.rope_table, positions, x.dtype)
         cached = [None] * len(self.layers) if static_kv is None else list(zip(*static_kv))
         kept = []
         for layer, kv in zip(self.layers[:-1], cached):
@@ -288,7 +305,7 @@ def prefill(model: Transformer, ids, positions, mask: PoolMask):
     """ids, positions [T] -> hidden [T, H] (before the final norm), and every layer's keys and
     values: per layer [T, Hkv, D]. `mask`: the prompts' mask (each prompt causally)."""
     x = model.embed(ids)  # [T, H]
-    cos, sin = rope_tables(model.inv_freq, positions, x.dtype)
+    cos, sin = rope_rows(model.rope_table, positions, x.dtype)
     keys, values = [], []
     for layer in model.layers:
         x, k, v = layer.forward_kv(x, cos, sin, mask)
@@ -302,9 +319,8 @@ def build_model(spec: ModelSpec, state_dict: dict[str, torch.Tensor], dtype: tor
     with torch.device("meta"):
         model = Transformer(spec)
     state = dict(state_dict)
-    state["inv_freq"] = spec.rope.inv_freq(spec.head_dim)
+    state["rope_table"] = rope_table(spec)
     model.load_state_dict(state, strict=True, assign=True)
-    model.inv_freq = model.inv_freq.float()
     for name, param in model.named_parameters():
         if param.dtype != dtype:
             raise ValueError(f"weight {name} is {param.dtype}, expected {dtype}")

@@ -12,7 +12,7 @@ import torch
 
 from compile.beam.attention import shared_prompt_attention
 from compile.beam.search import take
-from compile.model import Transformer, rope_tables
+from compile.model import Transformer, rope_rows
 
 
 
@@ -33,7 +33,7 @@ def decode(model: Transformer, tokens, positions, prompt, suffix):
     r, w = tokens.shape
     prompt_keys, prompt_values, valid = prompt
     x = model.embed(tokens.reshape(-1))  # [N, H], N = R*W
-    cos, sin = rope_tables(model.inv_freq, positions.reshape(-1), x.dtype)
+    cos, sin = rope_rows(model.rope_table, positions.reshape(-1), x.dtype)
     scale = model.spec.head_dim ** -0.5
     new_keys, new_values = [], []
     for i, layer in enumerate(model.layers):

@@ -1,6 +1,7 @@
 """The build chain: manifest contents, up-to-date skipping, refusal of foreign artifacts, CLI errors."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from compile.build import build_key, checkpoint_hash
+from compile.build import build, build_key, checkpoint_hash
 from compile.machine import ArtifactMismatch
 from compile.runtime import load_nodes
 from shared.config import load_config
@@ -108,3 +109,19 @@ def test_cli_reports_bad_input_clearly(tmp_path):
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 2 and "no config.json" in result.stderr
+
+
+@pytest.mark.parametrize("positions,beam,message", [
+    (48, False, "bounds.max_tokens_per_sample = 64 tokens, more than the model's max_position_embeddings (48"),
+    (66, True, "bounds.max_prompt_tokens + bounds.max_new_tokens = 68 tokens, more than the model's "
+               "max_position_embeddings (66"),
+])
+def test_bounds_past_the_models_positions_are_refused(checkpoint_factory, tmp_path, positions, beam, message):
+    """A token past max_position_embeddings has no row in the RoPE table: the build says so before any work."""
+    checkpoint = checkpoint_factory("qwen2", max_position_embeddings=positions)
+    config = load_config(ROOT / "configs/test.toml")
+    config = config.replace(model=config.model.__class__(**{**config.model.__dict__, "path": str(checkpoint)}),
+                            beam=config.beam.__class__(**{**config.beam.__dict__, "enabled": beam}))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(config, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

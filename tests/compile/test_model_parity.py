@@ -5,7 +5,7 @@ import torch
 
 from compile.attention import CPU_BLOCK, KeyPool, pool_mask
 from compile.checkpoint import load_checkpoint
-from compile.model import build_model, last_token_index
+from compile.model import build_model, last_token_index, rope_rows, rope_table
 from compile.score.layout import lay_out
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 
@@ -68,3 +68,21 @@ def test_eager_model_bf16_error_is_no_worse_than_transformers_bf16(checkpoint_fa
     hf_error = (hf_bf16 - reference).abs().max().item()
     our_error = (ours - reference).abs().max().item()
     assert our_error <= 1.5 * hf_error + 0.02, (our_error, hf_error)
+
+
+@pytest.mark.parametrize("family,overrides", [VARIANTS[1], VARIANTS[5]], ids=("qwen3-theta1e6", "llama3-scaled"))
+def test_rope_table_is_transformers_rotary_embedding_at_every_position(checkpoint_factory, family, overrides):
+    """The table holds every position the model takes, built once; its rows are transformers' float32
+    cos/sin (rotate-half: both halves of D repeat the D/2 frequencies) up to the last position."""
+    path = checkpoint_factory(family, **overrides)
+    spec = load_checkpoint(path).spec
+    table = rope_table(spec)
+    assert table.shape == (spec.max_position_embeddings, spec.head_dim) and table.dtype == torch.float32
+    positions = torch.tensor([0, 1, 63, 64, 1000, spec.max_position_embeddings - 1])
+    x = torch.zeros(1, len(positions), spec.head_dim)
+    hf_cos, hf_sin = load_hf(path).model.rotary_emb(x, positions[None])
+    half = spec.head_dim // 2
+    cos, sin = rope_rows(table, positions, torch.float32)
+    for ours, theirs in ((cos, hf_cos[0]), (sin, hf_sin[0])):
+        assert torch.equal(theirs[:, :half], theirs[:, half:])
+        torch.testing.assert_close(ours, theirs[:, :half], rtol=0, atol=2e-6)
