@@ -88,7 +88,8 @@ def rope_table(spec: ModelSpec) -> torch.Tensor:
     Built once with the weights, so a compiled node gathers rows rather than evaluating sines: a table
     computed from the positions inside the graph is a pointwise expression that Inductor inlines into
     every layer's RoPE kernel, recomputing a sine and a cosine per query and key element of every layer
-    (measured: most of Qwen3-0.6B's 11 ms a layer outside the matmuls and attention, bf16 on 2 cores).
+    (Qwen3-0.6B in bf16 on 2 cores, 4,285 tokens: its q/k norm and RoPE kernel took 11 ms a layer so,
+    4.5 ms gathering from this table).
     """
     positions = torch.arange(spec.max_position_embeddings, dtype=torch.int64).float()
     freqs = positions[:, None] * spec.rope.inv_freq(spec.head_dim)[None, :]  # [P, D/2]
