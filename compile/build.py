@@ -86,7 +86,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
-    check_positions(config, read_spec(model_dir))  # refuse an unsupported checkpoint before any work
+    check_positions(config, read_spec(model_dir))  # refuse an unsupported checkpoint, or bounds past it, first
     checkpoint_sha = checkpoint_hash(model_dir)
     key = build_key(config, checkpoint_sha, kernel_profile)
     if not force and is_up_to_date(out, key):

@@ -1,5 +1,6 @@
 """The build chain: manifest contents, up-to-date skipping, refusal of foreign artifacts, CLI errors."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -120,8 +121,8 @@ def test_bounds_past_the_models_positions_are_refused(checkpoint_factory, tmp_pa
     """A token past max_position_embeddings has no row in the RoPE table: the build says so before any work."""
     checkpoint = checkpoint_factory("qwen2", max_position_embeddings=positions)
     config = load_config(ROOT / "configs/test.toml")
-    config = config.replace(model=config.model.__class__(**{**config.model.__dict__, "path": str(checkpoint)}),
-                            beam=config.beam.__class__(**{**config.beam.__dict__, "enabled": beam}))
+    config = config.replace(model=dataclasses.replace(config.model, path=str(checkpoint)),
+                            beam=dataclasses.replace(config.beam, enabled=beam))
     with pytest.raises(ValueError, match=re.escape(message)):
         build(config, tmp_path / "out")
     assert not (tmp_path / "out").exists()
