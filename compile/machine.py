@@ -19,7 +19,7 @@ def machine_facts(device: str) -> dict:
         facts["cpu_isa"] = torch.backends.cpu.get_cpu_capability()
         # int8 packages quantize activations to the range this CPU's int8 dot products hold (quantize/int8.py)
         facts["cpu_vnni"] = "yes" if torch.cpu._is_vnni_supported() else "no"
-        # bfloat16 packages may call compile/kernels' AVX512-BF16 attention, or FlexAttention's AMX kernel
+        # packages may call compile/kernels' attention (built for AVX512-BF16), bfloat16 ones FlexAttention's AMX kernel
         facts["cpu_bf16"] = "yes" if torch.cpu._is_avx512_bf16_supported() else "no"
         facts["cpu_amx"] = "yes" if torch.cpu._is_amx_tile_supported() else "no"
     else:

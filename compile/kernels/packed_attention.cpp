@@ -1,18 +1,20 @@
-// Attention over a packed key pool in bfloat16 on a CPU with AVX512-BF16 (compile/kernels/__init__.py).
+// Attention over a packed key pool on a CPU with AVX512-BF16, in bfloat16 or float32
+// (compile/kernels/__init__.py).
 //
 // boundserve::packed_attention(q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, D], intervals [6 * max_keys])
-// -> [Tq, Hq, D], all bfloat16 but the int64 intervals: query row i (pool row i + Tk - Tq) sees the
-// keys of three intervals [lo, hi) of pool rows, read from intervals[f * max_keys + i] for f = 0..5
-// (its own segment up to itself, its parent's segment, its grandparent's: compile/attention.py's
-// interval table). Scores are bfloat16 dot products summed in float32 and scaled by 1/sqrt(D); the
-// softmax runs in float32 online over chunks of keys (a query that sees no key gets zeros); the
-// probabilities are rounded to bfloat16 and multiplied with v, summed in float32.
+// -> [Tq, Hq, D], q, k, v and the output all bfloat16 or all float32, the intervals int64: query row i
+// (pool row i + Tk - Tq) sees the keys of three intervals [lo, hi) of pool rows, read from
+// intervals[f * max_keys + i] for f = 0..5 (its own segment up to itself, its parent's segment, its
+// grandparent's: compile/attention.py's interval table). Scores are dot products summed in float32 and
+// scaled by 1/sqrt(D); the softmax runs in float32 online over chunks of keys (a query that sees no key
+// gets zeros); the probabilities, in q's dtype (rounded to bfloat16 for bfloat16), are multiplied with
+// v, summed in float32.
 //
-// Layout of the work:
-//   - k and v are repacked once per call for the dot-product instruction (vdpbf16ps multiplies pairs
-//     of bfloat16 and adds both products into one float32 lane): k as [Hkv][Tk/16][D/2][16] pairs
-//     along D, so 16 keys' pairs sit in one vector and a group of 16 keys is one contiguous run; v as
-//     [Hkv][Tk/2][D] pairs of consecutive keys, so 16 columns of two keys sit in one vector;
+// Layout of the work (a "unit" is 32 bits of q, k, v or probabilities: a pair of bfloat16, which
+// vdpbf16ps multiplies and adds into one float32 lane, or one float, which an FMA takes):
+//   - k and v are repacked once per call: k as [Hkv][Tk/16][D units][16] (a unit of D for 16 keys
+//     in one vector, a group of 16 keys one contiguous run); v as [Hkv][Tk units][D], a unit of keys
+//     per column (bfloat16: pairs of consecutive keys), so 16 columns sit in one vector;
 //   - a task is 32 query rows and one K/V head: the rows' G = Hq/Hkv query heads that share it, 32 G
 //     query vectors, walk the key ranges any of the rows sees (the union of their intervals, 16-key
 //     aligned, never one key twice), 128 keys per step; keys outside a row's intervals are masked, and
@@ -58,21 +60,41 @@ inline __m512 exp2_ps(__m512 y) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline __m512bh as_pairs(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+// The two precisions, as units (above): how two vectors of units multiply into float32 lanes, and
+// how float32 lanes are stored as the precision's elements.
+struct BFloat16 {
+  using Element = uint16_t;
+  static constexpr int64_t kPerUnit = 2;  // elements per unit
+  static __m512 madd(__m512 acc, __m512i a, __m512i b) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+  }
+  static void store(Element* dst, __m512 x) {  // 16 lanes, rounded to nearest even
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+  }
+};
 
-// scores[r][0 : 16 * G] = q_r . keys, for 4 query vectors r (pairs along D, `pairs` of them) and
-// G groups of 16 keys, each packed [pair][key].
-template <int G>
-void score_tile(const uint32_t* const q[4], const uint32_t* keys, int64_t pairs, float* const scores[4]) {
+struct Float32 {
+  using Element = float;
+  static constexpr int64_t kPerUnit = 1;
+  static __m512 madd(__m512 acc, __m512i a, __m512i b) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
+  }
+  static void store(Element* dst, __m512 x) { _mm512_storeu_ps(dst, x); }
+};
+
+// scores[r][0 : 16 * G] = q_r . keys, for 4 query vectors r (`units` units of D) and G groups of 16
+// keys, each packed [unit][key].
+template <typename T, int G>
+void score_tile(const uint32_t* const q[4], const uint32_t* keys, int64_t units, float* const scores[4]) {
   __m512 acc[4][G];
   for (int r = 0; r < 4; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < pairs; ++j) {
+  for (int64_t j = 0; j < units; ++j) {
     __m512i k[G];
-    for (int g = 0; g < G; ++g) k[g] = _mm512_loadu_si512(keys + (g * pairs + j) * 16);
+    for (int g = 0; g < G; ++g) k[g] = _mm512_loadu_si512(keys + (g * units + j) * 16);
     for (int r = 0; r < 4; ++r) {
       const __m512i qj = _mm512_set1_epi32(static_cast<int>(q[r][j]));
-      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], as_pairs(qj), as_pairs(k[g]));
+      for (int g = 0; g < G; ++g) acc[r][g] = T::madd(acc[r][g], qj, k[g]);
     }
   }
   for (int r = 0; r < 4; ++r)
@@ -80,22 +102,21 @@ void score_tile(const uint32_t* const q[4], const uint32_t* keys, int64_t pairs,
 }
 
 // out[r][0 : 16 * C] = out[r] * scale[r] + p_r . values, for R query vectors r whose probabilities
-// are bfloat16 pairs of consecutive keys (`pairs` of them) and values packed [pair][column] with
-// `value_stride` columns per pair.
-template <int R, int C>
+// are `units` units of keys and values packed [unit][column] with `value_stride` columns per unit.
+template <typename T, int R, int C>
 void value_tile(const uint32_t* const p[R], const float scale[R], const uint32_t* values, int64_t value_stride,
-                int64_t pairs, float* const out[R]) {
+                int64_t units, float* const out[R]) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     const __m512 s = _mm512_set1_ps(scale[r]);
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(out[r] + 16 * c), s);
   }
-  for (int64_t j = 0; j < pairs; ++j) {
+  for (int64_t j = 0; j < units; ++j) {
     __m512i v[C];
     for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_si512(values + j * value_stride + 16 * c);
     for (int r = 0; r < R; ++r) {
       const __m512i pj = _mm512_set1_epi32(static_cast<int>(p[r][j]));
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_pairs(pj), as_pairs(v[c]));
+      for (int c = 0; c < C; ++c) acc[r][c] = T::madd(acc[r][c], pj, v[c]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -103,42 +124,50 @@ void value_tile(const uint32_t* const p[R], const float scale[R], const uint32_t
 }
 
 using ScoreTile = void (*)(const uint32_t* const*, const uint32_t*, int64_t, float* const*);
-constexpr ScoreTile kScoreTiles[4] = {score_tile<1>, score_tile<2>, score_tile<3>, score_tile<4>};
+template <typename T>
+constexpr ScoreTile kScoreTiles[4] = {score_tile<T, 1>, score_tile<T, 2>, score_tile<T, 3>, score_tile<T, 4>};
 
 struct Shape {
   int64_t tq, tk, hq, hkv, d, group, max_keys;
-  int64_t pairs() const { return d / 2; }
 };
 
-// k [Tk, Hkv, D] -> [Hkv][Tk16/16][D/2][16] pairs along D; v -> [Hkv][Tk16/2][D] pairs of keys (zero past Tk).
-void pack_keys_values(const Shape& s, int64_t tk16, const uint16_t* k, const uint16_t* v, uint32_t* kp,
-                      uint32_t* vp) {
-  const int64_t pairs = s.pairs(), row = s.hkv * s.d;  // elements between consecutive keys
+// k [Tk, Hkv, D] -> [Hkv][Tk16/16][D units][16]; v -> [Hkv][Tk16 units][D] (zero past Tk).
+template <typename T>
+void pack_keys_values(const Shape& s, int64_t tk16, const typename T::Element* k, const typename T::Element* v,
+                      uint32_t* kp, uint32_t* vp) {
+  const int64_t units = s.d / T::kPerUnit, row = s.hkv * s.d;  // elements between consecutive keys
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i key_offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(row / 2)));
+  const __m512i key_offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(row / T::kPerUnit)));
   at::parallel_for(0, s.hkv * (tk16 / 16), 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / (tk16 / 16), t0 = (task % (tk16 / 16)) * 16;
       const __mmask16 present = static_cast<__mmask16>((1u << std::min<int64_t>(16, std::max<int64_t>(0, s.tk - t0))) - 1);
-      // 16 keys' pair j, one vector: a gather of 32-bit pairs down the 16 rows
+      // 16 keys' unit j, one vector: a gather of 32-bit units down the 16 rows
       const auto* first = reinterpret_cast<const int*>(k + (t0 * s.hkv + h) * s.d);
-      uint32_t* group = kp + (h * (tk16 / 16) + t0 / 16) * pairs * 16;
-      for (int64_t j = 0; j < pairs; ++j)
+      uint32_t* group = kp + (h * (tk16 / 16) + t0 / 16) * units * 16;
+      for (int64_t j = 0; j < units; ++j)
         _mm512_storeu_si512(group + j * 16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), present, key_offsets,
                                                                          first + j, 4));
-      // two consecutive keys' columns interleaved, 16 columns at a time
-      for (int64_t t = t0; t < t0 + 16; t += 2) {
-        uint32_t* out = vp + (h * (tk16 / 2) + t / 2) * s.d;
-        if (t + 1 < s.tk) {
-          const uint16_t* even = v + (t * s.hkv + h) * s.d;
-          const uint16_t* odd = even + row;
-          for (int64_t c = 0; c < s.d; c += 16) {
-            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + c)));
-            const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + c)));
-            _mm512_storeu_si512(out + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      if constexpr (T::kPerUnit == 1) {  // each key's row as it is
+        for (int64_t t = t0; t < t0 + 16; ++t) {
+          float* out = reinterpret_cast<float*>(vp + (h * tk16 + t) * s.d);
+          if (t < s.tk) std::memcpy(out, v + (t * s.hkv + h) * s.d, s.d * sizeof(float));
+          else std::memset(out, 0, s.d * sizeof(float));
+        }
+      } else {  // two consecutive keys' columns interleaved, 16 columns at a time
+        for (int64_t t = t0; t < t0 + 16; t += 2) {
+          uint32_t* out = vp + (h * (tk16 / 2) + t / 2) * s.d;
+          if (t + 1 < s.tk) {
+            const uint16_t* even = v + (t * s.hkv + h) * s.d;
+            const uint16_t* odd = even + row;
+            for (int64_t c = 0; c < s.d; c += 16) {
+              const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + c)));
+              const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + c)));
+              _mm512_storeu_si512(out + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+          } else {
+            for (int64_t c = 0; c < s.d; ++c) out[c] = t < s.tk ? uint32_t{v[(t * s.hkv + h) * s.d + c]} : 0u;
           }
-        } else {
-          for (int64_t c = 0; c < s.d; ++c) out[c] = t < s.tk ? uint32_t{v[(t * s.hkv + h) * s.d + c]} : 0u;
         }
       }
     }
@@ -168,7 +197,7 @@ std::vector<std::pair<int64_t, int64_t>> key_ranges(const int64_t* intervals, in
 struct Scratch {
   std::vector<float> scores, out, max, sum, rescale;
   std::vector<float> spare;  // where a tile's rows past the last vector write
-  std::vector<uint16_t> probs;
+  std::vector<uint32_t> probs;  // per vector: a step's probabilities, kKeysPerStep elements
   std::vector<int64_t> first_key, end_key;  // per row: the span of its intervals
   std::vector<std::pair<int64_t, int64_t>> tile_groups;  // per 4-vector tile: the 16-key groups of a step it reads
   explicit Scratch(int64_t rows, int64_t vectors, int64_t d)
@@ -178,9 +207,12 @@ struct Scratch {
 };
 
 // One task: rows [i0, i1) of K/V head h.
-void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp, const uint32_t* vp,
-            const int64_t* intervals, int64_t i0, int64_t i1, int64_t h, Scratch& w, uint16_t* out) {
-  const int64_t rows = i1 - i0, vectors = rows * s.group, pairs = s.pairs();
+template <typename T>
+void attend(const Shape& s, int64_t tk16, const typename T::Element* q, const uint32_t* kp, const uint32_t* vp,
+            const int64_t* intervals, int64_t i0, int64_t i1, int64_t h, Scratch& w, typename T::Element* out) {
+  using Element = typename T::Element;
+  constexpr int64_t kGroupUnits = 16 / T::kPerUnit, kStepUnits = kKeysPerStep / T::kPerUnit;  // units of keys
+  const int64_t rows = i1 - i0, vectors = rows * s.group, units = s.d / T::kPerUnit;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)) * M_LOG2E);  // exp2 domain
   std::fill(w.out.begin(), w.out.begin() + vectors * s.d, 0.0f);
   std::fill(w.max.begin(), w.max.begin() + vectors, kNegInf);
@@ -199,8 +231,8 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
       }
     }
   }
-  const uint32_t* kh = kp + h * pairs * tk16;
-  const uint32_t* vh = vp + h * (tk16 / 2) * s.d;
+  const uint32_t* kh = kp + h * units * tk16;
+  const uint32_t* vh = vp + h * (tk16 / T::kPerUnit) * s.d;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 
   for (const auto& [first, last] : key_ranges(intervals, s.max_keys, i0, i1)) {
@@ -227,7 +259,7 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
             qs[r] = query(mm);
             ss[r] = w.scores.data() + mm * kKeysPerStep + 16 * g;
           }
-          kScoreTiles[std::min<int64_t>(4, g1 - g) - 1](qs, kh + (c0 + 16 * g) * pairs, pairs, ss);
+          kScoreTiles<T>[std::min<int64_t>(4, g1 - g) - 1](qs, kh + (c0 + 16 * g) * units, units, ss);
         }
       }
       // online softmax: mask each row's keys to its intervals, update its running max and sum
@@ -253,9 +285,9 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
             top = _mm512_max_ps(top, y);
           }
           const float new_max = std::max(w.max[m], _mm512_reduce_max_ps(top));
-          uint16_t* pr = w.probs.data() + m * kKeysPerStep;
+          Element* pr = reinterpret_cast<Element*>(w.probs.data() + m * kStepUnits);
           if (new_max == kNegInf) {  // nothing visible yet
-            std::memset(pr, 0, n * sizeof(uint16_t));
+            std::memset(pr, 0, n * sizeof(Element));
             w.rescale[m] = 1.0f;
             continue;
           }
@@ -264,8 +296,7 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
             const __m512 p = _mm512_maskz_mov_ps(
                 visible[g], exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + 16 * g), _mm512_set1_ps(new_max))));
             total = _mm512_add_ps(total, p);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + 16 * g),
-                                reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p)));
+            T::store(pr + 16 * g, p);
           }
           const float rescale = std::exp2(w.max[m] - new_max);  // 0 while nothing was visible
           w.rescale[m] = rescale;
@@ -274,7 +305,7 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
         }
       }
       // out = out * rescale + probabilities . values, 64 columns (or 32, or 16) at a time
-      const uint32_t* vc = vh + (c0 / 2) * s.d;
+      const uint32_t* vc = vh + (c0 / T::kPerUnit) * s.d;
       for (int64_t col = 0; col < s.d;) {
         const int64_t width = s.d - col >= 64 ? 64 : s.d - col >= 32 ? 32 : 16;
         for (int64_t m = 0; m < vectors; m += 4) {
@@ -286,36 +317,63 @@ void attend(const Shape& s, int64_t tk16, const uint16_t* q, const uint32_t* kp,
           float sc[4];
           for (int r = 0; r < 4; ++r) {
             const int64_t mm = m + r < vectors ? m + r : -1;
-            ps[r] = reinterpret_cast<const uint32_t*>(w.probs.data() + (mm < 0 ? m : mm) * kKeysPerStep) + 8 * g0;
+            ps[r] = w.probs.data() + (mm < 0 ? m : mm) * kStepUnits + kGroupUnits * g0;
             os[r] = mm < 0 ? w.spare.data() : w.out.data() + mm * s.d + col;
             sc[r] = mm < 0 ? 0.0f : w.rescale[mm];
           }
-          const uint32_t* vg = vc + 8 * g0 * s.d + col;
-          if (width == 64) value_tile<4, 4>(ps, sc, vg, s.d, 8 * (g1 - g0), os);
-          else if (width == 32) value_tile<4, 2>(ps, sc, vg, s.d, 8 * (g1 - g0), os);
-          else value_tile<4, 1>(ps, sc, vg, s.d, 8 * (g1 - g0), os);
+          const uint32_t* vg = vc + kGroupUnits * g0 * s.d + col;
+          const int64_t step = kGroupUnits * (g1 - g0);
+          if (width == 64) value_tile<T, 4, 4>(ps, sc, vg, s.d, step, os);
+          else if (width == 32) value_tile<T, 4, 2>(ps, sc, vg, s.d, step, os);
+          else value_tile<T, 4, 1>(ps, sc, vg, s.d, step, os);
         }
         col += width;
       }
     }
   }
-  // out = accumulated / sum, in bfloat16 (zeros where nothing was visible)
+  // out = accumulated / sum, in q's dtype (zeros where nothing was visible)
   for (int64_t m = 0; m < vectors; ++m) {
     const float inv = w.sum[m] > 0.0f ? 1.0f / w.sum[m] : 0.0f;
-    uint16_t* dst = out + ((i0 + m / s.group) * s.hq + h * s.group + m % s.group) * s.d;
-    for (int64_t col = 0; col < s.d; col += 16) {
-      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w.out.data() + m * s.d + col), _mm512_set1_ps(inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + col), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
-    }
+    Element* dst = out + ((i0 + m / s.group) * s.hq + h * s.group + m % s.group) * s.d;
+    for (int64_t col = 0; col < s.d; col += 16)
+      T::store(dst + col, _mm512_mul_ps(_mm512_loadu_ps(w.out.data() + m * s.d + col), _mm512_set1_ps(inv)));
   }
+}
+
+// The call in one precision: repack k and v, then the tasks over the intra-op threads.
+template <typename T>
+void run(const Shape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& intervals,
+         at::Tensor& out) {
+  using Element = typename T::Element;
+  const int64_t tk16 = (s.tk + 15) / 16 * 16;
+  at::Tensor kp = at::empty({s.hkv * (s.d / T::kPerUnit) * tk16}, q.options().dtype(at::kInt));
+  at::Tensor vp = at::empty({s.hkv * (tk16 / T::kPerUnit) * s.d}, q.options().dtype(at::kInt));
+  auto* kpd = reinterpret_cast<uint32_t*>(kp.data_ptr<int32_t>());
+  auto* vpd = reinterpret_cast<uint32_t*>(vp.data_ptr<int32_t>());
+  const auto* qd = static_cast<const Element*>(q.data_ptr());
+  pack_keys_values<T>(s, tk16, static_cast<const Element*>(k.data_ptr()), static_cast<const Element*>(v.data_ptr()),
+                      kpd, vpd);
+  const int64_t* table = intervals.data_ptr<int64_t>();
+  auto* od = static_cast<Element*>(out.data_ptr());
+  const int64_t blocks = (s.tq + kRowsPerTask - 1) / kRowsPerTask;
+  at::parallel_for(0, blocks * s.hkv, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(kRowsPerTask, kRowsPerTask * s.group, s.d);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / s.hkv, h = task % s.hkv;
+      attend<T>(s, tk16, qd, kpd, vpd, table, b * kRowsPerTask, std::min(s.tq, (b + 1) * kRowsPerTask), h, scratch,
+                od);
+    }
+  });
 }
 
 at::Tensor packed_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                             const at::Tensor& intervals_in) {
   TORCH_CHECK(q_in.device().is_cpu(), "boundserve::packed_attention runs on a CPU");
-  TORCH_CHECK(q_in.scalar_type() == at::kBFloat16 && k_in.scalar_type() == at::kBFloat16 &&
-                  v_in.scalar_type() == at::kBFloat16,
-              "boundserve::packed_attention takes bfloat16 q, k, v");
+  const auto dtype = q_in.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && k_in.scalar_type() == dtype &&
+                  v_in.scalar_type() == dtype,
+              "boundserve::packed_attention takes q, k, v all bfloat16 or all float32, got ", q_in.scalar_type(), ", ",
+              k_in.scalar_type(), ", ", v_in.scalar_type());
   TORCH_CHECK(q_in.dim() == 3 && k_in.dim() == 3 && v_in.sizes() == k_in.sizes(),
               "q [Tq, Hq, D], k and v [Tk, Hkv, D] expected, got ", q_in.sizes(), ", ", k_in.sizes(), ", ",
               v_in.sizes());
@@ -332,24 +390,8 @@ at::Tensor packed_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
   const at::Tensor intervals = intervals_in.contiguous();
   at::Tensor out = at::empty_like(q);
   if (s.tq == 0) return out;
-  const int64_t tk16 = (s.tk + 15) / 16 * 16;
-  at::Tensor kp = at::empty({s.hkv * s.pairs() * tk16}, q.options().dtype(at::kInt));
-  at::Tensor vp = at::empty({s.hkv * (tk16 / 2) * s.d}, q.options().dtype(at::kInt));
-  auto* kpd = reinterpret_cast<uint32_t*>(kp.data_ptr<int32_t>());
-  auto* vpd = reinterpret_cast<uint32_t*>(vp.data_ptr<int32_t>());
-  const auto* qd = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
-  pack_keys_values(s, tk16, reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),
-                   reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()), kpd, vpd);
-  const int64_t* table = intervals.data_ptr<int64_t>();
-  auto* od = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t blocks = (s.tq + kRowsPerTask - 1) / kRowsPerTask;
-  at::parallel_for(0, blocks * s.hkv, 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(kRowsPerTask, kRowsPerTask * s.group, s.d);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / s.hkv, h = task % s.hkv;
-      attend(s, tk16, qd, kpd, vpd, table, b * kRowsPerTask, std::min(s.tq, (b + 1) * kRowsPerTask), h, scratch, od);
-    }
-  });
+  if (dtype == at::kBFloat16) run<BFloat16>(s, q, k, v, intervals, out);
+  else run<Float32>(s, q, k, v, intervals, out);
   return out;
 }
 

@@ -1,5 +1,6 @@
-"""compile/kernels: the bfloat16 attention operator against the float32 reference over scoring-like key
-pools (shared prefixes, a static prefix, block padding), its refusals, and its library in the artifacts."""
+"""compile/kernels: the attention operator, in bfloat16 and float32, against references over scoring-like
+key pools (shared prefixes, a static prefix, block padding), its refusals, its library in the artifacts, and
+the packages that call it against transformers."""
 
 import shutil
 
@@ -60,12 +61,33 @@ def test_kernel_matches_the_float32_reference_as_closely_as_bfloat16_does(operat
 
 
 @bf16_cpu
+@pytest.mark.parametrize("heads", [(4, 2, 16), (14, 2, 64), (16, 8, 128), (6, 6, 48)],
+                         ids=lambda h: "x".join(map(str, h)))
+@pytest.mark.parametrize("seed", range(6))
+def test_float32_kernel_matches_a_float64_reference(operator, seed, heads):
+    """The same pools in float32: within 1e-5 of the reference computed in float64 (flex_attention's own
+    reference in float32 is ~5e-7 off; a wrong mask or a lost key is off by a tenth or more)."""
+    hq, hkv, d = heads
+    cu, parents, cached, num_keys, _ = random_pool(seed, CPU_BLOCK)
+    num_queries = num_keys - cached
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(n, h, d, generator=g) for n, h in ((num_queries, hq), (num_keys, hkv), (num_keys, hkv)))
+    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), CPU_BLOCK), cu, parents, num_queries, num_keys)
+    out = operator(q, k, v, mask.table)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    reference = eager_attention(*heads_first(q.double(), k.double(), v.double()), mask.block_mask)[0].transpose(0, 1)
+    assert (out.double() - reference).abs().max().item() <= 1e-5
+
+
+@bf16_cpu
 def test_kernel_refuses_what_it_cannot_run(operator):
     cu = torch.tensor([0, 32], dtype=torch.int32)
     table = pool_mask(KeyPool.fitting(32, 1, CPU_BLOCK), cu, torch.tensor([-1]), 32, 32).table
     q, k = torch.randn(32, 4, 32).bfloat16(), torch.randn(32, 2, 32).bfloat16()
-    with pytest.raises(RuntimeError, match="takes bfloat16"):
-        operator(q.float(), k.float(), k.float(), table)
+    with pytest.raises(RuntimeError, match="all bfloat16 or all float32"):
+        operator(q.float(), k, k, table)
+    with pytest.raises(RuntimeError, match="all bfloat16 or all float32"):
+        operator(q.half(), k.half(), k.half(), table)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         operator(q[..., :24].contiguous(), k[..., :24].contiguous(), k[..., :24].contiguous(), table)
     with pytest.raises(RuntimeError, match="not a multiple of"):
@@ -140,3 +162,22 @@ def test_a_library_that_does_not_match_its_hash_is_refused(tmp_path):
     (tmp_path / kernels.LIBRARY).write_bytes(b"not the library the manifest names")
     with pytest.raises(ArtifactMismatch, match="does not match the manifest's hash"):
         load_kernels(tmp_path, KernelLibrary(file=kernels.LIBRARY, sha256="0" * 64))
+
+
+def test_float32_kernel_package_matches_transformers_over_shared_prefixes(llama_artifacts):
+    """llama_artifacts (float32, heads 16 wide) call the operator where it applies (test_score_node checks
+    the same build on unshared samples); here samples under shared prefixes, whose keys sit in parent
+    segments, within test_score_node's float32 tolerance of transformers."""
+    checkpoint, folder = llama_artifacts
+    nodes = load_nodes(folder)
+    applies = kernels.attention_applies(torch.float32, CPU, nodes.manifest.model.head_dim)
+    assert (nodes.manifest.kernels is not None) == applies
+    hf = load_hf(checkpoint)
+    groups = [random_batch(nodes.score.vocab_size, lengths, seed) for seed, lengths in enumerate([[30, 9, 33, 1],
+                                                                                                 [17, 5, 40]])]
+    ids = torch.cat([token for group in groups for token in group])
+    out = nodes.score(ids, torch.tensor([len(s) for _, *items in groups for s in items]), LABELS, top_k=5,
+                      prefix_lens=torch.tensor([len(prefix) for prefix, *_ in groups]),
+                      group_sizes=torch.tensor([len(items) for _, *items in groups]))
+    reference, _ = hf_last_token(hf, [torch.cat([prefix, item]) for prefix, *items in groups for item in items])
+    assert (out.label_logits - reference[:, LABELS]).abs().max().item() <= 1e-4
