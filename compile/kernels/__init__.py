@@ -54,7 +54,8 @@ class KernelMismatch(RuntimeError):
 def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether a package's attention runs the kernel: a CPU with AVX512-BF16 (the library is compiled for
     it), heads a multiple of 16 wide, and float32, or bfloat16 where the CPU has no AMX (with AMX,
-    FlexAttention's own bfloat16 kernel multiplies on its tiles)."""
+    FlexAttention's own bfloat16 kernel multiplies on its tiles). Float32 was measured on a CPU without
+    AMX only; FlexAttention's float32 kernel, which it replaces, is the same code with or without."""
     if device.type != "cpu" or head_dim % 16 or not torch.cpu._is_avx512_bf16_supported():
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and not torch.cpu._is_amx_tile_supported())

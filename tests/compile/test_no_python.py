@@ -51,11 +51,14 @@ def run_bare(artifacts: Path, package: str, inputs, outputs, tmp_path, library: 
     return done.stdout
 
 
-@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_kernel_artifacts"])
+@pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_kernel_artifacts", "llama_artifacts"])
 def test_scoring_package_runs_without_the_project(artifacts, request, tmp_path):
-    """bf16_kernel_artifacts: where the CPU has AVX512-BF16 and no AMX, its attention is compile/kernels'
-    operator, from the folder's library loaded by torch alone."""
+    """bf16_kernel_artifacts where the CPU has AVX512-BF16 and no AMX, llama_artifacts (float32, heads 16
+    wide) where it has AVX512-BF16: their attention is compile/kernels' operator, from the folder's library
+    loaded by torch alone."""
     folder = request.getfixturevalue(artifacts)
+    if artifacts == "llama_artifacts":
+        folder = folder[1]  # (checkpoint, artifacts)
     nodes = load_nodes(folder)
     node = nodes.score
     prefix, *suffixes = random_batch(node.vocab_size, [4, 5, 50, 17], 0)  # one shared prefix, three samples
