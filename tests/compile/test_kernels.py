@@ -49,9 +49,22 @@ POOL_BLOCKS = pytest.mark.parametrize("block", [CPU_BLOCK, 1], ids=["block32", "
 inside a 16-key group, a last task whose query vectors do not fill a tile of 4."""
 
 
+KERNEL_HEADS = pytest.mark.parametrize("heads", [(4, 2, 16), (14, 2, 64), (16, 8, 128), (6, 6, 48)],
+                                       ids=lambda h: "x".join(map(str, h)))  # query heads, K/V heads, head size
+
+
+def pool_inputs(seed: int, heads: tuple[int, int, int], block: int):
+    """Random float32 q [Tq, Hq, D], k and v [Tk, Hkv, D] over random_pool(seed, block), and its PoolMask."""
+    hq, hkv, d = heads
+    cu, parents, cached, num_keys, _ = random_pool(seed, block)
+    num_queries = num_keys - cached
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(n, h, d, generator=g) for n, h in ((num_queries, hq), (num_keys, hkv), (num_keys, hkv)))
+    return q, k, v, pool_mask(KeyPool.fitting(num_keys, len(parents), block), cu, parents, num_queries, num_keys)
+
+
 @bf16_cpu
-@pytest.mark.parametrize("heads", [(4, 2, 16), (14, 2, 64), (16, 8, 128), (6, 6, 48)],
-                         ids=lambda h: "x".join(map(str, h)))  # query heads, K/V heads, head size
+@KERNEL_HEADS
 @pytest.mark.parametrize("seed", range(6))
 @POOL_BLOCKS
 def test_kernel_matches_the_float32_reference_as_closely_as_bfloat16_does(operator, seed, heads, block):
@@ -59,13 +72,8 @@ def test_kernel_matches_the_float32_reference_as_closely_as_bfloat16_does(operat
     against flex_attention's reference in float32; the bound is twice the error of the same reference
     run in bfloat16 (what FlexAttention's bfloat16 kernel computes), so a wrong mask or a lost key, an
     error of order one, cannot pass."""
-    hq, hkv, d = heads
-    cu, parents, cached, num_keys, _ = random_pool(seed, block)
-    num_queries = num_keys - cached
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(n, h, d, generator=g).bfloat16() for n, h in ((num_queries, hq), (num_keys, hkv),
-                                                                         (num_keys, hkv)))
-    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), block), cu, parents, num_queries, num_keys)
+    q, k, v, mask = pool_inputs(seed, heads, block)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     out = operator(q, k, v, mask.table)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     reference = eager_attention(*heads_first(q.float(), k.float(), v.float()), mask.block_mask)[0].transpose(0, 1)
@@ -77,20 +85,14 @@ def test_kernel_matches_the_float32_reference_as_closely_as_bfloat16_does(operat
 
 
 @bf16_cpu
-@pytest.mark.parametrize("heads", [(4, 2, 16), (14, 2, 64), (16, 8, 128), (6, 6, 48)],
-                         ids=lambda h: "x".join(map(str, h)))
+@KERNEL_HEADS
 @pytest.mark.parametrize("seed", range(6))
 @POOL_BLOCKS
 def test_float32_kernel_matches_a_float64_reference(operator, seed, heads, block):
     """The same pools in float32: within 1e-5 of attention computed in float64 throughout, where
     flex_attention's reference in float32 is within 2e-6 (a wrong mask or a lost key is off by a tenth
     or more)."""
-    hq, hkv, d = heads
-    cu, parents, cached, num_keys, _ = random_pool(seed, block)
-    num_queries = num_keys - cached
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(n, h, d, generator=g) for n, h in ((num_queries, hq), (num_keys, hkv), (num_keys, hkv)))
-    mask = pool_mask(KeyPool.fitting(num_keys, len(parents), block), cu, parents, num_queries, num_keys)
+    q, k, v, mask = pool_inputs(seed, heads, block)
     out = operator(q, k, v, mask.table)
     assert out.dtype == torch.float32 and out.shape == q.shape
     reference = float64_attention(q, k, v, mask)
