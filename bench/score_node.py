@@ -4,7 +4,7 @@ Model: Qwen2.5-0.5B's or Qwen3-0.6B's shapes at their real depth (or --layers N)
 written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (fixed seed).
 Contenders, timed interleaved request by request in one process, same threads (--rounds R: R rounds per
 request, the order rotated each round, each request counted at its median round; on a machine whose speed
-drifts, every round is kept in ms_by_round):
+drifts, every round is kept in ms_by_round, and the minor page faults of every call in minor_faults_by_round):
   ours        one packed call per request (no padding computed; the last layer only at the last tokens);
   hf_careful  the request as one left-padded batch, last position projected (bench/hf_baselines.py);
   hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep; its
@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import resource
 import statistics
 
 import torch
@@ -193,27 +194,41 @@ def fastest_at_parity(report: dict, outs: dict, reference: torch.Tensor) -> str:
     return min(at_parity, key=lambda t: report["ct2_compute_type_ms"][str(t)])
 
 
-def time_requests(contenders: Contenders, requests, rounds: int = 1) -> tuple[dict, list[dict], dict]:
+def time_requests(contenders: Contenders, requests, rounds: int = 1) -> tuple[dict, list[dict], dict, dict]:
     """Per request `rounds` interleaved rounds (order rotated from round to round): name -> seconds per
     request (the mean over requests of each request's median round), outputs (of each request's first
-    round), and name -> every round's seconds, request by request (the spread a noisy machine leaves)."""
-    by_round, outputs, turn = {}, [], 0
+    round), name -> every round's seconds, request by request (the spread a noisy machine leaves), and
+    name -> every round's minor page faults, likewise (fresh pages the call had the kernel map in: a
+    contender whose buffers no longer fit the memory the process holds pays for growing it)."""
+    by_round, faults_by_round, outputs, turn = {}, {}, [], 0
     for samples in requests:
         fns = contenders.for_request(samples)
         for r in range(rounds):
             names = list(fns)
             names = names[turn % len(names):] + names[: turn % len(names)]
             turn += 1
-            round_ = interleaved_round({n: fns[n] for n in names})
-            for name, (s, _) in round_.items():
-                per_request = by_round.setdefault(name, [])
-                if r == 0:
-                    per_request.append([])
-                per_request[-1].append(s)
+            faults = {}
+            round_ = interleaved_round({n: counting_faults(fns[n], faults, n) for n in names})
+            for table, values in ((by_round, {n: s for n, (s, _) in round_.items()}), (faults_by_round, faults)):
+                for name, value in values.items():
+                    per_request = table.setdefault(name, [])
+                    if r == 0:
+                        per_request.append([])
+                    per_request[-1].append(value)
             if r == 0:
                 outputs.append({name: value for name, (_, value) in round_.items()})
     seconds = {name: sum(statistics.median(s) for s in rows) / len(rows) for name, rows in by_round.items()}
-    return seconds, outputs, by_round
+    return seconds, outputs, by_round, faults_by_round
+
+
+def counting_faults(fn, faults: dict, name: str):
+    """fn, recording in faults[name] the minor page faults its call took."""
+    def call():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        value = fn()
+        faults[name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        return value
+    return call
 
 
 def fp32_checks(outputs: list[dict]) -> list[dict]:
@@ -362,7 +377,7 @@ def measure(run: Run, requests) -> dict:
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
                             run.openvino, openvino_setting, run.float_node, float_dtype_name(run.args))
     with timed_part():
-        seconds, outputs, by_round = time_requests(contenders, requests, run.args.rounds)
+        seconds, outputs, by_round, faults_by_round = time_requests(contenders, requests, run.args.rounds)
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
@@ -379,7 +394,7 @@ def measure(run: Run, requests) -> dict:
                                         outputs[0]["ours"].topk_logprobs[:, 0], reference,
                                         parity.quantized_bound(run.quantized["limits"]["max_label_logprob_drift"])))
     clock.lap("parity")
-    return {"seconds": seconds, "by_round": by_round, "micro_batch": micro_batch,
+    return {"seconds": seconds, "by_round": by_round, "faults_by_round": faults_by_round, "micro_batch": micro_batch,
             "onednn_micro_batch": onednn_micro_batch,
             "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks,
             "peaks": (peak_before, peak_after),
@@ -445,6 +460,7 @@ def report(run: Run, requests, m: dict) -> dict:
         "rounds_per_request": run.args.rounds,
         "ms_by_round": {name: [[round(1e3 * s, 1) for s in rows] for rows in per_request]
                         for name, per_request in m["by_round"].items()},
+        "minor_faults_by_round": m["faults_by_round"],
         "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
                      "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
                      "hf_best_onednn": m["onednn_micro_batch"] and f"length-sorted micro-batches of "
