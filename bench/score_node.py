@@ -4,7 +4,8 @@ Model: Qwen2.5-0.5B's or Qwen3-0.6B's shapes at their real depth (or --layers N)
 written by transformers. Requests: 15 samples each, lengths uniform in 32..480 (fixed seed).
 Contenders, timed interleaved request by request in one process, same threads (--rounds R: R rounds per
 request, the order rotated each round, each request counted at its median round; on a machine whose speed
-drifts, every round is kept in ms_by_round, and the minor page faults of every call in minor_faults_by_round):
+drifts, every round is kept in ms_by_round, and the minor page faults of every call in minor_faults_by_round;
+before them one untimed round on the first request, whose faults are warm_up_minor_faults: time_requests):
   ours        one packed call per request (no padding computed; the last layer only at the last tokens);
   hf_careful  the request as one left-padded batch, last position projected (bench/hf_baselines.py);
   hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep; its
@@ -194,12 +195,29 @@ def fastest_at_parity(report: dict, outs: dict, reference: torch.Tensor) -> str:
     return min(at_parity, key=lambda t: report["ct2_compute_type_ms"][str(t)])
 
 
-def time_requests(contenders: Contenders, requests, rounds: int = 1) -> tuple[dict, list[dict], dict, dict]:
-    """Per request `rounds` interleaved rounds (order rotated from round to round): name -> seconds per
-    request (the mean over requests of each request's median round), outputs (of each request's first
-    round), name -> every round's seconds, request by request (the spread a noisy machine leaves), and
-    name -> every round's minor page faults, likewise (fresh pages the call had the kernel map in: a
-    contender whose buffers no longer fit the memory the process holds pays for growing it)."""
+@dataclasses.dataclass
+class Timed:
+    """What time_requests measured."""
+
+    seconds: dict  # name -> seconds per request: the mean over requests of each request's median round
+    outputs: list[dict]  # per request, name -> the output of its first round
+    by_round: dict  # name -> every round's seconds, request by request (the spread a noisy machine leaves)
+    faults_by_round: dict  # name -> every round's minor page faults, likewise
+    warm_up_faults: dict  # name -> the minor page faults of its untimed warm-up call
+
+
+def time_requests(contenders: Contenders, requests, rounds: int = 1) -> Timed:
+    """Every contender once on the first request, untimed, then per request `rounds` interleaved rounds
+    (order rotated from round to round).
+
+    The warm-up round comes right before the timed ones because the batching sweeps before them leave the
+    process's heap as the last contender swept left it, and a contender whose buffers no longer fit it pays
+    for fresh pages (minor faults: the kernel maps and zeroes each one) in its next call. Measured without
+    it (Qwen3-0.6B bf16, 28 layers, 2 rounds): our first timed call took 117,941 faults and 11.02 s, our
+    next calls of the same request 1 fault and 9.92 s; transformers careful's first took 125,665."""
+    warm_up_faults: dict = {}
+    warm_up = contenders.for_request(requests[0])
+    interleaved_round({name: counting_faults(fn, warm_up_faults, name) for name, fn in warm_up.items()})
     by_round, faults_by_round, outputs, turn = {}, {}, [], 0
     for samples in requests:
         fns = contenders.for_request(samples)
@@ -218,7 +236,7 @@ def time_requests(contenders: Contenders, requests, rounds: int = 1) -> tuple[di
             if r == 0:
                 outputs.append({name: value for name, (_, value) in round_.items()})
     seconds = {name: sum(statistics.median(s) for s in rows) / len(rows) for name, rows in by_round.items()}
-    return seconds, outputs, by_round, faults_by_round
+    return Timed(seconds, outputs, by_round, faults_by_round, warm_up_faults)
 
 
 def counting_faults(fn, faults: dict, name: str):
@@ -377,7 +395,8 @@ def measure(run: Run, requests) -> dict:
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
                             run.openvino, openvino_setting, run.float_node, float_dtype_name(run.args))
     with timed_part():
-        seconds, outputs, by_round, faults_by_round = time_requests(contenders, requests, run.args.rounds)
+        timed = time_requests(contenders, requests, run.args.rounds)
+        seconds, outputs = timed.seconds, timed.outputs
     clock.lap("timed_requests")
     peak_after = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_after")
@@ -394,7 +413,8 @@ def measure(run: Run, requests) -> dict:
                                         outputs[0]["ours"].topk_logprobs[:, 0], reference,
                                         parity.quantized_bound(run.quantized["limits"]["max_label_logprob_drift"])))
     clock.lap("parity")
-    return {"seconds": seconds, "by_round": by_round, "faults_by_round": faults_by_round, "micro_batch": micro_batch,
+    return {"seconds": seconds, "by_round": timed.by_round, "faults_by_round": timed.faults_by_round,
+            "warm_up_faults": timed.warm_up_faults, "micro_batch": micro_batch,
             "onednn_micro_batch": onednn_micro_batch,
             "ct2": ct2_setting, "openvino": openvino_setting, "sweeps": sweeps, "checks": checks,
             "peaks": (peak_before, peak_after),
@@ -460,7 +480,7 @@ def report(run: Run, requests, m: dict) -> dict:
         "rounds_per_request": run.args.rounds,
         "ms_by_round": {name: [[round(1e3 * s, 1) for s in rows] for rows in per_request]
                         for name, per_request in m["by_round"].items()},
-        "minor_faults_by_round": m["faults_by_round"],
+        "minor_faults_by_round": m["faults_by_round"], "warm_up_minor_faults": m["warm_up_faults"],
         "batching": {"ours": "one packed call per request", "hf_careful": f"one left-padded batch of {SAMPLES}",
                      "hf_best": f"length-sorted micro-batches of {m['micro_batch']}",
                      "hf_best_onednn": m["onednn_micro_batch"] and f"length-sorted micro-batches of "
