@@ -200,7 +200,7 @@ class Timed:
     """What time_requests measured."""
 
     seconds: dict  # name -> seconds per request: the mean over requests of each request's median round
-    outputs: list[dict]  # per request, name -> the output of its first round
+    outputs: list[dict]  # per request, name -> the output of its first timed round
     by_round: dict  # name -> every round's seconds, request by request (the spread a noisy machine leaves)
     faults_by_round: dict  # name -> every round's minor page faults, likewise
     warm_up_faults: dict  # name -> the minor page faults of its untimed warm-up call
