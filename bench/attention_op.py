@@ -2,9 +2,10 @@
 each model, against the attention torch itself offers for the same work, in the same process.
 
 The work: one scoring request of the benchmarks' mix (bench/score_node.py's first request: 15 causal
-samples of 32–480 tokens, 4,285 in all), packed into one key pool as a scoring package lays it out (rows
-padded to the CPU block, the padding its own segment), random q, k and v of the model's head shapes
-(Qwen2.5-0.5B: 14 query heads and 2 K/V heads of 64; Qwen3-0.6B: 16 and 8 of 128). The sides:
+samples of 32–480 tokens, 4,285 in all), packed into one key pool as the scoring node lays it out
+(compile/score/layout.lay_out: rows padded to the CPU block, the padding a segment of its own), random
+q, k and v of the model's head shapes (Qwen2.5-0.5B: 14 query heads and 2 K/V heads of 64; Qwen3-0.6B: 16
+and 8 of 128). The sides:
 
   ours        the operator on the pool, as a package calls it;
   sdpa        torch.nn.functional.scaled_dot_product_attention once per sample (is_causal, enable_gqa),
@@ -54,17 +55,15 @@ def sample_lengths(samples: int, vocab: int) -> list[int]:
 
 
 def pool_layout(lengths: list[int]):
-    """(cu_seqlens, parents, rows) of the samples packed one after another and padded to the CPU block,
-    the padding a segment of its own, as compile/score/layout.py lays out a scoring call."""
-    from compile.attention import CPU_BLOCK, padded
+    """(cu_seqlens, parents, rows) of a scoring call of these samples as the node lays it out
+    (compile/score/layout.lay_out: each sample unshared, no static prefix; rows padded to the CPU block by a
+    filler segment)."""
+    from compile.score.layout import lay_out
 
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
-    rows = padded(bounds[-1], CPU_BLOCK)
-    if rows > bounds[-1]:
-        bounds.append(rows)
-    return torch.tensor(bounds, dtype=torch.int32), torch.full((len(bounds) - 1,), -1, dtype=torch.int64), rows
+    none = [0] * len(lengths)
+    layout = lay_out(torch.zeros(sum(lengths), dtype=torch.int64), lengths, none, [1] * len(lengths),
+                     torch.zeros(0, dtype=torch.int64))
+    return layout.cu_seqlens, layout.parents, int(layout.cu_seqlens[-1])
 
 
 def float64_attention(q, k, v, lengths: list[int]) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""bench/attention_op.py's parts: the pool is laid out as a scoring call's, every side computes the same
+"""bench/attention_op.py's parts: the pool is laid out as the scoring node lays out a call, every side computes the same
 attention as float64 from the same inputs, and the parity check refuses an operator that is off."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def test_the_pool_is_the_samples_then_one_padding_segment():
     cu_seqlens, parents, rows = pool_layout(LENGTHS)
     assert rows == 2 * CPU_BLOCK
     assert cu_seqlens.tolist() == [0, 5, 45, 62, 64] and parents.tolist() == [-1] * 4
-    assert pool_layout([CPU_BLOCK])[0].tolist() == [0, CPU_BLOCK]  # no padding, no extra segment
+    whole_blocks = pool_layout([CPU_BLOCK, CPU_BLOCK])[0].tolist()
+    assert whole_blocks == [0, CPU_BLOCK, 2 * CPU_BLOCK]  # no padding, no extra segment
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
