@@ -40,6 +40,17 @@ while_loop rewrite cannot size its output when the block count is not itself a g
 under `backed_size_oblivious` (otherwise a guard on the row count that the dynamic range violates),
 and the scoring node compiled that way read out of bounds (tiny Qwen3 test model). So every MLP
 runs one GEMM over all rows.
+
+With glibc's default allocator settings each whole-MLP call maps its [T, 2I] gate/up product afresh
+(above the mmap threshold) and faults its pages in, which blocks avoid; a worker keeps freed memory
+instead (compile/allocator.py). Measured again that way (12-05, an AMD EPYC with AVX-512 at half rate,
+2 threads, prepacked oneDNN, 4,285 rows, best of 5 interleaved rounds), the blocks gain nothing:
+Qwen3-0.6B's float32 MLP took 376 ms whole (silu * mul compiled by Inductor) against 379 in 512-row
+blocks (430 against 379 under the default settings); the GEMMs alone ran at 208-222 GFLOP/s (0.92-0.98
+of the float32 peak) whether whole, split two or four ways along N, or in 256- or 1,024-row blocks.
+Built into the Qwen3-0.6B float32 scoring node as a C++ operator (each block's three steps on this op
+with the prepacked weights; not kept), the node ran 0.98x as fast as without it (bench/node_ab.py,
+4 pairs, identical label log-probs).
 """
 
 from __future__ import annotations
