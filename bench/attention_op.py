@@ -60,9 +60,8 @@ def pool_layout(lengths: list[int]):
     filler segment)."""
     from compile.score.layout import lay_out
 
-    none = [0] * len(lengths)
-    layout = lay_out(torch.zeros(sum(lengths), dtype=torch.int64), lengths, none, [1] * len(lengths),
-                     torch.zeros(0, dtype=torch.int64))
+    layout = lay_out(torch.zeros(sum(lengths), dtype=torch.int64), lengths, prefix_lens=[0] * len(lengths),
+                     group_sizes=[1] * len(lengths), static_ids=torch.zeros(0, dtype=torch.int64))
     return layout.cu_seqlens, layout.parents, int(layout.cu_seqlens[-1])
 
 
