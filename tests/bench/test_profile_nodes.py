@@ -1,11 +1,13 @@
-"""bench/profile_nodes.py's int8 parts: oneDNN's int8 GEMMs are counted as a family of their own, and the kernel
-timed alone per shape is the one our int8 layers call (same result as the layer, up to its row rescaling)."""
+"""bench/profile_nodes.py: oneDNN's int8 GEMMs are counted as a family of their own, and the kernel timed alone per
+shape is the one our int8 layers call (same result as the layer, up to its row rescaling); of the profiled calls the
+one with the fewest page faults counts."""
 
 from __future__ import annotations
 
 import torch
 
 from bench.common import gemm_libraries, matmul_peaks
+from bench import profile_nodes
 from bench.profile_nodes import family_of, gemm_table, int8_kernel, random_int8_kernel
 from compile.linear import onednn_bf16
 from compile.quantize.int8 import Int8Linear
@@ -52,3 +54,22 @@ def test_the_peak_includes_the_prepacked_kernel_the_nodes_call():
     """Our linears call oneDNN on prepacked weights; a peak without that kernel can be passed by the node itself."""
     peaks = matmul_peaks(torch.float32, ((64, 64, 64),), bursts=1, seconds=0.01)
     assert set(peaks) == {"torch.mm", "onednn", "onednn_prepacked"} and min(peaks.values()) > 0
+
+
+def test_the_profiled_call_with_the_fewest_faults_counts(monkeypatch):
+    """The first profiled call touches 64 MiB of fresh pages and multiplies, the later ones only add: the profile
+    returned is a later one's (no gemm family), with its own few faults."""
+    monkeypatch.setattr(profile_nodes, "grow_heap_top", lambda: None)  # its 2 GiB are not this test's subject
+    a, kept, calls = torch.randn(64, 64), [], []
+
+    def call():
+        calls.append(len(calls))
+        if len(calls) == 2:  # the first call is the warm-up
+            kept.append(torch.ones(64 << 20, dtype=torch.uint8))
+            return torch.mm(a, a)
+        return a + a
+
+    families, faults = profile_nodes.compiled_profile(call)
+    assert len(calls) == 1 + profile_nodes.PROFILED_CALLS
+    assert "gemm" not in families and families["other"] > 0
+    assert 0 <= faults < (64 << 20) // 4096 // 2
