@@ -4,6 +4,7 @@ peak, timing, JSON output."""
 from __future__ import annotations
 
 import dataclasses
+import resource
 import statistics
 import threading
 import time
@@ -306,6 +307,11 @@ def interleaved_times(fns: dict, repeats: int, warmup: int = 1) -> dict[str, lis
         for name, (seconds, _) in interleaved_round(fns).items():
             times[name].append(seconds)
     return times
+
+
+def minor_faults() -> int:
+    """The minor page faults this process has taken so far (pages the kernel mapped in, zeroed first)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def time_calls(fn, repeats: int, warmup: int = 1) -> list[float]:

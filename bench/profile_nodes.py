@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import resource
 import time
 
 import torch
 import torch.nn.functional as F
 
 from bench.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_budget, emit, gemm_calls, gemm_libraries,
-                          matmul_peak_flops, median, model_gemm_shapes, run_dtype, run_name, run_quantize,
-                          settle_int8_base, shaped_checkpoint, time_calls)
+                          matmul_peak_flops, median, minor_faults, model_gemm_shapes, run_dtype, run_name,
+                          run_quantize, settle_int8_base, shaped_checkpoint, time_calls)
 from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
@@ -91,10 +90,10 @@ def compiled_profile(call) -> tuple[dict[str, float], int]:
     best: tuple[dict[str, float], int] | None = None
     for _ in range(PROFILED_CALLS):
         grow_heap_top()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        before = minor_faults()
         with profile() as prof:
             call()
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        faults = minor_faults() - before
         if best is None or faults < best[1]:
             totals: dict[str, float] = {}
             for event in prof.key_averages():

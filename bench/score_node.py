@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import resource
 import statistics
 
 import torch
@@ -55,8 +54,8 @@ from bench import hf_baselines as hf_side
 from bench import parity
 from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, add_int8_budget,
                           bench_config, build_nodes, emit, float_dtype_name, int8_report, interleaved_round,
-                          matmul_peaks, model_gemm_shapes, peak_by_library, run_dtype, run_name, run_quantize,
-                          settle_int8_base, shaped_checkpoint, timed_part)
+                          matmul_peaks, minor_faults, model_gemm_shapes, peak_by_library, run_dtype, run_name,
+                          run_quantize, settle_int8_base, shaped_checkpoint, timed_part)
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
@@ -242,9 +241,9 @@ def time_requests(contenders: Contenders, requests, rounds: int = 1) -> Timed:
 def counting_faults(fn, faults: dict, name: str):
     """fn, recording in faults[name] the minor page faults its call took."""
     def call():
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        before = minor_faults()
         value = fn()
-        faults[name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        faults[name] = minor_faults() - before
         return value
     return call
 
