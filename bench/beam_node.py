@@ -45,6 +45,7 @@ from bench.common import (FLOAT_DTYPES, MODELS, Clock, add_int8_base, add_int8_b
                           build_nodes, default_int8_base, emit, int8_config, interleaved_round, matmul_peaks, median,
                           model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
 from bench.flops import beam_flops, executed_mfu
+from compile.allocator import release_free_memory
 
 W, S, K = 100, 4, 4
 PAD_ID = 0
@@ -95,7 +96,7 @@ def warm_up(contenders: Contenders, prompt) -> dict:
     before it)."""
     rises = {}
     for name, fn in contenders.batch([prompt]).items():
-        memory.return_freed_memory()
+        release_free_memory()
         _, _, rise = memory.measured_call(fn)
         if rise is not None:
             rises[name] = rise
@@ -126,7 +127,7 @@ def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...
     for name, batch_sizes in sizes.items():
         measured_size, rise = 1, rises.get(name)
         for size in sorted(batch_sizes):
-            memory.return_freed_memory()
+            release_free_memory()
             fit, why = memory.fits(rise, measured_size, size, memory.available())
             if not fit:
                 skipped[(name, size)] = why

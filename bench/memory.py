@@ -8,13 +8,12 @@ scaling that rise linearly, an estimate either way: with glibc's default allocat
 its single prompt's 6.2 GiB; in a kept heap its single call rose 4.5 GiB and its 2 prompts 12.3. A rise counts only
 pages the call had to fault in: a call that reuses free memory an earlier call left in the heap
 (compile/allocator.keep_freed_memory keeps it) rises less than it needs (a 24-layer run projected CTranslate2's 4
-prompts from a single call's short rise and was killed), so measure after `return_freed_memory` where the figure is
-to be trusted. Where /proc does not say, every figure is None and every call is taken to fit.
+prompts from a single call's short rise and was killed), so measure after compile/allocator.release_free_memory
+where the figure is to be trusted. Where /proc does not say, every figure is None and every call is taken to fit.
 """
 
 from __future__ import annotations
 
-import ctypes
 import time
 from pathlib import Path
 
@@ -72,15 +71,3 @@ def fits(rise: int | None, measured_size: int, size: int, free: int | None) -> t
         return True, ""
     return False, (f"needs about {need / GIB:.1f} GiB ({size} prompts from {measured_size}'s rise of "
                    f"{rise / GIB:.1f} GiB), {free / GIB:.1f} GiB available")
-
-
-def return_freed_memory() -> bool:
-    """Hand the C heap's free pages back to the kernel (glibc's malloc_trim), wherever they lie in it: True when some
-    were. What compile/allocator.keep_freed_memory keeps for a node's next call, for a benchmark whose next call is
-    another contender's; the next call faults its pages in again. False where the C library has no malloc_trim."""
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
-    return malloc_trim(0) == 1

@@ -165,6 +165,10 @@ class WorkerConfig:
     """Timed calls per grid point; the median is fitted."""
     max_message_bytes: Annotated[int, Meta(ge=1 << 16, le=1 << 31)] = 64 << 20
     """Largest message a worker accepts; ZeroMQ drops a peer that sends more."""
+    resident_limit_mb: Annotated[int, Meta(ge=0)] | None = None
+    """CPU worker: when its resident set is above this after a batch, it hands the C heap's free pages back
+    to the kernel (worker/memory.py; its next calls fault in what they reuse). Unset: 80 % of the memory
+    the process may use (its cgroup's limit, else the machine's); 0: never."""
 
     def validate(self) -> None:
         if len(self.endpoints) != len(self.devices):

@@ -18,6 +18,7 @@ from shared.protocol import BeamResults, Error, ErrorCode, ScoreResults, Status,
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.bounds_check import BatchRefused
 from worker.logs import JsonLog
+from worker.memory import ResidentLimit
 from worker.stats import WorkerStats
 from worker.workloads import Workloads
 
@@ -26,10 +27,11 @@ class ComputePool:
     """Owns the compute threads; each batch runs on its workload's runner (worker/workloads.py)."""
 
     def __init__(self, lanes: list, workloads: Workloads, log: JsonLog, queue: BatchQueue, stats: WorkerStats,
-                 context: zmq.Context, outbox: str) -> None:
+                 context: zmq.Context, outbox: str, resident: ResidentLimit | None = None) -> None:
         self.lanes, self.workloads, self.queue = lanes, workloads, queue
         self.stats, self.log = stats, log
         self.context, self.outbox = context, outbox
+        self.resident = resident  # a CPU worker's: checked after each batch, once its reply is sent
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -56,6 +58,8 @@ class ComputePool:
                     push.send_multipart([pending.peer, *self._reply_frames(pending, lane)], copy=False)
                 finally:
                     self.stats.end_batch()
+                if self.resident is not None:
+                    self.resident.after_batch()
         finally:
             push.close()
 

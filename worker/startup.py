@@ -28,6 +28,7 @@ from worker.compute import ComputePool
 from worker import profile_cache
 from worker.lanes import lane_count, make_lanes, spare_lane
 from worker.logs import JsonLog
+from worker.memory import MIB, ResidentLimit, resident_limit
 from worker.prefix_cache import PrefixCache
 from worker.profiler import Plan, Profile, plan_batches, profile_plans, warm_up_smallest
 from worker.refit import BackgroundRefit
@@ -62,8 +63,9 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     prefix_cache = PrefixCache(cache_mb << 20, bytes.fromhex(manifest.build_key))  # budget 0: off, reported so
     workloads = workloads_of(ScoreRunner(nodes.score, prefix_cache) if nodes.score is not None else None,
                              BeamRunner(nodes.beam) if nodes.beam is not None else None, compiled, vocab_size)
+    limit = resident_limit(config.worker.resident_limit_mb) if device == "cpu" else None  # worker/memory.py
     log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes), workloads=list(workloads.names()),
-             prefix_cache_mb=cache_mb)
+             prefix_cache_mb=cache_mb, resident_limit_mb=limit and limit // MIB)
     plans = plan_batches(workloads, compiled, vocab_size)
     threads = config.worker.cpu_threads if device == "cpu" else len(lanes)
     cache = profile_cache.cache_path(profile_folder, manifest, device, threads) if profile_folder else None
@@ -73,7 +75,8 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
         workloads=tuple(profiles), bounds=compiled, model=model_facts(manifest, nodes),
         latency={w: p.model for w, p in profiles.items()},
     )
-    pool_factory = functools.partial(ComputePool, lanes, workloads, log)
+    resident = ResidentLimit(limit, log) if limit is not None else None
+    pool_factory = functools.partial(ComputePool, lanes, workloads, log, resident=resident)
     return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory, prefix_cache)
 
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from bench import beam_node, memory
+from compile.allocator import release_free_memory
 
 MIB = 2**20
 
 
 def test_a_call_that_touches_memory_raises_the_resident_set_by_about_that_much():
-    memory.return_freed_memory()  # an earlier test's freed heap would serve this call without new pages
+    release_free_memory()  # an earlier test's freed heap would serve this call without new pages
     seconds, value, rise = memory.measured_call(lambda: float(torch.ones(64 * MIB).sum()))  # 256 MiB, every page
     assert value == 64 * MIB and seconds > 0
     if rise is None:
@@ -70,7 +71,7 @@ def test_the_batched_phase_projects_from_the_last_measured_call_and_skips_what_w
 
 def test_each_warm_up_call_starts_from_a_trimmed_heap_and_records_its_rise(monkeypatch):
     events = []
-    monkeypatch.setattr(memory, "return_freed_memory", lambda: events.append("trim"))
+    monkeypatch.setattr(beam_node, "release_free_memory", lambda: events.append("trim"))
 
     def measured(fn):
         name, size = fn()

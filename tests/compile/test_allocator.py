@@ -1,6 +1,7 @@
 """compile/allocator.py: with keep_freed_memory(), the blocks a call frees are reused by the next
 call, from a thread as a worker's lane calls, without faulting fresh pages in; with glibc's defaults
-they are not (the control, so the check can fail)."""
+they are not (the control, so the check can fail); release_free_memory hands back the free pages of
+such a heap, between blocks in use too."""
 
 from __future__ import annotations
 
@@ -56,3 +57,30 @@ def test_a_call_reuses_the_blocks_the_last_one_freed():
 def test_default_allocator_faults_the_blocks_in_again():
     default = steady_faults("default")
     assert default["faults"] >= MEASURED * PAGES, default  # every call maps its blocks afresh
+
+
+RELEASE_PROBE = f"""
+import json, torch
+from compile.allocator import keep_freed_memory, release_free_memory, resident_bytes
+keep_freed_memory()
+pins, holes = [], 0
+for i in range(6):  # each block larger than the last, each followed by a block that stays: holes that cannot merge
+    block = torch.empty(({BLOCK_MB} + 8 * i) * 2**20, dtype=torch.uint8).fill_(1)
+    pins.append(torch.ones(1024))
+    holes += block.numel()
+    del block
+before = resident_bytes()
+released = release_free_memory()
+print(json.dumps({{"holes": holes, "before": before, "after": resident_bytes(), "released": released}}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
+def test_releasing_hands_back_the_free_pages_between_blocks_in_use():
+    """A heap that keeps freed memory holds the holes a growing call size leaves behind; releasing hands
+    their pages back to the kernel (the resident set falls by about as much), though they lie below
+    blocks still in use."""
+    done = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["released"] is True, out
+    assert out["before"] - out["after"] >= 0.9 * out["holes"], out

@@ -30,16 +30,17 @@ profile_repeats = 1
 """
 
 
-def write_config(folder: Path, endpoint: str, queued: int = 4, prefix_cache_mb: int | None = None) -> Path:
-    """configs/test.toml with its [worker] section replaced (short profile, fast heartbeats) and,
-    when given, [score] prefix_cache_mb set."""
+def write_config(folder: Path, endpoint: str, queued: int = 4, prefix_cache_mb: int | None = None,
+                 worker_lines: str = "") -> Path:
+    """configs/test.toml with its [worker] section replaced (short profile, fast heartbeats, plus
+    worker_lines) and, when given, [score] prefix_cache_mb set."""
     text = (ROOT / "configs" / "test.toml").read_text()
     text = re.sub(r"(?ms)^\[worker\].*?(?=^\[|\Z)", "", text)
     if prefix_cache_mb is not None:
         text = re.sub(r"(?m)^prefix_cache_mb = .*\n", "", text)
         text = re.sub(r"(?m)^\[score\]\n", f"[score]\nprefix_cache_mb = {prefix_cache_mb}\n", text)
     path = folder / "worker-test.toml"
-    path.write_text(text + "\n" + WORKER_SECTION.format(endpoint=endpoint, queued=queued))
+    path.write_text(text + "\n" + WORKER_SECTION.format(endpoint=endpoint, queued=queued) + worker_lines)
     return path
 
 
@@ -113,9 +114,10 @@ class WorkerClient:
 class WorkerProcess:
     """A `python -m worker` subprocess; its JSON-lines log goes to a file."""
 
-    def __init__(self, artifacts: Path, folder: Path, queued: int = 4, prefix_cache_mb: int | None = None) -> None:
+    def __init__(self, artifacts: Path, folder: Path, queued: int = 4, prefix_cache_mb: int | None = None,
+                 worker_lines: str = "") -> None:
         self.endpoint = f"ipc://{folder}/worker.sock"
-        self.config = write_config(folder, self.endpoint, queued, prefix_cache_mb)
+        self.config = write_config(folder, self.endpoint, queued, prefix_cache_mb, worker_lines)
         self.log_path = folder / "worker.log"
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(

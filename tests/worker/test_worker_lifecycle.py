@@ -1,5 +1,6 @@
 """Worker lifecycle: SIGTERM and Shutdown drain (accepted batches answered, then exit 0); bad artifacts
-refused at start; a restart serves with the last fitted profile and refits in the background."""
+refused at start; a restart serves with the last fitted profile and refits in the background; a CPU
+worker over its resident limit releases free memory after a batch."""
 
 from __future__ import annotations
 
@@ -213,3 +214,31 @@ def test_an_unreadable_profile_cache_costs_only_the_fast_path(demo_artifacts, tm
     with serving(argv, endpoint, tmp_path / "second.log", client_class):
         pass
     assert logged(tmp_path / "second.log", "profile_cache_unusable") and read_events(tmp_path / "second.log", Profiled)
+
+
+def test_a_cpu_worker_over_its_resident_limit_releases_its_free_memory_after_a_batch(
+        demo_artifacts, tmp_path, worker_process_class, client_class):
+    """resident_limit_mb = 1: every CPU worker is over it, so the first batch is followed by a release
+    (worker/memory.py), logged with the resident set before and after; the next release then waits for
+    a quarter more than that release left, so a worker whose memory in use is over its limit does not
+    release after every batch."""
+    worker = worker_process_class(demo_artifacts, tmp_path, worker_lines="resident_limit_mb = 1\n")
+    client = client_class(worker.endpoint)
+    try:
+        ready = client.hello()
+        assert isinstance(ready, p.Ready), worker.log()
+        rng = np.random.default_rng(0)
+        for batch_id in (1, 2):
+            client.send(full_batch(batch_id, ready.bounds, ready.model["vocab_size"], rng))
+            reply = client.reply_to(batch_id, timeout_s=60)
+            assert isinstance(reply, p.ScoreResults) and reply.results[0].status == "ok", reply
+        assert worker.terminate() == 0, worker.log()  # drained: the compute thread has logged what it did
+    finally:
+        client.close()
+        worker.kill()
+    (loaded,) = logged(worker.log_path, "loaded")
+    assert loaded["resident_limit_mb"] == 1
+    (released,) = logged(worker.log_path, "memory_released")
+    assert released["limit_mb"] == 1 and released["released"] is True, released
+    assert 0 < released["resident_mb_after"] <= released["resident_mb_before"], released
+    assert released["next_release_above_mb"] >= released["resident_mb_after"] * 1.2, released
