@@ -28,9 +28,11 @@ buffers; when those are freed the holes cannot merge, and a later call larger th
 heap instead. Measured on the 24-layer bf16 beam node of Qwen2.5-0.5B's shapes, one 8-token prompt per
 call: with widths 4, 5, 6, ... in turn the resident set rose 10.1 GiB over 250 calls while the blocks in
 use rose 0.75 GiB; with widths drawn at random from 4-100 it rose 1.14 GiB over 200 calls, the blocks in
-use 0.49 GiB. `release_free_memory` hands every free page back to the kernel, wherever it lies in the
-heap (after 100 widths in turn: from 2.28 to 0.77 GiB above the start, in 121 ms; the next call took
-38,184 faults against some 9,000 before). A CPU worker calls it when its resident set passes a limit
+use 0.49 GiB; with both caches kept to nothing the first 100 widths in turn left the blocks in use as
+they were and raised the resident set 0.38 GiB, against 2.2-2.3 GiB, but took 91 s against 60-66.
+`release_free_memory` hands every free page back to the kernel, wherever it lies in the heap (after 100
+widths in turn: from 2.28 to 0.77 GiB above the start, in 121 ms; the next call took 38,184 faults
+against some 9,000 before). A CPU worker calls it when its resident set passes a limit
 (worker/memory.py).
 """
 
