@@ -17,27 +17,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from compile.allocator import proc_kib
+
 GIB = 2**30
 FREE_SHARE = 0.9  # of the memory available a projected call may take: the rest is the estimate's margin
 
 
-def _status_kib(*keys: str, path: str = "/proc/self/status") -> list[int] | None:
-    try:
-        fields = dict(line.split(":", 1) for line in Path(path).read_text().splitlines() if ":" in line)
-        return [int(fields[key].split()[0]) for key in keys]
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def resident() -> tuple[int, int] | None:
     """(resident bytes now, the most resident since the peak was last reset), or None."""
-    kib = _status_kib("VmRSS", "VmHWM")
+    kib = proc_kib("VmRSS", "VmHWM")
     return None if kib is None else (kib[0] * 1024, kib[1] * 1024)
 
 
 def available() -> int | None:
     """Bytes the kernel can hand out without swapping (MemAvailable), or None."""
-    kib = _status_kib("MemAvailable", path="/proc/meminfo")
+    kib = proc_kib("MemAvailable", path="/proc/meminfo")
     return None if kib is None else kib[0] * 1024
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 
 # mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1  # free heap top above this is returned to the kernel
@@ -76,6 +77,16 @@ def release_free_memory() -> bool:
         return False
     malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     return malloc_trim(0) == 1
+
+
+def proc_kib(*keys: str, path: str = "/proc/self/status") -> list[int] | None:
+    """The values of `keys` in a Linux /proc file of "Key: value kB" lines (status, meminfo), in KiB; None
+    where the file or a key cannot be read."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(path).read_text().splitlines() if ":" in line)
+        return [int(fields[key].split()[0]) for key in keys]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
 
 
 def resident_bytes() -> int | None:

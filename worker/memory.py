@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.allocator import release_free_memory, resident_bytes
+from compile.allocator import proc_kib, release_free_memory, resident_bytes
 from shared.logs import EventLog
 
 DEFAULT_SHARE = 0.8  # of the memory the process may use, when resident_limit_mb is not set
@@ -26,13 +26,8 @@ CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limi
 def memory_available_to_process(meminfo: str = "/proc/meminfo", cgroup_limits=CGROUP_LIMITS) -> int | None:
     """The memory this process may use: its cgroup's limit where one is set below the machine's memory,
     else the machine's (MemTotal); None where neither can be read."""
-    total = None
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    kib = proc_kib("MemTotal", path=meminfo)
+    total = kib[0] * 1024 if kib else None
     for path in cgroup_limits:
         try:
             text = Path(path).read_text().strip()
