@@ -25,7 +25,6 @@ beside the base precision against its peak.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 
 import torch
@@ -50,24 +49,15 @@ def family_of(name: str) -> str:
 PROFILED_CALLS = 3
 
 
-class _MallInfo2(ctypes.Structure):
-    """glibc's struct mallinfo2 (malloc.h): keepcost is the size of the heap's free top."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
 def grow_heap_top() -> None:
     """Leave the C heap a free top of touched pages just short of the size at which a heap that keeps freed
     memory trims it (compile/allocator.KEEP): a block allocated, written and freed. Outside glibc, nothing."""
-    from compile.allocator import KEEP
+    from compile.allocator import KEEP, free_top_bytes
 
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
+    top = free_top_bytes()
+    if top is None:
         return
-    mallinfo2.restype = _MallInfo2
-    room = KEEP - mallinfo2().keepcost - (64 << 20)
+    room = KEEP - top - (64 << 20)
     if room > 0:
         block = torch.ones(room, dtype=torch.uint8)
         del block

@@ -79,6 +79,23 @@ def release_free_memory() -> bool:
     return malloc_trim(0) == 1
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2 (malloc.h)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def free_top_bytes() -> int | None:
+    """The size of the main heap's free top (glibc's mallinfo2 keepcost): what a heap that keeps freed
+    memory can hand out again without growing; None where this C library has no mallinfo2."""
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    if mallinfo2 is None:
+        return None
+    mallinfo2.argtypes, mallinfo2.restype = (), _MallInfo2
+    return mallinfo2().keepcost
+
+
 def proc_kib(*keys: str, path: str = "/proc/self/status") -> list[int] | None:
     """The values of `keys` in a Linux /proc file of "Key: value kB" lines (status, meminfo), in KiB; None
     where the file or a key cannot be read."""

@@ -88,3 +88,25 @@ def test_releasing_hands_back_the_free_pages_between_blocks_in_use():
     assert left >= 2 * out["largest"], out  # more than the largest call needs: the holes did not merge
     assert out["released"] is True, out
     assert out["before"] - out["after"] >= 0.9 * left, out
+
+
+TOP_PROBE = f"""
+import ctypes, json
+from compile.allocator import free_top_bytes, keep_freed_memory
+keep_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.argtypes, libc.malloc.restype = (ctypes.c_size_t,), ctypes.c_void_p
+libc.free.argtypes = (ctypes.c_void_p,)
+block = libc.malloc({BLOCK_MB} * 2**20)  # from the heap's top; nothing is allocated above it before the free
+ctypes.memset(block, 1, {BLOCK_MB} * 2**20)
+during = free_top_bytes()
+libc.free(block)
+print(json.dumps({{"during": during, "after": free_top_bytes()}}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallinfo2 is glibc's")
+def test_a_block_freed_at_the_top_of_a_heap_that_keeps_it_becomes_its_free_top():
+    done = subprocess.run([sys.executable, "-c", TOP_PROBE], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["after"] - out["during"] >= BLOCK_MB * 2**20, out
