@@ -24,6 +24,7 @@ from gateway.http_answers import Health, Ready, WorkerState, encode_json
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import drop_reason
 from gateway.openapi import openapi_document
+from gateway.request_body import read_body
 from gateway.score_request import parse_score
 from gateway.state import Gateway, Settings
 
@@ -39,7 +40,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def make_app(settings: Settings) -> web.Application:
     """The gateway app; its parts start with the app (cleanup_ctx) and stop with it."""
     _check_template(settings)
-    app = web.Application(middlewares=[frame], client_max_size=settings.config.gateway.max_body_bytes)
+    # bodies are decompressed by gateway/request_body.py, which answers every failure in JSON
+    app = web.Application(middlewares=[frame], client_max_size=settings.config.gateway.max_body_bytes,
+                          handler_args={"auto_decompress": False})
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/score", score)
@@ -87,6 +90,8 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
         error = ApiError("internal", f"the gateway failed on request {request_id}; see its log")
     if error is not None:
         response = error_response(error, request_id)
+        if error.code == "body_timeout":  # the rest of the body may never come: do not wait to read it
+            response.force_close()
     response.headers["X-Request-Id"] = request_id
     gateway = request.app.get(GATEWAY)
     if gateway is not None:
@@ -131,17 +136,12 @@ def _http_error(exc: web.HTTPException) -> ApiError:
 
 
 async def _read_body(request: web.Request) -> bytes:
-    """The raw JSON body (decoded by its route's types): 413 over max_body_bytes, 400 when empty."""
-    limit = request.app[SETTINGS].config.gateway.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError("too_large", f"the body is {request.content_length} bytes; the limit is {limit} bytes")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError("too_large", f"the body is over the limit of {limit} bytes") from None
-    if not raw:
-        raise ApiError("invalid_request", "the body is empty; send a JSON object")
-    return raw
+    """The body (decoded by its route's types), which must arrive before the request's deadline could
+    pass: the smallest deadline its headers give, else the longest a request may have."""
+    gateway = request.app[GATEWAY]
+    max_ms = gateway.limits.max_deadline_ms
+    budget_ms = resolve_deadline_ms(None, request.headers, max_ms, max_ms)
+    return await read_body(request, gateway.settings.config.gateway.max_body_bytes, budget_ms)
 
 
 def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrived: float) -> float:

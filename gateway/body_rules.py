@@ -197,6 +197,54 @@ class Excludes:
 
 
 @dataclass(frozen=True)
+class Distinct:
+    """A list holds no value twice (labels: a repeated label would split its probability with itself)."""
+
+    field: str
+
+    @property
+    def name(self) -> str:
+        return f"distinct:{self.field}"
+
+    @property
+    def says(self) -> str:
+        return f"no entry of {self.field} twice"
+
+    def broken(self, body: Any, where: str) -> str | None:
+        seen: dict[Any, int] = {}
+        for index, value in enumerate(getattr(body, self.field) or ()):
+            if value in seen:
+                return (f"{where}.{self.field}[{index}] = {value!r} repeats {where}.{self.field}[{seen[value]}]; "
+                        "give each once")
+            seen[value] = index
+        return None
+
+    def schema(self) -> Schema:
+        return {"properties": {self.field: {"uniqueItems": True}}}
+
+
+@dataclass(frozen=True)
+class QueryUsed:
+    """/v1/score: the request's query reaches a sample (a text without a query of its own); sent with
+    none, it would be dropped without a word."""
+
+    name: str = "query_used:query,samples"
+    says: str = "a query is given only when some sample takes it: a text sample without a query of its own"
+
+    def broken(self, body: Any, where: str) -> str | None:
+        if body.query is None:
+            return None
+        if any(isinstance(item, str) or item.text is not None and item.query is None for item in body.samples):
+            return None
+        return (f"{where}.query goes before texts, but no sample takes it: every sample gives token ids or a query "
+                "of its own; remove it, or put it into the token ids")
+
+    def schema(self) -> Schema:
+        takes = {"anyOf": [{"type": "string"}, {"type": "object", "allOf": [given("text"), absent("query")]}]}
+        return {"anyOf": [absent("query"), {"properties": {"samples": {"contains": takes}}}]}
+
+
+@dataclass(frozen=True)
 class NotAbove:
     """One count may not exceed another (num_return_sequences <= beam_width), absent ones at their
     defaults. Stated in `x-rules` only: JSON Schema has no comparison of two values, and the exact

@@ -12,6 +12,8 @@ integer token id between 0 and 151935`.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -45,6 +47,7 @@ class BodyDecoder(Generic[T]):
             raise not_json(raw, error) from None
         except RecursionError:
             raise too_deep() from None
+        refuse_repeated_fields(raw)
         body_rules.check(body)
         return self._build(body)
 
@@ -63,6 +66,25 @@ class BodyDecoder(Generic[T]):
         except ApiError as error:
             return error
         return ApiError("too_large", too_large_message(self._bounded, bounded_error, raw))
+
+
+NUMBER_ARRAY = re.compile(rb"\[[0-9eE.+\-,\s]*\]")
+
+
+def refuse_repeated_fields(raw: bytes) -> None:
+    """400 when an object of the body (valid JSON) names a field twice: msgspec, like most JSON readers,
+    keeps the last and drops the others without a word, so `{"samples": [...], "samples": [...]}` would
+    lose samples. Python's JSON reader sees every pair; arrays of numbers (token ids), which hold no
+    object, are emptied first, which makes the check about 0.2 ms for 120 KB of ids."""
+    def pairs(items: list[tuple[str, Any]]) -> None:
+        names = [name for name, _ in items]
+        if len(set(names)) != len(names):
+            repeated = next(name for name in names if names.count(name) > 1)
+            raise ApiError("invalid_request", f"the body gives the field {repeated!r} {names.count(repeated)} times "
+                                              "in one object; give each field once (JSON does not say which would "
+                                              "count)")
+
+    json.loads(NUMBER_ARRAY.sub(b"[]", raw), object_pairs_hook=pairs)
 
 
 def not_json(raw: bytes, error: Exception) -> ApiError:

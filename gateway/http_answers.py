@@ -71,7 +71,10 @@ class SglangScoreAnswer(Struct, kw_only=True):
 
 
 class Candidate(Struct):
-    """One returned beam: its text, its new token ids and its score (sum of log-probabilities)."""
+    """One returned beam: its text, its new token ids and its score, the sum of its new tokens'
+    log-probabilities divided by their count raised to the checkpoint's length_penalty (its
+    generation_config; 1.0, the default: the mean log-probability per new token), as transformers'
+    beam search ranks them."""
 
     text: str
     token_ids: list[int]

@@ -24,8 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from msgspec import Meta, Struct
 
-from gateway.body_rules import (ExactlyOne, Excludes, ItemsOfQueryKind, ItemTokens, NotAbove, OnlyWhen, Rule,
-                                SampleTokens, When)
+from gateway.body_rules import (Distinct, ExactlyOne, Excludes, ItemsOfQueryKind, ItemTokens, NotAbove, OnlyWhen, Rule,
+                                QueryUsed, SampleTokens, When)
 from gateway.limits import Limits
 from shared.bounds import rule_words
 
@@ -117,7 +117,10 @@ def _score_request(f: _Fields) -> tuple[type[Struct], type[Struct]]:
             OnlyWhen("labels", LABELLED),
             OnlyWhen("label_token_ids", LABELLED),
             OnlyWhen("top_k", When("output", ("topk",), DEFAULT_OUTPUT)),
-            SampleTokens())
+            Distinct("labels"),
+            Distinct("label_token_ids"),
+            SampleTokens(),
+            QueryUsed())
         samples: Annotated[list[f.text | SampleObject], Meta(min_length=1), f.bound(
             "max_samples_per_request", "samples holds {count} samples; this deployment takes at most {bound} "
             "per request")]

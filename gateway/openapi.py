@@ -4,36 +4,36 @@ to fuzz. Only the routes, headers and statuses are written here; no body schema 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-from msgspec import Meta
 
 from gateway.body_rules import schema_of
+from gateway.deadline import ENVOY_HEADER
 from gateway.errors import ERRORS, ErrorAnswer
 from gateway.http_answers import ANSWERS
 from gateway.http_types import request_types
 from gateway.limits import Limits
 
 REF = "#/components/schemas/{name}"
-DeadlineHeader = Annotated[str, Meta(pattern="^[0-9]{1,7}$", description=(
-    "Budget in ms from arrival (gateway/deadline.py); the smallest of this, the other header and "
-    "deadline_ms wins."))]
-ERROR_STATUSES = (400, 401, 404, 413, 429, 500, 503, 504)
+DEADLINE_HEADER_SAYS = ("Budget in ms from arrival (gateway/deadline.py); the smallest of this, the other header and "
+                        "deadline_ms wins.")
+ERROR_STATUSES = tuple(sorted({status for status, _ in ERRORS.values()}))
 
 
 def openapi_document(limits: Limits) -> dict[str, Any]:
     types = request_types(limits)
     schemas, components = msgspec.json.schema_components(
-        [types.score, types.sglang_score, types.generate, ErrorAnswer, *ANSWERS, DeadlineHeader, dict[str, Any],
-         str],
+        [types.score, types.sglang_score, types.generate, ErrorAnswer, *ANSWERS, dict[str, Any], str],
         ref_template=REF)
     for struct in types.structs:  # rules across fields, declared with the types (gateway/body_rules.py)
         components[struct.__name__].update(schema_of(struct.RULES))
-    (score, sglang, generate, error, score_answer, sglang_answer, generate_answer, health, ready, header, document,
+    (score, sglang, generate, error, score_answer, sglang_answer, generate_answer, health, ready, document,
      text) = schemas
-    headers = [{"name": name, "in": "header", "required": False, "schema": header}
-               for name in ("X-Deadline-Ms", "x-envoy-expected-rq-timeout-ms")]
+    headers = [{"name": name, "in": "header", "required": False, "description": DEADLINE_HEADER_SAYS + extra,
+                "schema": {"type": "integer", "minimum": least, "maximum": limits.max_deadline_ms}}
+               for name, least, extra in (("X-Deadline-Ms", 1, ""),
+                                          (ENVOY_HEADER, 0, " Envoy's 0 means no timeout: the others decide."))]
     errors = _errors(error)
     return {
         "openapi": "3.1.0",

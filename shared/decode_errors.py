@@ -28,7 +28,7 @@ MISSING: Any = object()
 
 _AT = re.compile(r"(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?", re.DOTALL)
 _STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+|\.\.\.)\]")
-_FIELD = re.compile(r"Object (?P<kind>contains unknown|missing required) field `(?P<name>[^`]*)`")
+_FIELD = re.compile(r"Object (?P<kind>contains unknown|missing required) field `(?P<name>.*)`", re.DOTALL)
 _DICT_KEY = "..."  # msgspec's step into a dict's value: it does not say which key
 
 
@@ -78,7 +78,8 @@ class FieldError:
             name = named["name"]
             if named["kind"] == "contains unknown":
                 known = ", ".join(_field_name(f) for f in self.type.fields)
-                return f"unknown {style.field} {name!r} in {place}; known {style.field}s: {known}"
+                shown = name if len(name) <= 80 else name[:77] + "..."  # a name can be as long as the body
+                return f"unknown {style.field} {shown!r} in {place}; known {style.field}s: {known}"
             wanted = next((f.type for f in self.type.fields if _field_name(f) == name), None)
             inside = self.where(style)
             return (f"missing required {style.field} {inside + '.' if inside else ''}{name}"

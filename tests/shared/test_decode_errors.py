@@ -58,6 +58,15 @@ def test_unknown_and_missing_fields_name_the_known_ones_and_the_type_wanted():
         "missing required field $.rows (a list of arrays of its 2 fields name, count (the first 1 required))")
 
 
+def test_an_unknown_field_is_named_whatever_its_characters_and_a_long_name_is_shortened():
+    sent = {"rows": [], "a`b": 1}
+    assert locate(error_of(Body, sent), Body, sent).message() == (
+        "unknown field 'a`b' in the request body ($); known fields: rows, kind, item")
+    sent = {"rows": [], "x" * 1000: 1}
+    assert locate(error_of(Body, sent), Body, sent).message() == (
+        f"unknown field '{'x' * 77}...' in the request body ($); known fields: rows, kind, item")
+
+
 def test_without_the_value_sent_the_place_and_the_rule_are_still_said():
     sent = {"rows": [[""]]}
     error = locate(error_of(Body, sent), Body)
