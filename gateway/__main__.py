@@ -28,7 +28,7 @@ from gateway.state import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.config import ConfigError, DeploymentConfig, load_config
-from shared.manifest import read_manifest
+from shared.manifest import read_manifest, refuse_config_differences
 
 log = logging.getLogger("gateway")
 HANDLER_GRACE_S = 2.0
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(config: DeploymentConfig, artifacts: Path) -> Settings:
     manifest = read_manifest(artifacts)
+    refuse_config_differences(manifest, config, "cpu" in config.worker.devices, artifacts)
     token = None
     if config.gateway.auth_token_env:
         token = os.environ.get(config.gateway.auth_token_env)
@@ -77,7 +78,12 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     await runner.setup()
     gw = settings.config.gateway
     site = web.TCPSite(runner, gw.host, gw.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # the port is taken, the address is not this machine's, ...
+        log.error("cannot start: cannot listen on %s:%s: %s", gw.host, gw.port, exc.strerror or exc)
+        await runner.cleanup()
+        return 2
     gateway = app[GATEWAY]
     supervisor = None
     if args.spawn_workers:

@@ -39,7 +39,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def make_app(settings: Settings) -> web.Application:
     """The gateway app; its parts start with the app (cleanup_ctx) and stop with it."""
-    _check_template(settings)
     # bodies are decompressed by gateway/request_body.py, which answers every failure in JSON
     app = web.Application(middlewares=[frame], client_max_size=settings.config.gateway.max_body_bytes,
                           handler_args={"auto_decompress": False})
@@ -52,15 +51,6 @@ def make_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     return app
-
-
-def _check_template(settings: Settings) -> None:
-    template = settings.config.score.prompt_template
-    if template is not None:
-        try:
-            template.format_map({"text": "", "query": ""})
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"score.prompt_template {template!r} may only use {{text}} and {{query}}: {exc}") from None
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -30,7 +30,11 @@ class RequestTokenizer:
         path = Path(artifacts_dir) / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: the artifacts folder must hold the checkpoint's tokenizer.json")
-        return cls(Tokenizer.from_file(str(path)))
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers library raises a bare Exception for a file it cannot read
+            raise ValueError(f"{path} is not a tokenizer the tokenizers library reads: {exc}") from None
+        return cls(tokenizer)
 
     @property
     def vocab_size(self) -> int:

@@ -130,6 +130,12 @@ class ScoreConfig:
     def validate(self) -> None:
         if self.mlp_head is not None:
             self.mlp_head.validate()
+        if self.prompt_template is not None:
+            try:
+                self.prompt_template.format_map({"text": "", "query": ""})
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(f"score.prompt_template {self.prompt_template!r} may only use {{text}} and "
+                                  f"{{query}} (a literal brace doubled: {{{{ }}}}): {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,8 @@ class WorkerConfig:
     the process may use (its cgroup's limit, else the machine's); 0: never."""
 
     def validate(self) -> None:
+        if not self.endpoints:
+            raise ConfigError("worker.endpoints is empty: a deployment needs at least one worker")
         if len(self.endpoints) != len(self.devices):
             raise ConfigError(
                 f"worker.endpoints ({len(self.endpoints)}) and worker.devices ({len(self.devices)}) "
@@ -206,8 +214,9 @@ class GatewayConfig:
     answers them, not Python, so a long compiled call does not count) is declared lost within this
     long; a request sent to a worker that never answers gets 504 this long after its deadline."""
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 << 20
-    auth_token_env: str | None = None
-    """Name of an environment variable holding a bearer token; unset means no auth."""
+    auth_token_env: Annotated[str, Meta(min_length=1)] | None = None
+    """Name of an environment variable holding a bearer token; unset means no auth (an empty name is
+    refused rather than taken for unset)."""
     max_samples_per_request: Annotated[int, Meta(ge=1, le=4096)] = 64
     """Scoring: samples one request may carry; a request larger than a batch is split across batches."""
     max_deadline_ms: Positive = 60_000
@@ -284,9 +293,15 @@ def load_config(path: str | Path) -> DeploymentConfig:
     """Read and validate a TOML deployment config."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a folder, not a config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text, as TOML must be: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_config(raw, source=str(path))

@@ -9,14 +9,18 @@ always tolerated (no max_prefix_tokens, no static prefix, no gemm). Pure Python:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from shared.bounds import Bounds
 from shared.decode_errors import Style, locate
+
+if TYPE_CHECKING:
+    from shared.config import DeploymentConfig
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 3
@@ -191,6 +195,33 @@ def read_manifest(folder: str | Path) -> Manifest:
         raise ManifestError(f"{path} not found: build the artifacts first with "
                             f"`python -m compile --config ... --out {folder}`") from None
     return parse_manifest(raw, str(path))
+
+
+def config_differences(manifest: Manifest, config: DeploymentConfig, cpu: bool) -> list[str]:
+    """What `config` asks of the artifacts that they were not built for, in words: each bound that
+    differs from the compiled one, and (`cpu`: a CPU worker serves them) a CPU thread count other than
+    the packages were compiled for. Empty: they agree. The gateway and the worker both refuse to
+    start on a difference rather than serve the compiled values under the config's names."""
+    found = []
+    if manifest.bounds is not None:
+        wanted = config.bounds.resolved()
+        found += [f"bounds.{f.name} = {getattr(wanted, f.name)}, but they were compiled for "
+                  f"{getattr(manifest.bounds, f.name)}"
+                  for f in dataclasses.fields(Bounds) if getattr(wanted, f.name) != getattr(manifest.bounds, f.name)]
+    if cpu and manifest.cpu_threads != config.worker.cpu_threads:
+        found.append(f"worker.cpu_threads = {config.worker.cpu_threads}, but the packages were compiled for "
+                     f"{manifest.cpu_threads} CPU thread(s) per call")
+    return found
+
+
+def refuse_config_differences(manifest: Manifest, config: DeploymentConfig, cpu: bool, artifacts: str | Path,
+                              error: type[Exception] = ManifestError) -> None:
+    """Raise `error` naming every difference `config_differences` finds (none: nothing)."""
+    found = config_differences(manifest, config, cpu)
+    if found:
+        raise error(f"the artifacts in {artifacts} were built for another config: {'; '.join(found)}. Rebuild "
+                    "them with this config (python -m compile --config ...), or serve them with the config they "
+                    "were built with")
 
 
 def manifest_json(manifest: Manifest) -> bytes:

@@ -35,6 +35,10 @@ def test_shipped_configs_are_valid(path):
     ({"beam": {"enabled": True}, "name": 5}, "name = 5 must be a string"),
     ({"score": {"prefix_cache_mb": -1}}, "score.prefix_cache_mb = -1 must be an integer between 0 and 1048576"),
     ({"score": {"prefix_cache_mb": 1.5}}, "score.prefix_cache_mb = 1.5 must be an integer"),
+    ({"score": {"prompt_template": "Q: {query"}}, "score.prompt_template 'Q: {query' may only use {text} and {query}"),
+    ({"score": {"prompt_template": "{user}: {text}"}}, "may only use {text} and {query}.*'user'"),
+    ({"gateway": {"auth_token_env": ""}}, "gateway.auth_token_env = \"\" must be a string of at least 1 character"),
+    ({"worker": {"endpoints": [], "devices": []}}, "worker.endpoints is empty: a deployment needs at least one worker"),
 ])
 def test_bad_values_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -44,6 +48,15 @@ def test_bad_values_name_the_field(raw, message):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_a_folder_or_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=f"{tmp_path}: a folder, not a config file"):
+        load_config(tmp_path)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'[gateway]\nhost = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=f"{latin}: not UTF-8 text"):
+        load_config(latin)
 
 
 def test_numbers_and_lists_take_their_declared_types():

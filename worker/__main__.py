@@ -54,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         config = load_config(args.config)
-        entry = args.index if 0 <= args.index < len(config.worker.endpoints) else 0
-        endpoint = args.endpoint or config.worker.endpoints[entry]
-        device = args.device or config.worker.devices[entry]
+        entries = len(config.worker.endpoints)
+        if not 0 <= args.index < entries:
+            raise ConfigError(f"--index {args.index}: {args.config} has {entries} [worker] entr"
+                              f"{'y' if entries == 1 else 'ies'}, 0 to {entries - 1}")
+        endpoint = args.endpoint or config.worker.endpoints[args.index]
+        device = args.device or config.worker.devices[args.index]
         from worker.startup import build_server  # imports torch: after argument errors are reported
 
         server = build_server(config, args.artifacts, device, endpoint, worker_id, log, _profile_folder(args))

@@ -22,7 +22,7 @@ from compile.runtime import load_nodes
 from shared.bounds import Bounds
 from shared.config import DeploymentConfig, WorkerConfig
 from shared.events import Profiled, ProfileReused
-from shared.manifest import Manifest
+from shared.manifest import Manifest, refuse_config_differences
 from shared.protocol import PROTOCOL_VERSION, Ready
 from worker.compute import ComputePool
 from worker import profile_cache
@@ -44,8 +44,8 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
                  worker_id: str, log: JsonLog, profile_folder: Path | None = None) -> WorkerServer:
     """Everything a worker does before serving; refuses artifacts built for another machine.
     `profile_folder`: where the last fitted profile is kept (None: always profile before serving)."""
+    refuse_config_differences(read_manifest(Path(artifacts)), config, device == "cpu", artifacts, ArtifactMismatch)
     if device == "cpu":
-        refuse_other_threads(read_manifest(Path(artifacts)), config.worker)
         torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
         if not keep_freed_memory():  # else every call faults its buffers in again (compile/allocator.py)
             log.warning("allocator_default", reason="this C library has no mallopt: calls fault fresh memory in")
@@ -78,17 +78,6 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     resident = ResidentLimit(limit, log) if limit is not None else None
     pool_factory = functools.partial(ComputePool, lanes, workloads, log, resident=resident)
     return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory, prefix_cache)
-
-
-def refuse_other_threads(manifest: Manifest, config: WorkerConfig) -> None:
-    """A CPU package runs on the thread count it was compiled for (compile/build.py): a worker
-    configured for another refuses to start, naming both."""
-    compiled = manifest.cpu_threads
-    if compiled != config.cpu_threads:
-        raise ArtifactMismatch(
-            f"the artifacts were compiled for {compiled} CPU thread(s) per call but [worker] cpu_threads = "
-            f"{config.cpu_threads}; set cpu_threads = {compiled} or rebuild the artifacts with this config"
-        )
 
 
 def _profiles(plans: dict[str, Plan], lanes: list, bounds: Bounds, config: WorkerConfig, cache: Path | None,

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from shared.bounds import Bounds
-from shared.manifest import Manifest, ManifestError, parse_manifest, read_manifest, manifest_json
+from shared.manifest import (Manifest, ManifestError, config_differences, manifest_json, parse_manifest, read_manifest,
+                             refuse_config_differences)
 
 BUILT = {
     "format_version": 1, "name": "demo", "build_key": "k", "dtype": "float32",
@@ -68,3 +69,18 @@ def test_reading_a_folder_without_a_manifest_says_how_to_build_one(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(BUILT))
     assert read_manifest(tmp_path).bounds == Bounds(**BUILT["bounds"])
     assert isinstance(read_manifest(tmp_path), Manifest)
+
+
+def test_a_config_is_compared_with_what_the_artifacts_were_built_for():
+    from shared.config import parse_config
+
+    manifest = parse_manifest(json.dumps({**BUILT, "cpu_threads": 2}))
+    same = parse_config({"bounds": BUILT["bounds"], "worker": {"cpu_threads": 2}})
+    assert config_differences(manifest, same, cpu=True) == []
+    other = parse_config({"bounds": {**BUILT["bounds"], "max_labels": 8}, "worker": {"cpu_threads": 1}})
+    assert config_differences(manifest, other, cpu=True) == [
+        "bounds.max_labels = 8, but they were compiled for 4",
+        "worker.cpu_threads = 1, but the packages were compiled for 2 CPU thread(s) per call"]
+    assert config_differences(manifest, other, cpu=False) == ["bounds.max_labels = 8, but they were compiled for 4"]
+    with pytest.raises(ManifestError, match="the artifacts in art were built for another config: bounds.max_labels"):
+        refuse_config_differences(manifest, other, True, "art")

@@ -1,0 +1,89 @@
+"""`python -m gateway` and `python -m worker` refuse to start, exit 2 with one line saying why, on
+artifacts built for another config, a port already taken, a tokenizer file they cannot read and a
+worker entry the config does not have; never a traceback, never serving under wrong limits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec.structs
+import socket
+
+import pytest
+
+from gateway.__main__ import main as gateway_main
+from gateway.tokenizer import RequestTokenizer
+from loadgen.standin_worker import BOUNDS as STANDIN_BOUNDS
+from loadgen.standin_worker import standin_manifest
+from shared.manifest import MANIFEST, manifest_json
+from worker.__main__ import main as worker_main
+
+CONFIG = """
+[bounds]
+{bounds}
+[worker]
+endpoints = ["ipc:///tmp/boundserve-startup-test-0"]
+devices = ["cpu"]
+cpu_threads = {threads}
+[gateway]
+port = {port}
+access_log = false
+"""
+
+
+def artifacts(folder, tokenizer_dir, request_tokenizer, **manifest):
+    """An artifacts folder holding what the gateway reads: the stand-in's manifest and a tokenizer."""
+    folder.mkdir()
+    built = msgspec.structs.replace(standin_manifest(request_tokenizer.vocab_size), cpu_threads=2, **manifest)
+    (folder / MANIFEST).write_bytes(manifest_json(built))
+    (folder / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    return folder
+
+
+def config(tmp_path, max_labels, threads=2, port=0):
+    """A config whose bounds are the stand-in's but for max_labels."""
+    bounds = {**dataclasses.asdict(STANDIN_BOUNDS), "max_labels": max_labels}
+    lines = "\n".join(f"{name} = {value}" for name, value in bounds.items() if value is not None)
+    path = tmp_path / "deploy.toml"
+    path.write_text(CONFIG.format(bounds=lines, threads=threads, port=port))
+    return str(path)
+
+
+def refusal(capfd) -> str:
+    """What the gateway's log said (JSON lines on stderr)."""
+    return capfd.readouterr().err
+
+
+def test_artifacts_built_for_other_bounds_or_threads_are_refused_naming_each(tmp_path, tokenizer_dir,
+                                                                             request_tokenizer, capfd):
+    folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
+    compiled = STANDIN_BOUNDS.max_labels
+    assert gateway_main(["--config", config(tmp_path, compiled + 1, threads=1), "--artifacts", str(folder)]) == 2
+    said = refusal(capfd)
+    assert "cannot start" in said and "were built for another config" in said, said
+    assert f"bounds.max_labels = {compiled + 1}, but they were compiled for {compiled}" in said
+    assert "worker.cpu_threads = 1, but the packages were compiled for 2" in said
+
+
+def test_a_port_already_taken_is_refused_in_one_line(tmp_path, tokenizer_dir, request_tokenizer, capfd):
+    folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
+    compiled = STANDIN_BOUNDS.max_labels
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert gateway_main(["--config", config(tmp_path, compiled, port=port), "--artifacts", str(folder)]) == 2
+    said = refusal(capfd)
+    assert f"cannot listen on 127.0.0.1:{port}" in said and "in use" in said, said
+
+
+def test_a_tokenizer_file_that_does_not_read_is_named(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not a tokenizer")
+    with pytest.raises(ValueError, match="tokenizer.json is not a tokenizer the tokenizers library reads"):
+        RequestTokenizer.from_artifacts(tmp_path)
+
+
+@pytest.mark.parametrize("index", ["1", "-1"])
+def test_a_worker_index_the_config_does_not_have_is_refused(tmp_path, capsys, index):
+    assert worker_main(["--config", config(tmp_path, 8), "--artifacts", str(tmp_path), "--index", index]) == 2
+    assert f"--index {index}: {tmp_path / 'deploy.toml'} has 1 [worker] entry, 0 to 0" in capsys.readouterr().err
