@@ -249,6 +249,12 @@ class GatewayConfig:
     """Serving order of the queue: deadline (earliest deadline first) or arrival (first come, first
     served; for baselines). Either way a request expires (504) when its deadline passes in the queue."""
 
+    def validate(self) -> None:
+        for name in ("score_deadline_ms", "generate_deadline_ms"):
+            if getattr(self, name) > self.max_deadline_ms:
+                raise ConfigError(f"gateway.{name} = {getattr(self, name)} is over gateway.max_deadline_ms = "
+                                  f"{self.max_deadline_ms}: a route's default deadline must be one a request may ask for")
+
 
 @dataclass(frozen=True)
 class DeploymentConfig:
@@ -272,6 +278,11 @@ class DeploymentConfig:
                     value.validate()
                 except InvalidBounds as exc:
                     raise ConfigError(str(exc)) from None
+        kinds = sorted({device.split(":")[0] for device in self.worker.devices})
+        if kinds != [self.model.device]:
+            raise ConfigError(f"worker.devices {list(self.worker.devices)} do not match model.device = "
+                              f"{self.model.device!r}: the packages are compiled for one kind of device, the one every "
+                              "worker runs them on")
         if not (self.score.enabled or self.beam.enabled):
             raise ConfigError("at least one of score.enabled and beam.enabled must be true")
         if self.quantize.int8 and self.model.device != "cpu":

@@ -39,6 +39,9 @@ def test_shipped_configs_are_valid(path):
     ({"score": {"prompt_template": "{user}: {text}"}}, "may only use {text} and {query}.*'user'"),
     ({"gateway": {"auth_token_env": ""}}, "gateway.auth_token_env = \"\" must be a string of at least 1 character"),
     ({"worker": {"endpoints": [], "devices": []}}, "worker.endpoints is empty: a deployment needs at least one worker"),
+    ({"worker": {"devices": ["cuda:0"]}}, "worker.devices \\['cuda:0'\\] do not match model.device = 'cpu'"),
+    ({"model": {"device": "cuda"}}, "worker.devices \\['cpu'\\] do not match model.device = 'cuda'"),
+    ({"gateway": {"score_deadline_ms": 100_000}}, "gateway.score_deadline_ms = 100000 is over gateway.max_deadline_ms"),
 ])
 def test_bad_values_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -60,7 +63,8 @@ def test_a_folder_or_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_pat
 
 
 def test_numbers_and_lists_take_their_declared_types():
-    config = parse_config({"worker": {"profile_budget_s": 2, "endpoints": ["tcp://h:1"], "devices": ["cuda:0"]}})
+    config = parse_config({"model": {"device": "cuda"},
+                           "worker": {"profile_budget_s": 2, "endpoints": ["tcp://h:1"], "devices": ["cuda:0"]}})
     assert config.worker.profile_budget_s == 2.0 and isinstance(config.worker.profile_budget_s, float)
     assert config.worker.endpoints == ("tcp://h:1",) and config.worker.devices == ("cuda:0",)
 

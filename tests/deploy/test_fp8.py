@@ -91,4 +91,4 @@ def test_model_fp8_on_a_cpu_build_is_refused_pointing_to_int8():
 
     with pytest.raises(ConfigError, match=r"model\.fp8 = true is for GPU builds.*quantize\.int8 = true"):
         parse_config({"model": {"fp8": True, "device": "cpu"}})
-    assert parse_config({"model": {"fp8": True, "device": "cuda"}}).model.fp8
+    assert parse_config({"model": {"fp8": True, "device": "cuda"}, "worker": {"devices": ["cuda:0"]}}).model.fp8
