@@ -22,9 +22,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return HANDLERS[args.command](args)
-    except (TraceError, ValueError, TimeoutError, RuntimeError) as exc:
-        print(f"loadgen {args.command}: error: {exc}", file=sys.stderr)
+    except (TraceError, ValueError, OSError, RuntimeError) as exc:
+        print(f"loadgen {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
+
+
+def _message(exc: Exception) -> str:
+    """One line naming the problem: a file error as `path: reason` (e.g. "t.jsonl: Is a directory")."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
 
 
 if __name__ == "__main__":

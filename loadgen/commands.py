@@ -11,9 +11,10 @@ from typing import Any
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.importers import ImportOptions, import_trace
 from loadgen.replayer import ReplayOptions, run_replay
-from loadgen.simulator import KNOBS, SimSettings, simulate
+from loadgen.simulator import SimSettings, simulate
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import Trace, read_trace, write_trace
+from loadgen.tuner import TUNABLE, check_knobs
 
 OFFLINE_HEADROOM = 0.85
 """Offline, a candidate's simulated percentile must stay within this x the SLO (the simulator's target
@@ -74,9 +75,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from loadgen.sweep import sweep, sweep_table
 
     trace = read_trace(args.trace)
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
     evaluate = _trace_evaluator(args)
-    result = sweep(trace, rates, evaluate, args.slo_ms, args.pct, args.refine,
+    result = sweep(trace, args.rates, evaluate, args.slo_ms, args.pct, args.refine,
                    on_row=lambda row: print(f"  rate {row['target_rps']:.1f}/s: attainment "
                                             f"{row['attainment']:.3f}", file=sys.stderr))
     out = Path(args.out_dir)
@@ -97,6 +97,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     axes = parse_grid(args.grid) or default_grid(trace, args.slo_ms, offline=args.offline)
     candidates = grid(axes)
+    check_grid(args, axes, candidates)
     print(f"tuning {len(candidates)} candidates ({'simulated' if args.offline else 'live'})", file=sys.stderr)
     evaluate = _candidate_evaluator(args, trace)
     headroom = args.headroom if args.headroom is not None else (OFFLINE_HEADROOM if args.offline else 1.0)
@@ -137,9 +138,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     options = ValidateOptions(
         trace_path=args.trace, config_path=args.config, artifacts=args.artifacts,
-        levels=tuple(float(x) for x in args.levels.split(",") if x.strip()), duration_s=args.duration_s,
-        slo_ms=args.slo_ms, calibration_requests=args.calibration_requests,
-        label_token_ids=tuple(int(x) for x in args.label_token_ids.split(",") if x.strip()),
+        levels=tuple(args.levels), duration_s=args.duration_s, slo_ms=args.slo_ms,
+        calibration_requests=args.calibration_requests, label_token_ids=tuple(args.label_token_ids),
     )
     summary = validate(options, args.out_dir)
     for row in summary["levels"]:
@@ -161,16 +161,43 @@ def _short(summary: dict[str, Any]) -> dict[str, Any]:
                        "capacity_rps": summary["capacity_rps"], "slo_ms": summary["slo_ms"]})
 
 
-def parse_grid(items: list[str]) -> dict[str, list[float]]:
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    """--grid NAME=v1,v2,... items as axes; each value typed as TOML types it (see grid_value). Their
+    ranges are checked against the base config by check_grid."""
     axes = {}
     for item in items:
         name, sep, values = item.partition("=")
-        if not sep or not values:
+        parts = [v.strip() for v in values.split(",")]
+        if not sep or not all(parts):
             raise ValueError(f"--grid {item!r}: expected NAME=v1,v2,...")
-        if name not in KNOBS:
-            raise ValueError(f"--grid {name!r} is not a setting; known: {', '.join(KNOBS)}")
-        axes[name] = [float(v) for v in values.split(",")]
+        if name not in TUNABLE:
+            raise ValueError(f"--grid {name!r} is not a setting; known: {', '.join(TUNABLE)}")
+        axes[name] = [grid_value(v) for v in parts]
     return axes
+
+
+def grid_value(text: str) -> int | float | bool | str:
+    """A --grid value as TOML types it: an integer, a number, true or false; else the word itself (a
+    choice such as queue_order's), which the setting's own rules accept or refuse."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text, text)
+
+
+def check_grid(args: argparse.Namespace, axes: dict[str, list[Any]], candidates: list[dict[str, Any]]) -> None:
+    """Refuse, before anything runs, a grid value or candidate that the deployment config's rules (or,
+    for the simulated world's knobs, their ranges) refuse, on the base --config or the defaults."""
+    from shared.config import DeploymentConfig, load_config
+
+    base = load_config(args.config) if args.config else DeploymentConfig()
+    for name, values in axes.items():
+        for value in values:
+            check_knobs({name: value}, base, f"--grid {name}={value}")
+    for knobs in candidates:
+        check_knobs(knobs, base, "--grid candidate " + ", ".join(f"{k}={v}" for k, v in knobs.items()))
 
 
 def default_grid(trace: Trace, slo_ms: float, offline: bool) -> dict[str, list[float]]:
@@ -178,7 +205,7 @@ def default_grid(trace: Trace, slo_ms: float, offline: bool) -> dict[str, list[f
     routes = {r.route for r in trace.records if r.deadline_ms is None}
     axes: dict[str, list[float]] = {"max_batch_wait_ms": [0.0, 1.0, 2.0, 5.0], "admission_margin_ms": [0.0, 1.0, 3.0]}
     for route in sorted(routes):
-        axes[f"{route}_deadline_ms"] = [round(slo_ms * f) for f in (0.5, 0.75, 1.0)]
+        axes[f"{route}_deadline_ms"] = sorted({max(1, round(slo_ms * f)) for f in (0.5, 0.75, 1.0)})
     return axes
 
 
@@ -191,7 +218,7 @@ def base_settings(args: argparse.Namespace) -> SimSettings:
         settings = SimSettings.from_config(load_config(args.config), **world)
     else:
         settings = SimSettings(**world)
-    return settings.with_knobs({"workers": args.workers}) if args.workers else settings
+    return settings if args.workers is None else settings.with_knobs({"workers": args.workers})
 
 
 def _service(args: argparse.Namespace):
@@ -238,10 +265,9 @@ def _capacity(args: argparse.Namespace, trace: Trace, knobs: dict[str, Any]) -> 
 
 
 def _bodies(args: argparse.Namespace) -> BodyFactory:
-    labels = tuple(int(x) for x in args.label_token_ids.split(",") if x.strip())
     return BodyFactory(BodyOptions(
-        mode=args.body_mode, tokenizer_path=args.tokenizer, label_token_ids=labels, output=args.output,
-        top_k=args.top_k, beam_width=args.beam_width, max_new_tokens=args.max_new_tokens,
+        mode=args.body_mode, tokenizer_path=args.tokenizer, label_token_ids=tuple(args.label_token_ids),
+        output=args.output, top_k=args.top_k, beam_width=args.beam_width, max_new_tokens=args.max_new_tokens,
         num_return_sequences=args.num_return_sequences, deadline_ms=args.deadline_ms,
     ))
 

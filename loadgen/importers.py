@@ -62,9 +62,11 @@ class ImportOptions:
             raise ValueError(f"route must be score, generate or mix, got {self.route!r}")
         if not 0.0 <= self.score_fraction <= 1.0:
             raise ValueError(f"score_fraction must be in [0, 1], got {self.score_fraction}")
-        for name in ("samples_per_request", "max_tokens_per_sample", "max_prompt_tokens", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
+        for name in ("samples_per_request", "max_tokens_per_sample", "max_prompt_tokens", "max_new_tokens",
+                     "beam_width", "limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def import_trace(path: str | Path, fmt: str, options: ImportOptions = ImportOptions()) -> Trace:
@@ -86,7 +88,7 @@ def import_trace(path: str | Path, fmt: str, options: ImportOptions = ImportOpti
     if not rows:
         raise TraceError(f"{path}: no rows")
     rows.sort(key=lambda r: r[0])
-    rows = rows[: options.limit] if options.limit else rows
+    rows = rows if options.limit is None else rows[: options.limit]
     start = rows[0][0]
     rng = random.Random(options.seed)
     records, clipped = [], 0

@@ -55,6 +55,19 @@ class SynthSpec:
             raise ValueError("gamma arrivals need cv > 0")
         if self.burst_size < 1 or not 0.0 <= self.score_fraction <= 1.0:
             raise ValueError("burst_size must be >= 1 and score_fraction in [0, 1]")
+        for mean, high in (("samples", "max_samples"), ("tokens_per_sample", "max_tokens_per_sample"),
+                           ("prompt_tokens", "max_prompt_tokens")):
+            if not 1 <= getattr(self, mean) <= getattr(self, high):
+                raise ValueError(f"{mean} = {getattr(self, mean)} must be between 1 and {high} "
+                                 f"({getattr(self, high)}): every length is drawn in that range")
+        for name in ("beam_width", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("samples_cv", "tokens_cv", "prompt_cv", "burst_spread_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.deadline_ms is not None and self.deadline_ms < 0:
+            raise ValueError(f"deadline_ms must be >= 0, got {self.deadline_ms}")
 
 
 def synthesize(spec: SynthSpec) -> Trace:

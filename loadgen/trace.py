@@ -145,6 +145,8 @@ def read_trace(path: str | Path) -> Trace:
         try:
             raw = json.loads(line)
             if isinstance(raw, dict) and set(raw) == {"meta"}:
+                if not isinstance(raw["meta"], dict):
+                    raise TraceError(f"meta must be a JSON object, got {type(raw['meta']).__name__}")
                 meta.update(raw["meta"])
                 continue
             records.append(parse_record(raw))

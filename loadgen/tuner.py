@@ -24,6 +24,7 @@ import tomli_w
 from loadgen.result import RequestResult
 from loadgen.stats import percentile, summarize
 from shared.bounds import Bounds
+from shared.config import ConfigError, DeploymentConfig
 
 Evaluator = Callable[[dict[str, Any]], list[RequestResult]]
 GATEWAY_KEYS = ("max_batch_wait_ms", "max_queue_tokens", "admission_margin_ms", "score_deadline_ms",
@@ -32,6 +33,16 @@ BOUNDS_KEYS = tuple(f.name for f in dataclasses.fields(Bounds))
 """Knobs that are [bounds] (shared/bounds.py), under their own names; all are integers."""
 INT_KEYS = ("max_queue_tokens", "score_deadline_ms", "generate_deadline_ms", "workers", *BOUNDS_KEYS)
 """Settings shared/config.py declares as integers (TOML must carry them as integers)."""
+CONFIG_KNOBS = {**{k: ("gateway", k) for k in GATEWAY_KEYS}, **{k: ("bounds", k) for k in BOUNDS_KEYS},
+                "max_inflight_batches": ("gateway", "max_inflight_batches_per_worker"),
+                "worker_timeout_ms": ("gateway", "worker_timeout_ms"),
+                "min_shared_prefix_tokens": ("score", "min_shared_prefix_tokens")}
+"""Knobs that are deployment-config keys, as (section, key): shared/config.py's own rules judge their values."""
+WORLD_KNOBS = {"workers": (int, 1), "max_batch_requests": (int, 0), "static_prefix_tokens": (int, 0),
+               "prefix_cache_tokens": (int, 0), "default_beam_width": (int, 1), "seed": (int, 0),
+               "request_overhead_ms": (float, 0), "batch_overhead_ms": (float, 0), "gateway_ms_per_request": (float, 0)}
+"""Knobs of the simulated world (loadgen/simulator.SimSettings) outside the config: (type, least value)."""
+TUNABLE = (*CONFIG_KNOBS, *WORLD_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,29 @@ def grid(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """The cartesian product of the axes, in order (the last axis varies fastest)."""
     names = list(axes)
     return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def check_knobs(knobs: Mapping[str, Any], base: DeploymentConfig, source: str) -> None:
+    """Raise ValueError, starting with `source`, naming the first knob whose value its rules refuse:
+    config keys by shared/config.py's (types, ranges and the rules across fields, with `base` for the
+    keys not given), world knobs by WORLD_KNOBS. Runs before any candidate is evaluated, so that a
+    bad value is refused, not simulated or sent to a gateway."""
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in knobs.items():
+        if name in CONFIG_KNOBS:
+            section, key = CONFIG_KNOBS[name]
+            sections.setdefault(section, {})[key] = value
+        elif name in WORLD_KNOBS:
+            kind, low = WORLD_KNOBS[name]
+            if isinstance(value, bool) or not isinstance(value, (int, kind)) or value < low:
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"{source}: {name} = {value!r} must be {what} of at least {low}")
+        else:
+            raise ValueError(f"{source}: {name!r} is not a setting; known: {', '.join(TUNABLE)}")
+    try:
+        base.replace(**{name: dataclasses.replace(getattr(base, name), **keys) for name, keys in sections.items()})
+    except ConfigError as exc:
+        raise ValueError(f"{source}: {exc}") from None
 
 
 def score_candidate(knobs: dict[str, Any], results: list[RequestResult], slo_ms: float,

@@ -1,0 +1,156 @@
+"""Bad input to `python -m loadgen`: exit status 2 and one line naming the option, file or line and the
+problem, before any work is done; nothing asked for is rewritten or ignored."""
+
+import json
+
+import pytest
+
+from loadgen.__main__ import main
+from loadgen.importers import ImportOptions, import_trace
+from loadgen.synth import SynthSpec, synthesize
+from loadgen.trace import TraceError, read_trace, write_trace
+
+OFFLINE = ["--offline", "--latency-model", "0,0.01,0.2,2"]
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n1,30,3\n2,40,5\n3,50,2\n"
+
+
+@pytest.fixture
+def files(tmp_path):
+    """{name: path}: a trace, an Azure CSV, a plain file and a folder, for the command lines below."""
+    trace = tmp_path / "t.jsonl"
+    write_trace(synthesize(SynthSpec(duration_s=1, score_fraction=0.5)), trace)
+    (tmp_path / "az.csv").write_text(AZURE)
+    (tmp_path / "afile").write_text("not a folder\n")
+    return {"trace": str(trace), "csv": str(tmp_path / "az.csv"), "file": str(tmp_path / "afile"),
+            "dir": str(tmp_path), "out": str(tmp_path / "out.jsonl")}
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run the CLI, assert it exits with status 2 and no traceback, and return its one error line."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+USAGE = [
+    (["replay", "--trace", "{trace}", "--bin-s", "0"], "argument --bin-s: must be a number > 0, got '0'"),
+    (["synth", "--out", "{out}", "--samples", "0"], "argument --samples: must be an integer >= 1"),
+    (["synth", "--out", "{out}", "--tokens-per-sample", "-3"], "argument --tokens-per-sample: must be an integer >= 1"),
+    (["synth", "--out", "{out}", "--beam-width", "0"], "argument --beam-width: must be an integer >= 1"),
+    (["synth", "--out", "{out}", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["synth", "--out", "{out}", "--deadline-ms", "-5"], "argument --deadline-ms: must be a number >= 0"),
+    (["import", "{csv}", "--format", "azure", "--out", "{out}", "--limit", "-1"], "argument --limit: must be an "
+                                                                                   "integer >= 1, got '-1'"),
+    (["import", "{csv}", "--format", "azure", "--out", "{out}", "--limit", "0"], "argument --limit: must be an "
+                                                                                  "integer >= 1, got '0'"),
+    (["import", "{csv}", "--format", "azure", "--out", "{out}", "--route", "generate", "--beam-width", "0"],
+     "argument --beam-width: must be an integer >= 1"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates", "10", "--workers", "0", *OFFLINE],
+     "argument --workers: must be an integer >= 1, got '0'"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates", "10", "--workers", "-2", *OFFLINE],
+     "argument --workers: must be an integer >= 1, got '-2'"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates=-10,0", *OFFLINE],
+     "argument --rates: must be comma-separated numbers > 0; '-10' in '-10,0' is not one"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates", "10,abc", *OFFLINE],
+     "argument --rates: must be comma-separated numbers > 0; 'abc' in '10,abc' is not one"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates=,", *OFFLINE],
+     "argument --rates: must be comma-separated numbers > 0, got ','"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates", "10", "--pct", "150", *OFFLINE],
+     "argument --pct: must be a percentage above 0 and at most 100, got '150'"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "-100", "--rates", "10", *OFFLINE],
+     "argument --slo-ms: must be a number > 0, got '-100'"),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates", "10", "--refine", "-3", *OFFLINE],
+     "argument --refine: must be an integer >= 0, got '-3'"),
+    (["validate", "--trace", "{trace}", "--config", "c.toml", "--artifacts", "a", "--levels", "a,b"],
+     "argument --levels: must be comma-separated numbers > 0; 'a' in 'a,b' is not one"),
+    (["replay", "--trace", "{trace}", "--label-token-ids", "a,b"],
+     "argument --label-token-ids: must be comma-separated token ids (integers >= 0); 'a' in 'a,b' is not one"),
+]
+
+
+@pytest.mark.parametrize("argv, message", USAGE, ids=[" ".join(a[:1] + a[-2:]) for a, _ in USAGE])
+def test_bad_numbers_are_usage_errors_naming_the_option(argv, message, files, capsys):
+    assert message in refused([a.format(**files) for a in argv], capsys)
+
+
+GRID = [
+    ("max_samples_per_batch=0,1", "--grid max_samples_per_batch=0: bounds.max_samples_per_batch = 0 must be an "
+                                  "integer of at least 2"),
+    ("max_batch_wait_ms=-5", "--grid max_batch_wait_ms=-5: gateway.max_batch_wait_ms = -5 must be a number of at "
+                             "least 0"),
+    ("max_batch_wait_ms=1,x", "--grid max_batch_wait_ms=x: gateway.max_batch_wait_ms = \"x\" must be a number"),
+    ("score_deadline_ms=40.5", "--grid score_deadline_ms=40.5: gateway.score_deadline_ms = 40.5 must be an integer"),
+    ("workers=0", "--grid workers=0: workers = 0 must be an integer of at least 1"),
+    ("max_tokens_per_sample=8192", "bounds.max_tokens_per_sample must not exceed bounds.max_tokens_per_batch"),
+    ("max_batch_wait_ms=", "--grid 'max_batch_wait_ms=': expected NAME=v1,v2,..."),
+    ("compute_jitter=1", "--grid 'compute_jitter' is not a setting"),
+]
+
+
+@pytest.mark.parametrize("item, message", GRID, ids=[item for item, _ in GRID])
+def test_grid_values_are_checked_by_the_configs_rules_before_tuning(item, message, files, capsys):
+    line = refused(["tune", "--trace", files["trace"], "--slo-ms", "50", *OFFLINE, "--grid", item], capsys)
+    assert line.startswith("loadgen tune: error: ") and message in line
+
+
+def test_grid_values_take_the_types_of_their_settings(files, capsys):
+    assert main(["tune", "--trace", files["trace"], "--slo-ms", "50", *OFFLINE, "--grid", "admission=true,false",
+                 "--grid", "queue_order=arrival", "--grid", "workers=1,2", "--out", files["out"]]) == 0
+    rows = json.loads(open(files["out"]).read())["candidates"]
+    assert [(row["admission"], row["queue_order"], row["workers"]) for row in rows] == [
+        (True, "arrival", 1), (True, "arrival", 2), (False, "arrival", 1), (False, "arrival", 2)]
+
+
+FILES = [
+    (["synth", "--out", "{dir}"], "argument --out: {dir} is a folder; expected a file to write"),
+    (["synth", "--out", "{dir}/missing/t.jsonl"], "argument --out: cannot write {dir}/missing/t.jsonl: folder "
+                                                  "{dir}/missing does not exist"),
+    (["tune", "--trace", "{trace}", "--slo-ms", "50", *OFFLINE, "--write-config", "{dir}"],
+     "argument --write-config: {dir} is a folder"),
+    (["sweep", "--trace", "{dir}", "--slo-ms", "50", "--rates", "10", *OFFLINE], "loadgen sweep: error: {dir}: "),
+    (["import", "{dir}", "--format", "azure", "--out", "{out}"], "loadgen import: error: {dir}: "),
+    (["sweep", "--trace", "{trace}", "--slo-ms", "50", "--rates", "10", *OFFLINE, "--out-dir", "{file}"],
+     "argument --out-dir: cannot write into {file}: {file} is a file, not a folder"),
+    (["replay", "--trace", "{trace}", "--out-dir", "{file}/sub"],
+     "argument --out-dir: cannot write into {file}/sub: {file} is a file, not a folder"),
+]
+
+
+@pytest.mark.parametrize("argv, message", FILES, ids=[" ".join(a[:1] + a[-2:-1]) for a, _ in FILES])
+def test_file_errors_are_one_line_naming_the_path(argv, message, files, capsys):
+    assert message.format(**files) in refused([a.format(**files) for a in argv], capsys)
+
+
+def test_a_trace_meta_line_must_be_an_object(files):
+    path = files["dir"] + "/meta.jsonl"
+    with open(path, "w") as out:
+        out.write('{"meta": 5}\n' + open(files["trace"]).read())
+    with pytest.raises(TraceError, match=r"meta\.jsonl:1: meta must be a JSON object, got int"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("samples", 0, "samples = 0 must be between 1 and max_samples"),
+    ("samples", 100, "samples = 100 must be between 1 and max_samples \\(64\\)"),
+    ("tokens_per_sample", -3, "tokens_per_sample = -3 must be between 1"),
+    ("beam_width", 0, "beam_width must be >= 1"),
+    ("max_new_tokens", 0, "max_new_tokens must be >= 1"),
+    ("deadline_ms", -5.0, "deadline_ms must be >= 0"),
+])
+def test_synth_refuses_what_it_would_rewrite_or_loadgen_could_not_read(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        synthesize(SynthSpec(duration_s=1, score_fraction=0.5, **{field: value}))
+
+
+def test_import_limit_and_beam_width_are_kept_as_given(files):
+    assert len(import_trace(files["csv"], "azure", ImportOptions(limit=1)).records) == 1
+    for options in (ImportOptions(limit=0), ImportOptions(route="generate", beam_width=0)):
+        with pytest.raises(ValueError, match="must be >= 1, got 0"):
+            import_trace(files["csv"], "azure", options)
