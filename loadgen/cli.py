@@ -40,7 +40,7 @@ def _synth(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-cv", type=non_negative_float, default=0.0)
     p.add_argument("--beam-width", type=positive_int, default=16)
     p.add_argument("--max-new-tokens", type=positive_int, default=4)
-    p.add_argument("--deadline-ms", type=non_negative_float, default=None, help="per-request deadline (default: none)")
+    p.add_argument("--deadline-ms", type=deadline, default=None, help="per-request deadline (default: none)")
     p.add_argument("--seed", type=non_negative_int, default=0)
 
 
@@ -72,7 +72,7 @@ def _target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam-width", type=positive_int, default=16, help="generate: default when the trace has none")
     p.add_argument("--max-new-tokens", type=positive_int, default=4)
     p.add_argument("--num-return-sequences", type=positive_int, default=1)
-    p.add_argument("--deadline-ms", type=non_negative_float, default=None,
+    p.add_argument("--deadline-ms", type=deadline, default=None,
                    help="deadline for requests without one (default: the gateway's route default)")
     p.add_argument("--timeout-s", type=positive_float, default=30.0, help="client timeout per request")
     p.add_argument("--header", action="append", default=[], help="extra HTTP header 'Name: value'")
@@ -191,6 +191,7 @@ positive_float = _checked(_finite, "a number > 0", lambda v: v > 0)
 non_negative_float = _checked(_finite, "a number >= 0", lambda v: v >= 0)
 fraction = _checked(_finite, "a number between 0 and 1", lambda v: 0 <= v <= 1)
 percent = _checked(_finite, "a percentage above 0 and at most 100", lambda v: 0 < v <= 100)
+deadline = _checked(_finite, "a number of milliseconds >= 1 (the gateway's shortest deadline)", lambda v: v >= 1)
 
 
 def _comma_list(item: Callable[[str], float], what: str) -> Callable[[str], list]:

@@ -66,8 +66,9 @@ class SynthSpec:
         for name in ("samples_cv", "tokens_cv", "prompt_cv", "burst_spread_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.deadline_ms is not None and self.deadline_ms < 0:
-            raise ValueError(f"deadline_ms must be >= 0, got {self.deadline_ms}")
+        if self.deadline_ms is not None and self.deadline_ms < 1:
+            raise ValueError(f"deadline_ms must be at least 1 (ms, the gateway's shortest deadline), got "
+                             f"{self.deadline_ms}")
 
 
 def synthesize(spec: SynthSpec) -> Trace:

@@ -196,7 +196,7 @@ def parse_record(raw: Any) -> TraceRecord:
         t_ms=t_ms, route=route, sample_tokens=samples, prompt_tokens=prompt,
         beam_width=_int(raw, "beam_width"), max_new_tokens=_int(raw, "max_new_tokens"),
         num_return_sequences=_int(raw, "num_return_sequences"),
-        deadline_ms=_number(raw, "deadline_ms"), body=body,
+        deadline_ms=_deadline(raw), body=body,
         group=_int(raw, "group", low=0), output_tokens=_int(raw, "output_tokens", low=0), prefix_tokens=prefix,
         context=context,
     )
@@ -216,6 +216,14 @@ def _sample_tokens(raw: dict[str, Any]) -> tuple[int, ...]:
             raise TraceError("samples and tokens_per_sample go together")
         return (length,) * count
     return ()
+
+
+def _deadline(raw: dict[str, Any]) -> float | None:
+    """deadline_ms, at least the gateway's shortest (1 ms; bodies carry it rounded to whole ms)."""
+    value = _number(raw, "deadline_ms")
+    if value is not None and value < 1:
+        raise TraceError(f"deadline_ms must be at least 1 (ms, the gateway's shortest deadline), got {value!r}")
+    return value
 
 
 def _number(raw: dict[str, Any], name: str, required: bool = False) -> float | None:

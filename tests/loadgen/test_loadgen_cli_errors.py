@@ -45,7 +45,8 @@ USAGE = [
     (["synth", "--out", "{out}", "--tokens-per-sample", "-3"], "argument --tokens-per-sample: must be an integer >= 1"),
     (["synth", "--out", "{out}", "--beam-width", "0"], "argument --beam-width: must be an integer >= 1"),
     (["synth", "--out", "{out}", "--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
-    (["synth", "--out", "{out}", "--deadline-ms", "-5"], "argument --deadline-ms: must be a number >= 0"),
+    (["synth", "--out", "{out}", "--deadline-ms", "-5"], "argument --deadline-ms: must be a number of milliseconds >= 1"),
+    (["synth", "--out", "{out}", "--deadline-ms", "0.4"], "argument --deadline-ms: must be a number of milliseconds >= 1"),
     (["import", "{csv}", "--format", "azure", "--out", "{out}", "--limit", "-1"], "argument --limit: must be an "
                                                                                    "integer >= 1, got '-1'"),
     (["import", "{csv}", "--format", "azure", "--out", "{out}", "--limit", "0"], "argument --limit: must be an "
@@ -128,6 +129,14 @@ def test_file_errors_are_one_line_naming_the_path(argv, message, files, capsys):
     assert message.format(**files) in refused([a.format(**files) for a in argv], capsys)
 
 
+def test_a_trace_deadline_under_the_gateways_shortest_is_refused_naming_the_line(files):
+    path = files["dir"] + "/early.jsonl"
+    with open(path, "w") as out:
+        out.write('{"t_ms": 0, "route": "score", "sample_tokens": [4], "deadline_ms": 0.4}\n')
+    with pytest.raises(TraceError, match=r"early\.jsonl:1: deadline_ms must be at least 1"):
+        read_trace(path)
+
+
 def test_a_trace_meta_line_must_be_an_object(files):
     path = files["dir"] + "/meta.jsonl"
     with open(path, "w") as out:
@@ -142,7 +151,8 @@ def test_a_trace_meta_line_must_be_an_object(files):
     ("tokens_per_sample", -3, "tokens_per_sample = -3 must be between 1"),
     ("beam_width", 0, "beam_width must be >= 1"),
     ("max_new_tokens", 0, "max_new_tokens must be >= 1"),
-    ("deadline_ms", -5.0, "deadline_ms must be >= 0"),
+    ("deadline_ms", -5.0, "deadline_ms must be at least 1"),
+    ("deadline_ms", 0.0, "deadline_ms must be at least 1"),
 ])
 def test_synth_refuses_what_it_would_rewrite_or_loadgen_could_not_read(field, value, message):
     with pytest.raises(ValueError, match=message):
