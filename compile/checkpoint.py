@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
@@ -101,58 +101,109 @@ def read_spec(path: str | Path) -> ModelSpec:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UnsupportedCheckpoint(f"{path}: no config.json; expected a Hugging Face checkpoint folder")
-    return spec_from_config(json.loads(config_file.read_text()), source=str(path))
+    try:
+        cfg = json.loads(config_file.read_bytes())
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise UnsupportedCheckpoint(f"{config_file}: not valid JSON: {exc}") from None
+    return spec_from_config(cfg, source=str(config_file))
 
 
 def spec_from_config(cfg: dict, source: str = "config") -> ModelSpec:
+    """The ModelSpec of a parsed config.json; every value the model core uses is checked for its type
+    here, so a hand-edited config is refused naming the key, not failing somewhere in the build."""
+    if not isinstance(cfg, dict):
+        raise UnsupportedCheckpoint(f"{source}: expected a JSON object of settings, got a {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
-    family = ARCHITECTURES.get(archs[0]) if len(archs) == 1 else None
+    archs = archs if isinstance(archs, list) else [archs]
+    family = ARCHITECTURES.get(archs[0]) if len(archs) == 1 and isinstance(archs[0], str) else None
     if family is None:
         raise UnsupportedCheckpoint(
             f"{source}: architecture {archs or cfg.get('model_type')!r} is not supported; "
             f"supported: {', '.join(ARCHITECTURES)}"
         )
-    _refuse_unsupported_options(cfg, family, source)
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    heads = _int(cfg, "num_attention_heads", source)
+    kv_heads = _int(cfg, "num_key_value_heads", source, default=None) or heads
+    hidden = _int(cfg, "hidden_size", source)
+    _refuse_unsupported_options(cfg, family, source, heads, kv_heads)
     return ModelSpec(
         family=family,
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"],
+        vocab_size=_int(cfg, "vocab_size", source),
+        hidden_size=hidden,
+        intermediate_size=_int(cfg, "intermediate_size", source),
+        num_layers=_int(cfg, "num_hidden_layers", source),
         num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=kv_heads,
+        head_dim=_int(cfg, "head_dim", source, default=None) or hidden // heads,
+        rms_norm_eps=_float(cfg, "rms_norm_eps", source, 1e-6),
         rope=_rope_spec(cfg, source),
         qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
         o_bias=family != "qwen2" and bool(cfg.get("attention_bias", False)),
         qk_norm=family == "qwen3",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        dtype=_checkpoint_dtype(cfg),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        dtype=_checkpoint_dtype(cfg, source),
+        max_position_embeddings=_int(cfg, "max_position_embeddings", source, default=32768),
     )
 
 
-def _refuse_unsupported_options(cfg: dict, family: str, source: str) -> None:
+_REQUIRED = object()
+
+
+def _absent(key: str, source: str, default):
+    """The default of a setting config.json lacks (or sets to null, as transformers writes unset options)."""
+    if default is _REQUIRED:
+        raise UnsupportedCheckpoint(f"{source}: missing key {key!r}")
+    return default
+
+
+def _int(cfg: dict, key: str, source: str, default=_REQUIRED) -> int | None:
+    """A positive integer setting of config.json (JSON true/false and "4" are refused, not converted)."""
+    value = cfg.get(key)
+    if value is None:
+        return _absent(key, source, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedCheckpoint(f"{source}: {key} = {json.dumps(value)} must be a positive integer")
+    return value
+
+
+def _float(cfg: dict, key: str, source: str, default=_REQUIRED) -> float:
+    """A number setting of config.json (or of one of its tables, such as rope_scaling)."""
+    value = cfg.get(key)
+    if value is None:
+        return _absent(key, source, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UnsupportedCheckpoint(f"{source}: {key} = {json.dumps(value)} must be a number")
+    return float(value)
+
+
+def _table(cfg: dict, key: str, source: str) -> dict:
+    """A JSON object setting of config.json (absent or null: empty)."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UnsupportedCheckpoint(f"{source}: {key} = {json.dumps(value)} must be a JSON object")
+    return value
+
+
+def _refuse_unsupported_options(cfg: dict, family: str, source: str, heads: int, kv: int) -> None:
     problems = []
     if cfg.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={cfg['hidden_act']!r} (only silu)")
     if cfg.get("use_sliding_window"):
         problems.append("use_sliding_window=true (sliding-window attention)")
     layer_types = cfg.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise UnsupportedCheckpoint(f"{source}: layer_types = {json.dumps(layer_types)} must be a list")
     if any(t != "full_attention" for t in layer_types):
-        problems.append(f"layer_types other than full_attention: {sorted(set(layer_types))}")
+        problems.append(f"layer_types other than full_attention: {sorted(set(map(str, layer_types)))}")
     if cfg.get("mlp_bias"):
         problems.append("mlp_bias=true")
-    if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+    if _float(cfg, "partial_rotary_factor", source, 1.0) != 1.0:
         problems.append(f"partial_rotary_factor={cfg['partial_rotary_factor']}")
     if cfg.get("pretraining_tp", 1) not in (1, None):
         problems.append(f"pretraining_tp={cfg['pretraining_tp']}")
     if family == "qwen2" and cfg.get("attention_bias") is False:
         problems.append("attention_bias=false on a Qwen2 checkpoint")
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     if heads % kv:
         problems.append(f"num_attention_heads={heads} not a multiple of num_key_value_heads={kv}")
     if problems:
@@ -160,19 +211,19 @@ def _refuse_unsupported_options(cfg: dict, family: str, source: str) -> None:
 
 
 def _rope_spec(cfg: dict, source: str) -> RopeSpec:
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
-    params.update({k: v for k, v in scaling.items() if v is not None})
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    params = dict(_table(cfg, "rope_parameters", source))
+    params.update({k: v for k, v in _table(cfg, "rope_scaling", source).items() if v is not None})
+    params.setdefault("rope_theta", cfg.get("rope_theta"))
+    theta = _float(params, "rope_theta", source, 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return RopeSpec(theta=theta)
     if kind == "llama3":
         return RopeSpec(
-            theta=theta, kind="llama3", factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]),
+            theta=theta, kind="llama3", factor=_float(params, "factor", source),
+            low_freq_factor=_float(params, "low_freq_factor", source),
+            high_freq_factor=_float(params, "high_freq_factor", source),
+            original_max_position=_int(params, "original_max_position_embeddings", source),
         )
     raise UnsupportedCheckpoint(f"{source}: RoPE type {kind!r} is not supported (default, llama3)")
 
@@ -191,10 +242,10 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _checkpoint_dtype(cfg: dict) -> str:
+def _checkpoint_dtype(cfg: dict, source: str) -> str:
     name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").removeprefix("torch.")
     if name not in DTYPES:
-        raise UnsupportedCheckpoint(f"checkpoint dtype {name!r} is not supported ({', '.join(DTYPES)})")
+        raise UnsupportedCheckpoint(f"{source}: checkpoint dtype {name!r} is not supported ({', '.join(DTYPES)})")
     return name
 
 
@@ -208,9 +259,13 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", sha256: str | None = 
         raise UnsupportedCheckpoint(f"{path}: no *.safetensors weights (other formats are not supported)")
     raw = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                raw[name] = f.get_tensor(name)
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    raw[name] = f.get_tensor(name)
+        except (SafetensorError, OSError) as exc:  # truncated or not a safetensors file; unreadable
+            raise UnsupportedCheckpoint(f"{file}: cannot read the weights ({exc}); the file is damaged or "
+                                        f"incomplete (an interrupted download?)") from None
     state = convert_weights(raw, spec, target, source=str(path))
     return Checkpoint(path=path, spec=spec, state_dict=state, sha256=sha256 or checkpoint_hash(path))
 

@@ -27,6 +27,9 @@ this package: size-1 calls are tested against the eager module and transformers.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,6 +46,7 @@ from compile.model import Transformer, last_token_index, prefill
 
 if TYPE_CHECKING:
     from compile.build import BuildContext
+    from shared.config import DeploymentConfig
 
 INPUT_NAMES = (
     "prompt_ids", "positions", "cu_seqlens", "prompt_index", "prompt_valid", "beam_slots", "num_steps", "early_all",
@@ -164,22 +168,54 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
 
+@dataclass(frozen=True)
+class BeamInputs:
+    """What the beam node compiles in besides the model: the checkpoint's generation rule and the
+    prefix tables of `[beam] constraints` (None without)."""
+
+    rule: BeamRule
+    tables: dict[str, torch.Tensor] | None
+    valid_sequences: int
+
+
+def read_inputs(config: DeploymentConfig, vocab_size: int) -> BeamInputs:
+    """Read and validate the beam node's inputs. The build calls it before any work (compile/build.py's
+    check_inputs), so a bad generation_config.json or constraints file is refused before the checkpoint
+    loads and the score node compiles, and the node builder calls it again for the values."""
+    bounds, path = config.bounds, config.model.path
+    source = f"{path}/generation_config.json"
+    try:
+        rule = beam_rule(read_generation_config(path), source=source)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON: {exc}") from None
+    if rule.beams_to_keep(bounds.max_beam_width) > vocab_size:
+        raise ValueError(
+            f"bounds.max_beam_width = {bounds.max_beam_width} keeps {rule.beams_to_keep(bounds.max_beam_width)} "
+            f"candidates per step, more than the vocabulary ({vocab_size}); lower max_beam_width"
+        )
+    if not config.beam.constraints:
+        return BeamInputs(rule, None, 0)
+    constraints = Path(config.beam.constraints)
+    try:
+        sequences = read_sequences(constraints)
+        tables = build_tables(sequences, vocab_size, bounds.max_new_tokens)
+    except (ValueError, OSError) as exc:
+        message = str(exc).removeprefix("constraints: ")
+        if not message.startswith(f"{constraints}:"):  # read_sequences names the file and line; the others not
+            message = f"{constraints}: {message}"
+        raise ValueError(f"beam.constraints {message}") from None
+    return BeamInputs(rule, tables, len(sequences))
+
+
 def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
     """Node builder: the beam node of ctx's checkpoint under ctx.config's bounds."""
 
-    bounds, path = ctx.config.bounds, ctx.config.model.path
-    rule = beam_rule(read_generation_config(path), source=f"{path}/generation_config.json")
-    vocab = ctx.model.spec.vocab_size
-    if rule.beams_to_keep(bounds.max_beam_width) > vocab:
-        raise ValueError(
-            f"bounds.max_beam_width = {bounds.max_beam_width} keeps {rule.beams_to_keep(bounds.max_beam_width)} "
-            f"candidates per step, more than the vocabulary ({vocab}); lower max_beam_width"
-        )
-    constraint, facts = None, {}
-    if ctx.config.beam.constraints:
-        sequences = read_sequences(ctx.config.beam.constraints)
-        constraint = PrefixConstraint(build_tables(sequences, vocab, bounds.max_new_tokens), rule.eos_ids)
-        facts = {"valid_sequences": len(sequences), "fan_out": constraint.fan_out,
+    bounds = ctx.config.bounds
+    inputs = read_inputs(ctx.config, ctx.model.spec.vocab_size)
+    rule, constraint, facts = inputs.rule, None, {}
+    if inputs.tables is not None:
+        constraint = PrefixConstraint(inputs.tables, rule.eos_ids)
+        facts = {"valid_sequences": inputs.valid_sequences, "fan_out": constraint.fan_out,
                  "prefix_nodes": int(constraint.terminal.numel())}
     pool = beam_pool(bounds.max_prompt_tokens, bounds.max_beam_requests_per_batch, ctx.device)
     module = BeamModule(ctx.model, rule, bounds.max_new_tokens, constraint, pool).to(ctx.device)

@@ -60,7 +60,9 @@ def test_build_key_follows_an_input_files_content_not_its_path(demo_checkpoint, 
 
     def key(path, section="beam", field="constraints"):
         part = getattr(config, section)
-        return build_key(config.replace(**{section: part.__class__(**{**part.__dict__, field: str(path)})}), sha)
+        on = {"beam": "enabled", "quantize": "int8"}[section]  # a disabled feature's file does not count
+        return build_key(config.replace(**{section: part.__class__(**{**part.__dict__, field: str(path), on: True})}),
+                         sha)
 
     assert key(a) == key(b)  # moved: the same artifacts (a test's temporary folder, a deployment's checkout)
     assert key(a) != key(c)  # edited in place: rebuilt
