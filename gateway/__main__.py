@@ -28,7 +28,7 @@ from gateway.state import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.config import ConfigError, DeploymentConfig, load_config
-from shared.manifest import read_manifest, refuse_config_differences
+from shared.manifest import bounds_differences, read_manifest, threads_difference
 
 log = logging.getLogger("gateway")
 HANDLER_GRACE_S = 2.0
@@ -53,16 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         gw = dataclasses.replace(config.gateway, host=args.host or config.gateway.host,
                                  port=config.gateway.port if args.port is None else args.port)
         config = config.replace(gateway=gw)
-        settings = _settings(config, Path(args.artifacts))
+        settings = _settings(config, Path(args.artifacts), args.spawn_workers)
     except (ConfigError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return uvloop.run(_serve(settings, args))
 
 
-def _settings(config: DeploymentConfig, artifacts: Path) -> Settings:
+def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) -> Settings:
+    """What the app serves with; refuses to spawn CPU workers that would refuse the artifacts (and be
+    restarted over and over), and says which configured bounds the compiled ones override."""
     manifest = read_manifest(artifacts)
-    refuse_config_differences(manifest, config, "cpu" in config.worker.devices, artifacts)
+    if spawn_workers and "cpu" in config.worker.devices and (problem := threads_difference(manifest, config)):
+        raise ConfigError(f"{artifacts}: {problem}")
+    if differences := bounds_differences(manifest, config):
+        log.warning("the config's [bounds] differ from what the artifacts in %s were compiled for; the compiled "
+                    "bounds are served (rebuild to change them): %s", artifacts, "; ".join(differences))
     token = None
     if config.gateway.auth_token_env:
         token = os.environ.get(config.gateway.auth_token_env)

@@ -197,31 +197,25 @@ def read_manifest(folder: str | Path) -> Manifest:
     return parse_manifest(raw, str(path))
 
 
-def config_differences(manifest: Manifest, config: DeploymentConfig, cpu: bool) -> list[str]:
-    """What `config` asks of the artifacts that they were not built for, in words: each bound that
-    differs from the compiled one, and (`cpu`: a CPU worker serves them) a CPU thread count other than
-    the packages were compiled for. Empty: they agree. The gateway and the worker both refuse to
-    start on a difference rather than serve the compiled values under the config's names."""
-    found = []
-    if manifest.bounds is not None:
-        wanted = config.bounds.resolved()
-        found += [f"bounds.{f.name} = {getattr(wanted, f.name)}, but they were compiled for "
-                  f"{getattr(manifest.bounds, f.name)}"
-                  for f in dataclasses.fields(Bounds) if getattr(wanted, f.name) != getattr(manifest.bounds, f.name)]
-    if cpu and manifest.cpu_threads != config.worker.cpu_threads:
-        found.append(f"worker.cpu_threads = {config.worker.cpu_threads}, but the packages were compiled for "
-                     f"{manifest.cpu_threads} CPU thread(s) per call")
-    return found
+def bounds_differences(manifest: Manifest, config: DeploymentConfig) -> list[str]:
+    """Each bound of `config` that differs from what the packages were compiled for, in words (empty:
+    they agree, or the manifest records no bounds). The compiled bounds are the ones served: gateway and
+    worker say so at start rather than let an edited [bounds] seem to take effect without a rebuild."""
+    if manifest.bounds is None:
+        return []
+    wanted = config.bounds.resolved()
+    return [f"bounds.{f.name} = {getattr(wanted, f.name)}, compiled for {getattr(manifest.bounds, f.name)}"
+            for f in dataclasses.fields(Bounds) if getattr(wanted, f.name) != getattr(manifest.bounds, f.name)]
 
 
-def refuse_config_differences(manifest: Manifest, config: DeploymentConfig, cpu: bool, artifacts: str | Path,
-                              error: type[Exception] = ManifestError) -> None:
-    """Raise `error` naming every difference `config_differences` finds (none: nothing)."""
-    found = config_differences(manifest, config, cpu)
-    if found:
-        raise error(f"the artifacts in {artifacts} were built for another config: {'; '.join(found)}. Rebuild "
-                    "them with this config (python -m compile --config ...), or serve them with the config they "
-                    "were built with")
+def threads_difference(manifest: Manifest, config: DeploymentConfig) -> str | None:
+    """Why a CPU worker of `config` cannot run these packages, when its thread count is not the one they
+    were compiled for (compile/build.py sizes their buffers by it); None when it is."""
+    if manifest.cpu_threads == config.worker.cpu_threads:
+        return None
+    return (f"the artifacts were compiled for {manifest.cpu_threads} CPU thread(s) per call but [worker] "
+            f"cpu_threads = {config.worker.cpu_threads}; set cpu_threads = {manifest.cpu_threads} or rebuild the "
+            "artifacts with this config")
 
 
 def manifest_json(manifest: Manifest) -> bytes:

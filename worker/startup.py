@@ -22,7 +22,7 @@ from compile.runtime import load_nodes
 from shared.bounds import Bounds
 from shared.config import DeploymentConfig, WorkerConfig
 from shared.events import Profiled, ProfileReused
-from shared.manifest import Manifest, refuse_config_differences
+from shared.manifest import Manifest, bounds_differences, threads_difference
 from shared.protocol import PROTOCOL_VERSION, Ready
 from worker.compute import ComputePool
 from worker import profile_cache
@@ -44,7 +44,11 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
                  worker_id: str, log: JsonLog, profile_folder: Path | None = None) -> WorkerServer:
     """Everything a worker does before serving; refuses artifacts built for another machine.
     `profile_folder`: where the last fitted profile is kept (None: always profile before serving)."""
-    refuse_config_differences(read_manifest(Path(artifacts)), config, device == "cpu", artifacts, ArtifactMismatch)
+    built = read_manifest(Path(artifacts))
+    if device == "cpu" and (problem := threads_difference(built, config)):
+        raise ArtifactMismatch(problem)
+    if differences := bounds_differences(built, config):  # the compiled bounds are the ones served
+        log.warning("bounds_differ", artifacts=str(artifacts), differences=differences)
     if device == "cpu":
         torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
         if not keep_freed_memory():  # else every call faults its buffers in again (compile/allocator.py)

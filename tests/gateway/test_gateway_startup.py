@@ -1,6 +1,7 @@
-"""`python -m gateway` and `python -m worker` refuse to start, exit 2 with one line saying why, on
-artifacts built for another config, a port already taken, a tokenizer file they cannot read and a
-worker entry the config does not have; never a traceback, never serving under wrong limits."""
+"""`python -m gateway` and `python -m worker` refuse to start, exit 2 with one line saying why, on CPU
+workers to spawn for another thread count than the artifacts', a port already taken, a tokenizer file
+they cannot read and a worker entry the config does not have; never a traceback. Configured bounds
+other than the compiled ones are named at start (the compiled ones are served)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import socket
 
 import pytest
 
+from gateway.__main__ import _settings
 from gateway.__main__ import main as gateway_main
 from gateway.tokenizer import RequestTokenizer
 from loadgen.standin_worker import BOUNDS as STANDIN_BOUNDS
 from loadgen.standin_worker import standin_manifest
+from shared.config import load_config
 from shared.manifest import MANIFEST, manifest_json
 from worker.__main__ import main as worker_main
 
@@ -54,15 +57,26 @@ def refusal(capfd) -> str:
     return capfd.readouterr().err
 
 
-def test_artifacts_built_for_other_bounds_or_threads_are_refused_naming_each(tmp_path, tokenizer_dir,
-                                                                             request_tokenizer, capfd):
+def test_spawning_cpu_workers_for_another_thread_count_is_refused(tmp_path, tokenizer_dir, request_tokenizer, capfd):
+    """Each worker would refuse the artifacts and be restarted, again and again: the gateway refuses first."""
+    folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
+    deploy = config(tmp_path, STANDIN_BOUNDS.max_labels, threads=1)
+    assert gateway_main(["--config", deploy, "--artifacts", str(folder), "--spawn-workers"]) == 2
+    said = refusal(capfd)
+    assert "cannot start" in said and "compiled for 2 CPU thread(s) per call but [worker] cpu_threads = 1" in said
+
+
+def test_configured_bounds_other_than_the_compiled_are_named_at_start(tmp_path, tokenizer_dir, request_tokenizer,
+                                                                      capfd):
+    """The packages accept what they were compiled for: that is served, and the gateway says which
+    configured bounds it overrides, instead of letting an edited [bounds] seem to take effect."""
     folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
     compiled = STANDIN_BOUNDS.max_labels
-    assert gateway_main(["--config", config(tmp_path, compiled + 1, threads=1), "--artifacts", str(folder)]) == 2
+    settings = _settings(load_config(config(tmp_path, compiled + 1)), folder, spawn_workers=False)
+    assert settings.manifest.bounds.max_labels == compiled
     said = refusal(capfd)
-    assert "cannot start" in said and "were built for another config" in said, said
-    assert f"bounds.max_labels = {compiled + 1}, but they were compiled for {compiled}" in said
-    assert "worker.cpu_threads = 1, but the packages were compiled for 2" in said
+    assert "the compiled bounds are served" in said
+    assert f"bounds.max_labels = {compiled + 1}, compiled for {compiled}" in said
 
 
 def test_a_port_already_taken_is_refused_in_one_line(tmp_path, tokenizer_dir, request_tokenizer, capfd):

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from shared.bounds import Bounds
-from shared.manifest import (Manifest, ManifestError, config_differences, manifest_json, parse_manifest, read_manifest,
-                             refuse_config_differences)
+from shared.manifest import (Manifest, ManifestError, bounds_differences, manifest_json, parse_manifest, read_manifest,
+                             threads_difference)
 
 BUILT = {
     "format_version": 1, "name": "demo", "build_key": "k", "dtype": "float32",
@@ -76,11 +76,10 @@ def test_a_config_is_compared_with_what_the_artifacts_were_built_for():
 
     manifest = parse_manifest(json.dumps({**BUILT, "cpu_threads": 2}))
     same = parse_config({"bounds": BUILT["bounds"], "worker": {"cpu_threads": 2}})
-    assert config_differences(manifest, same, cpu=True) == []
+    assert bounds_differences(manifest, same) == [] and threads_difference(manifest, same) is None
     other = parse_config({"bounds": {**BUILT["bounds"], "max_labels": 8}, "worker": {"cpu_threads": 1}})
-    assert config_differences(manifest, other, cpu=True) == [
-        "bounds.max_labels = 8, but they were compiled for 4",
-        "worker.cpu_threads = 1, but the packages were compiled for 2 CPU thread(s) per call"]
-    assert config_differences(manifest, other, cpu=False) == ["bounds.max_labels = 8, but they were compiled for 4"]
-    with pytest.raises(ManifestError, match="the artifacts in art were built for another config: bounds.max_labels"):
-        refuse_config_differences(manifest, other, True, "art")
+    assert bounds_differences(manifest, other) == ["bounds.max_labels = 8, compiled for 4"]
+    assert threads_difference(manifest, other) == (
+        "the artifacts were compiled for 2 CPU thread(s) per call but [worker] cpu_threads = 1; set cpu_threads = 2 "
+        "or rebuild the artifacts with this config")
+    assert bounds_differences(parse_manifest(json.dumps({**BUILT, "bounds": None})), other) == []  # none recorded
