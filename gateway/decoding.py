@@ -52,7 +52,12 @@ class BodyDecoder(Generic[T]):
         return self._build(body)
 
     def _refusal(self, raw: bytes, bounded_error: str) -> ApiError:
-        """400 when the body is malformed (its fields, or the rules across them), else 413."""
+        """400 when the body is malformed (a field named twice, its fields, the rules across them), else 413.
+        A repeated field comes first: msgspec checks every copy but the message quotes the last."""
+        try:
+            refuse_repeated_fields(raw)
+        except ApiError as error:
+            return error
         try:
             body = self._lenient_decoder.decode(raw)
         except msgspec.ValidationError as error:
@@ -84,7 +89,10 @@ def refuse_repeated_fields(raw: bytes) -> None:
                                               "in one object; give each field once (JSON does not say which would "
                                               "count)")
 
-    json.loads(NUMBER_ARRAY.sub(b"[]", raw), object_pairs_hook=pairs)
+    try:
+        json.loads(NUMBER_ARRAY.sub(b"[]", raw), object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # what msgspec read but Python's reader does not: msgspec's answer stands
+        return
 
 
 def not_json(raw: bytes, error: Exception) -> ApiError:

@@ -23,6 +23,8 @@ GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip member: header, deflate stream, CRC-3
 ZLIB_WBITS = zlib.MAX_WBITS  # HTTP's "deflate" as RFC 9110 defines it: a zlib stream
 RAW_WBITS = -zlib.MAX_WBITS  # what many clients send as "deflate" instead: a bare deflate stream
 ENCODINGS = ("gzip", "x-gzip", "deflate", "identity")
+CHUNK = 1 << 16  # bytes of compressed input handed to zlib at a time
+MAX_MEMBERS = 16  # gzip members one body may hold (`cat a.gz b.gz`); each costs a decompressor
 
 
 async def read_body(request: web.Request, limit: int, budget_ms: int) -> bytes:
@@ -51,24 +53,32 @@ async def read_body(request: web.Request, limit: int, budget_ms: int) -> bytes:
 
 
 def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
-    """`raw` decoded as `encoding` (gzip, possibly several members, or deflate with or without the zlib
-    wrapper); 413 once it passes `limit` bytes, 400 when it is not such a stream, is cut short or has
-    bytes after its end."""
-    out, rest = bytearray(), raw
-    while rest:
-        wbits = GZIP_WBITS if encoding != "deflate" else ZLIB_WBITS if _zlib_header(rest) else RAW_WBITS
+    """`raw` decoded as `encoding` (gzip, up to MAX_MEMBERS members, or deflate with or without the zlib
+    wrapper); 413 once it passes `limit` bytes, 400 when it is not such a stream, is cut short or has bytes
+    after its end. The input goes in CHUNK-byte slices, so what zlib copies past a member's end is at most
+    one slice: work linear in the body, as the member cap bounds the members' own overhead."""
+    out, data, pos, members = bytearray(), memoryview(raw), 0, 0
+    while pos < len(data):
+        members += 1
+        if members > MAX_MEMBERS:
+            raise _undecodable(encoding, f"more than {MAX_MEMBERS} gzip members; send one")
+        wbits = GZIP_WBITS if encoding != "deflate" else ZLIB_WBITS if _zlib_header(data[pos:pos + 2]) else RAW_WBITS
         stream = zlib.decompressobj(wbits)
-        try:
-            out += stream.decompress(rest, limit + 1 - len(out))
-        except zlib.error as exc:
-            raise _undecodable(encoding, str(exc)) from None
-        if len(out) > limit:
-            raise ApiError("too_large", f"the body decompresses ({encoding}) to more than the limit of {limit} bytes")
+        while not stream.eof and pos < len(data):
+            chunk = data[pos:pos + CHUNK]
+            pos += len(chunk)
+            try:
+                out += stream.decompress(chunk, limit + 1 - len(out))
+            except zlib.error as exc:
+                raise _undecodable(encoding, str(exc)) from None
+            if len(out) > limit:
+                raise ApiError("too_large", f"the body decompresses ({encoding}) to more than the limit of {limit} "
+                                            "bytes")
         if not stream.eof:
             raise _undecodable(encoding, "the compressed stream ends early (the body was cut short)")
-        rest = stream.unused_data
-        if rest and (encoding == "deflate" or not rest.startswith(b"\x1f\x8b")):
-            raise _undecodable(encoding, f"{len(rest)} bytes follow the end of the compressed stream")
+        pos -= len(stream.unused_data)  # the bytes of the last slice past this stream's end
+        if pos < len(data) and (encoding == "deflate" or data[pos:pos + 2] != b"\x1f\x8b"):
+            raise _undecodable(encoding, f"{len(data) - pos} bytes follow the end of the compressed stream")
     return bytes(out)
 
 

@@ -12,6 +12,7 @@ the query and the prompt template.
 from __future__ import annotations
 
 import functools
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,11 +76,23 @@ def parse_score(raw: bytes, limits: Limits) -> ScoreSpec:
     return ours.decode(raw)
 
 
+def template_fields(template: str) -> set[str]:
+    """The field names a format string uses ({text}, {query})."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
 def invalid(message: str) -> ApiError:
     return ApiError("invalid_request", message)
 
 
 def _ours(body: Any, limits: Limits) -> ScoreSpec:
+    if limits.prompt_template is not None and "query" not in template_fields(limits.prompt_template):
+        sent = "$.query" if body.query is not None else next(
+            (f"$.samples[{i}].query" for i, item in enumerate(body.samples)
+             if not isinstance(item, str) and item.query is not None), None)
+        if sent is not None:
+            raise invalid(f"{sent}: this deployment's prompt template {limits.prompt_template!r} has no {{query}}, "
+                          "so a query would be dropped; put it into the text instead")
     output = body.output or DEFAULT_OUTPUT
     query = body.query or ""
     samples = [_sample(item, query, limits) for item in body.samples]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import zlib
 
 import orjson
 import pytest
 
 from gateway.errors import ApiError
-from gateway.request_body import decompress
+from gateway.request_body import CHUNK, MAX_MEMBERS, decompress
 from tests.gateway.test_gateway_rejections import assert_error
 
 BODY = {"samples": ["red shoe", {"input_ids": [3, 4, 5]}], "labels": ["yes"]}
@@ -46,6 +47,22 @@ def test_a_body_that_does_not_decompress_is_refused_naming_the_encoding(encoding
     with pytest.raises(ApiError) as refused:
         decompress(packed, encoding, limit=1 << 20)
     assert refused.value.status == 400 and words in refused.value.message, refused.value.message
+
+
+def test_a_stream_longer_than_one_slice_and_its_trailing_bytes():
+    text = orjson.dumps({"samples": [os.urandom(64).hex() for _ in range(4000)]})  # ~0.5 MB, little to compress
+    for encoding, packed in (("gzip", gzip.compress(text)), ("deflate", zlib.compress(text))):
+        assert len(packed) > 3 * CHUNK
+        assert decompress(packed, encoding, limit=len(text)) == text
+        with pytest.raises(ApiError, match="2 bytes follow the end of the compressed stream"):
+            decompress(packed + b"!!", encoding, limit=len(text))
+
+
+def test_gzip_members_are_capped():
+    """A body of many tiny members would cost a decompressor each: more than MAX_MEMBERS is refused."""
+    assert decompress(gzip.compress(b"") * (MAX_MEMBERS - 1) + gzip.compress(RAW), "gzip", len(RAW)) == RAW
+    with pytest.raises(ApiError, match=f"more than {MAX_MEMBERS} gzip members"):
+        decompress(gzip.compress(b"") * 200_000, "gzip", limit=4 << 20)
 
 
 def test_a_body_that_decompresses_past_the_limit_is_413():
@@ -85,6 +102,9 @@ async def test_encoding_failures_get_json_errors_and_the_gateway_serves_on(stack
     (b'{"samples": [{"text": "a", "text": "bbbb"}], "labels": ["yes"]}', "'text' 2 times"),
     (b'{"samples": [{"input_ids": [1, 2]}], "labels": ["yes"], "deadline_ms": 1, "deadline_ms": 5000}',
      "'deadline_ms' 2 times"),
+    # a copy that breaks its type or a bound: the repetition is said, not the last copy's value
+    (b'{"samples": [' + b'"a", ' * 200 + b'"a"], "samples": ["a"], "labels": ["yes"]}', "'samples' 2 times"),
+    (b'{"samples": ["a"], "output": "topk", "top_k": -1, "top_k": 3}', "'top_k' 2 times"),
 ])
 async def test_a_field_named_twice_in_one_object_is_refused(stack, body, name):
     response = await stack.client.post("/v1/score", data=body)

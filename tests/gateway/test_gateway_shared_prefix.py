@@ -212,6 +212,21 @@ async def test_a_template_and_query_are_shared(request_tokenizer):
         np.testing.assert_allclose(answer["scores"], want_logits(encoded), rtol=1e-6)
 
 
+async def test_a_query_that_a_template_without_query_would_drop_is_refused(request_tokenizer):
+    template = "Is this document relevant?\nDocument: {text}"
+    async with serving(request_tokenizer, score=ScoreConfig(prompt_template=template)) as (stack, worker):
+        own_query = {"samples": ["a", {"text": "b", "query": "shoes"}], "labels": ["yes"]}
+        for body, where in (({"samples": ["a"], "query": "shoes", "labels": ["yes"]}, "$.query"),
+                            (own_query, "$.samples[1].query")):
+            status, answer, _ = await stack.post("/v1/score", body)
+            assert status == 400, answer
+            assert answer["error"]["message"].startswith(f"{where}: this deployment's prompt template"), answer
+            assert "has no {query}, so a query would be dropped" in answer["error"]["message"]
+        status, answer, _ = await stack.post("/v1/score", {"samples": ["a"], "labels": ["yes"]})
+        assert status == 200, answer
+        assert worker.requests and len(worker.requests) == 1
+
+
 async def test_bad_input_is_still_refused_clearly(request_tokenizer):
     async with serving(request_tokenizer, {"max_tokens_per_sample": 32, "max_tokens_per_batch": 64}) as (stack, worker):
         status, answer, _ = await stack.post("/v1/score", ids_body([PREFIX + [1], PREFIX + [2] * 13]))

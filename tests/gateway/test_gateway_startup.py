@@ -14,6 +14,7 @@ import pytest
 
 from gateway.__main__ import _settings
 from gateway.__main__ import main as gateway_main
+from gateway.limits import Limits
 from gateway.tokenizer import RequestTokenizer
 from loadgen.standin_worker import BOUNDS as STANDIN_BOUNDS
 from loadgen.standin_worker import standin_manifest
@@ -73,7 +74,8 @@ def test_configured_bounds_other_than_the_compiled_are_named_at_start(tmp_path, 
     folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
     compiled = STANDIN_BOUNDS.max_labels
     settings = _settings(load_config(config(tmp_path, compiled + 1)), folder, spawn_workers=False)
-    assert settings.manifest.bounds.max_labels == compiled
+    served = Limits.from_manifest(settings.config, settings.manifest, request_tokenizer.vocab_size)
+    assert served.bounds.max_labels == compiled
     said = refusal(capfd)
     assert "the compiled bounds are served" in said
     assert f"bounds.max_labels = {compiled + 1}, compiled for {compiled}" in said
