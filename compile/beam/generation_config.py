@@ -51,6 +51,9 @@ def read_generation_config(checkpoint: str | Path) -> dict:
     gen_path = checkpoint / "generation_config.json"
     if gen_path.exists():
         gen = json.loads(gen_path.read_text())
+        if not isinstance(gen, dict):
+            raise UnsupportedGenerationOption(f"{gen_path}: expected a JSON object of options, got a "
+                                              f"{type(gen).__name__}")
         merged.update({k: v for k, v in gen.items() if v is not None or k not in merged})
     return merged
 
@@ -65,20 +68,38 @@ def beam_rule(gen: dict, source: str = "generation_config") -> BeamRule:
                 "remove it from generation_config.json or serve this model with transformers"
             )
     eos = gen.get("eos_token_id")
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+    eos_ids = tuple(_token_id(e, "eos_token_id", source) for e in (eos if isinstance(eos, list) else [] if eos is None
+                                                                     else [eos]))
     early = gen.get("early_stopping")
     early = False if early is None else early
     if early not in (True, False, "never"):
         raise UnsupportedGenerationOption(f"{source}: early_stopping={early!r} must be true, false or \"never\"")
-    penalty = gen.get("length_penalty")
+    penalty = _number(gen.get("length_penalty"), "length_penalty", source)
     pad = gen.get("pad_token_id")
+    pad = None if pad is None else _token_id(pad, "pad_token_id", source)
     # transformers' fill value after a beam finishes: pad_token_id, else the first EOS id.
     fill = pad if pad else (eos_ids[0] if eos_ids else 0)
-    repetition = gen.get("repetition_penalty")
-    repetition = 1.0 if repetition is None else float(repetition)
+    repetition = _number(gen.get("repetition_penalty"), "repetition_penalty", source)
+    repetition = 1.0 if repetition is None else repetition
     if not repetition > 0:
         raise UnsupportedGenerationOption(f"{source}: repetition_penalty={repetition} must be > 0")
     return BeamRule(
-        eos_ids=eos_ids, length_penalty=1.0 if penalty is None else float(penalty),
+        eos_ids=eos_ids, length_penalty=1.0 if penalty is None else penalty,
         early_stopping=early, pad_id=int(fill), repetition_penalty=repetition,
     )
+
+
+def _token_id(value, name: str, source: str) -> int:
+    """A token id of the generation config (an integer >= 0; JSON true/false and "2" are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnsupportedGenerationOption(f"{source}: {name} holds {json.dumps(value)}; token ids are integers >= 0")
+    return value
+
+
+def _number(value, name: str, source: str) -> float | None:
+    """A numeric option of the generation config, None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UnsupportedGenerationOption(f"{source}: {name} = {json.dumps(value)} must be a number")
+    return float(value)

@@ -178,3 +178,29 @@ def test_a_failed_build_leaves_the_artifacts_folder_as_it_was(demo_checkpoint, t
     with pytest.raises(RuntimeError, match="the C\\+\\+ compiler failed"):
         build(config, out, force=True)
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # no .building folder left either
+
+
+@pytest.mark.parametrize("config, device", [("configs/demo.toml", "cuda"), ("configs/compose-gpu.toml", "cpu")])
+def test_device_flag_builds_for_that_device_whatever_the_configs_workers(tmp_path, capsys, config, device):
+    """--device overrides model.device and, with it, the kind of the workers' devices (a config's workers
+    run the kind its packages are compiled for): the build goes on to its next check, here the checkpoint."""
+    status = main(["--config", str(ROOT / config), "--device", device, "--model", str(tmp_path / "none"),
+                   "--out", str(tmp_path / "out")])
+    said = capsys.readouterr().err
+    assert status == 2 and "no config.json" in said and "do not match" not in said, said
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[]", "generation_config.json: expected a JSON object of options, got a list"),
+    ('"x"', "generation_config.json: expected a JSON object of options, got a str"),
+    ('{"eos_token_id": [null]}', "eos_token_id holds null; token ids are integers >= 0"),
+    ('{"eos_token_id": {"a": 1}}', 'eos_token_id holds {"a": 1}; token ids are integers >= 0'),
+    ('{"pad_token_id": "0"}', "pad_token_id holds \"0\"; token ids are integers >= 0"),
+    ('{"length_penalty": "long"}', "length_penalty = \"long\" must be a number"),
+])
+def test_a_bad_generation_config_is_refused_before_the_build(demo_checkpoint, tmp_path, capsys, no_work, content,
+                                                             message):
+    checkpoint = shutil.copytree(demo_checkpoint, tmp_path / "ckpt")
+    (checkpoint / "generation_config.json").write_text(content)
+    status, err = compile_cli(capsys, checkpoint, tmp_path / "out", config_file(tmp_path, beam="enabled = true"))
+    assert status == 2 and "compile: error: " in err and message in err, err
