@@ -15,6 +15,7 @@ from loadgen.simulator import SimSettings, simulate
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.tuner import TUNABLE, check_knobs
+from shared.config import DeploymentConfig, load_config
 
 OFFLINE_HEADROOM = 0.85
 """Offline, a candidate's simulated percentile must stay within this x the SLO (the simulator's target
@@ -27,6 +28,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         burst_size=args.burst_size, burst_spread_ms=args.burst_spread_ms, score_fraction=args.score_fraction,
         samples=args.samples, samples_cv=args.samples_cv, tokens_per_sample=args.tokens_per_sample,
         tokens_cv=args.tokens_cv, prompt_tokens=args.prompt_tokens, prompt_cv=args.prompt_cv,
+        max_samples=args.max_samples, max_tokens_per_sample=args.max_tokens_per_sample,
+        max_prompt_tokens=args.max_prompt_tokens,
         beam_width=args.beam_width, max_new_tokens=args.max_new_tokens, deadline_ms=args.deadline_ms,
         seed=args.seed,
     )
@@ -95,9 +98,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from loadgen.tuner import config_snippet, grid, table, tune
 
     trace = read_trace(args.trace)
-    axes = parse_grid(args.grid) or default_grid(trace, args.slo_ms, offline=args.offline)
+    base = load_config(args.config) if args.config else DeploymentConfig()
+    axes = parse_grid(args.grid) or default_grid(trace, args.slo_ms, base.gateway.max_deadline_ms)
     candidates = grid(axes)
-    check_grid(args, axes, candidates)
+    check_grid(base, axes, candidates)
     print(f"tuning {len(candidates)} candidates ({'simulated' if args.offline else 'live'})", file=sys.stderr)
     evaluate = _candidate_evaluator(args, trace)
     headroom = args.headroom if args.headroom is not None else (OFFLINE_HEADROOM if args.offline else 1.0)
@@ -187,12 +191,9 @@ def grid_value(text: str) -> int | float | bool | str:
     return {"true": True, "false": False}.get(text, text)
 
 
-def check_grid(args: argparse.Namespace, axes: dict[str, list[Any]], candidates: list[dict[str, Any]]) -> None:
+def check_grid(base: DeploymentConfig, axes: dict[str, list[Any]], candidates: list[dict[str, Any]]) -> None:
     """Refuse, before anything runs, a grid value or candidate that the deployment config's rules (or,
-    for the simulated world's knobs, their ranges) refuse, on the base --config or the defaults."""
-    from shared.config import DeploymentConfig, load_config
-
-    base = load_config(args.config) if args.config else DeploymentConfig()
+    for the simulated world's knobs, their ranges) refuse, on `base` (the --config, or the defaults)."""
     for name, values in axes.items():
         for value in values:
             check_knobs({name: value}, base, f"--grid {name}={value}")
@@ -200,12 +201,14 @@ def check_grid(args: argparse.Namespace, axes: dict[str, list[Any]], candidates:
         check_knobs(knobs, base, "--grid candidate " + ", ".join(f"{k}={v}" for k, v in knobs.items()))
 
 
-def default_grid(trace: Trace, slo_ms: float, offline: bool) -> dict[str, list[float]]:
-    """Batch wait, margin and the default deadline of each route the trace uses, around the SLO."""
+def default_grid(trace: Trace, slo_ms: float, max_deadline_ms: int) -> dict[str, list[float]]:
+    """Batch wait, margin and the default deadline of each route the trace uses, around the SLO (at most the
+    longest deadline the base config lets a request have)."""
     routes = {r.route for r in trace.records if r.deadline_ms is None}
     axes: dict[str, list[float]] = {"max_batch_wait_ms": [0.0, 1.0, 2.0, 5.0], "admission_margin_ms": [0.0, 1.0, 3.0]}
     for route in sorted(routes):
-        axes[f"{route}_deadline_ms"] = sorted({max(1, round(slo_ms * f)) for f in (0.5, 0.75, 1.0)})
+        axes[f"{route}_deadline_ms"] = sorted({min(max_deadline_ms, max(1, round(slo_ms * f)))
+                                               for f in (0.5, 0.75, 1.0)})
     return axes
 
 
@@ -213,8 +216,6 @@ def base_settings(args: argparse.Namespace) -> SimSettings:
     world = {"default_beam_width": args.beam_width, "request_overhead_ms": args.overhead_ms,
              "batch_overhead_ms": args.batch_overhead_ms, "static_prefix_tokens": args.static_prefix_tokens}
     if args.config:
-        from shared.config import load_config
-
         settings = SimSettings.from_config(load_config(args.config), **world)
     else:
         settings = SimSettings(**world)

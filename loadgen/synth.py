@@ -59,7 +59,8 @@ class SynthSpec:
                            ("prompt_tokens", "max_prompt_tokens")):
             if not 1 <= getattr(self, mean) <= getattr(self, high):
                 raise ValueError(f"{mean} = {getattr(self, mean)} must be between 1 and {high} "
-                                 f"({getattr(self, high)}): every length is drawn in that range")
+                                 f"({getattr(self, high)}; --{high.replace('_', '-')}): every length is drawn in "
+                                 "that range")
         for name in ("beam_width", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -147,7 +147,7 @@ def test_a_trace_meta_line_must_be_an_object(files):
 
 @pytest.mark.parametrize("field, value, message", [
     ("samples", 0, "samples = 0 must be between 1 and max_samples"),
-    ("samples", 100, "samples = 100 must be between 1 and max_samples \\(64\\)"),
+    ("samples", 100, "samples = 100 must be between 1 and max_samples \\(64;"),
     ("tokens_per_sample", -3, "tokens_per_sample = -3 must be between 1"),
     ("beam_width", 0, "beam_width must be >= 1"),
     ("max_new_tokens", 0, "max_new_tokens must be >= 1"),
@@ -164,3 +164,19 @@ def test_import_limit_and_beam_width_are_kept_as_given(files):
     for options in (ImportOptions(limit=0), ImportOptions(route="generate", beam_width=0)):
         with pytest.raises(ValueError, match="must be >= 1, got 0"):
             import_trace(files["csv"], "azure", options)
+
+
+def test_synth_caps_are_options_and_their_refusal_names_them(files, capsys):
+    line = refused(["synth", "--out", files["out"], "--samples", "100"], capsys)
+    assert "samples = 100 must be between 1 and max_samples (64; --max-samples)" in line
+    assert main(["synth", "--out", files["out"], "--samples", "100", "--max-samples", "128", "--duration-s", "1"]) == 0
+    records = read_trace(files["out"]).records
+    assert max(len(r.sample_tokens) for r in records if r.route == "score") > 64
+
+
+def test_the_default_tune_grid_stays_within_the_configs_longest_deadline(files, capsys):
+    """With no --grid, deadlines around a long SLO are capped at max_deadline_ms, not refused as a bad grid."""
+    out = files["dir"] + "/tune.json"
+    assert main(["tune", "--trace", files["trace"], "--slo-ms", "100000", *OFFLINE, "--out", out]) == 0
+    report = json.loads(open(out).read())
+    assert max(c["score_deadline_ms"] for c in report["candidates"]) == 60_000
