@@ -259,9 +259,12 @@ def _capacity(args: argparse.Namespace, trace: Trace, knobs: dict[str, Any]) -> 
     cap = capacity_report(trace, _service(args), settings, args.slo_ms, args.pct, args.max_workers)
     print(f"\ncapacity for p{args.pct:g} <= {args.slo_ms:g} ms at {cap['rate_rps']:.1f} requests/s "
           f"(c_a {cap['ca']:.2f}, tau {cap['tau_ms']:.2f} ms, c_s {cap['cs']:.2f}):")
-    print(f"  Kingman (unbatched):   {cap['kingman_workers']} workers")
-    print(f"  simulated, unbatched:  {cap['simulated_unbatched_workers']} workers")
-    print(f"  simulated, recommended settings with batching: {cap['simulated_batched_workers']} workers")
+    def workers(count: int | None) -> str:  # None: no count up to --max-workers met the SLO
+        return f"{count} workers" if count is not None else f"more than {args.max_workers} workers (--max-workers)"
+
+    print(f"  Kingman (unbatched):   {workers(cap['kingman_workers'])}")
+    print(f"  simulated, unbatched:  {workers(cap['simulated_unbatched_workers'])}")
+    print(f"  simulated, recommended settings with batching: {workers(cap['simulated_batched_workers'])}")
     return cap
 
 

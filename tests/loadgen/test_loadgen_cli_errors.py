@@ -180,3 +180,11 @@ def test_the_default_tune_grid_stays_within_the_configs_longest_deadline(files, 
     assert main(["tune", "--trace", files["trace"], "--slo-ms", "100000", *OFFLINE, "--out", out]) == 0
     report = json.loads(open(out).read())
     assert max(c["score_deadline_ms"] for c in report["candidates"]) == 60_000
+
+
+def test_capacity_that_no_worker_count_reaches_is_said_in_words(files, capsys):
+    """--capacity with an SLO no count up to --max-workers meets: 'more than N', never 'None workers'."""
+    argv = ["tune", "--trace", files["trace"], "--slo-ms", "1", *OFFLINE, "--capacity", "--max-workers", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "None workers" not in out and "more than 2 workers (--max-workers)" in out, out
