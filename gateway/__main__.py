@@ -3,8 +3,9 @@
 Serves the HTTP API on uvloop; with --spawn-workers it also starts the configured workers and
 restarts any that crash or stop answering. Prints the URL and an example request once listening.
 SIGTERM or Ctrl-C drains: new requests get 503 draining, queued and in-flight ones are answered
-(within drain_timeout_ms), the listener closes once every handler has answered, then the workers
-stop. A client still sending its body when the drain ends is cut off: it had no request in flight.
+(within drain_timeout_ms, which also waits for the bodies of requests that arrived before the drain), the
+listener closes once every handler has answered, then the workers stop. A client still sending its body
+when the drain ends is cut off.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) ->
 
 async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     app = make_app(settings)
-    # After the drain only handlers still reading a body are left: give them a moment, not a minute.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HANDLER_GRACE_S)
+    # After the drain (which waits for bodies of requests that arrived before it) only handlers of clients still
+    # sending past drain_timeout_ms are left: give them a moment, not a minute.
+    # handler_cancellation: a client that closes its connection cancels its handler, which takes the request's
+    # work out of the queue (gateway/request_end.py) instead of computing an answer nobody reads.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HANDLER_GRACE_S,
+                           handler_cancellation=True)
     await runner.setup()
     gw = settings.config.gateway
     site = web.TCPSite(runner, gw.host, gw.port)

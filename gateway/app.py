@@ -7,6 +7,7 @@ JSON of gateway/errors.py and writes one JSON log line per request.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -68,6 +69,7 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = given if REQUEST_ID_PATTERN.fullmatch(given) else uuid.uuid4().hex
     request[REQUEST_ID] = request_id
     error: ApiError | None = None
+    gateway = request.app.get(GATEWAY)
     try:
         _authorize(request)
         response = await handler(request)
@@ -75,15 +77,19 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
         error = exc
     except web.HTTPException as exc:
         error = _http_error(exc)
+    except asyncio.CancelledError:  # the client closed its connection, or a drain ended: nothing can be sent
+        if gateway is not None:
+            gone = ApiError("draining" if gateway.draining else "client_closed", "the connection closed")
+            _account(request, gateway, gone.status, gone, started)
+        raise
     except Exception:
         logging.getLogger("gateway").exception("request %s failed", request_id)
         error = ApiError("internal", f"the gateway failed on request {request_id}; see its log")
     if error is not None:
         response = error_response(error, request_id)
-        if error.code == "body_timeout":  # the rest of the body may never come: do not wait to read it
-            response.force_close()
+        if request.body_exists and not request.content.is_eof():  # answered before its body was read: the rest
+            response.force_close()  # would be taken for the next request, or may never come
     response.headers["X-Request-Id"] = request_id
-    gateway = request.app.get(GATEWAY)
     if gateway is not None:
         _account(request, gateway, response.status, error, started)
     return response
@@ -131,7 +137,11 @@ async def _read_body(request: web.Request) -> bytes:
     gateway = request.app[GATEWAY]
     max_ms = gateway.limits.max_deadline_ms
     budget_ms = resolve_deadline_ms(None, request.headers, max_ms, max_ms)
-    return await read_body(request, gateway.settings.config.gateway.max_body_bytes, budget_ms)
+    gateway.reading_bodies += 1  # a drain waits for it: the request arrived before the drain began
+    try:
+        return await read_body(request, gateway.settings.config.gateway.max_body_bytes, budget_ms)
+    finally:
+        gateway.reading_bodies -= 1
 
 
 def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrived: float) -> float:

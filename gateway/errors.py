@@ -20,6 +20,8 @@ ERRORS: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "the route exists but not for this method"),
     "body_timeout": (408, "the body did not arrive before the request's deadline; nothing was computed"),
     "too_large": (413, "the body is over the size limit, or the input over the compiled bounds"),
+    "client_closed": (499, "the client closed its connection before the answer (logs and metrics only: nothing "
+                           "can be sent); work not yet computed is taken out of the queue"),
     "unsupported_encoding": (415, "the body's Content-Encoding is not gzip, deflate or identity"),
     "queue_full": (429, "the queue's token budget is spent; retry after Retry-After seconds"),
     "internal": (500, "a bug in the gateway; the message says where"),
@@ -31,6 +33,10 @@ ERRORS: dict[str, tuple[int, str]] = {
     "batcher_stopped": (503, "the gateway's batching loop for this workload stopped; its log says why"),
     "deadline_exceeded": (504, "the deadline passed before the answer was ready; the work was dropped"),
 }
+
+
+NOT_SENT = frozenset({"client_closed"})
+"""Codes that only logs and metrics carry: no client is there to receive them."""
 
 
 class ErrorDetail(msgspec.Struct):

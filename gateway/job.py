@@ -100,7 +100,8 @@ class Job:
         if self.state == DONE:
             return False
         self._close()
-        self.future.set_result(result)
+        if not self.future.cancelled():
+            self.future.set_result(result)
         return True
 
     def fail(self, error: ApiError) -> bool:
@@ -108,8 +109,9 @@ class Job:
         if self.state == DONE:
             return False
         self._close()
-        self.future.set_exception(error)
-        self.future.exception()  # an error answer is an expected outcome: never log it as "unretrieved"
+        if not self.future.cancelled():
+            self.future.set_exception(error)
+            self.future.exception()  # an error answer is an expected outcome: never log it as "unretrieved"
         return True
 
     def _close(self) -> None:
@@ -121,8 +123,8 @@ class Job:
 
 async def wait_all(jobs: list[Job], on_error: Callable[[Job, ApiError], None]) -> list[Any]:
     """Results of all jobs in order; at the first error, `on_error` each other job, then raise it."""
-    if len(jobs) == 1:
-        return [await jobs[0].future]
+    if len(jobs) == 1:  # shielded: a handler cancelled (its client gone) leaves the job for the batcher to end
+        return [await asyncio.shield(jobs[0].future)]
     pending = {job.future for job in jobs}
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)

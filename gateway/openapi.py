@@ -10,7 +10,7 @@ import msgspec
 
 from gateway.body_rules import schema_of
 from gateway.deadline import ENVOY_HEADER
-from gateway.errors import ERRORS, ErrorAnswer
+from gateway.errors import ERRORS, NOT_SENT, ErrorAnswer
 from gateway.http_answers import ANSWERS
 from gateway.http_types import request_types
 from gateway.limits import Limits
@@ -18,7 +18,8 @@ from gateway.limits import Limits
 REF = "#/components/schemas/{name}"
 DEADLINE_HEADER_SAYS = ("Budget in ms from arrival (gateway/deadline.py); the smallest of this, the other header and "
                         "deadline_ms wins.")
-ERROR_STATUSES = tuple(sorted({status for status, _ in ERRORS.values()}))
+SENT_ERRORS = {code: meaning for code, meaning in ERRORS.items() if code not in NOT_SENT}
+ERROR_STATUSES = tuple(sorted({status for status, _ in SENT_ERRORS.values()}))
 
 
 def openapi_document(limits: Limits) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "boundserve gateway", "version": "1",
                  "description": "Deadline-aware scoring and bounded beam search. Errors: " +
-                                "; ".join(f"{s} {c}: {m}" for c, (s, m) in ERRORS.items())},
+                                "; ".join(f"{s} {c}: {m}" for c, (s, m) in SENT_ERRORS.items())},
         "paths": {
             "/v1/score": _post("Score samples (prefill only): label probabilities, top-k tokens or embeddings; "
                                "also accepts SGLang's /v1/score schema.", {"anyOf": [score, sglang]},
@@ -58,7 +59,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
 
 def _errors(error: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per status, the error answer and the codes it carries."""
-    return {str(s): {"description": ", ".join(c for c, (st, _) in ERRORS.items() if st == s),
+    return {str(s): {"description": ", ".join(c for c, (st, _) in SENT_ERRORS.items() if st == s),
                      "content": {"application/json": {"schema": error}}} for s in ERROR_STATUSES}
 
 

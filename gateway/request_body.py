@@ -45,6 +45,8 @@ async def read_body(request: web.Request, limit: int, budget_ms: int) -> bytes:
                                        "or the longest a request may have); nothing was computed") from None
     except web.HTTPRequestEntityTooLarge:
         raise ApiError("too_large", f"the body is over the limit of {limit} bytes") from None
+    except ConnectionResetError:  # aiohttp's "Connection lost": the client left mid-body
+        raise ApiError("client_closed", "the client closed its connection while sending the body") from None
     if encoding in ("gzip", "x-gzip", "deflate") and raw:
         raw = decompress(raw, encoding, limit)
     if not raw:

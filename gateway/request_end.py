@@ -1,12 +1,13 @@
 """How a request's jobs end: the results joined, the predictions learnt from, wasted compute counted.
 
-When a request's jobs are all answered (or the first fails, and the others are abandoned: taken
-out of the queue, or failed if already sent), the batcher learns how late the answer came against
-the finish it predicted when it sent the jobs (a request dropped for its deadline would have come
-no earlier than that; the lateness is the slack of its drops and of admission), and the compute
-the workers spent on the request (each job's share of its batch, gateway/worker_link.py) is wasted
-if the answer comes after the deadline (`late`) or the request fails after some of it was computed
-(`dropped`). A job answered after its request gave up on it is counted on arrival, by the link.
+When a request's jobs are all answered (or the first fails, or its client closes the connection,
+and the others are abandoned: taken out of the queue, or failed if already sent), the batcher
+learns how late the answer came against the finish it predicted when it sent the jobs (a request
+dropped for its deadline would have come no earlier than that; the lateness is the slack of its
+drops and of admission), and the compute the workers spent on the request (each job's share of its
+batch, gateway/worker_link.py) is wasted if the answer comes after the deadline (`late`) or the
+request fails after some of it was computed (`dropped`). A job answered after its request gave up
+on it is counted on arrival, by the link.
 Work dropped before compute (refused, expired, predicted late) wastes none.
 """
 
@@ -35,11 +36,22 @@ class RequestEnd:
         workload, deadline = self.batcher.workload, min(job.deadline for job in jobs)
         try:
             results = await wait_all(jobs, self.batcher.abandon)
+        except asyncio.CancelledError:  # the client closed its connection: aiohttp cancels the handler
+            gone = ApiError("client_closed", "the client closed its connection before the answer")
+            for job in jobs:
+                self.batcher.abandon(job, gone)  # out of the queue; a job already sent is wasted on arrival
+            self.metrics.count_wasted(workload, "dropped", sum(job.compute_ms for job in jobs))
+            raise
         except ApiError as error:
             if error.drop_reason in SENT_AND_MISSED:
                 self.batcher.learn_missed(jobs, deadline)
             self.metrics.count_wasted(workload, "dropped", sum(job.compute_ms for job in jobs))
-            raise
+            if len(jobs) == 1:
+                raise
+            computed = sum(job.compute_ms > 0 for job in jobs)  # the error's words are its own batch's
+            raise ApiError(error.code, f"{error.message} (one of the {len(jobs)} batches this request was split "
+                                       f"into; {computed} of them had been computed)", error.retry_after_s,
+                           error.drop_reason) from None
         answered_at = asyncio.get_running_loop().time()
         self.batcher.learn(jobs, answered_at)
         self.metrics.count_answer(workload, answered_at <= deadline)
