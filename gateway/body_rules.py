@@ -198,13 +198,15 @@ class Excludes:
 
 @dataclass(frozen=True)
 class Distinct:
-    """A list holds no value twice (labels: a repeated label would split its probability with itself)."""
+    """A list holds no value twice (labels: a repeated label would split its probability with itself).
+    `scope` tells apart the same rule on another request shape (rule names are unique in the document)."""
 
     field: str
+    scope: str = ""
 
     @property
     def name(self) -> str:
-        return f"distinct:{self.field}"
+        return f"distinct:{self.field}" + (f"@{self.scope}" if self.scope else "")
 
     @property
     def says(self) -> str:

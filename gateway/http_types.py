@@ -142,7 +142,7 @@ def _sglang_score_request(f: _Fields) -> type[Struct]:
         """SGLang's /v1/score body, accepted unchanged: the query joined to each item, as text or
         token ids alike; answered in SGLang's shape."""
 
-        RULES: ClassVar[tuple[Rule, ...]] = (ItemsOfQueryKind(), ItemTokens())
+        RULES: ClassVar[tuple[Rule, ...]] = (ItemsOfQueryKind(), ItemTokens(), Distinct("label_token_ids", "sglang"))
         items: f.text | Annotated[
             list[f.text | f.ids("max_tokens_per_sample", _words("max_tokens_per_sample", "items[{index}]"),
                                        min_length=None)],

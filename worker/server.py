@@ -37,6 +37,7 @@ RefitFactory = Callable[["WorkerServer"], BackgroundRefit]
 
 MAX_PEERS = 1024
 MAX_RECV_PER_TURN = 256  # frames read before forwarding replies again, so neither side starves
+LOGGED_IDS = 8  # request ids a refusal's log line names (and how many there were)
 GATEWAY_SILENCE_MS = 10_000  # a gateway connection unanswered this long is dropped (libzmq's pings)
 REFIT_JOIN_S = 30.0  # at exit: let a background profile call in progress finish
 
@@ -143,6 +144,8 @@ class WorkerServer:
                 continue
             handler = self.handlers.get(type(message))
             if handler is None:
+                self.stats.add(errors=1)
+                self.log.warning("unsupported_message", peer=peer.hex(), kind=type(message).__name__)
                 self._send(router, peer, Error(code=ErrorCode.UNSUPPORTED,
                                                message=f"a worker does not accept {type(message).__name__}"))
                 continue
@@ -150,6 +153,7 @@ class WorkerServer:
 
     def on_hello(self, router: zmq.Socket, peer: bytes, hello: Hello, now: float) -> None:
         if hello.protocol_version != PROTOCOL_VERSION:
+            self.peers.pop(peer, None)  # a peer known before speaks another version now: its batches are refused
             self._send(router, peer, Error(code=ErrorCode.VERSION_MISMATCH,
                                            message=f"worker speaks protocol {PROTOCOL_VERSION}, "
                                                    f"gateway sent {hello.protocol_version}"))
@@ -166,8 +170,9 @@ class WorkerServer:
         refusal = self._admit(peer, batch, now)
         if refusal is not None:
             code, message = refusal
+            ids = [r.request_id for r in batch.requests[:LOGGED_IDS]]  # a batch can hold thousands
             self.log.warning("batch_refused", batch_id=batch.batch_id, code=code, error=message,
-                             request_ids=[r.request_id for r in batch.requests])
+                             requests=len(batch.requests), request_ids=ids)
             self._send(router, peer, Error(code=code, message=message, batch_id=batch.batch_id))
 
     def _admit(self, peer: bytes, batch: ScoreBatch | BeamBatch, now: float) -> tuple[str, str] | None:
@@ -194,6 +199,12 @@ class WorkerServer:
         return None
 
     def on_shutdown(self, router: zmq.Socket, peer: bytes, message: Shutdown, now: float) -> None:
+        if peer not in self.peers:  # only a gateway this worker knows may stop it
+            self.stats.add(errors=1)
+            self.log.warning("shutdown_refused", peer=peer.hex(), reason=message.reason)
+            self._send(router, peer, Error(code=ErrorCode.HELLO_REQUIRED,
+                                           message="send Hello before Shutdown (this worker does not know you)"))
+            return
         self.log.info("shutdown_requested", peer=peer.hex(), reason=message.reason)
         self.request_stop()
         if not self.draining:  # at once, so batches behind it in this turn are refused

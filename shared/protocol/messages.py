@@ -76,7 +76,7 @@ class Hello(Record):
 
     TYPE: ClassVar[int] = 1
     protocol_version: int
-    gateway_id: str
+    gateway_id: RequestId  # a name for logs, as short as a request id
 
 
 class Ready(Record):

@@ -342,6 +342,8 @@ RULE_BREAKERS = {
     "query_used:query,samples": ("/v1/score", {"samples": [{"input_ids": [1]}, {"text": "a", "query": "b"}],
                                                "labels": ["yes"], "query": "q"},
                                  "$.query goes before texts, but no sample takes it"),
+    "distinct:label_token_ids@sglang": ("/v1/score", {"items": ["a"], "label_token_ids": [4, 4]},
+                                        "$.label_token_ids[1] = 4 repeats $.label_token_ids[0]"),
     "same_kind:query,items": ("/v1/score", {"items": ["a"], "query": [1], "label_token_ids": [1]},
                               "$.items[0] must be a list of token ids because the query is token ids, got a string"),
     "item_tokens:query,items": ("/v1/score", {"items": ["a", ""], "label_token_ids": [1]},

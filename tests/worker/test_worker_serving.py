@@ -237,6 +237,23 @@ def test_handshake_rules(worker_process, client_class):
         other.close()
 
 
+def test_only_a_known_gateway_is_obeyed_and_a_version_change_unregisters_it(worker_process, client_class):
+    stranger = client_class(worker_process.endpoint, gateway_id="gw-3")
+    try:
+        stranger.send(p.Shutdown(reason="not a gateway you know"))
+        reply = stranger.recv_where(lambda m: isinstance(m, p.Error))
+        assert reply.code == p.ErrorCode.HELLO_REQUIRED and "Shutdown" in reply.message
+        assert isinstance(stranger.hello(), p.Ready)  # still serving: the Shutdown was not obeyed
+        batch = score_batch(score_request("v", [1, 2], (2,)))
+        stranger.send(p.Hello(protocol_version=p.PROTOCOL_VERSION + 1, gateway_id="gw-3"))
+        assert stranger.recv_where(lambda m: isinstance(m, p.Error)).code == p.ErrorCode.VERSION_MISMATCH
+        stranger.send(batch)
+        reply = stranger.reply_to(batch.batch_id)
+        assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.HELLO_REQUIRED
+    finally:
+        stranger.close()
+
+
 def test_full_queue_answers_overloaded_at_once(client):
     bounds, vocab = client.ready.bounds, client.ready.model["vocab_size"]
     rng = np.random.default_rng(5)
