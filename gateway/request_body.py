@@ -6,8 +6,9 @@ and an encoding it has no library for (br, zstd) as a plain-text 400 before any 
 each of those gets the JSON error of gateway/errors.py naming the encoding and the problem.
 
 A body must arrive before the request's deadline could pass: the smallest deadline its headers give,
-else the longest any request may have (`[gateway] max_deadline_ms`), counted from arrival. A client
-that stalls mid-body gets 408 `body_timeout` then, and the connection is closed.
+else the longest any request may have (`[gateway] max_deadline_ms`), counted from when the route
+starts reading it (on arrival). A client that stalls mid-body gets 408 `body_timeout` then, with
+`Connection: close` (gateway/app.py closes any connection answered before its body was read).
 """
 
 from __future__ import annotations
