@@ -8,12 +8,13 @@ JSON of gateway/errors.py and writes one JSON log line per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import orjson
 from aiohttp import web
@@ -78,8 +79,9 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         error = _http_error(exc)
     except asyncio.CancelledError:  # the client closed its connection, or a drain ended: nothing can be sent
-        if gateway is not None:
-            gone = ApiError("draining" if gateway.draining else "client_closed", "the connection closed")
+        if gateway is not None:  # a lost connection is the client's doing, even during a drain
+            closed = request.transport is None or not gateway.draining
+            gone = ApiError("client_closed" if closed else "draining", "the connection closed")
             _account(request, gateway, gone.status, gone, started)
         raise
     except Exception:
@@ -137,11 +139,7 @@ async def _read_body(request: web.Request) -> bytes:
     gateway = request.app[GATEWAY]
     max_ms = gateway.limits.max_deadline_ms
     budget_ms = resolve_deadline_ms(None, request.headers, max_ms, max_ms)
-    gateway.reading_bodies += 1  # a drain waits for it: the request arrived before the drain began
-    try:
-        return await read_body(request, gateway.settings.config.gateway.max_body_bytes, budget_ms)
-    finally:
-        gateway.reading_bodies -= 1
+    return await read_body(request, gateway.settings.config.gateway.max_body_bytes, budget_ms)
 
 
 def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrived: float) -> float:
@@ -151,11 +149,17 @@ def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrive
     return arrived + budget_ms / 1000.0
 
 
-def _accepting(gateway: Gateway) -> float:
-    """The arrival time, once it is clear the gateway takes new work."""
+@contextlib.contextmanager
+def _accepting(gateway: Gateway) -> Iterator[float]:
+    """The arrival time, once it is clear the gateway takes new work; the request is in progress (a
+    drain waits for it) until its handler returns."""
     if gateway.draining:
         raise ApiError("draining", "the gateway is shutting down and takes no new requests; retry on another")
-    return gateway.pool.clock()
+    gateway.requests_in_progress += 1
+    try:
+        yield gateway.pool.clock()
+    finally:
+        gateway.requests_in_progress -= 1
 
 
 def _json(body: object) -> web.Response:
@@ -165,10 +169,10 @@ def _json(body: object) -> web.Response:
 
 async def score(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    arrived = _accepting(gateway)
-    spec = parse_score(await _read_body(request), gateway.limits)
-    deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.score_deadline_ms, arrived)
-    answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
+    with _accepting(gateway) as arrived:
+        spec = parse_score(await _read_body(request), gateway.limits)
+        deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.score_deadline_ms, arrived)
+        answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
     if spec.dialect != "sglang":
         answer.id = request[REQUEST_ID]
     return _json(answer)
@@ -176,10 +180,11 @@ async def score(request: web.Request) -> web.Response:
 
 async def generate(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    arrived = _accepting(gateway)
-    spec = parse_generate(await _read_body(request), gateway.limits)
-    deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.generate_deadline_ms, arrived)
-    answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
+    with _accepting(gateway) as arrived:
+        spec = parse_generate(await _read_body(request), gateway.limits)
+        deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.generate_deadline_ms,
+                             arrived)
+        answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
     answer.id = request[REQUEST_ID]
     return _json(answer)
 

@@ -37,12 +37,13 @@ ERRORS: dict[str, tuple[int, str]] = {
 
 NOT_SENT = frozenset({"client_closed"})
 """Codes that only logs and metrics carry: no client is there to receive them."""
+SENT = tuple(code for code in ERRORS if code not in NOT_SENT)
 
 
 class ErrorDetail(msgspec.Struct):
     """What went wrong: the code (the table above), a message naming the field and the fix, the request id."""
 
-    code: Literal[tuple(ERRORS)]
+    code: Literal[SENT]
     message: str
     request_id: str
 

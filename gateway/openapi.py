@@ -10,7 +10,7 @@ import msgspec
 
 from gateway.body_rules import schema_of
 from gateway.deadline import ENVOY_HEADER
-from gateway.errors import ERRORS, NOT_SENT, ErrorAnswer
+from gateway.errors import ERRORS, SENT, ErrorAnswer
 from gateway.http_answers import ANSWERS
 from gateway.http_types import request_types
 from gateway.limits import Limits
@@ -18,7 +18,7 @@ from gateway.limits import Limits
 REF = "#/components/schemas/{name}"
 DEADLINE_HEADER_SAYS = ("Budget in ms from arrival (gateway/deadline.py); the smallest of this, the other header and "
                         "deadline_ms wins.")
-SENT_ERRORS = {code: meaning for code, meaning in ERRORS.items() if code not in NOT_SENT}
+SENT_ERRORS = {code: ERRORS[code] for code in SENT}
 ERROR_STATUSES = tuple(sorted({status for status, _ in SENT_ERRORS.values()}))
 
 

@@ -48,10 +48,11 @@ class RequestEnd:
             self.metrics.count_wasted(workload, "dropped", sum(job.compute_ms for job in jobs))
             if len(jobs) == 1:
                 raise
-            computed = sum(job.compute_ms > 0 for job in jobs)  # the error's words are its own batch's
+            sent = sum(job.dispatched is not None for job in jobs)  # the error's words are its own batch's
+            answered = sum(job.compute_ms > 0 for job in jobs)
             raise ApiError(error.code, f"{error.message} (one of the {len(jobs)} batches this request was split "
-                                       f"into; {computed} of them had been computed)", error.retry_after_s,
-                           error.drop_reason) from None
+                                       f"into; {sent} had been sent to a worker, {answered} answered)",
+                           error.retry_after_s, error.drop_reason) from None
         answered_at = asyncio.get_running_loop().time()
         self.batcher.learn(jobs, answered_at)
         self.metrics.count_answer(workload, answered_at <= deadline)

@@ -47,8 +47,9 @@ class Gateway:
     generate: GenerateService
     executor: ThreadPoolExecutor
     draining: bool = False
-    reading_bodies: int = 0
-    """Requests that arrived before a drain began and are still sending their bodies (the drain waits)."""
+    requests_in_progress: int = 0
+    """/v1 requests taken (before a drain began) whose handlers have not returned: reading their bodies,
+    tokenizing, queued or computing. A drain waits for them."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     lag_watch: LoopLagWatch | None = None
     _wire_ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -109,6 +110,6 @@ class Gateway:
         return request_ids.wire_id(request_id, next(self._wire_ids))
 
     def idle(self) -> bool:
-        """No body being read, nothing queued and nothing in flight (drain is complete)."""
-        return (self.reading_bodies == 0 and all(b.queued_jobs == 0 for b in self.batchers.values())
+        """No request in progress, nothing queued and nothing in flight (drain is complete)."""
+        return (self.requests_in_progress == 0 and all(b.queued_jobs == 0 for b in self.batchers.values())
                 and self.pool.in_flight_batches() == 0)

@@ -61,8 +61,17 @@ class RequestTokenizer:
         return await asyncio.get_running_loop().run_in_executor(executor, self.encode, samples)
 
     def label_ids(self, labels: Sequence[str]) -> list[int]:
-        """One token id per label; refuses a label that is not exactly one token, saying why."""
-        return [self._label_id(i, label) for i, label in enumerate(labels)]
+        """One token id per label; refuses a label that is not exactly one token, and two labels that are
+        the same token (the tokenizer normalizes text: "yes" and "YES" may be one), saying why."""
+        ids = [self._label_id(i, label) for i, label in enumerate(labels)]
+        first: dict[int, int] = {}
+        for i, token in enumerate(ids):
+            if token in first:
+                raise ApiError("invalid_request", f"labels[{i}] = {labels[i]!r} is the same token ({token}) as "
+                                                  f"labels[{first[token]}] = {labels[first[token]]!r}; give each "
+                                                  "label once")
+            first[token] = i
+        return ids
 
     def _label_id(self, index: int, label: str) -> int:
         cached = self._label_cache.get(label)

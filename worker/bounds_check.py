@@ -39,6 +39,8 @@ def _score_request_problem(req: ScoreRequest, token_dtype: str, bounds: Bounds, 
         return problem.message("the request")
     if req.label_ids and max(req.label_ids) >= vocab_size:
         return outside_vocabulary("label token id", vocab_size)
+    if len(set(req.label_ids)) != len(req.label_ids):
+        return "a label token id is given twice: it would share its probability with itself"
     if _bad_ids(req.input_ids, token_dtype, vocab_size):
         return outside_vocabulary("token id", vocab_size)
     return None

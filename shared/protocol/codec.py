@@ -164,8 +164,6 @@ def _check_score_batch(batch: ScoreBatch) -> None:
             _require(min(req.sample_lens) >= 1, path + ".sample_lens", "every sample needs >= 1 token")
         _require(req.work().sent_tokens == tokens, path + ".sample_lens",
                  f"prefix_len {req.prefix_len} + sum {sum(req.sample_lens)} != {tokens} tokens in input_ids")
-        _require(len(set(req.label_ids)) == len(req.label_ids), path + ".label_ids",
-                 "a label id given twice would share its probability with itself")
 
 
 def _check_beam_batch(batch: BeamBatch) -> None:

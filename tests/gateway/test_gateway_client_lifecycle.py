@@ -68,10 +68,10 @@ async def test_a_client_that_leaves_mid_body_is_client_closed_not_a_gateway_fail
     reader, writer = await asyncio.open_connection(stack.client.host, stack.client.port)
     writer.write(raw_request(b'{"samples": ', "half", length=100))
     await writer.drain()
-    await until(lambda: stack.gateway.reading_bodies == 1, what="the body being read")
+    await until(lambda: stack.gateway.requests_in_progress == 1, what="the body being read")
     assert not stack.gateway.idle()  # a drain would wait for it
     writer.close()
-    await until(lambda: stack.gateway.reading_bodies == 0, what="the read ended")
+    await until(lambda: stack.gateway.requests_in_progress == 0, what="the handler ended")
     page = await scrape(stack)
     assert sample(page, "boundserve_requests_total", route="/v1/score", outcome="client_closed") == 1, page
     assert sample(page, "boundserve_requests_total", route="/v1/score", outcome="internal") is None
@@ -82,13 +82,13 @@ async def test_a_body_still_arriving_is_awaited_and_served(stack):
     reader, writer = await asyncio.open_connection(stack.client.host, stack.client.port)
     writer.write(raw_request(body[:10], "slow", length=len(body)))
     await writer.drain()
-    await until(lambda: stack.gateway.reading_bodies == 1, what="the body being read")
+    await until(lambda: stack.gateway.requests_in_progress == 1, what="the body being read")
     writer.write(body[10:])
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     writer.close()
     assert head.startswith(b"HTTP/1.1 200"), head
-    assert stack.gateway.reading_bodies == 0 and stack.gateway.idle()
+    assert stack.gateway.requests_in_progress == 0 and stack.gateway.idle()
 
 
 async def test_an_answer_given_before_the_body_was_read_closes_the_connection(stack):
@@ -111,9 +111,15 @@ async def test_a_split_request_that_fails_says_how_it_was_split(request_tokenize
         body = {**FULL, "samples": FULL["samples"] * 2, "deadline_ms": 300}
         status, answer, _ = await stack.post("/v1/score", body)
         assert status == 504 and answer["error"]["code"] == "deadline_exceeded", answer
-        assert "(one of the 2 batches this request was split into; 0 of them had been computed)" in \
+        assert "(one of the 2 batches this request was split into; 1 had been sent to a worker, 0 answered)" in \
             answer["error"]["message"], answer
     finally:
         gate.set()
         await stack.client.close()
         worker.stop()
+
+
+async def test_client_closed_is_for_logs_and_metrics_only(stack):
+    """No client can receive it: /openapi.json lists neither its status nor its code."""
+    document = await (await stack.client.get("/openapi.json")).text()
+    assert "client_closed" not in document and '"499"' not in document

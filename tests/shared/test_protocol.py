@@ -144,8 +144,6 @@ BAD = [
     ([b"\x07", body("w", 0, 0, False, [1, 2, 3, 4, 5, 6])], "counters = \\[1,2,3,4,5,6\\] must be an array of its 5 fields batches_computed.* \\(each optional\\)"),
     ([b"\x02", body(3, "w", "cpu", 1, [], BOUNDS_MAP, {}, {"score": {"alpha": 1.0}})], "missing required field latency\\[...\\].beta \\(a number\\)"),
     ([b"\x01", b"\x91" * 5000], "invalid Hello"),
-    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [9, 9, 8], 0, False, 0]])],
-     "requests\\[0\\].label_ids: a label id given twice"),
     ([b"\x01", body(p.PROTOCOL_VERSION, "G" * 257)], "gateway_id = \"GGG.* must be a string between 1 and 256"),
 ]
 

@@ -37,14 +37,15 @@ def sbatch(*requests):
 def test_score_requests_out_of_bounds_are_refused_alone():
     batch = sbatch(sreq("ok", [10]), sreq("long", [65]), sreq("k", [2], top_k=6), sreq("labels", [2], (1, 2, 3, 4, 5)),
                    sreq("vocab", [2], ids=[1, VOCAB]), sreq("label-vocab", [2], (VOCAB,)),
-                   sreq("samples", [1] * 9))
+                   sreq("samples", [1] * 9), sreq("twice", [2], (9, 9, 8)))
     rejected = check_score_batch(batch, BOUNDS, VOCAB)
-    assert sorted(rejected) == [1, 2, 3, 4, 5, 6]
+    assert sorted(rejected) == [1, 2, 3, 4, 5, 6, 7]  # the batch's first request is served
     assert rejected[1] == "a sample is 65 tokens long; the compiled bound is 64 tokens per sample " \
                           "(bounds.max_tokens_per_sample)"
     assert "top_k = 6" in rejected[2] and "5 label ids" in rejected[3]
     assert "vocabulary [0, 100)" in rejected[4] and "label token id outside" in rejected[5]
     assert "the request holds 9 samples" in rejected[6]
+    assert rejected[7] == "a label token id is given twice: it would share its probability with itself"
 
 
 @pytest.mark.parametrize("requests,what", [
