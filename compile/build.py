@@ -46,6 +46,8 @@ class BuildContext:
     model: Transformer
     dtype: torch.dtype
     device: str
+    beam: beam_module.BeamInputs | None = None
+    """The beam node's generation rule and constraint tables, read once by check_inputs (None: beam off)."""
 
 
 # workload name -> builder returning (module whose state dict holds the node's weights, its export,
@@ -73,10 +75,11 @@ def check_positions(config: DeploymentConfig, spec: ModelSpec) -> None:
                              f"({spec.max_position_embeddings}, {config.model.path}/config.json)")
 
 
-def check_inputs(config: DeploymentConfig, spec: ModelSpec) -> None:
+def check_inputs(config: DeploymentConfig, spec: ModelSpec) -> beam_module.BeamInputs | None:
     """Refuse bad input before any work: bounds past the model's positions, a workload without a builder,
     a missing input file of an enabled feature, a checkpoint without tokenizer.json, the beam node's
-    generation config and constraints. Each would otherwise be found after minutes of compiling."""
+    generation config and constraints. Each would otherwise be found after minutes of compiling. Returns
+    the beam node's inputs as read (None: beam off), for its builder."""
     check_positions(config, spec)
     missing = [w for w in enabled_workloads(config) if w not in NODE_BUILDERS]
     if missing:
@@ -85,8 +88,7 @@ def check_inputs(config: DeploymentConfig, spec: ModelSpec) -> None:
         if path:
             input_file(setting, path)
     tokenizer_files(Path(config.model.path))
-    if config.beam.enabled:
-        beam_module.read_inputs(config, spec.vocab_size)
+    return beam_module.read_inputs(config, spec.vocab_size) if config.beam.enabled else None
 
 
 def input_files(config: DeploymentConfig) -> dict[str, str | None]:
@@ -178,7 +180,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
-    check_inputs(config, read_spec(model_dir))  # refuse an unsupported checkpoint, or any other bad input, first
+    beam_inputs = check_inputs(config, read_spec(model_dir))  # an unsupported checkpoint, any bad input: first
     check_out(out)
     checkpoint_sha = checkpoint_hash(model_dir)
     key = build_key(config, checkpoint_sha, kernel_profile)
@@ -199,7 +201,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         use_gemm(model, gemms[workloads[0]])  # before fp8 calibration, so it measures kernels that will run
         fp8 = fp8_for_build(config, model, progress.stage)  # [model] fp8: swaps chosen layers in place
         int8 = int8_for_build(config, model, progress.stage)  # [quantize] int8: the same, or refuses the build
-        ctx = BuildContext(config, checkpoint, model, dtype, device)
+        ctx = BuildContext(config, checkpoint, model, dtype, device, beam_inputs)
         nodes, weights, packings, operators = {}, {}, [], set()
         for workload in workloads:
             progress.stage(f"exporting the {workload} node")

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import orjson
 from aiohttp import web
 
-from gateway.deadline import resolve_deadline_ms
+from gateway.deadline import budget_ms, header_budget_ms
 from gateway.errors import ApiError, error_response
 from gateway.generate_request import parse_generate
 from gateway.http_answers import Health, Ready, WorkerState, encode_json
@@ -133,20 +133,12 @@ def _http_error(exc: web.HTTPException) -> ApiError:
     return ApiError("invalid_request", f"HTTP {exc.status}: {exc.reason}")
 
 
-async def _read_body(request: web.Request) -> bytes:
+async def _read_body(request: web.Request, header_ms: int | None) -> bytes:
     """The body (decoded by its route's types), which must arrive before the request's deadline could
-    pass: the smallest deadline its headers give, else the longest a request may have."""
+    pass: the smallest deadline its headers give (`header_ms`), else the longest a request may have."""
     gateway = request.app[GATEWAY]
-    max_ms = gateway.limits.max_deadline_ms
-    budget_ms = resolve_deadline_ms(None, request.headers, max_ms, max_ms)
-    return await read_body(request, gateway.settings.config.gateway.max_body_bytes, budget_ms)
-
-
-def _deadline(request: web.Request, body_ms: int | None, default_ms: int, arrived: float) -> float:
-    """Absolute deadline (loop clock): the budget counts from the request's arrival."""
-    gateway = request.app[GATEWAY]
-    budget_ms = resolve_deadline_ms(body_ms, request.headers, default_ms, gateway.limits.max_deadline_ms)
-    return arrived + budget_ms / 1000.0
+    limit_ms = header_ms if header_ms is not None else gateway.limits.max_deadline_ms
+    return await read_body(request, gateway.settings.config.gateway.max_body_bytes, limit_ms)
 
 
 @contextlib.contextmanager
@@ -170,9 +162,10 @@ def _json(body: object) -> web.Response:
 async def score(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     with _accepting(gateway) as arrived:
-        spec = parse_score(await _read_body(request), gateway.limits)
-        deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.score_deadline_ms, arrived)
-        answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
+        header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
+        spec = parse_score(await _read_body(request, header_ms), gateway.limits)
+        budget = budget_ms(spec.deadline_ms, header_ms, gateway.settings.config.gateway.score_deadline_ms)
+        answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
     if spec.dialect != "sglang":
         answer.id = request[REQUEST_ID]
     return _json(answer)
@@ -181,10 +174,10 @@ async def score(request: web.Request) -> web.Response:
 async def generate(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     with _accepting(gateway) as arrived:
-        spec = parse_generate(await _read_body(request), gateway.limits)
-        deadline = _deadline(request, spec.deadline_ms, gateway.settings.config.gateway.generate_deadline_ms,
-                             arrived)
-        answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), deadline)
+        header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
+        spec = parse_generate(await _read_body(request, header_ms), gateway.limits)
+        budget = budget_ms(spec.deadline_ms, header_ms, gateway.settings.config.gateway.generate_deadline_ms)
+        answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
     answer.id = request[REQUEST_ID]
     return _json(answer)
 

@@ -15,12 +15,21 @@ DEADLINE_HEADERS = ("X-Deadline-Ms", ENVOY_HEADER)
 
 def resolve_deadline_ms(body_ms: int | None, headers: Mapping[str, str], default_ms: int, max_ms: int) -> int:
     """The budget in milliseconds from arrival; refuses a malformed header by name."""
-    budgets = [] if body_ms is None else [body_ms]
-    for name in DEADLINE_HEADERS:
-        raw = headers.get(name)
-        if raw is not None and not (name == ENVOY_HEADER and raw.strip() == "0"):  # Envoy: 0 = no timeout
-            budgets.append(_header_ms(name, raw, max_ms))
-    return min(budgets) if budgets else default_ms
+    return budget_ms(body_ms, header_budget_ms(headers, max_ms), default_ms)
+
+
+def header_budget_ms(headers: Mapping[str, str], max_ms: int) -> int | None:
+    """The smallest budget the deadline headers give (None: none does); refuses a malformed one by name."""
+    budgets = [_header_ms(name, raw, max_ms) for name in DEADLINE_HEADERS
+               if (raw := headers.get(name)) is not None
+               and not (name == ENVOY_HEADER and raw.strip() == "0")]  # Envoy: 0 = no timeout
+    return min(budgets) if budgets else None
+
+
+def budget_ms(body_ms: int | None, header_ms: int | None, default_ms: int) -> int:
+    """The smallest of the body's and the headers' budgets, else the route's default."""
+    given = [ms for ms in (body_ms, header_ms) if ms is not None]
+    return min(given) if given else default_ms
 
 
 def _header_ms(name: str, raw: str, max_ms: int) -> int:

@@ -12,7 +12,6 @@ the query and the prompt template.
 from __future__ import annotations
 
 import functools
-import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from gateway.decoding import BodyDecoder
 from gateway.errors import ApiError
 from gateway.http_types import DEFAULT_OUTPUT, LABEL_OUTPUTS, request_types
 from gateway.limits import Limits
+from shared.prefix import template_fields
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,6 @@ def parse_score(raw: bytes, limits: Limits) -> ScoreSpec:
     if not shape.samples:
         raise invalid("missing required field $.samples (or $.items, for SGLang's /v1/score schema)")
     return ours.decode(raw)
-
-
-def template_fields(template: str) -> set[str]:
-    """The field names a format string uses ({text}, {query})."""
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
 def invalid(message: str) -> ApiError:

@@ -9,6 +9,7 @@ is reused only by samples whose ids really start with its tokens.
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,12 @@ def longest_common_prefix(samples: Sequence[Sequence[int]]) -> int:
         if not length:
             break
     return length
+
+
+@functools.cache
+def template_fields(template: str) -> frozenset[str]:
+    """The field names a str.format template uses ({text}, {query}); parsed once per template."""
+    return frozenset(field for _, field, _, _ in string.Formatter().parse(template) if field)
 
 
 def template_header(template: str | None) -> str:

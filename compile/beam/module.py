@@ -181,7 +181,7 @@ class BeamInputs:
 def read_inputs(config: DeploymentConfig, vocab_size: int) -> BeamInputs:
     """Read and validate the beam node's inputs. The build calls it before any work (compile/build.py's
     check_inputs), so a bad generation_config.json or constraints file is refused before the checkpoint
-    loads and the score node compiles, and the node builder calls it again for the values."""
+    loads and the score node compiles; the node builder gets what it read (BuildContext.beam)."""
     bounds, path = config.bounds, config.model.path
     source = f"{path}/generation_config.json"
     try:
@@ -211,7 +211,8 @@ def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, d
     """Node builder: the beam node of ctx's checkpoint under ctx.config's bounds."""
 
     bounds = ctx.config.bounds
-    inputs = read_inputs(ctx.config, ctx.model.spec.vocab_size)
+    inputs = ctx.beam
+    assert inputs is not None, "the beam node is built only with [beam] enabled, whose inputs check_inputs read"
     rule, constraint, facts = inputs.rule, None, {}
     if inputs.tables is not None:
         constraint = PrefixConstraint(inputs.tables, rule.eos_ids)
