@@ -172,7 +172,7 @@ async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid
     await sequential(port, requests[:32])  # warm-up
     floor = await sequential(port, [GET_HEALTH] * n)
     latency, paired_tokenize = await paired(port, requests, bodies, encode, n)
-    overhead = np.array(latency) - np.array(paired_tokenize)  # same request, same moment: drift cancels
+    overhead = (np.array(latency) - np.array(paired_tokenize)).tolist()  # same request, same moment: drift cancels
     seconds = 3.0 if args.quick else 10.0
     cpu_before = cpu_seconds(gateway_pid)
     rps, errors = await load(port, requests, args.concurrency, seconds)
