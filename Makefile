@@ -61,7 +61,7 @@ SCORE_REQUESTS ?= 2
 INT8_BUDGET ?=
 INT8_BUDGET_ARG = $(if $(INT8_BUDGET),--int8-budget $(INT8_BUDGET))
 # The int8 runs include OpenVINO, so that one run times int8, our float node and every peer. It once took a
-# 24-layer run past 24 GiB, when CTranslate2's int8 log-probs were computed on all rows at once (bench/ct2_baseline.py
+# 24-layer run past 24 GiB, when CTranslate2's int8 log-probs were computed on all rows at once (bench/harness/ct2_baseline.py
 # now takes two rows per call); on 12-04 the Qwen3-0.6B float32-base run with it peaked at 21.2 GB used on the
 # machine, 5.6 GB of which a paused build held. INT8_EXTRA=--no-openvino leaves it out on a smaller machine.
 INT8_EXTRA ?=

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from bench.provenance import ROOT, timed_part, write_result
+from bench.harness.provenance import ROOT, timed_part, write_result
 from gateway.worker_link import READY
 from gateway.worker_pool import WorkerPool
 from loadgen.stack import free_port

@@ -3,11 +3,11 @@
 On the CPU, a float32 `F.linear` lowers to aten mm/addmm, which calls MKL's sgemm; on the AVX-512
 machine this was measured on, that ran at about half the rate of oneDNN's float32 matmul
 (`mkldnn::_linear_pointwise`, compiled against the plain [out, in] weight, so the weights keep their
-names and every node still shares one copy; the runtime hands it prepacked: compile/packing.py). Inductor's own freezing + cpp.weight_prepack
+names and every node still shares one copy; the runtime hands it prepacked: worker/runtime/packing.py). Inductor's own freezing + cpp.weight_prepack
 does not help here: with a dynamic token axis it left aten addmm in the package (torch 2.13, seen
 on a compiled 2-layer MLP at the same speed as without freezing). bfloat16 linears already go to oneDNN through
 aten (bit-identical outputs, measured), but unpacked: through `mkldnn::_linear_pointwise` their
-weights are prepacked once at load (compile/packing.py), so "auto" takes oneDNN for bfloat16 too. The
+weights are prepacked once at load (worker/runtime/packing.py), so "auto" takes oneDNN for bfloat16 too. The
 op is CPU-only.
 
 Default "auto": oneDNN for float32 on a CPU with AVX-512 (on AVX2 alone: for the beam node only, see
@@ -24,7 +24,7 @@ MKL 915 ms, oneDNN 832 on dense weights, 754 prepacked; at 400 rows all three wi
 beam node compiled on aten ran at 0.83x the speed of the one on prepacked oneDNN (4.83 against 3.99 s
 a request, W = 100, all 6 pairs slower, bench/node_ab.py --workload beam). So on AVX2 alone "auto"
 gives each node its own kernel (NARROW_NODES). A weight two nodes read on different kernels stays
-dense (compile/packing.py), so a deployment with both nodes runs its beam node on oneDNN with dense
+dense (worker/runtime/packing.py), so a deployment with both nodes runs its beam node on oneDNN with dense
 weights. oneDNN's float32 results differ from aten's only in summation order: at 24 layers, 3
 requests of 15 samples, the largest label-logit difference from transformers was 1.7e-4 with oneDNN
 and 1.1e-4 with aten (logits up to ~6: relative 3e-5), so neither kernel holds 1e-4 at real depth; at
@@ -43,7 +43,7 @@ runs one GEMM over all rows.
 
 With glibc's default allocator settings each whole-MLP call maps its [T, 2I] gate/up product afresh
 (above the mmap threshold) and faults its pages in, which blocks avoid; a worker keeps freed memory
-instead (compile/allocator.py). Measured again that way (12-05, an AMD EPYC with AVX-512 at half rate,
+instead (worker/runtime/allocator.py). Measured again that way (12-05, an AMD EPYC with AVX-512 at half rate,
 2 threads, prepacked oneDNN, 4,285 rows, best of 5 interleaved rounds), the blocks gain nothing:
 Qwen3-0.6B's float32 MLP took 376 ms whole (silu * mul compiled by Inductor) against 379 in 512-row
 blocks (430 against 379 under the default settings); the GEMMs alone ran at 208-222 GFLOP/s (0.92-0.98
@@ -102,7 +102,7 @@ def onednn_fp32(workload: str) -> bool:
 
 def resolve_gemm(choice: str, device: str, dtype: torch.dtype, workload: str) -> GemmBackend:
     """The backend `workload`'s node uses, checked against its device: oneDNN's op exists on a CPU only,
-    and in bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it (compile/packing.py
+    and in bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it (worker/runtime/packing.py
     prepacks its weights) for float32 where `onednn_fp32` says so and for bfloat16 on a CPU with
     bfloat16 instructions, and aten otherwise."""
     if choice not in GEMM_CHOICES:

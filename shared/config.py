@@ -52,7 +52,7 @@ class ModelConfig:
     """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul, 1.5-1.7x
     faster than aten for float32 on the AVX-512 CPU measured), aten (torch's default: MKL sgemm for
     float32 on a CPU), or auto, chosen per node: onednn for float32 on a CPU with AVX-512 and for
-    bfloat16 on one with bfloat16 instructions (weights prepacked at load, compile/packing.py), aten
+    bfloat16 on one with bfloat16 instructions (weights prepacked at load, worker/runtime/packing.py), aten
     otherwise, but for the beam node's float32 on AVX2 alone (there MKL's sgemm beat prepacked oneDNN
     on the scoring node's thousands of rows and lost on the beam node's hundreds)."""
     fp8: bool = False

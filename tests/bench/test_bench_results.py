@@ -1,4 +1,4 @@
-"""bench/provenance.py, the one writer of benchmark results: a result whose parity failed is never
+"""bench/harness/provenance.py, the one writer of benchmark results: a result whose parity failed is never
 written; every result says the threads each side used and the load while it was measured."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from bench import provenance
-from bench.provenance import LoadSampler, ParityFailed, timed_part, write_result
+from bench.harness import provenance
+from bench.harness.provenance import LoadSampler, ParityFailed, timed_part, write_result
 
 CHECKS_OK = [{"check": "ours_vs_reference", "max_abs_diff": 1e-5, "ok": True}]
 CHECKS_FAILED = [*CHECKS_OK, {"check": "theirs_vs_reference", "max_abs_diff": 3.9, "ok": False}]
