@@ -254,9 +254,9 @@ def overload_policies(name: str) -> Callable[[Results], list[str]]:
                              f"refused {share(c['refused_share'])}; dropped {share(c['dropped_share'])}; "
                              f"wasted {share(c['wasted_share'])}")
             rows.append([f"`{policy}`", *cells])
-        caption = (f"{d['workload']}: capacity {d['capacity_rps']:.1f} requests/s by the sweep; "
-                   f"{d['windows']} windows per cell; from {r.source()}")
-        return [caption, "", *table(["policy", *d["loads"]], rows)]
+        caption = [f"**{d['workload']}**: capacity {d['capacity_rps']:.1f} requests/s by the sweep, "
+                   f"{d['windows']} windows per cell;", f"from {r.source()}"]
+        return [*caption, "", *table(["policy", *d["loads"]], rows)]
     return render
 
 
