@@ -288,7 +288,8 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
 
     yield row("detection", "a killed worker seen lost (SIGKILL, median over cases)",
               lambda d: " / ".join(f"{c['median_ms']:.1f} ms" for k, c in d["cases"].items() if "SIGKILL" in k))
-    yield row("detection", "a frozen worker seen lost, worst case over the bound T", lambda d: f"{d['max_over_bound']:.3f} T")
+    yield row("detection", "a frozen worker seen lost, worst case over the bound T",
+              lambda d: f"{d['max_over_bound']:.3f} T")
     yield row("recovery", "SIGKILL to the replacement's first answer (min / median / max)",
               lambda d: " / ".join(f"{d['first_200_after_kill_s'][k]:.2f} s" for k in ("min", "median", "max")))
     yield row("gateway_overhead", "gateway's added latency, p50 / p99 (stand-in worker)",
