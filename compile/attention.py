@@ -13,10 +13,10 @@ Once per forward, from the layout's tensors, `pool_mask` builds the block mask e
       segment up to itself, its parent's and its grandparent's segments in full (empty: 0, 0).
       Fixed size (the compiled bound), one buffer. The mask compares a key's row number with the
       query's bounds, so it reads nothing per key (a table lookup per key was a scalar gather per
-      lane in the CPU kernel: 19 % of its time on the scoring mix);
+      lane in the CPU kernel, a large share of its time on the scoring mix);
     - each (query block, key block) pair classified empty, full (the mask is not evaluated) or
       partial from the same intervals: Tq x key blocks x 3 comparisons, where create_block_mask
-      evaluates the mask on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens).
+      evaluates the mask on all Tq x Tk pairs (far slower at a scoring request's size).
 `packed_attention` then runs, on a CPU with AVX512-BF16, the C++ kernel of compile/kernels
 (torch.ops.boundserve.packed_attention) for float32, and for bfloat16 where the CPU has no AMX
 (compile/kernels.attention_applies); it reads the row table itself and never the block mask. Elsewhere
@@ -61,12 +61,10 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from compile import kernels
 
 # Rows per block on a CPU: the masked waste of partial blocks shrinks with the block, the per-block
-# overhead grows. Measured on the scoring mix (1 thread, CPU time, against the per-sample SDPA loop):
-# block 32 0.77x (Qwen2.5) / 0.87x (Qwen3), 64 0.90x / 1.01x, 128 1.47x (Qwen2.5); 16 mixed (0.80x Qwen2.5,
-# better on Qwen3 bf16: 0.78x against 0.85x for 32 in the same run). On a CPU with AMX, where the bfloat16
-# kernel multiplies blocks on AMX tiles, 64 was no faster: the 24-layer bfloat16 scoring node with 64 against 32
-# (bench/node_ab.py --workload score --dtype bf16, 2 threads) ran 0.984x by median call, 1.016x by median pair
-# (9 pairs, 0.82-1.19): within the machine's noise, so one block for every CPU.
+# overhead grows. On the scoring mix 32 was faster than 64 and 128, and than 16 on Qwen2.5's shapes. On a
+# CPU with AMX, where the bfloat16 kernel multiplies blocks on AMX tiles, 64 was no faster than 32 within
+# the machine's noise (bench/node_ab.py; docs/benchmarks.md, "A/B runs of the node"), so one block for
+# every CPU.
 CPU_BLOCK = 32
 GPU_BLOCK = 128  # FlexAttention's own default on CUDA: the Triton kernel's tiles divide it
 
