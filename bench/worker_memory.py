@@ -16,7 +16,7 @@ releases and the seconds.
     .venv/bin/python bench/worker_memory.py [--model qwen2.5-0.5b] [--dtype bf16|fp32] [--layers N]
                                             [--calls 150] [--limit-mb 3072] [--every 25] [--quick]
 
-Figures from it (beside the worker-limit paragraph in README.md) are full runs; --quick is a smoke test.
+Figures from it (docs/design/compilation.md, "Memory between calls") are full runs; --quick is a smoke test.
 """
 
 from __future__ import annotations

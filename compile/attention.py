@@ -13,10 +13,10 @@ Once per forward, from the layout's tensors, `pool_mask` builds the block mask e
       segment up to itself, its parent's and its grandparent's segments in full (empty: 0, 0).
       Fixed size (the compiled bound), one buffer. The mask compares a key's row number with the
       query's bounds, so it reads nothing per key (a table lookup per key was a scalar gather per
-      lane in the CPU kernel: 19 % of its time on the scoring mix);
+      lane in the CPU kernel, a large share of its time on the scoring mix);
     - each (query block, key block) pair classified empty, full (the mask is not evaluated) or
       partial from the same intervals: Tq x key blocks x 3 comparisons, where create_block_mask
-      evaluates the mask on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens).
+      evaluates the mask on all Tq x Tk pairs (far slower at a scoring request's size).
 `packed_attention` then runs, on a CPU with AVX512-BF16, the C++ kernel of worker/runtime/kernels
 (torch.ops.boundserve.packed_attention) for float32, and for bfloat16 where the CPU has no AMX
 (worker/runtime/kernels.attention_applies); it reads the row table itself and never the block mask. Elsewhere
@@ -59,6 +59,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from worker.runtime import kernels
+
 
 @dataclass(frozen=True)
 class KeyPool:

@@ -53,7 +53,7 @@ def _figures(rows: list[dict]) -> dict[str, Any]:
 
 
 def ratios(figures: dict[str, dict[str, dict[str, Any]]], capacity_rps: float) -> dict[str, Any]:
-    """The issue's keys (see the module docstring and README, "Overload")."""
+    """The issue's keys (see the module docstring and docs/design/scheduling.md)."""
     admission = figures[ADMISSION]
     goodput = {policy: {load: f["goodput_rps"] for load, f in loads.items()} for policy, loads in figures.items()}
     own_best = max(goodput[ADMISSION].values())

@@ -108,9 +108,7 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
     it sheds, if it sheds one): admission's prediction for a new request, in the same walk.
 
     A large request's fate, plainly: under overload it is the first shed, and is served only with
-    the room the cheaper ones leave (in the simulator at 2x on the Azure code trace, the largest
-    were answered in time about as often as with deadline order, 24 % against 25 %; at 1x and 4x
-    markedly less often: 25 % against 39 %, 13 % against 17 %; README, "Overload")."""
+    the room the cheaper ones leave (docs/design/scheduling.md, "Shedding by cost")."""
     in_time: list[W] = []  # the jobs kept before the first late one (their costs are read only then)
     kept: list[tuple[float, int, W]] | None = None  # then a heap, costliest (then latest) first
     shed: set[int] = set()

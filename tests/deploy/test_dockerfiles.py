@@ -94,7 +94,7 @@ def test_compose_build_targets_name_stages():
             assert build["target"] in names, f"{name}: target {build['target']} not in {names}"
 
 
-# Where images come from: build arguments, defaulting to the public sources (README "Docker").
+# Where images come from: build arguments, defaulting to the public sources (docs/deployment.md).
 PIP_MOUNTS = ("--mount=type=bind,source=docker/wheels,target=/wheels",
               "--mount=type=secret,id=pip.conf,target=/etc/pip.conf")
 PIP_ARGS = {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_NO_INDEX", "TORCH_INDEX_URL"}

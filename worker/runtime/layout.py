@@ -30,12 +30,10 @@ from shared.work import StaticPrefix, WorkSize
 
 
 # Rows per block on a CPU: the masked waste of partial blocks shrinks with the block, the per-block
-# overhead grows. Measured on the scoring mix (1 thread, CPU time, against the per-sample SDPA loop):
-# block 32 0.77x (Qwen2.5) / 0.87x (Qwen3), 64 0.90x / 1.01x, 128 1.47x (Qwen2.5); 16 mixed (0.80x Qwen2.5,
-# better on Qwen3 bf16: 0.78x against 0.85x for 32 in the same run). On a CPU with AMX, where the bfloat16
-# kernel multiplies blocks on AMX tiles, 64 was no faster: the 24-layer bfloat16 scoring node with 64 against 32
-# (bench/node_ab.py --workload score --dtype bf16, 2 threads) ran 0.984x by median call, 1.016x by median pair
-# (9 pairs, 0.82-1.19): within the machine's noise, so one block for every CPU.
+# overhead grows. On the scoring mix 32 was faster than 64 and 128, and than 16 on Qwen2.5's shapes. On a
+# CPU with AMX, where the bfloat16 kernel multiplies blocks on AMX tiles, 64 was no faster than 32 within
+# the machine's noise (bench/node_ab.py; docs/benchmarks.md, "A/B runs of the node"), so one block for
+# every CPU.
 CPU_BLOCK = 32
 GPU_BLOCK = 128  # FlexAttention's own default on CUDA: the Triton kernel's tiles divide it
 
