@@ -109,6 +109,15 @@ def test_an_unlisted_or_hand_written_manifest_fails(tmp_path):
     assert any("extra.yaml: a hand-written ConfigMap 'extra'" in p for p in found), found
 
 
+def test_an_overlay_inside_the_folder_of_its_base_fails_as_kustomize_refuses_it(tmp_path):
+    """Why the shared objects live in base/: kustomize reports a cycle when a base contains its overlay."""
+    root = tree_copy(tmp_path)
+    (root / "deploy/k8s/base/variant").mkdir()
+    (root / "deploy/k8s/base/variant/kustomization.yaml").write_text("resources:\n  - ..\n")
+    found = problems(root)
+    assert any(p.startswith("deploy/k8s/base/variant: does not render") and "cycle" in p for p in found), found
+
+
 def test_the_config_map_is_generated_from_configs_k8s_toml():
     rendered = objects(K8S_DIR)
     (config_map,) = [body for (kind, _), body in rendered.items() if kind == "ConfigMap"]
