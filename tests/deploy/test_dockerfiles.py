@@ -191,8 +191,9 @@ def test_the_images_install_every_source_file_the_build_reads():
     import tomllib
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-data", {})
-    sources = sorted((ROOT / "compile").rglob("*.cpp"))
+    sources = sorted(p for package in ("compile", "worker", "shared") for p in (ROOT / package).rglob("*.cpp"))
     assert sources, "worker/runtime/kernels has C++ sources"
     for path in sources:
-        relative = path.relative_to(ROOT / "compile").as_posix()
-        assert any(fnmatch.fnmatch(relative, p) for p in patterns.get("compile", [])), f"{relative}: not in package-data"
+        package, relative = path.relative_to(ROOT).parts[0], path.relative_to(ROOT / path.relative_to(ROOT).parts[0])
+        assert any(fnmatch.fnmatch(relative.as_posix(), p) for p in patterns.get(package, [])), \
+            f"{path.relative_to(ROOT)}: not in package-data"
