@@ -15,6 +15,8 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -28,7 +30,9 @@ from gateway.metrics import drop_reason
 from gateway.api.openapi import openapi_document
 from gateway.api.body import read_body
 from gateway.api.score import parse_score
+from gateway.limits import Limits
 from gateway.wiring import Gateway, Settings
+from shared.config import GatewayConfig
 
 log = logging.getLogger("gateway.access")
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -159,27 +163,47 @@ def _json(body: object) -> web.Response:
     return web.Response(body=encode_json(body), content_type="application/json")
 
 
-async def score(request: web.Request) -> web.Response:
+@dataclass(frozen=True)
+class WorkRoute:
+    """What a route that runs work on the workers adds to the one handler skeleton (`serve_work`): how
+    its body becomes a typed request, its default deadline, and how the request is run."""
+
+    parse: Callable[[bytes, Limits], Any]
+    """Body -> the route's typed request (gateway/api/); every refusal an ApiError."""
+    default_deadline_ms: Callable[[GatewayConfig], int]
+    run: Callable[[Gateway, Any, str, float], Awaitable[Any]]
+    """(gateway, request, wire id, deadline on the pool's clock) -> the answer Struct."""
+    names_answer: Callable[[Any], bool] = lambda spec: True  # noqa: E731
+    """Whether the answer carries the request id as `id` (SGLang's schema has no such field)."""
+
+
+async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
+    """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
+    headers and body, the body read within it, parse, run, answer."""
     gateway = request.app[GATEWAY]
     with _accepting(gateway) as arrived:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
-        spec = parse_score(await _read_body(request, header_ms), gateway.limits)
-        budget = budget_ms(spec.deadline_ms, header_ms, gateway.settings.config.gateway.score_deadline_ms)
-        answer = await gateway.scoring.score(spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
-    if spec.dialect != "sglang":
+        spec = route.parse(await _read_body(request, header_ms), gateway.limits)
+        budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
+        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
+    if route.names_answer(spec):
         answer.id = request[REQUEST_ID]
     return _json(answer)
 
 
+SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
+                  lambda gateway, spec, wire_id, deadline: gateway.scoring.score(spec, wire_id, deadline),
+                  names_answer=lambda spec: spec.dialect != "sglang")
+GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
+                     lambda gateway, spec, wire_id, deadline: gateway.generation.generate(spec, wire_id, deadline))
+
+
+async def score(request: web.Request) -> web.Response:
+    return await serve_work(request, SCORE)
+
+
 async def generate(request: web.Request) -> web.Response:
-    gateway = request.app[GATEWAY]
-    with _accepting(gateway) as arrived:
-        header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
-        spec = parse_generate(await _read_body(request, header_ms), gateway.limits)
-        budget = budget_ms(spec.deadline_ms, header_ms, gateway.settings.config.gateway.generate_deadline_ms)
-        answer = await gateway.generation.generate(spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
-    answer.id = request[REQUEST_ID]
-    return _json(answer)
+    return await serve_work(request, GENERATE)
 
 
 async def healthz(request: web.Request) -> web.Response:
