@@ -1,0 +1,146 @@
+"""The clairvoyant bound: an upper bound on the goodput any scheduler could reach on a trace.
+
+Definition. For a trace, latency model and bounds (loadgen/bound_problem.py: each request i has a
+window [r_i, d_i], a least cost c_i(lam) = the sum of its jobs' cheapest cost under perfect
+batching, and a least batch time a_i), with k workers, the bound is the optimum of the fluid
+(preemptive) relaxation
+
+    maximise  sum_i x_i   over 0 <= x_i <= 1, x_i = 0 where a_i > d_i - r_i,
+    such that sum_{i: a <= r_i, d_i <= b} c_i x_i <= k (b - a)   for every release a and deadline b,
+
+floored, and minimised over the delta shares lam in SHARES (each is a bound). Per class, the
+bound's own schedule serves sum x_i over the class's requests.
+
+Why it is an upper bound. Take any schedule of non-preemptive batches within the bounds (what the
+gateway or the simulator produces, whatever it knew), and a request i it serves in time: each of
+its jobs is in a batch that starts at or after r_i and ends by d_i, so a_i <= d_i - r_i. A batch
+S takes T(S) >= sum_{j in S} c_j (bound_problem.py: delta shared by the bounds, beta's mean by the
+largest batch, T's other terms additive). Cut each batch's run into consecutive pieces of c_j, one
+per member, and give each served request its pieces: every served request gets c_i of work inside
+[r_i, d_i], and at any instant at most k pieces run (one per worker). That is a preemptive
+schedule of the served set on a machine of speed k, so by Horn's condition (1974: a preemptive
+single machine meets every window iff every interval [a, b] holds the work of the windows inside
+it) x_i = 1 for the served requests, 0 else, is feasible above: served <= the optimum, an integer.
+
+How it is computed. The vectors y_i = c_i x_i the constraints allow are the supplies a
+transport network can carry (requests to the stretches between consecutive releases and
+deadlines, a stretch of length l carrying k l), capped by c_i: a polymatroid. Maximising
+sum y_i / c_i, positive weights, over a polymatroid is solved by Edmonds' greedy (1970): cheapest
+request first (ties: earliest deadline), each taking all the room the interval constraints leave
+it. The room is kept as a dense matrix over (release, deadline) pairs: O(n^2) memory, O(n^3)
+time at worst (~1 s for 900 requests).
+
+What it leaves out, so how far it can sit above the true optimum: preemption (a request's work
+split across batches and the waits in between), that a request runs at most at one worker's speed
+(with k > 1), fractional requests, and batches less full than the bounds. loadgen/bound_exact.py
+computes the true optimum on small instances to measure that gap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loadgen.bound_problem import Problem, problem_of
+from loadgen.service import ServiceModel
+from loadgen.simulator import SimSettings
+from loadgen.trace import Trace
+
+SHARES = (0.0, 0.5, 1.0)
+"""The delta shares tried (lam: its weight on the items bound, the rest on tokens or requests)."""
+EPS_MS = 1e-9
+"""Slack on comparisons of times, so that rounding never refuses work that fits exactly."""
+
+
+@dataclass(frozen=True)
+class BoundResult:
+    """The bound on one problem: its optimum, floored, and the schedule it comes from."""
+
+    served: int
+    """The bound: at most this many requests can be answered in time."""
+    fluid_served: float
+    """The relaxation's optimum before flooring."""
+    offered: int
+    share: float
+    """The delta share lam that gave the least bound."""
+    x: tuple[float, ...] = field(repr=False)
+    """Per request (the problem's order): the share of it the relaxation serves."""
+    by_class: dict[str, float] = field(default_factory=dict)
+    """Class -> requests the relaxation serves (sum of x)."""
+    offered_by_class: dict[str, int] = field(default_factory=dict)
+
+
+def fluid_served(problem: Problem, share: float) -> np.ndarray:
+    """x of the relaxation at delta share `share` (module docstring), by Edmonds' greedy."""
+    requests = problem.requests
+    if not requests:
+        return np.zeros(0)
+    cost = np.array([problem.least_ms(r, share) for r in requests])
+    release = np.array([r.release_ms for r in requests])
+    due = np.array([r.due_ms for r in requests])
+    alone = np.array([problem.alone_ms(r) for r in requests])
+    possible = (due - release >= alone - EPS_MS) & (due >= release)
+    x = np.zeros(len(requests))
+    if not possible.any():
+        return x
+    starts, ends = np.unique(release[possible]), np.unique(due[possible])
+    room = problem.workers * (ends[None, :] - starts[:, None])  # [starts, ends]: ms of work an interval holds
+    row = np.searchsorted(starts, release)  # intervals [starts[a], ends[b]] holding request i: a <= row, b >= col
+    col = np.searchsorted(ends, due)
+    for i in np.lexsort((due, cost)):  # cheapest first, then earliest deadline
+        if not possible[i]:
+            continue
+        if cost[i] <= EPS_MS:
+            x[i] = 1.0
+            continue
+        block = room[: row[i] + 1, col[i]:]
+        work = min(cost[i], float(block.min()))
+        if work > EPS_MS:
+            block -= work
+            x[i] = work / cost[i]
+    return x
+
+
+def clairvoyant_bound(problem: Problem, shares: Sequence[float] = SHARES) -> BoundResult:
+    """The least relaxation over `shares`, with its schedule's served requests per class."""
+    best: tuple[float, float, np.ndarray] | None = None
+    for share in shares:
+        x = fluid_served(problem, share)
+        total = float(x.sum())
+        if best is None or total < best[0]:
+            best = (total, share, x)
+    total, share, x = best
+    by_class: dict[str, float] = defaultdict(float)
+    offered: dict[str, int] = defaultdict(int)
+    for request, served in zip(problem.requests, x):
+        by_class[request.klass] += float(served)
+        offered[request.klass] += 1
+    return BoundResult(math.floor(total + 1e-6), total, len(problem.requests), share, tuple(float(v) for v in x),
+                       dict(by_class), dict(offered))
+
+
+def bound_by_load(trace: Trace, settings: SimSettings, service: ServiceModel, loads: Sequence[float],
+                  base_rps: float | None = None) -> dict[str, dict]:
+    """The bound of `trace` sent at each load (x `base_rps`, default the trace's own mean rate):
+    load -> served, goodput per second of the scaled trace's span (as bench/overload_sim.py counts
+    it: in-time answers over the last send time), and per class."""
+    rate = trace.rate_rps()
+    if rate <= 0:
+        raise ValueError("the trace needs at least two requests at different times to be sent at a load")
+    out = {}
+    for load in loads:
+        scaled = trace.scaled(load * (base_rps or rate) / rate)
+        result = clairvoyant_bound(problem_of(scaled, settings, service))
+        span_s = max(r.t_ms for r in scaled.records) / 1000.0 or 1.0
+        out[f"{load:g}x"] = {
+            "offered_rps": round(scaled.rate_rps(), 3), "offered": result.offered, "bound_served": result.served,
+            "fluid_served": round(result.fluid_served, 3), "bound_goodput_rps": round(result.served / span_s, 3),
+            "delta_share": result.share,
+            "by_class": {k: {"offered": result.offered_by_class[k], "served": round(v, 3),
+                             "goodput_rps": round(v / span_s, 3)} for k, v in sorted(result.by_class.items())},
+        }
+    return out
