@@ -38,6 +38,7 @@ computes the true optimum on small instances to measure that gap.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -123,24 +124,37 @@ def clairvoyant_bound(problem: Problem, shares: Sequence[float] = SHARES) -> Bou
                        dict(by_class), dict(offered))
 
 
+def class_bounds(problem: Problem, shares: Sequence[float] = SHARES) -> dict[str, int]:
+    """Per class, the bound on that class's requests alone: what any schedule can serve of the class
+    (its served set, the others dropped, is a schedule too). Unlike the bound's own schedule's split
+    (BoundResult.by_class, one optimum among many), each is an upper bound on its own."""
+    classes = sorted({r.klass for r in problem.requests})
+    return {c: clairvoyant_bound(dataclasses.replace(problem, requests=tuple(r for r in problem.requests
+                                                                              if r.klass == c)), shares).served
+            for c in classes}
+
+
 def bound_by_load(trace: Trace, settings: SimSettings, service: ServiceModel, loads: Sequence[float],
                   base_rps: float | None = None) -> dict[str, dict]:
     """The bound of `trace` sent at each load (x `base_rps`, default the trace's own mean rate):
     load -> served, goodput per second of the scaled trace's span (as bench/overload_sim.py counts
-    it: in-time answers over the last send time), and per class."""
+    it: in-time answers over the last send time), and per class: what the bound's schedule serves
+    of it (`served`) and the bound on the class alone (`bound_alone`)."""
     rate = trace.rate_rps()
     if rate <= 0:
         raise ValueError("the trace needs at least two requests at different times to be sent at a load")
     out = {}
     for load in loads:
         scaled = trace.scaled(load * (base_rps or rate) / rate)
-        result = clairvoyant_bound(problem_of(scaled, settings, service))
+        problem = problem_of(scaled, settings, service)
+        result, alone = clairvoyant_bound(problem), class_bounds(problem)
         span_s = max(r.t_ms for r in scaled.records) / 1000.0 or 1.0
         out[f"{load:g}x"] = {
             "offered_rps": round(scaled.rate_rps(), 3), "offered": result.offered, "bound_served": result.served,
             "fluid_served": round(result.fluid_served, 3), "bound_goodput_rps": round(result.served / span_s, 3),
             "delta_share": result.share,
             "by_class": {k: {"offered": result.offered_by_class[k], "served": round(v, 3),
-                             "goodput_rps": round(v / span_s, 3)} for k, v in sorted(result.by_class.items())},
+                             "goodput_rps": round(v / span_s, 3), "bound_alone": alone[k]}
+                         for k, v in sorted(result.by_class.items())},
         }
     return out

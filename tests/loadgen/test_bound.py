@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from loadgen.__main__ import main
-from loadgen.bound import clairvoyant_bound, fluid_served
+from loadgen.bound import class_bounds, clairvoyant_bound, fluid_served
 from loadgen.bound_exact import Batch, edf_schedule, exact_optimum, served_by
 from loadgen.bound_problem import BatchLimits, problem_of
 from loadgen.service import ServiceModel
@@ -36,8 +37,14 @@ def world(max_samples: int = 16, max_tokens: int = 4096, **knobs) -> SimSettings
 
 def served_in_time(trace: Trace, settings: SimSettings, service: ServiceModel) -> int:
     """Requests the simulator answers within their deadline (bench/overload_sim.py's goodput count)."""
+    return sum(in_time_by_class(trace, settings, service).values())
+
+
+def in_time_by_class(trace: Trace, settings: SimSettings, service: ServiceModel) -> Counter[str]:
+    """Per deadline class (the bound's class names), requests the simulator answers within their deadline."""
     results = Simulator(settings, service).run(trace)
-    return sum(r.outcome == "ok" and r.latency_ms <= rec.deadline_ms for r, rec in zip(results, trace.records))
+    return Counter(f"{rec.deadline_ms:g}" for r, rec in zip(results, trace.records)
+                   if r.outcome == "ok" and r.latency_ms <= rec.deadline_ms)
 
 
 models = st.builds(LatencyModel, alpha=st.floats(0, 0.01), beta=st.floats(0, 0.05), gamma=st.floats(0, 0.5),
@@ -64,8 +71,12 @@ def test_bound_at_least_exact_optimum_at_least_every_schedule(model, recs, max_s
         assert fluid_served(problem, share).sum() >= optimum - 1e-6
     assert clairvoyant_bound(problem).served >= optimum
     assert optimum >= len(served_by(problem, edf))
+    per_class = class_bounds(problem)
+    optimum_by_class = Counter(problem.requests[i].klass for i in served_by(problem, schedule))
     for name, knobs in POLICIES.items():
-        assert optimum >= served_in_time(trace, dataclasses.replace(sim, **knobs), service), name
+        policy = in_time_by_class(trace, dataclasses.replace(sim, **knobs), service)
+        assert optimum >= sum(policy.values()), name
+        assert all(per_class[c] >= policy[c] and per_class[c] >= optimum_by_class[c] for c in per_class), name
 
 
 @SLOW
@@ -170,6 +181,7 @@ def test_cli_prints_one_json_line_per_load_and_class(tmp_path, capsys):
     assert set(line["loads"]) == {"1x", "2x"}
     for load in line["loads"].values():
         assert set(load["by_class"]) == {"50", "300"}
+        assert all(0 <= c["bound_alone"] <= c["offered"] for c in load["by_class"].values())
         assert load["bound_served"] <= load["offered"] == 40
         assert sum(c["served"] for c in load["by_class"].values()) == pytest.approx(load["fluid_served"], abs=0.01)
 
