@@ -8,7 +8,8 @@ batching, and a least batch time a_i), with k workers, the bound is the optimum 
     maximise  sum_i x_i   over 0 <= x_i <= 1, x_i = 0 where a_i > d_i - r_i,
     such that sum_{i: a <= r_i, d_i <= b} c_i x_i <= k (b - a)   for every release a and deadline b,
 
-floored, and minimised over the delta shares lam in SHARES (each is a bound). Per class, the
+floored, and minimised over the delta shares lam in SHARES (each is a bound); a long trace is
+bounded in blocks of BLOCK_REQUESTS requests by arrival, summed. Per class, the
 bound's own schedule serves sum x_i over the class's requests.
 
 Why it is an upper bound. Take any schedule of non-preemptive batches within the bounds (what the
@@ -53,6 +54,11 @@ from loadgen.trace import Trace
 
 SHARES = (0.0, 0.5, 1.0)
 """The delta shares tried (lam: its weight on the items bound, the rest on tokens or requests)."""
+BLOCK_REQUESTS = 2000
+"""Requests bounded together: the room matrix of a block is BLOCK_REQUESTS^2 floats (32 MB). Blocks
+are bounded apart and summed, a bound still (each block's served requests get their pieces of
+any schedule, the other blocks' dropped), looser only by what a block's last windows would have
+shared with the next block's first."""
 EPS_MS = 1e-9
 """Slack on comparisons of times, so that rounding never refuses work that fits exactly."""
 
@@ -64,10 +70,10 @@ class BoundResult:
     served: int
     """The bound: at most this many requests can be answered in time."""
     fluid_served: float
-    """The relaxation's optimum before flooring."""
+    """The relaxation's optimum before flooring (summed over blocks)."""
     offered: int
-    share: float
-    """The delta share lam that gave the least bound."""
+    shares: tuple[float, ...]
+    """Per block, the delta share lam that gave its least bound."""
     x: tuple[float, ...] = field(repr=False)
     """Per request (the problem's order): the share of it the relaxation serves."""
     by_class: dict[str, float] = field(default_factory=dict)
@@ -106,21 +112,25 @@ def fluid_served(problem: Problem, share: float) -> np.ndarray:
     return x
 
 
-def clairvoyant_bound(problem: Problem, shares: Sequence[float] = SHARES) -> BoundResult:
-    """The least relaxation over `shares`, with its schedule's served requests per class."""
-    best: tuple[float, float, np.ndarray] | None = None
-    for share in shares:
-        x = fluid_served(problem, share)
-        total = float(x.sum())
-        if best is None or total < best[0]:
-            best = (total, share, x)
-    total, share, x = best
+def clairvoyant_bound(problem: Problem, shares: Sequence[float] = SHARES,
+                      block: int = BLOCK_REQUESTS) -> BoundResult:
+    """The bound (module docstring) with its schedule's served requests per class: the requests in
+    blocks of at most `block` by arrival, each block's relaxation at its least share, floored, summed."""
+    order = sorted(range(len(problem.requests)), key=lambda i: problem.requests[i].release_ms)
+    x, served, fluid, chosen = np.zeros(len(order)), 0, 0.0, []
+    for start in range(0, len(order), block):
+        part = order[start:start + block]
+        sub = dataclasses.replace(problem, requests=tuple(problem.requests[i] for i in part))
+        total, share, part_x = min(((float(v.sum()), s, v) for s in shares for v in [fluid_served(sub, s)]),
+                                   key=lambda t: t[0])
+        x[part], served, fluid = part_x, served + math.floor(total + 1e-6), fluid + total
+        chosen.append(share)
     by_class: dict[str, float] = defaultdict(float)
     offered: dict[str, int] = defaultdict(int)
-    for request, served in zip(problem.requests, x):
-        by_class[request.klass] += float(served)
+    for request, value in zip(problem.requests, x):
+        by_class[request.klass] += float(value)
         offered[request.klass] += 1
-    return BoundResult(math.floor(total + 1e-6), total, len(problem.requests), share, tuple(float(v) for v in x),
+    return BoundResult(served, fluid, len(problem.requests), tuple(chosen), tuple(float(v) for v in x),
                        dict(by_class), dict(offered))
 
 
@@ -147,12 +157,13 @@ def bound_by_load(trace: Trace, settings: SimSettings, service: ServiceModel, lo
     for load in loads:
         scaled = trace.scaled(load * (base_rps or rate) / rate)
         problem = problem_of(scaled, settings, service)
-        result, alone = clairvoyant_bound(problem), class_bounds(problem)
+        result = clairvoyant_bound(problem)
+        alone = class_bounds(problem) if len(result.by_class) > 1 else {k: result.served for k in result.by_class}
         span_s = max(r.t_ms for r in scaled.records) / 1000.0 or 1.0
         out[f"{load:g}x"] = {
             "offered_rps": round(scaled.rate_rps(), 3), "offered": result.offered, "bound_served": result.served,
             "fluid_served": round(result.fluid_served, 3), "bound_goodput_rps": round(result.served / span_s, 3),
-            "delta_share": result.share,
+            "delta_shares": list(result.shares),
             "by_class": {k: {"offered": result.offered_by_class[k], "served": round(v, 3),
                              "goodput_rps": round(v / span_s, 3), "bound_alone": alone[k]}
                          for k, v in sorted(result.by_class.items())},

@@ -29,13 +29,13 @@ fastest the settings' jitter ever runs it (its smallest factor).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from loadgen.service import ServiceModel
 from loadgen.sim_world import ROUTE_WORKLOAD, jobs_of
 from loadgen.simulator import SimSettings
-from loadgen.trace import Trace
+from loadgen.trace import Trace, TraceRecord
 from shared.bounds import Bounds
 from shared.latency_model import COEFFICIENTS, LatencyModel
 from shared.work import WorkSize
@@ -156,9 +156,16 @@ def limits_of(settings: SimSettings, service: ServiceModel) -> dict[str, BatchLi
     return limits
 
 
-def problem_of(trace: Trace, settings: SimSettings, service: ServiceModel) -> Problem:
+def deadline_class(record: TraceRecord, budget_ms: float) -> str:
+    """The default class of a request: its deadline in ms ("50"), as bench/overload_sim.py keys it."""
+    return f"{budget_ms:g}"
+
+
+def problem_of(trace: Trace, settings: SimSettings, service: ServiceModel,
+               klass: Callable[[TraceRecord, float], str] = deadline_class) -> Problem:
     """The problem of replaying `trace` under `settings` (loadgen/simulator.py's world): each record's
-    jobs as the gateway cuts them (jobs_of), deadlines as the simulator gives them."""
+    jobs as the gateway cuts them (jobs_of), deadlines as the simulator gives them, each request in
+    the class `klass(record, deadline budget in ms)` names (a priority, once traces carry one)."""
     limits = limits_of(settings, service)
     inward_ms = settings.request_overhead_ms / 2.0 + settings.batch_overhead_ms / 2.0
     requests = []
@@ -173,7 +180,7 @@ def problem_of(trace: Trace, settings: SimSettings, service: ServiceModel) -> Pr
         works = tuple(JobWork(workload, j.batch_items, _fewest_computed(j.work, j.prefix_key, settings), j.tokens)
                       for j in jobs)
         requests.append(Request(index, record.t_ms + inward_ms, record.t_ms + budget_ms - inward_ms, works,
-                                f"{budget_ms:g}"))
+                                klass(record, budget_ms)))
     return Problem(tuple(requests), limits, settings.workers)
 
 

@@ -55,7 +55,7 @@ records = st.builds(TraceRecord, t_ms=st.floats(0, 60), route=st.just("score"),
 SLOW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@SLOW
+@settings(SLOW, max_examples=150)
 @given(model=models, recs=st.lists(records, min_size=1, max_size=7), max_samples=st.sampled_from([2, 8, 16]),
        max_tokens=st.sampled_from([512, 4096]))
 def test_bound_at_least_exact_optimum_at_least_every_schedule(model, recs, max_samples, max_tokens):
@@ -128,7 +128,7 @@ def test_bound_counts_the_fixed_cost_shared_by_a_full_batch_and_shows_the_gap():
     trace = make_trace(TraceRecord(t_ms=0.0, route="score", sample_tokens=(8,), deadline_ms=15.0) for _ in range(4))
     problem = problem_of(trace, world(2), ServiceModel({"score": LatencyModel(0.0, 0.0, 0.0, 10.0)}))
     bound = clairvoyant_bound(problem)
-    assert (bound.served, bound.share) == (3, 1.0)
+    assert (bound.served, bound.shares) == (3, (1.0,))
     assert bound.by_class == {"15": pytest.approx(3.0)} and bound.offered_by_class == {"15": 4}
     assert exact_optimum(problem)[0] == 2
 
@@ -147,6 +147,34 @@ def test_bound_per_class_sums_to_the_relaxation():
     assert sum(bound.by_class.values()) == pytest.approx(bound.fluid_served)
     assert set(bound.by_class) == {"50", "100", "300"} and bound.offered_by_class == {"50": 20, "100": 20, "300": 20}
     assert bound.served < 60  # overloaded: 60 requests of 8 samples in 60 ms need ~30 batches of 12 ms
+
+
+@SLOW
+@given(model=models, recs=st.lists(records, min_size=2, max_size=30), block=st.integers(1, 10),
+       share=st.sampled_from([0.0, 0.5, 1.0]))
+def test_bound_in_blocks_is_still_a_bound_and_never_below_the_whole(model, recs, block, share):
+    """At one delta share, blocks bounded apart can only loosen the bound (each relaxes the whole)."""
+    trace, service = make_trace(recs), ServiceModel({"score": model})
+    problem = problem_of(trace, world(8), service)
+    blocks = clairvoyant_bound(problem, (share,), block=block)
+    assert blocks.fluid_served >= clairvoyant_bound(problem, (share,)).fluid_served - 1e-6
+    assert clairvoyant_bound(problem, block=block).served >= served_in_time(trace, world(8), service)
+
+
+def test_classes_named_by_the_caller_each_bounded_alone():
+    """A caller's classes (here by size, as a priority would be): each class's bound is what it alone
+    could get, at least what the policy serves of it."""
+    trace = make_trace(TraceRecord(t_ms=float(i), route="score", sample_tokens=(30,) * (8 if i % 4 else 2),
+                                   deadline_ms=40.0) for i in range(40))
+    service = ServiceModel({"score": LatencyModel(0.0015, 0.004, 0, 12)})
+    problem = problem_of(trace, world(), service, klass=lambda record, _: f"{len(record.sample_tokens)}-samples")
+    alone = class_bounds(problem)
+    policy = Counter(f"{len(rec.sample_tokens)}-samples" for r, rec in zip(Simulator(world(), service).run(trace),
+                                                                             trace.records)
+                     if r.outcome == "ok" and r.latency_ms <= rec.deadline_ms)
+    assert set(alone) == {"2-samples", "8-samples"}
+    assert all(alone[c] >= policy[c] for c in alone)
+    assert sum(alone.values()) >= clairvoyant_bound(problem).served
 
 
 def test_negative_coefficient_refused_by_name():
