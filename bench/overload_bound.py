@@ -92,9 +92,8 @@ def by_load(workload: overload_load.Workload, capacity: float, loads: list[float
                   for i in range(len(workload.slices))]
         rows = [window_row(trace, service) for trace in traces]
         span_s = [max(rec.t_ms for rec in trace.records) / 1000.0 for trace in traces]  # as overload_sim counts
-        out[f"{load:g}x"] = {**load_row(rows, span_s, committed.get(f"{load:g}x")),
-                             "windows": [{"bound": r["bound"], **{p: r[p]["all"] for p in ("admission", "edf_late_drop")}}
-                                         for r in rows]}
+        windows = [{"bound": r["bound"], **{p: r[p]["all"] for p in ("admission", "edf_late_drop")}} for r in rows]
+        out[f"{load:g}x"] = {**load_row(rows, span_s, committed.get(f"{load:g}x")), "windows": windows}
     return out
 
 
