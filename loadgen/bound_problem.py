@@ -28,6 +28,7 @@ fastest the settings' jitter ever runs it (its smallest factor).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -181,6 +182,10 @@ def problem_of(trace: Trace, settings: SimSettings, service: ServiceModel,
                       for j in jobs)
         requests.append(Request(index, record.t_ms + inward_ms, record.t_ms + budget_ms - inward_ms, works,
                                 klass(record, budget_ms)))
+    widest = max((j.items for r in requests for j in r.jobs if j.workload == "beam"), default=0)
+    if "beam" in limits and widest > settings.bounds.max_beam_width:  # the simulator does not refuse it: B may be more
+        beam = limits["beam"]
+        limits["beam"] = dataclasses.replace(beam, max_items=beam.max_requests * widest)
     return Problem(tuple(requests), limits, settings.workers)
 
 

@@ -91,6 +91,43 @@ def test_bound_holds_for_requests_cut_into_chunks_and_two_workers(model, recs):
             assert bound >= served_in_time(trace, dataclasses.replace(sim, **knobs), service), (name, workers)
 
 
+beam_records = st.builds(TraceRecord, t_ms=st.floats(0, 60), route=st.just("generate"),
+                         prompt_tokens=st.integers(1, 64), beam_width=st.integers(1, 16), max_new_tokens=st.just(4),
+                         deadline_ms=st.sampled_from([10.0, 40.0, 80.0]))
+
+
+@SLOW
+@given(score=models, beam=models, recs=st.lists(st.one_of(records, beam_records), min_size=2, max_size=30),
+       max_beam_width=st.sampled_from([4, 16]))
+def test_bound_holds_for_beam_search_mixed_with_scoring(score, beam, recs, max_beam_width):
+    """Both workloads share the one worker; a request wider than max_beam_width (which the simulator
+    does not refuse) widens the bound's batch instead of breaking it."""
+    trace, service = make_trace(recs), ServiceModel({"score": score, "beam": beam})
+    sim = world(8, 4096)
+    sim = dataclasses.replace(sim, bounds=dataclasses.replace(sim.bounds, max_beam_width=max_beam_width,
+                                                              max_beam_requests_per_batch=2))
+    bound = clairvoyant_bound(problem_of(trace, sim, service)).served
+    for name, knobs in POLICIES.items():
+        assert bound >= served_in_time(trace, dataclasses.replace(sim, **knobs), service), name
+
+
+def test_beam_requests_wider_than_the_bound_widen_the_bounds_batch():
+    """max_beam_width 4, two requests a batch, delta 10 ms a batch: 8 beams at 0 ms (due 12), then
+    16 and 16 beams at 1 and 2 ms (due 21, 21.5), which the simulator runs as one batch from 10 to
+    20 ms. Counted against a batch of 2 x 4 beams, the two wide requests would each cost a whole
+    batch and the bound would be 2."""
+    trace = make_trace([
+        TraceRecord(t_ms=0.0, route="generate", prompt_tokens=8, beam_width=8, max_new_tokens=4, deadline_ms=12.0),
+        TraceRecord(t_ms=1.0, route="generate", prompt_tokens=8, beam_width=16, max_new_tokens=4, deadline_ms=20.0),
+        TraceRecord(t_ms=2.0, route="generate", prompt_tokens=8, beam_width=16, max_new_tokens=4, deadline_ms=19.5)])
+    service = ServiceModel({"beam": LatencyModel(0.0, 0.0, 0.0, 10.0)})
+    sim = world(**POLICIES["edf_late_drop"])
+    sim = dataclasses.replace(sim, bounds=dataclasses.replace(sim.bounds, max_beam_width=4,
+                                                              max_beam_requests_per_batch=2))
+    assert served_in_time(trace, sim, service) == 3
+    assert clairvoyant_bound(problem_of(trace, sim, service)).served == 3
+
+
 @SLOW
 @given(model=models, recs=st.lists(records, min_size=1, max_size=30))
 def test_bound_grows_with_capacity(model, recs):
