@@ -257,3 +257,10 @@ def test_cli_names_a_negative_latency_model_coefficient(tmp_path, capsys):
                             TraceRecord(t_ms=1.0, route="score", sample_tokens=(8,))]), path)
     assert main(["bound", "--trace", str(path), "--latency-model", "0,-1,0,1"]) == 2
     assert "beta" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_trace_that_cannot_be_sent_at_a_load(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    write_trace(make_trace([TraceRecord(t_ms=0.0, route="score", sample_tokens=(8,))]), path)
+    assert main(["bound", "--trace", str(path), "--latency-model", "0,0,0,1"]) == 2
+    assert "at least two requests at different times" in capsys.readouterr().err
