@@ -4,6 +4,7 @@ which bounds every schedule the project's own policy produces through the simula
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections import Counter
 
@@ -77,6 +78,34 @@ def test_bound_at_least_exact_optimum_at_least_every_schedule(model, recs, max_s
         policy = in_time_by_class(trace, dataclasses.replace(sim, **knobs), service)
         assert optimum >= sum(policy.values()), name
         assert all(per_class[c] >= policy[c] and per_class[c] >= optimum_by_class[c] for c in per_class), name
+
+
+def brute_force_optimum(problem) -> int:
+    """Every sequence of disjoint batches, each started as soon as it can be: the most served."""
+    members = [(r, 0) for r in range(len(problem.requests))]
+
+    def best(left: frozenset, free_ms: float, batches: tuple) -> int:
+        served = len(served_by(problem, list(batches)))
+        for size in range(1, len(left) + 1):
+            for chosen in itertools.combinations(sorted(left), size):
+                jobs = [problem.requests[r].jobs[j] for r, j in chosen]
+                if not problem.limits["score"].fits(jobs):
+                    continue
+                start = max(free_ms, *(problem.requests[r].release_ms for r, _ in chosen))
+                batch = Batch(start, chosen)
+                served = max(served, best(left - set(chosen), start + problem.limits["score"].batch_ms(jobs),
+                                          batches + (batch,)))
+        return served
+
+    return best(frozenset(members), float("-inf"), ())
+
+
+@SLOW
+@given(model=models, recs=st.lists(records, min_size=1, max_size=4), max_samples=st.sampled_from([2, 8, 16]))
+def test_exact_optimum_equals_a_search_of_every_schedule(model, recs, max_samples):
+    assume(all(len(r.sample_tokens) <= max_samples for r in recs))
+    problem = problem_of(make_trace(recs), world(max_samples), ServiceModel({"score": model}))
+    assert exact_optimum(problem)[0] == brute_force_optimum(problem)
 
 
 @SLOW
