@@ -29,9 +29,9 @@ import statistics
 import time
 from typing import Any
 
-from bench import overload_load
+from bench.harness import overload_load
 from bench.overload_sim import QUIET_SERVICE, settings_for
-from bench.provenance import ROOT, write_result
+from bench.harness.provenance import ROOT, write_result
 from loadgen.bound import clairvoyant_bound, class_bounds
 from loadgen.bound_exact import exact_optimum
 from loadgen.bound_problem import problem_of
