@@ -34,6 +34,7 @@ from gateway.api.body import read_body
 from gateway.api.score import parse_score
 from gateway.api import rerank as rerank_api
 from gateway.api.reranking import TRUNCATED_HEADER, rerank
+from gateway.api.embeddings import embed, model_list, parse_embeddings
 from gateway.limits import Limits
 from gateway.wiring import Gateway, Settings
 from shared.config import GatewayConfig
@@ -60,6 +61,8 @@ def make_app(settings: Settings) -> web.Application:
     app.router.add_post("/v1/rerank", rerank_v1)
     app.router.add_post("/v2/rerank", rerank_v2)
     app.router.add_post("/rerank", rerank_tei)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -113,7 +116,7 @@ def _account(request: web.Request, gateway: Gateway, status: int, error: ApiErro
     elapsed_ms = (time.monotonic() - started) * 1000.0
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
     code = "ok" if error is None else error.code
-    work = request.path.startswith("/v1/") or request.path in WORK_PATHS_OUTSIDE_V1
+    work = (request.path.startswith("/v1/") or request.path in WORK_PATHS_OUTSIDE_V1) and request.path != "/v1/models"
     drop = drop_reason(code, error.drop_reason) if work and error is not None else None
     gateway.metrics.count_request(route, code, drop)
     if work:
@@ -237,6 +240,17 @@ async def rerank_v2(request: web.Request) -> web.Response:
 
 async def rerank_tei(request: web.Request) -> web.Response:
     return await _serve_rerank(request, "tei")
+
+
+EMBEDDINGS = WorkRoute(parse_embeddings, lambda config: config.score_deadline_ms, embed, names_answer=lambda spec: False)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    return await serve_work(request, EMBEDDINGS)
+
+
+async def models(request: web.Request) -> web.Response:
+    return _json(model_list(request.app[SETTINGS]))
 
 
 async def healthz(request: web.Request) -> web.Response:
