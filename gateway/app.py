@@ -192,14 +192,24 @@ async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
     headers and body, the body read within it, parse, run, answer."""
     gateway = request.app[GATEWAY]
-    with _accepting(gateway) as arrived:
+    clock, telemetry = gateway.pool.clock, gateway.telemetry
+    with _accepting(gateway) as arrived, telemetry.request(request.method, request.path, request.headers,
+                                                           arrived, clock) as trace:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
         spec = route.parse(await _read_body(request, header_ms), gateway.limits)
         budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
-        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
-    if route.names_answer(spec):
-        answer.id = request[REQUEST_ID]
-    return _json(answer)
+        wire_id = gateway.wire_id(request[REQUEST_ID])
+        if trace is not None:  # tracing on (gateway/telemetry.py)
+            trace.span("receive", arrived, clock())
+            telemetry.bind(wire_id, trace)
+        answer = await route.run(gateway, spec, wire_id, arrived + budget / 1000.0)
+        answered = clock()
+        if route.names_answer(spec):
+            answer.id = request[REQUEST_ID]
+        response = _json(answer)
+        if trace is not None:
+            trace.span("answer", answered, clock())
+    return response
 
 
 SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
