@@ -29,6 +29,12 @@ def _unsupported(why: str) -> object:
     return Annotated[None, Meta(extra={"hint": why})]
 
 
+NO_RANK_FIELDS = _unsupported("documents are ranked on their text alone; remove rank_fields")
+NO_CHUNKS = _unsupported("documents are not chunked: a document over the bound is refused, or cut with truncate or "
+                         "max_tokens_per_doc; remove max_chunks_per_doc")
+NO_SPANS = _unsupported("this reranker scores whole documents; remove relevant_spans")
+
+
 @dataclass(frozen=True)
 class CompatTypes:
     """The standard routes' request Structs of one deployment."""
@@ -78,10 +84,9 @@ def _rerank_request(f: _Fields) -> tuple[type[Struct], type[Struct]]:
             "Cohere v2: cut each document to at most this many tokens (the answer's meta.warnings names those "
             "cut)."))] | None = None
         truncate: Annotated[bool, Meta(description=TRUNCATE_HELP)] | None = None
-        rank_fields: _unsupported("documents are ranked on their text alone; remove rank_fields") = None
-        max_chunks_per_doc: _unsupported("documents are not chunked: a document over the bound is refused, or cut "
-                                         "with truncate or max_tokens_per_doc; remove max_chunks_per_doc") = None
-        relevant_spans: _unsupported("this reranker scores whole documents; remove relevant_spans") = None
+        rank_fields: NO_RANK_FIELDS = None
+        max_chunks_per_doc: NO_CHUNKS = None
+        relevant_spans: NO_SPANS = None
         deadline_ms: f.deadline | None = None
 
     return RerankDocument, RerankRequest
