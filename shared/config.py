@@ -334,8 +334,11 @@ class DeploymentConfig:
 
     name: str = "demo"
     model: ModelConfig = field(default_factory=ModelConfig)
-    bounds: Bounds = field(default_factory=Bounds)
-    """[bounds]: shared/bounds.py declares them (compiled into the packages, checked everywhere)."""
+    bounds: Bounds | None = None
+    """[bounds]: shared/bounds.py declares them. The build compiles them into the packages (the defaults
+    where the table is left out: `build_bounds`); at run time the compiled bounds are the only ones, and a
+    gateway or worker refuses a config whose [bounds] differ from them (leave [bounds] out to serve
+    whatever the artifacts were compiled for)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
@@ -368,6 +371,11 @@ class DeploymentConfig:
                               "8.9+); a CPU has no float8 GEMM: set quantize.int8 = true for oneDNN's int8 GEMMs")
         if self.quantize.int8 and self.model.fp8:
             raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
+
+    @property
+    def build_bounds(self) -> Bounds:
+        """The bounds a build compiles: [bounds] as declared, the defaults where it is left out."""
+        return self.bounds if self.bounds is not None else Bounds()
 
     def replace(self, **sections: typing.Any) -> DeploymentConfig:
         """A copy with whole sections or fields replaced, decoded and validated again (types and
