@@ -60,12 +60,13 @@ def request_of(job_id: str) -> str:
 class RequestTrace:
     """One request's trace: its server span and the spans under it (see the module docstring)."""
 
-    def __init__(self, tracer: Any, root: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, tracer: Any, root: Any, clock: Callable[[], float], offset_ns: int) -> None:
+        """`offset_ns`: wall-clock nanoseconds at the loop clock's zero (the root span's own)."""
         from opentelemetry import trace
 
         self._tracer, self.root, self._trace, self.clock = tracer, root, trace, clock
         self.wire_id: str | None = None
-        self._offset_ns = time.time_ns() - int(clock() * 1e9)
+        self._offset_ns = offset_ns
         self._context = trace.set_span_in_context(root)
         self.batches: dict[str, Any] = {}
         """job id -> its open batch span (sent, not yet answered)."""
@@ -239,7 +240,7 @@ class Telemetry:
         root = self.tracer.start_span(f"{method} {route}", context=parent, kind=SpanKind.SERVER,
                                       start_time=offset_ns + int(arrived * 1e9),
                                       attributes={"http.request.method": method, "http.route": route})
-        trace = RequestTrace(self.tracer, root, clock)
+        trace = RequestTrace(self.tracer, root, clock, offset_ns)
         token = CURRENT.set(trace)
         try:
             yield trace

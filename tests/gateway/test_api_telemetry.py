@@ -23,7 +23,7 @@ from gateway.wiring import Settings
 from loadgen.standin_worker import StandInWorker, standin_manifest
 from shared.config import TelemetryConfig
 from tests.gateway.conftest import Stack, deployment, endpoint, wait_ready
-from tests.gateway.test_gateway_fuzz import free_port
+from loadgen.processes import free_port
 from tests.gateway.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
