@@ -90,7 +90,7 @@ class RequestTrace:
                    worker: str, now: float) -> str:
         """The job's queue wait ends and its batch span starts; returns the traceparent for the wire.
         `size`: the batch's (jobs, samples or beams, tokens)."""
-        self.span("queue wait", job.enqueued_at or now, now, job=job.request_id)
+        self.span("queue wait", job.enqueued_at or now, now, **{"boundserve.job": job.request_id})
         span = self._tracer.start_span("batch", context=self._context, start_time=self.ns(now), attributes={
             "boundserve.job": job.request_id, "boundserve.batch.id": batch_id, "boundserve.batch.jobs": size[0],
             "boundserve.batch.items": size[1], "boundserve.batch.tokens": size[2],
