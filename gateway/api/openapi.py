@@ -13,6 +13,7 @@ from gateway.api.deadline import ENVOY_HEADER
 from gateway.errors import ERRORS, SENT, ErrorAnswer
 from gateway.api.answers import ANSWERS
 from gateway.api.types import request_types
+from gateway.api.compat_openapi import compat_paths
 from gateway.limits import Limits
 
 REF = "#/components/schemas/{name}"
@@ -36,6 +37,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                for name, least, extra in (("X-Deadline-Ms", 1, ""),
                                           (ENVOY_HEADER, 0, " Envoy's 0 means no timeout: the others decide."))]
     errors = _errors(error)
+    paths = compat_paths(limits, components, headers, errors)
     return {
         "openapi": "3.1.0",
         "info": {"title": "boundserve gateway", "version": "1",
@@ -51,6 +53,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "/readyz": _get("At least one worker is ready.", ready, errors, [503]),
             "/metrics": _get_text("Prometheus metrics.", text, errors),
             "/openapi.json": _get("This document.", document, errors, []),
+            **paths,
         },
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
