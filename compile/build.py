@@ -47,7 +47,7 @@ class BuildContext:
     dtype: torch.dtype
     device: str
     beam: beam_module.BeamInputs | None = None
-    """The beam node's generation rule and constraint tables, read once by check_inputs (None: beam off)."""
+    """The beam node's generation rule and catalogue table sizes, read once by check_inputs (None: beam off)."""
 
 
 # workload name -> builder returning (module whose state dict holds the node's weights, its export,
@@ -98,6 +98,11 @@ def input_files(config: DeploymentConfig) -> dict[str, str | None]:
     return {"score.mlp_head.weights": head.weights if head and config.score.enabled else None,
             "beam.constraints": config.beam.constraints if config.beam.enabled else None,
             "quantize.calibration": config.quantize.calibration if config.quantize.int8 else None}
+
+
+RUN_TIME_FILES = ("beam.constraints",)
+"""Input files the build only checks (the catalogue must fit the compiled tables); the worker loads them
+and the artifacts do not depend on their content, so they are not in the build key."""
 
 
 def input_file(setting: str, path: str) -> Path:
@@ -309,7 +314,7 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
     relevant["beam"].pop("constraints")
     relevant["quantize"].pop("calibration")
     relevant["file_sha256"] = {setting: file_hash(input_file(setting, path)) if path else None
-                               for setting, path in input_files(config).items()}
+                               for setting, path in input_files(config).items() if setting not in RUN_TIME_FILES}
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
