@@ -178,10 +178,14 @@ def install(staging: Path, out: Path, stale: tuple[str, ...] = ()) -> None:
     os.replace(staging / MANIFEST, out / MANIFEST)
 
 
-def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False) -> Manifest:
+def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False,
+          builders: dict[str, NodeBuilder] | None = None) -> Manifest:
     """Build every enabled node into out_dir; skip the work when the artifacts are up to date.
     Bad input is refused before any work (check_inputs); a failed build leaves out_dir as it was (staged).
-    kernel_profile: the CPU kernels report themselves to torch.profiler (bench/profile_nodes.py)."""
+    kernel_profile: the CPU kernels report themselves to torch.profiler (bench/profile_nodes.py).
+    builders: node builders replacing NODE_BUILDERS' by workload (a benchmark's variant of a node; what
+    they build is not in the build key: give such a build a folder of its own)."""
+    builders = NODE_BUILDERS | (builders or {})
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
@@ -211,7 +215,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         for workload in workloads:
             progress.stage(f"exporting the {workload} node")
             use_gemm(model, gemms[workload])
-            module, program, facts = NODE_BUILDERS[workload](ctx)
+            module, program, facts = builders[workload](ctx)
             weights.update(module.state_dict())
             packings.append(packable(program))
             operators |= kernels_called(program)

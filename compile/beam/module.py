@@ -180,7 +180,8 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
     """torch.export the node with the dynamic dimensions above (its key pool sized for them); a
     constrained module (module.constraint) takes catalogue tables of `catalog`'s size."""
     if (module.constraint is None) != (catalog is None):
-        raise ValueError("a constrained beam module is exported with its catalogue bounds, an unconstrained one without")
+        raise ValueError("a constrained beam module is exported with its catalogue bounds, "
+                         "an unconstrained one without")
     module.pool = module.pool or beam_pool(max_prompt_tokens, max_requests, device)
     block = module.pool.block
     args = example_inputs(module.model.spec.vocab_size, block, device, catalog)

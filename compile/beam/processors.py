@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.catalog import CatalogBounds, build_trie, pack, read_sequences  # noqa: F401  (read_sequences: re-export)
+from shared.catalog import CatalogBounds, build_trie, pack
 
 TABLE_NAMES = ("child_start", "edge_token", "edge_child", "edge_ends", "terminal")
 """The node's table inputs, in order (after catalog_root)."""
