@@ -47,7 +47,11 @@ class CatalogAdmin:
             thread.join(timeout_s)
 
     def _swap(self, peer: bytes, swap: CatalogSwap, context: zmq.Context, outbox: str) -> None:
-        answer = swap_answer(self.store, swap)
+        try:
+            answer = swap_answer(self.store, swap)
+        except Exception as exc:  # never a swap left unanswered (a MemoryError packing a huge catalogue)
+            version = self.store.version if self.store is not None else 0
+            answer = CatalogState(swap.request_id, version, error=f"{type(exc).__name__}: {exc}")
         if answer.error:
             self.log.warning("catalog_refused", request_id=swap.request_id, error=answer.error, version=answer.version)
         else:

@@ -315,7 +315,7 @@ class CatalogSwap(Record):
     TYPE: ClassVar[int] = 11
     request_id: RequestId
     """Echoed in the answer."""
-    load: Annotated[dict[CatalogName, Annotated[str, Meta(min_length=1, max_length=4096)]], Meta(max_length=1024)]
+    load: Annotated[dict[CatalogName, Annotated[str, Meta(min_length=1, max_length=4096)]], Meta(max_length=1024)] = {}
     """Catalogue name -> path of its trie file (.npz) or sequences file, on the worker's file system."""
     unload: Annotated[tuple[CatalogName, ...], Meta(max_length=1024)] = ()
 
