@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import parity
-from bench.common import (CACHE, MODELS, Clock, bench_config, build_nodes, emit, interleaved_round, load_built,
+from bench.harness import parity
+from bench.harness.common import (CACHE, MODELS, Clock, bench_config, build_nodes, emit, interleaved_round, load_built,
                           median, shaped_checkpoint, these_threads)
 from compile.beam import module as beam_module
 from compile.beam.processors import TABLE_NAMES, PrefixConstraint, PrefixTables

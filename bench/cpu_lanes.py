@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from bench import parity
-from bench.common import MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, run_together, shaped_checkpoint, timed_part
+from bench.harness import parity
+from bench.harness.common import MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, run_together, shaped_checkpoint, timed_part
 from bench.score_node import DTYPES, LABELS, SAMPLES, make_requests
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.provenance import ROOT, write_result
+from bench.harness.provenance import ROOT, write_result
 from loadgen.live import wait_ready
 from loadgen.stack import free_port
 from loadgen.standin_worker import standin_manifest

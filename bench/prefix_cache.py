@@ -15,7 +15,7 @@ its context exactly):
   unique     every request a new context (0 % reuse)
 Every request has a loose deadline, so goodput is the rate of answers (all in time; checked).
 Figures: speedup_vs_cache_off (session goodput, on / off); flop_bound (executed FLOPs off / on for
-the session requests as served, bench/flops.py: a request whose answer counts its context as
+the session requests as served, bench/harness/flops.py: a request whose answer counts its context as
 cached computed only its items); routing_hit_rate_ratio (zipf hit rate, on / one, from the
 workers' /metrics); zero_reuse_slowdown (unique seconds per request, on / off - 1);
 max_abs_diff_vs_uncached (session scores, on vs off).
@@ -36,8 +36,8 @@ import aiohttp
 import numpy as np
 import torch
 
-from bench.common import CACHE, QWEN25_05B, bench_config, build_artifacts, emit, shaped_checkpoint
-from bench.flops import shared_score_flops
+from bench.harness.common import CACHE, QWEN25_05B, bench_config, build_artifacts, emit, shaped_checkpoint
+from bench.harness.flops import shared_score_flops
 from loadgen.prometheus import parse
 from loadgen.stack import LocalStack, deployment_toml
 

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from gateway.app import GATEWAY, make_app
 from gateway.logs import setup_logging
-from gateway.state import Settings
+from gateway.wiring import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.config import ConfigError, DeploymentConfig, load_config

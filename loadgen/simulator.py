@@ -360,7 +360,7 @@ class Simulator:
             predicted_ms = worker.models[workload].predict_ms(items, sum(j.latency_tokens for j in jobs) / items)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
         bounds = self.settings.batch_bounds(workload)
-        self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_jobs)
+        self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_items_per_batch)
         speed = speed_at(self.speeds, self.now)
         worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
         self._at(batch.finish_at, "done", (worker, batch))

@@ -124,7 +124,7 @@ class WeightsFile(Fact):
 
 
 class KernelLibrary(Fact):
-    """The C++ kernel library the folder's CPU packages call (compile/kernels), loaded before them."""
+    """The C++ kernel library the folder's CPU packages call (worker/runtime/kernels), loaded before them."""
 
     file: str
     sha256: str
@@ -150,9 +150,9 @@ class Manifest(Fact):
     dtype: str = ""
     prepacked: dict[str, str] = {}
     """Weights the runtime packs once at load into their kernel's layout, by name: the packing kind
-    (compile/packing.py); absent: none packed."""
+    (worker/runtime/packing.py); absent: none packed."""
     machine: dict[str, str] = {}
-    """torch version, device type, machine, CPU ISA or GPU architecture (compile/machine.py)."""
+    """torch version, device type, machine, CPU ISA or GPU architecture (worker/runtime/machine.py)."""
     cpu_threads: int | None = None
     """The intra-op threads a CPU package was compiled for (None: a CUDA package, or a manifest from
     before the attention kernel sized its buffers by them)."""

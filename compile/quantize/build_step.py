@@ -117,7 +117,7 @@ def beam_searcher(config, model: nn.Module, batches: list[tuple]):
     the model as it is: [R, k, S] candidate tokens, best first."""
     from compile.beam.generation_config import beam_rule, read_generation_config
     from compile.beam.module import BeamModule
-    from compile.beam.node import BeamNode
+    from worker.runtime.beam_node import BeamNode
 
     b = config.bounds
     width, steps = min(4, b.max_beam_width), min(4, b.max_new_tokens)

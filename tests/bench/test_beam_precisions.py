@@ -1,6 +1,6 @@
 """bench/beam_node.py's other precisions (--bf16, --int8): named in the result file, kept out of the float32 parity
 checks, reported against our float32 node and CTranslate2 with the candidates they change. And the int8 sanity bound
-of bench/parity.py, widened to a build's own gate (bench/shared_prefix.py, bench/score_node.py)."""
+of bench/harness/parity.py, widened to a build's own gate (bench/shared_prefix.py, bench/score_node.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench import beam_node, parity, shared_prefix
+from bench import beam_node, shared_prefix
+from bench.harness import parity
 
 
 def parsed(monkeypatch, *argv: str):

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench import provenance, score_node
+from bench import score_node
+from bench.harness import provenance
 
 VOCAB = 10_000  # above both label ids
 

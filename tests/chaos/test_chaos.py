@@ -3,7 +3,7 @@ model, under open-loop load, while (c) bad inputs rain in, (a) one worker is SIG
 is SIGSTOPped and resumed, and (d) the gateway gets SIGTERM.
 
 Asserted: every request sent before the SIGTERM got a well-formed HTTP answer (a result, or a JSON
-error whose code is an expected one; no reset, no hang) within its deadline + 1 s; the README's
+error whose code is an expected one; no reset, no hang) within its deadline + 1 s; docs/operations.md's
 detection bound: the killed and the frozen worker were each seen lost within worker_timeout_ms, plus
 a margin for the event loop's latency on a loaded machine (DETECTION_MARGIN_S); no request ever
 found no worker (the other absorbed the load); service resumed after each fault; every bad input got

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from compile.runtime import load_nodes
+from worker.runtime.loader import load_nodes
 from shared.catalog import CatalogTooLarge
 from shared.catalog.__main__ import main as catalog_cli
 from shared.config import BeamConfig, ScoreConfig, load_config

@@ -21,6 +21,7 @@ from loadgen.stack import free_port
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 K8S_DIR = ROOT / "deploy" / "k8s"
+K8S_BASE = K8S_DIR / "base"  # every object; deploy/k8s and its autoscaling variants apply it
 CONFIGS_IN_CONTAINER = "/app/configs/"
 _VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\})")
 
@@ -58,8 +59,9 @@ def load_compose(env: dict[str, str] | None = None) -> dict:
 
 
 def k8s_documents() -> list[dict]:
+    """The objects of deploy/k8s/base as written (tests/deploy/kustomize.py renders them as applied)."""
     docs = []
-    for path in sorted(K8S_DIR.glob("*.yaml")):
+    for path in sorted(K8S_BASE.glob("*.yaml")):
         if path.name != "kustomization.yaml":  # kustomize's own file, not a Kubernetes object
             docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
     return docs

@@ -74,7 +74,7 @@ def test_configured_bounds_other_than_the_compiled_are_named_at_start(tmp_path, 
     folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
     compiled = STANDIN_BOUNDS.max_labels
     settings = _settings(load_config(config(tmp_path, compiled + 1)), folder, spawn_workers=False)
-    served = Limits.from_manifest(settings.config, settings.manifest, request_tokenizer.vocab_size)
+    served = Limits.of(settings.config, settings.manifest, request_tokenizer.vocab_size)
     assert served.bounds.max_labels == compiled
     said = refusal(capfd)
     assert "the compiled bounds are served" in said

@@ -19,7 +19,7 @@ PROMPTS = [np.arange(20, 27), np.arange(100, 103), np.arange(7, 16)]
 
 @pytest.fixture(scope="module")
 def catalog_worker(constrained_beam_artifacts, tmp_path_factory, worker_process_class, client_class):
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     folder = tmp_path_factory.mktemp("catalog-worker")
     start = write_sequences(folder / "valid.txt", VALID)
