@@ -98,6 +98,10 @@ class CatalogStore:
         that no longer fits the compiled tables raises ValueError and leaves the current one serving."""
         return self.update({name: path}).version
 
+    def remove(self, name: str) -> int:
+        """Unload catalogue `name` (requests naming it are refused from the next batch on); the new version."""
+        return self.update({}, unload=(name,)).version
+
     def update(self, load: Mapping[str, str | Path], unload: Sequence[str] = ()) -> CatalogSummary:
         """Load several catalogues and unload others as one new version; ValueError (CatalogTooLarge,
         UnknownCatalog, a bad file) leaves the current version serving."""
