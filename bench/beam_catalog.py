@@ -122,7 +122,8 @@ def timed_update(store: CatalogStore, path: Path, swaps: int) -> float:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench/beam_node.py --runtime-constraints", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="bench/beam_node.py --runtime-constraints",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (default 2; the real depth: the model's)")
     parser.add_argument("--items", type=int, default=1_000_000)

@@ -174,7 +174,8 @@ class BeamRunner:
             for j, (index, r) in enumerate(zip(live, requests))
         }
 
-    def _unknown_catalogs(self, batch: BeamBatch, live: Sequence[int], catalog: Catalog | None) -> dict[int, BeamResult]:
+    def _unknown_catalogs(self, batch: BeamBatch, live: Sequence[int],
+                          catalog: Catalog | None) -> dict[int, BeamResult]:
         """Error results for the requests that name a catalogue this batch cannot decode them in."""
         refused = {}
         for i in live:

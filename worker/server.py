@@ -18,9 +18,9 @@ import zmq
 
 from shared.config import WorkerConfig
 from shared.events import Serving
-from shared.protocol import (PROTOCOL_VERSION, BeamBatch, CatalogSwap, DecodeLimits, Error, ErrorCode, Goodbye, Heartbeat,
-                             Hello, PrefixCacheReport, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode,
-                             peek_batch_id)
+from shared.protocol import (PROTOCOL_VERSION, BeamBatch, CatalogSwap, DecodeLimits, Error, ErrorCode, Goodbye,
+                             Heartbeat, Hello, PrefixCacheReport, ProtocolError, Ready, ScoreBatch, Shutdown, decode,
+                             encode, peek_batch_id)
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.catalog_admin import CatalogAdmin
 from worker.catalog_store import CatalogStore

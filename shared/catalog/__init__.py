@@ -14,5 +14,5 @@ from shared.catalog.layout import DEFAULT_CATALOG, CatalogBounds, CatalogTooLarg
 from shared.catalog.trie import Trie, build_trie, read_sequences
 from shared.catalog.trie_file import load_catalog, read_trie, write_trie
 
-__all__ = ["DEFAULT_CATALOG", "CatalogBounds", "CatalogTooLarge", "PackedTables", "Trie", "build_trie", "load_catalog", "pack",
-           "read_sequences", "read_trie", "write_trie"]
+__all__ = ["DEFAULT_CATALOG", "CatalogBounds", "CatalogTooLarge", "PackedTables", "Trie", "build_trie", "load_catalog",
+           "pack", "read_sequences", "read_trie", "write_trie"]

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     convert = commands.add_parser("convert", help="a sequences file -> a trie file")
     convert.add_argument("sequences", help="text (ids per line) or .npy [N, L] padded with -1")
     convert.add_argument("out", help=f"the trie file to write ({SUFFIX})")
-    convert.add_argument("--vocab-size", type=int, required=True, help="the model's vocabulary (manifest model.vocab_size)")
+    convert.add_argument("--vocab-size", type=int, required=True,
+                         help="the model's vocabulary (manifest model.vocab_size)")
     convert.add_argument("--max-new-tokens", type=int, required=True, help="bounds.max_new_tokens of the build")
     args = parser.parse_args(argv)
     if not args.out.endswith(SUFFIX):

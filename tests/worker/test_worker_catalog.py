@@ -124,3 +124,14 @@ def test_a_swap_beyond_the_compiled_tables_or_of_a_bad_file_is_refused_and_the_c
     client.send(beam_batch(6, [""]))
     assert client.reply_to(6).results[0].catalog_version == version
     assert "catalog_refused" in worker.log()
+
+
+def test_a_swap_from_a_peer_that_has_not_said_hello_is_refused(catalog_worker, client_class):
+    _, _, folder, worker = catalog_worker
+    stranger = client_class(worker.endpoint, gateway_id="stranger")
+    try:
+        stranger.send(p.CatalogSwap(request_id="sneaky", load={"default": str(folder / "valid.txt")}))
+        reply = stranger.recv_where(lambda m: isinstance(m, (p.Error, p.CatalogState)))
+        assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.HELLO_REQUIRED
+    finally:
+        stranger.close()
