@@ -36,6 +36,7 @@ from gateway.api import rerank as rerank_api
 from gateway.api.reranking import TRUNCATED_HEADER, rerank
 from gateway.api.embeddings import embed, model_list, parse_embeddings
 from gateway.limits import Limits
+from gateway.catalog_admin import parse_update
 from gateway.wiring import Gateway, Settings
 from shared.config import GatewayConfig
 
@@ -67,6 +68,7 @@ def make_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_post("/admin/constraints", admin_constraints)
     return app
 
 
@@ -129,6 +131,9 @@ def _account(request: web.Request, gateway: Gateway, status: int, error: ApiErro
 
 def _authorize(request: web.Request) -> None:
     token = request.app[SETTINGS].auth_token
+    if token is None and request.path.startswith("/admin/"):
+        raise ApiError("forbidden", "admin routes need a bearer token: set gateway.auth_token_env in the config and "
+                                    "that variable in the gateway's environment")
     if token is None or request.path in OPEN_PATHS:
         return
     given = request.headers.get("Authorization", "")
@@ -280,6 +285,13 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[GATEWAY].metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def admin_constraints(request: web.Request) -> web.Response:
+    """A new catalogue version on every ready worker (gateway/catalog_admin.py)."""
+    gateway = request.app[GATEWAY]
+    update = parse_update(await _read_body(request, None))
+    return _json(await gateway.catalogs.update(update))
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.admission import Admission
 from gateway.batcher import Batcher
+from gateway.catalog_admin import CATALOG_UPDATE_TIMEOUT_S, CatalogAdmin
 from gateway.generation import GenerateService
 from gateway.limits import Limits
 from gateway.loop_lag import LoopLagWatch
@@ -58,6 +59,8 @@ class Gateway:
     _wire_ids: Any = field(default_factory=lambda: itertools.count(1))
     telemetry: Any = OFF
     """gateway/telemetry.py's Telemetry ([telemetry] enabled), else OFF."""
+    catalogs: CatalogAdmin | None = None
+    """POST /admin/constraints: catalogue updates sent to the workers."""
 
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
@@ -80,8 +83,9 @@ class Gateway:
         telemetry = Telemetry.of(config.telemetry, settings.span_exporter)
         for link in pool.links:
             link.telemetry = telemetry
+        catalogs = CatalogAdmin(lambda: pool.links, CATALOG_UPDATE_TIMEOUT_S)
         gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor,
-                      telemetry=telemetry)
+                      telemetry=telemetry, catalogs=catalogs)
         gateway._register_gauges()
         return gateway
 

@@ -89,6 +89,8 @@ class WorkerLink:
         self.reuse: HeldPrefixes = HeldPrefixes(static=static)
         """Which leading tokens a request sent here need not compute: the static prefix and the
         prefixes its latest heartbeat said its cache holds (the cost model's view of this worker)."""
+        self.on_catalog_state: Callable[[protocol.CatalogState], None] = lambda state: None
+        """Where the worker's answers to catalogue updates go (gateway/catalog_admin.py)."""
         self._clock = clock
         self._on_change = on_change
         self._on_answer = on_answer
@@ -200,6 +202,10 @@ class WorkerLink:
             sent.add_done_callback(_consume)
             return True
         return sent.exception() is None  # zmq.Again: no connected worker, or its queue is full
+
+    def send_control(self, message: protocol.Message) -> bool:
+        """Send a message that is not a batch (a catalogue update); False when it could not be queued."""
+        return self._send(message)
 
     # ---- receiving -----------------------------------------------------------------------------
 
@@ -357,4 +363,5 @@ _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
     protocol.Heartbeat: WorkerLink._on_heartbeat,
     protocol.Error: WorkerLink._on_error,
     protocol.Goodbye: WorkerLink._on_goodbye,
+    protocol.CatalogState: lambda link, state: link.on_catalog_state(state),
 }

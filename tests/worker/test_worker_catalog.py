@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from shared import protocol as p
+from shared import protocol
 from shared.catalog import build_trie, write_trie
 from tests.builds import CATALOG_BOUNDS, VALID, semantic_ids, write_sequences
 
@@ -27,7 +27,7 @@ def catalog_worker(constrained_beam_artifacts, tmp_path_factory, worker_process_
     worker = worker_process_class(constrained_beam_artifacts, folder, beam_lines="\n".join(lines))
     client = client_class(worker.endpoint)
     ready = client.hello()
-    assert isinstance(ready, p.Ready), worker.log()
+    assert isinstance(ready, protocol.Ready), worker.log()
     yield load_nodes(constrained_beam_artifacts, "cpu"), client, folder, worker
     client.close()
     worker.kill()
@@ -44,10 +44,10 @@ def direct(nodes, files: dict, names: list[str], num_beams: int = 4, k: int = 3)
                       num_beams, 3, k, catalog=store.current().node_inputs(names))
 
 
-def beam_batch(batch_id: int, names: list[str], num_beams: int = 4, k: int = 3) -> p.BeamBatch:
-    requests = tuple(p.BeamRequest(f"r{batch_id}-{i}", 60_000.0, p.pack_ids(PROMPTS[i % len(PROMPTS)], "int64"),
+def beam_batch(batch_id: int, names: list[str], num_beams: int = 4, k: int = 3) -> protocol.BeamBatch:
+    requests = tuple(protocol.BeamRequest(f"r{batch_id}-{i}", 60_000.0, protocol.pack_ids(PROMPTS[i % len(PROMPTS)], "int64"),
                                    catalog=name) for i, name in enumerate(names))
-    return p.BeamBatch(batch_id=batch_id, token_dtype="int64", num_beams=num_beams, max_new_tokens=3,
+    return protocol.BeamBatch(batch_id=batch_id, token_dtype="int64", num_beams=num_beams, max_new_tokens=3,
                        num_return_sequences=k, requests=requests)
 
 
@@ -59,9 +59,9 @@ def assert_same(results, want, k: int = 3) -> None:
         np.testing.assert_allclose(got["scores"], want.scores[j].numpy(), rtol=1e-5, atol=1e-5)
 
 
-def swap(client, request_id: str, **fields) -> p.CatalogState:
-    client.send(p.CatalogSwap(request_id=request_id, **fields))
-    return client.recv_where(lambda m: isinstance(m, p.CatalogState) and m.request_id == request_id, 60.0)
+def swap(client, request_id: str, **fields) -> protocol.CatalogState:
+    client.send(protocol.CatalogSwap(request_id=request_id, **fields))
+    return client.recv_where(lambda m: isinstance(m, protocol.CatalogState) and m.request_id == request_id, 60.0)
 
 
 def test_catalogues_swap_between_batches_and_each_result_names_the_version_that_served_it(catalog_worker):
@@ -96,10 +96,10 @@ def test_a_batch_sent_during_a_swap_runs_wholly_on_one_version(catalog_worker):
     files = {before.version: {"default": folder / "a.txt"}, before.version + 1: {"default": folder / "b.txt"}}
     write_sequences(folder / "b.txt", semantic_ids(62, 220, 3))
     client.send(beam_batch(3, ["", "", ""]))
-    client.send(p.CatalogSwap(request_id="swap-b", load={"default": str(folder / "b.txt")}))
+    client.send(protocol.CatalogSwap(request_id="swap-b", load={"default": str(folder / "b.txt")}))
     client.send(beam_batch(4, ["", "", ""]))
     replies = [client.reply_to(3), client.reply_to(4)]
-    state = client.recv_where(lambda m: isinstance(m, p.CatalogState) and m.request_id == "swap-b", 60.0)
+    state = client.recv_where(lambda m: isinstance(m, protocol.CatalogState) and m.request_id == "swap-b", 60.0)
     assert state.version == before.version + 1
     for reply in replies:
         versions = {r.catalog_version for r in reply.results}
@@ -130,8 +130,8 @@ def test_a_swap_from_a_peer_that_has_not_said_hello_is_refused(catalog_worker, c
     _, _, folder, worker = catalog_worker
     stranger = client_class(worker.endpoint, gateway_id="stranger")
     try:
-        stranger.send(p.CatalogSwap(request_id="sneaky", load={"default": str(folder / "valid.txt")}))
-        reply = stranger.recv_where(lambda m: isinstance(m, (p.Error, p.CatalogState)))
-        assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.HELLO_REQUIRED
+        stranger.send(protocol.CatalogSwap(request_id="sneaky", load={"default": str(folder / "valid.txt")}))
+        reply = stranger.recv_where(lambda m: isinstance(m, (protocol.Error, protocol.CatalogState)))
+        assert isinstance(reply, protocol.Error) and reply.code == protocol.ErrorCode.HELLO_REQUIRED
     finally:
         stranger.close()
