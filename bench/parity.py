@@ -71,6 +71,28 @@ def bf16_check(name: str, got: torch.Tensor, hf_bf16: torch.Tensor, reference: t
             "ok": error <= bound}
 
 
+def bf16_beams_check(name: str, ours: tuple, hf_bf16: tuple, reference: tuple) -> dict:
+    """Top-1 beam of a bf16 side against generate() in float32 on the same weights, bounded as bf16_check
+    bounds label logits: its score's error at most BF16_FACTOR x transformers' own bf16 error + BF16_ABS.
+
+    Each side is (tokens [R, k, S], scores [R, k], lens [R, k] or None for all S). Its top-1 sequence may
+    differ from float32's only where float32 ranks that sequence within the bound of its own best (a near
+    tie that rounding can flip); a sequence float32 did not keep near the top is a wrong beam.
+    """
+    tokens, scores, lens = ours
+    ref_tokens, ref_scores, _ = reference
+    hf_error = float((hf_bf16[1][:, 0].float() - ref_scores[:, 0]).abs().max())
+    error = float((scores[:, 0].float() - ref_scores[:, 0]).abs().max())
+    bound = BF16_FACTOR * hf_error + BF16_ABS
+    beyond_ties = 0
+    for r in range(tokens.shape[0]):
+        n = tokens.shape[2] if lens is None else int(lens[r, 0])
+        near = torch.nonzero(ref_scores[r, 0] - ref_scores[r] <= bound).flatten().tolist()
+        beyond_ties += not any(tokens[r, 0, :n].tolist() == ref_tokens[r, j, :n].tolist() for j in near)
+    return {"check": name, "top1_score_error_vs_fp32": error, "hf_bf16_top1_score_error_vs_fp32": hf_error,
+            "bound": bound, "top1_differs_beyond_near_ties": beyond_ties, "ok": error <= bound and beyond_ties == 0}
+
+
 def beams_check(name: str, tokens, scores, lens, ref_tokens, ref_scores, tolerance: float) -> dict:
     """Beam candidates [R, k, S] / scores [R, k] (lens [R, k] tokens each, or None for all S) against
     a reference: same scores within tolerance at every rank; the same tokens, except that two
