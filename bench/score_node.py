@@ -56,6 +56,7 @@ from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_
                           bench_config, build_nodes, emit, float_dtype_name, int8_report, interleaved_round,
                           matmul_peaks, minor_faults, model_gemm_shapes, peak_by_library, run_dtype, run_name,
                           run_quantize, settle_int8_base, shaped_checkpoint, timed_part)
+from bench.ct2_baseline import sweep_types
 from bench.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
@@ -139,7 +140,7 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     if ct2 is None:
         return micro_batch, None, report, {}
     rows = ct2.strings(request)
-    types = ("int8_float32", "int8", "float32") if reference is not None else ("float32",)
+    types = sweep_types(ct2.offered, reference is not None)
     ct2.score(types[0], rows[:2], 1)  # warm-up
     batch, report["ct2_max_batch_size_ms"], _ = sweep({b: (lambda b=b: ct2.score(types[0], rows, b))
                                                        for b in CT2_BATCH_SIZES}, give_up_factor=2.0)
@@ -187,8 +188,7 @@ def fastest_at_parity(report: dict, outs: dict, reference: torch.Tensor) -> str:
     """CTranslate2's fastest compute type whose outputs on the sweep's request pass their parity
     bound against the float32 reference (a quantized type that misses it computes something else:
     it is reported under ct2_compute_types_refused with its check, and not compared with)."""
-    refused = {t: parity.top1_check(f"ct2_{t}_top1_vs_fp32", *outs[t], reference, parity.QUANTIZED_ABS)
-               for t in outs if t != "float32"}
+    refused = {t: parity.quantized_check(f"ct2_{t}_top1_vs_fp32", *outs[t], reference) for t in outs if t != "float32"}
     report["ct2_compute_types_refused"] = {t: check for t, check in refused.items() if not check["ok"]}
     at_parity = [t for t in outs if t not in report["ct2_compute_types_refused"]]
     return min(at_parity, key=lambda t: report["ct2_compute_type_ms"][str(t)])
@@ -282,7 +282,7 @@ def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, c
     if "float32" in ct2_sweep:
         checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
     if "ct2" in out and ct2_type != "float32":
-        checks.append(parity.top1_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference, parity.QUANTIZED_ABS))
+        checks.append(parity.quantized_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference))
     return checks
 
 
@@ -408,9 +408,8 @@ def measure(run: Run, requests) -> dict:
         checks += asserted
     if run.args.dtype == "int8":
         drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
-        checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
-                                        outputs[0]["ours"].topk_logprobs[:, 0], reference,
-                                        parity.quantized_bound(run.quantized["limits"]["max_label_logprob_drift"])))
+        checks.append(parity.quantized_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
+                                             outputs[0]["ours"].topk_logprobs[:, 0], reference))
     clock.lap("parity")
     return {"seconds": seconds, "by_round": timed.by_round, "faults_by_round": timed.faults_by_round,
             "warm_up_faults": timed.warm_up_faults, "micro_batch": micro_batch,
