@@ -16,9 +16,10 @@ Tolerances:
                  reference's log-probability of the same token, and a different top-1 token only where the
                  reference's top two are within that margin (a wrong model misses by several nats almost
                  everywhere). CTranslate2's converted model is checked strictly in float32;
-  beams          a reduced-precision beam node's best candidate against float32's (top_beam_check): its score
-                 within the precision's bound (bf16: bf16_beams_check; int8 and bf16 variants of
-                 bench/beam_node.py: QUANTIZED_ABS), its sequence float32's best or within that bound of it;
+  beams          a reduced-precision beam node's best candidate (top_beam_check): its score within the
+                 precision's bound of float32's score of the same sequence, and that sequence no worse than
+                 float32 beam search's best by more than the bound (bf16: bf16_beams_check; the int8 and
+                 bf16 variants of bench/beam_node.py: QUANTIZED_ABS);
   near ties      a top-1 token may differ only where the reference's top-2 margin is within the
                  tolerance (rounding can then pick either).
 """
@@ -72,32 +73,28 @@ def bf16_check(name: str, got: torch.Tensor, hf_bf16: torch.Tensor, reference: t
             "ok": error <= bound}
 
 
-def bf16_beams_check(name: str, ours: tuple, hf_bf16: tuple, reference: tuple) -> dict:
-    """Top-1 beam of a bf16 side against generate() in float32 on the same weights, bounded as bf16_check
-    bounds label logits: BF16_FACTOR x transformers' own bf16 error of the top-1 score + BF16_ABS (top_beam_check;
-    each side as there)."""
-    hf_error = float((hf_bf16[1][:, 0].float() - reference[1][:, 0]).abs().max())
-    check = top_beam_check(name, ours, reference, BF16_FACTOR * hf_error + BF16_ABS)
-    return {**check, "hf_bf16_top1_score_error_vs_fp32": hf_error}
+def bf16_beams_check(name: str, ours: torch.Tensor, rescored: torch.Tensor, hf_bf16_best: torch.Tensor,
+                     reference_best: torch.Tensor) -> dict:
+    """The best beam of a bf16 side against generate() in float32 on the same weights (top_beam_check), bounded as
+    bf16_check bounds label logits: BF16_FACTOR x transformers' own bf16 error of the best score + BF16_ABS.
+    hf_bf16_best [R]: generate()'s best score in bf16; the others as in top_beam_check."""
+    hf_error = float((hf_bf16_best.float() - reference_best.float()).abs().max())
+    check = top_beam_check(name, ours, rescored, reference_best, BF16_FACTOR * hf_error + BF16_ABS)
+    return {**check, "hf_bf16_best_score_error_vs_fp32": hf_error}
 
 
-def top_beam_check(name: str, ours: tuple, reference: tuple, bound: float) -> dict:
-    """The best candidate of a lower-precision beam search against float32's on the same prompts: its score's error
-    at most `bound`, and its sequence float32's best or one float32 scored within `bound` of its best (a near tie
-    that rounding can flip); a sequence float32 did not keep near the top is a wrong beam.
-
-    Each side is (tokens [R, k, S], scores [R, k], lens [R, k] or None for all S).
-    """
-    tokens, scores, lens = ours
-    ref_tokens, ref_scores, _ = reference
-    error = float((scores[:, 0].float() - ref_scores[:, 0].float()).abs().max())
-    beyond_ties = 0
-    for r in range(tokens.shape[0]):
-        n = tokens.shape[2] if lens is None else int(lens[r, 0])
-        near = torch.nonzero(ref_scores[r, 0] - ref_scores[r] <= bound).flatten().tolist()
-        beyond_ties += not any(tokens[r, 0, :n].tolist() == ref_tokens[r, j, :n].tolist() for j in near)
-    return {"check": name, "top1_score_error_vs_fp32": error, "bound": bound,
-            "top1_differs_beyond_near_ties": beyond_ties, "ok": error <= bound and beyond_ties == 0}
+def top_beam_check(name: str, ours: torch.Tensor, rescored: torch.Tensor, reference_best: torch.Tensor,
+                   bound: float) -> dict:
+    """The best candidate of a lower-precision beam search, per prompt: its score `ours` [R], the float32 model's
+    score of the same sequence `rescored` [R] (bench/hf_baselines.rescore) and float32 beam search's best score
+    `reference_best` [R]. The score it reports is its sequence's within `bound`, and that sequence is no worse than
+    float32's best by more than `bound`. (Not "the same sequence": beam search prunes, and a lower precision that
+    prunes otherwise may find another beam, even a better one; measured on the CPU smoke run: bf16 found one
+    0.18 nats per token above float32's best.)"""
+    error = float((ours.float() - rescored.float()).abs().max())
+    shortfall = float((reference_best.float() - rescored.float()).max())
+    return {"check": name, "score_error_vs_fp32_rescored": error, "shortfall_vs_fp32_best": shortfall,
+            "bound": bound, "ok": error <= bound and shortfall <= bound}
 
 
 def beams_check(name: str, tokens, scores, lens, ref_tokens, ref_scores, tolerance: float) -> dict:

@@ -43,13 +43,15 @@ def test_changes_count_candidates_missing_from_the_float32_node_and_the_best_sco
 
 def test_other_precisions_are_held_to_the_quantized_bound_on_their_best_candidate():
     hf = output("hf", [0], [[[1, 2], [3, 4]]], [[-1.0, -2.0]])
-    changed = output("ours_int8", [0], [[[9, 9], [9, 9]]], [[-9.0, -9.0]])
+    changed = output("ours_int8", [0], [[[9, 9], [9, 9]]], [[-1.0, -1.0]]) | {"rescored": torch.tensor([-9.0])}
+    changed["value"] = (*changed["value"][:2], torch.tensor([[2, 2]]))
     found = beam_node.checks(FP32 + [changed, hf])
     assert [c["check"] for c in found] == ["ours[batch 2] prompt 0 vs hf", "ours_int8[batch 1] prompt 0 best vs hf"]
-    assert not found[1]["ok"] and found[1]["top1_differs_beyond_near_ties"] == 1 and found[1]["bound"] == 1.0
-    close = output("ours_int8", [0], [[[1, 2], [9, 9]]], [[-1.5, -2.0]])  # the best kept, its score 0.5 off
-    tie = output("ours_bf16", [0], [[[3, 4], [1, 2]]], [[-1.9, -2.0]])  # float32's second, 1.0 behind its best
-    assert parity.all_ok(beam_node.checks(FP32 + [close, tie, hf]))
+    assert not found[1]["ok"] and found[1]["bound"] == 1.0  # float32 scores its beam 8 nats worse than its own best
+    assert found[1]["score_error_vs_fp32_rescored"] == 8.0
+    other = output("ours_bf16", [0], [[[5, 5], [1, 2]]], [[-0.9, -1.0]]) | {"rescored": torch.tensor([-0.95])}
+    other["value"] = (*other["value"][:2], torch.tensor([[2, 2]]))  # another beam, better than float32's best
+    assert parity.all_ok(beam_node.checks(FP32 + [other, hf]))
 
 
 def test_a_precision_is_reported_against_our_float32_and_bfloat16_nodes_and_ctranslate2():

@@ -44,24 +44,29 @@ def test_a_top_beam_off_float32_fails_parity_naming_the_beam():
     assert failures({"models": {"m": entry}}) == ["m: parity (beam)"]
 
 
-def beams(rows: list[list[list[int]]], scores: list[list[float]]) -> tuple:
-    """(tokens [R, k, S], scores [R, k], lens None) from nested lists."""
-    return torch.tensor(rows), torch.tensor(scores), None
+def test_the_best_beam_is_held_to_float32s_score_of_its_sequence_and_its_best_within_the_bf16_bound():
+    ref_best, hf_bf16_best = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01])  # bf16's own error 0.04
+    found = bf16_beams_check("b", torch.tensor([-1.05, -1.90]), torch.tensor([-1.02, -1.92]), hf_bf16_best, ref_best)
+    assert found["bound"] == pytest.approx(0.08) and found["ok"]  # prompt 1: another beam, better than float32's
+    assert found["score_error_vs_fp32_rescored"] == pytest.approx(0.03)
+    assert found["shortfall_vs_fp32_best"] == pytest.approx(0.02)
 
 
-REFERENCE = beams([[[1, 2], [3, 4], [5, 6]]], [[-1.00, -1.01, -2.0]])  # float32: [3, 4] 0.01 behind the best
-HF_BF16 = beams([[[1, 2], [3, 4], [5, 6]]], [[-1.04, -1.05, -2.1]])  # transformers' own bf16 error: 0.04 -> bound 0.08
+def test_a_best_beam_scored_wrong_or_worse_than_float32s_by_more_than_the_bound_fails():
+    ref_best, hf_bf16_best = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01])
+    misscored = bf16_beams_check("b", torch.tensor([-1.0, -1.5]), torch.tensor([-1.0, -2.0]), hf_bf16_best, ref_best)
+    assert not misscored["ok"] and misscored["score_error_vs_fp32_rescored"] == pytest.approx(0.5)
+    worse = bf16_beams_check("b", torch.tensor([-1.3, -2.0]), torch.tensor([-1.3, -2.0]), hf_bf16_best, ref_best)
+    assert not worse["ok"] and worse["shortfall_vs_fp32_best"] == pytest.approx(0.3)
 
 
-def test_the_top_beam_may_differ_from_float32_only_at_a_near_tie_and_within_the_bf16_bound():
-    same = bf16_beams_check("b", beams([[[1, 2], [3, 4]]], [[-1.05, -1.06]]), HF_BF16, REFERENCE)
-    assert same["ok"] and same["bound"] == pytest.approx(0.08) and same["top1_score_error_vs_fp32"] == pytest.approx(0.05)
-    tie = bf16_beams_check("b", beams([[[3, 4], [1, 2]]], [[-1.02, -1.03]]), HF_BF16, REFERENCE)
-    assert tie["ok"] and tie["top1_differs_beyond_near_ties"] == 0
+def test_rescoring_a_sequence_gives_the_score_generate_ranked_it_by(demo_checkpoint):
+    """The float32 score the beam check compares with is generate()'s own: its best beam, rescored, scores the same."""
+    from bench import hf_baselines
+    from tests.compile.reference import load_hf, random_batch
 
-
-def test_a_top_beam_float32_ranked_far_down_or_a_score_past_the_bound_fails():
-    wrong = bf16_beams_check("b", beams([[[5, 6], [1, 2]]], [[-1.0, -1.1]]), HF_BF16, REFERENCE)
-    assert not wrong["ok"] and wrong["top1_differs_beyond_near_ties"] == 1
-    off = bf16_beams_check("b", beams([[[1, 2], [3, 4]]], [[-1.2, -1.3]]), HF_BF16, REFERENCE)
-    assert not off["ok"] and off["top1_score_error_vs_fp32"] == pytest.approx(0.2)
+    hf = load_hf(demo_checkpoint)
+    prompt = random_batch(1024, [9], seed=4)[0]
+    tokens, scores = hf_baselines.beams(hf, [prompt], 0, 4, 3, 2)
+    for j in range(2):
+        assert hf_baselines.rescore(hf, prompt, tokens[0, j]) == pytest.approx(float(scores[0, j]), abs=1e-4)
