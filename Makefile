@@ -60,10 +60,8 @@ SCORE_REQUESTS ?= 2
 # [quantize]'s defaults (--int8-budget of every int8 run: score_node, beam_node, shared_prefix, profile_nodes)
 INT8_BUDGET ?=
 INT8_BUDGET_ARG = $(if $(INT8_BUDGET),--int8-budget $(INT8_BUDGET))
-# The int8 runs include OpenVINO, so that one run times int8, our float node and every peer. It once took a
-# 24-layer run past 24 GiB, when CTranslate2's int8 log-probs were computed on all rows at once (bench/ct2_baseline.py
-# now takes two rows per call); on 12-04 the Qwen3-0.6B float32-base run with it peaked at 21.2 GB used on the
-# machine, 5.6 GB of which a paused build held. INT8_EXTRA=--no-openvino leaves it out on a smaller machine.
+# The int8 runs include OpenVINO, so that one run times int8, our float node and every peer; with every engine in
+# one process a 24-layer run needs most of a 24 GiB machine. INT8_EXTRA=--no-openvino leaves it out on a smaller one.
 INT8_EXTRA ?=
 INT8_ARGS = $(INT8_BUDGET_ARG) $(INT8_EXTRA)
 SCORE := $(PY) bench/score_node.py
@@ -99,7 +97,7 @@ bench-serving: bench-venv
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/overload.py
 
-# docker-compose.yml built and run for real (README "Docker"): installs Docker and a Compose client
+# docker-compose.yml built and run for real (docs/deployment.md): installs Docker and a Compose client
 # from Debian if missing (root), starts a daemon if none answers, builds every image (a Debian-built
 # base and docker/wheels where registries are out of reach), serves both routes from containers,
 # checks Prometheus, and `down`s. Not part of `make test`: it takes minutes. COMPOSE_CHECK_ARGS: --help.

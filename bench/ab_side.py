@@ -3,7 +3,7 @@ the requests it is asked for, one JSON line per call.
 
 Run by node_ab.py as `python <this file> ...` with the tree to build on PYTHONPATH (a git ref's
 tree or this one), so it imports only what every tree has: compile.build.build,
-compile.runtime.load_nodes, shared.config.load_config and the nodes' call signatures.
+worker.runtime.loader.load_nodes, shared.config.load_config and the nodes' call signatures.
 stdin: one request index per line; stdout: {"ready": ...}, then {"seconds": wall s, "cpu_seconds": this
 process's CPU time, "minor_faults": page faults served without I/O (fresh pages the allocator mapped),
 "outputs": [...]} per call.
@@ -25,11 +25,11 @@ LABELS = torch.tensor([9454, 2152])  # as bench/score_node.py
 
 
 def keep_freed_memory() -> bool:
-    """compile/allocator.py of the tree this file is in, loaded by path: the side's own tree (an older
+    """worker/runtime/allocator.py of the tree this file is in, loaded by path: the side's own tree (an older
     commit's) may not have it, and its `compile` package is the one on the import path."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_allocator", Path(__file__).parents[1] / "compile/allocator.py")
+    spec = importlib.util.spec_from_file_location("bench_allocator", Path(__file__).parents[1] / "worker/runtime/allocator.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.keep_freed_memory()
@@ -44,11 +44,11 @@ def build_config(tree: Path, workload: str, checkpoint: str, dtype: str, threads
     worker = dataclasses.replace(config.worker, cpu_threads=threads)
     model = dataclasses.replace(config.model, path=checkpoint, dtype=dtype, **({"gemm": gemm} if gemm else {}))
     if workload == "beam":
-        bounds = dataclasses.replace(config.bounds, max_beam_width=100, max_new_tokens=4, max_prompt_tokens=512,
+        bounds = dataclasses.replace(config.build_bounds, max_beam_width=100, max_new_tokens=4, max_prompt_tokens=512,
                                      max_beam_requests_per_batch=4)
         return config.replace(model=model, bounds=bounds, worker=worker, score=ScoreConfig(enabled=False),
                               beam=BeamConfig(enabled=True))
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
+    bounds = dataclasses.replace(config.build_bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
                                  max_tokens_per_batch=8192)
     return config.replace(model=model, bounds=bounds, worker=worker)
 
@@ -80,10 +80,10 @@ def main() -> None:
     parser.add_argument("--gemm", help="model.gemm of this side's build (default: the tree's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # both sides run as a CPU worker does (compile/allocator.py of this bench's tree)
+    keep_freed_memory()  # both sides run as a CPU worker does (worker/runtime/allocator.py of this bench's tree)
     from compile import build as build_module
     from compile.build import build
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     start = time.perf_counter()
     build(build_config(Path(args.tree), args.workload, args.checkpoint, args.dtype, args.threads, args.gemm), args.out)

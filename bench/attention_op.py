@@ -1,9 +1,9 @@
-"""The attention operator alone (compile/kernels: torch.ops.boundserve.packed_attention) on one layer of
+"""The attention operator alone (worker/runtime/kernels: torch.ops.boundserve.packed_attention) on one layer of
 each model, against the attention torch itself offers for the same work, in the same process.
 
 The work: one scoring request of the benchmarks' mix (bench/score_node.py's first request: 15 causal
 samples of 32–480 tokens, 4,285 in all), packed into one key pool as the scoring node lays it out
-(compile/score/layout.lay_out: rows padded to the CPU block, the padding a segment of its own), random
+(worker/runtime/layout.lay_out: rows padded to the CPU block, the padding a segment of its own), random
 q, k and v of the model's head shapes (Qwen2.5-0.5B: 14 query heads and 2 K/V heads of 64; Qwen3-0.6B: 16
 and 8 of 128). The sides:
 
@@ -16,11 +16,11 @@ and 8 of 128). The sides:
               float32 kernel on upcast q/k/v (compile/attention.kernel_dtype); skipped with --no-flex.
 
 Calls are interleaved (ours, sdpa, flex, ours, ...), the process's allocator set as a worker's
-(compile/allocator.py). of_peak = FLOPs / time / the dtype's matmul peak measured in the same run,
-FLOPs as bench/flops.py counts attention (4 · heads · head_dim · L² / 2 per causal sample: softmax,
+(worker/runtime/allocator.py). of_peak = FLOPs / time / the dtype's matmul peak measured in the same run,
+FLOPs as bench/harness/flops.py counts attention (4 · heads · head_dim · L² / 2 per causal sample: softmax,
 masking, the operator's repacking of k and v not counted). Parity: every side against attention computed
 in float64 from the same inputs; ours within FP32_ABS (float32) or within 1.5x SDPA's own error plus
-0.02 (bfloat16: bench/parity.py's rule, SDPA in the place of transformers).
+0.02 (bfloat16: bench/harness/parity.py's rule, SDPA in the place of transformers).
 
     .venv/bin/python bench/attention_op.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--calls 30]
         [--no-flex] [--quick]
@@ -35,16 +35,16 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from bench.common import (FLOAT_DTYPES, MODELS, emit, interleaved_times, matmul_peaks, median, peak_by_library,
+from bench.harness.common import (FLOAT_DTYPES, MODELS, emit, interleaved_times, matmul_peaks, median, peak_by_library,
                           timed_part)
-from bench.parity import BF16_ABS, BF16_FACTOR, FP32_ABS
+from bench.harness.parity import BF16_ABS, BF16_FACTOR, FP32_ABS
 from bench.score_node import SAMPLES, make_requests
 
 QUICK_SAMPLES = 3
 
 
 def head_shapes(shape: dict) -> tuple[int, int, int]:
-    """(query heads, K/V heads, head dim) of a benchmark model's layer shapes (bench/common.MODELS)."""
+    """(query heads, K/V heads, head dim) of a benchmark model's layer shapes (bench/harness/common.MODELS)."""
     heads = shape["num_attention_heads"]
     return heads, shape["num_key_value_heads"], shape.get("head_dim", shape["hidden_size"] // heads)
 
@@ -56,9 +56,9 @@ def sample_lengths(samples: int, vocab: int) -> list[int]:
 
 def pool_layout(lengths: list[int]):
     """(cu_seqlens, parents, rows) of a scoring call of these samples as the node lays it out
-    (compile/score/layout.lay_out: each sample unshared, no static prefix; rows padded to the CPU block by a
+    (worker/runtime/layout.lay_out: each sample unshared, no static prefix; rows padded to the CPU block by a
     filler segment)."""
-    from compile.score.layout import lay_out
+    from worker.runtime.layout import lay_out
 
     layout = lay_out(torch.zeros(sum(lengths), dtype=torch.int64), lengths, prefix_lens=[0] * len(lengths),
                      group_sizes=[1] * len(lengths), static_ids=torch.zeros(0, dtype=torch.int64))
@@ -83,8 +83,9 @@ def float64_attention(q, k, v, lengths: list[int]) -> torch.Tensor:
 
 def sides(q, k, v, lengths: list[int], cu_seqlens, parents, rows: int, flex: bool) -> dict:
     """name -> zero-argument call returning [T, Hq, D] in q's dtype."""
-    from compile import kernels
-    from compile.attention import CPU_BLOCK, KeyPool, kernel_dtype, pool_mask
+    from worker.runtime import kernels
+    from compile.attention import KeyPool, kernel_dtype, pool_mask
+    from worker.runtime.layout import CPU_BLOCK
 
     kernels.build_library()
     pool = KeyPool.fitting(rows, len(parents), CPU_BLOCK)
@@ -138,15 +139,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"smoke test: {QUICK_SAMPLES} samples, 3 calls")
     args = parser.parse_args()
 
-    from compile.allocator import keep_freed_memory
-    from compile.kernels import attention_applies
+    from worker.runtime.allocator import keep_freed_memory
+    from worker.runtime.kernels import attention_applies
 
     keep_freed_memory()
     _, shape, _ = MODELS[args.model]
     dtype = FLOAT_DTYPES[args.dtype]
     hq, hkv, d = head_shapes(shape)
     if not attention_applies(dtype, torch.device("cpu"), d):
-        parser.error(f"the operator does not run {args.dtype} on this CPU (compile/kernels.attention_applies)")
+        parser.error(f"the operator does not run {args.dtype} on this CPU (worker/runtime/kernels.attention_applies)")
     lengths = sample_lengths(QUICK_SAMPLES if args.quick else SAMPLES, shape["vocab_size"])
     cu_seqlens, parents, rows = pool_layout(lengths)
     generator = torch.Generator().manual_seed(0)
@@ -163,7 +164,7 @@ def main() -> None:
         times = interleaved_times(fns, repeats=3 if args.quick else args.calls)
     peaks.append(matmul_peaks(dtype, peak_shapes))
     peak = max(max(p.values()) for p in peaks)
-    flops = 4 * hq * d * sum(n * n / 2 for n in lengths)  # bench/flops.py's attention count
+    flops = 4 * hq * d * sum(n * n / 2 for n in lengths)  # bench/harness/flops.py's attention count
     ms = {name: 1e3 * median(t) for name, t in times.items()}
     emit(f"attention_op-{args.model}-{args.dtype}", {
         "bench": "attention_op", "model": args.model, "dtype": args.dtype, "quick": args.quick,

@@ -3,7 +3,7 @@
 Model: Qwen2.5-0.5B's shapes at its real depth (or --layers N), random weights, float32 (so that
 "identical" can be checked to the last token). Each request: one prompt of 256 tokens, W = 100
 beams, S = 4 new tokens, k = 4 candidates returned. Each contender is first called once, untimed, on one
-prompt (its warm-up; bench/memory.py measures how much memory the call needs). Then two figures per contender:
+prompt (its warm-up; bench/harness/memory.py measures how much memory the call needs). Then two figures per contender:
   single   one request per call, the contenders' calls interleaved (order rotated per prompt): latency;
   batched  requests per second at the contender's best batching, swept: our node with 1, 2 or 4
            prompts per call (its compiled bound), CTranslate2 with 1, 2 or 4 (max_batch_size =
@@ -12,15 +12,15 @@ prompt (its warm-up; bench/memory.py measures how much memory the call needs). T
            went back to the kernel (its pages are faulted in inside the timed call, where a single call
            runs on the heap its earlier calls left: batched figures are, if anything, low), and a size
            whose projected memory does not fit the machine's free memory is skipped and named in
-           `batched_skipped` (bench/memory.py; CTranslate2's 4 prompts need ~16 GiB beyond the process's
+           `batched_skipped` (bench/harness/memory.py; CTranslate2's 4 prompts need ~16 GiB beyond the process's
            resident set, which a 24 GiB machine holding every contender does not have).
 transformers' generate() repeats the prompt for every beam before prefill; our node prefills it
 once and shares its K/V with all beams; CTranslate2 runs its own beam search (beam_size = W).
-Every output is checked (bench/parity.py); the run exits non-zero on a disagreement.
+Every output is checked (bench/harness/parity.py); the run exits non-zero on a disagreement.
 The other precisions, each our node on the same float32 checkpoint, timed beside the others:
   --bf16  our node built in bfloat16 (weights rounded once at load) as `ours_bf16`;
   --int8  our node built with `[quantize] int8` on its --int8-base (default: bf16 where oneDNN multiplies
-          bfloat16 on this CPU, else fp32; bench/common.default_int8_base), with random-id calibration and the
+          bfloat16 on this CPU, else fp32; bench/harness/common.default_int8_base), with random-id calibration and the
           default gate, or with --int8-budget N a selection budget of N nats and a gate loosened to match (as
           bench/score_node.py's), as `ours_int8`.
 Each reports (keys `bf16`, `int8`) its speed-up over our float32 node, over our bfloat16 node where the run has
@@ -42,13 +42,13 @@ import sys
 
 import torch
 
-from bench import hf_baselines as hf_side
-from bench import memory, parity
-from bench.common import (FLOAT_DTYPES, MODELS, Clock, add_int8_base, add_int8_budget, bench_config, budget_label,
+from bench.harness import hf_baselines as hf_side
+from bench.harness import memory, parity
+from bench.harness.common import (FLOAT_DTYPES, MODELS, Clock, add_int8_base, add_int8_budget, bench_config, budget_label,
                           build_nodes, default_int8_base, emit, int8_config, interleaved_round, matmul_peaks, median,
                           model_gemm_shapes, peak_by_library, shaped_checkpoint, time_calls)
-from bench.flops import beam_flops, executed_mfu
-from compile.allocator import release_free_memory
+from bench.harness.flops import beam_flops, executed_mfu
+from worker.runtime.allocator import release_free_memory
 
 W, S, K = 100, 4, 4
 PAD_ID = 0
@@ -58,7 +58,7 @@ VARIANT_NAMES = tuple(f"ours_{p}" for p in PRECISIONS)
 
 
 def build_node(checkpoint, name: str, max_width: int, quantize=None, dtype: str = "float32"):
-    """Our beam node in `dtype`; `quantize` an int8 build's [quantize] (bench/common.int8_config)."""
+    """Our beam node in `dtype`; `quantize` an int8 build's [quantize] (bench/harness/common.int8_config)."""
     return build_nodes(bench_config(checkpoint, dtype, ("beam",), quantize=quantize,
                                     max_beam_width=max_width, max_new_tokens=S, max_prompt_tokens=512,
                                     max_beam_requests_per_batch=4), name)
@@ -93,7 +93,7 @@ class Contenders:
 
 def warm_up(contenders: Contenders, prompt) -> dict:
     """Each contender's first call, untimed, on a full-size request (one prompt): name -> how far it raised the
-    process's resident set (bytes; absent where unknown; bench/memory.py). Each starts from a heap whose free pages
+    process's resident set (bytes; absent where unknown; bench/harness/memory.py). Each starts from a heap whose free pages
     went back to the kernel, so that its rise counts all the call needs (a call that reuses free memory an earlier
     call left in the heap rises less: at 24 layers CTranslate2's single call rose 4.5 GiB after transformers', 7.7
     before it)."""
@@ -125,7 +125,7 @@ def run_batched(contenders: Contenders, prompts, sizes: dict[str, tuple[int, ...
     (untimed), so that memory one contender kept does not crowd out the next, and the call's rise of the resident
     set counts all it needs. A call is skipped where the contender's last measured rise (`rises`: its warm-up call's
     on one prompt, until a batched call of its own is measured), scaled to the batch, would not fit in the memory
-    then available (bench/memory.fits)."""
+    then available (bench/harness/memory.fits)."""
     seconds, outputs, skipped = {}, [], {}
     for name, batch_sizes in sizes.items():
         measured_size, rise = 1, rises.get(name)
@@ -266,7 +266,7 @@ def parse_args() -> argparse.Namespace:
 
 def int8_name(args) -> str:
     """An --int8 run's part of the build folder and result file names: `-int8` on a bfloat16 base, `-int8-fp32` on
-    float32 (as bench/common.dtype_label), then its budget (`-int8-fp32-1nats`)."""
+    float32 (as bench/harness/common.dtype_label), then its budget (`-int8-fp32-1nats`)."""
     if not args.int8:
         return ""
     return "-int8" + ("-fp32" if args.int8_base == "fp32" else "") + budget_label(args.int8_budget)
@@ -318,7 +318,7 @@ def prepare(args):
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
-    from bench.ct2_baseline import Ct2Model
+    from bench.harness.ct2_baseline import Ct2Model
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)
@@ -378,7 +378,7 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
                            f"{sorted(side['requests_per_s_by_batch'])}"
                            + "".join(f"; {size} skipped for memory" for n, size in m["batched_skipped"] if n == name)
                            + ")" for name, side in sides.items()},
-        # batch sizes not run for want of memory (bench/memory.py, with the rise each was projected from), each
+        # batch sizes not run for want of memory (bench/harness/memory.py, with the rise each was projected from), each
         # contender's warm-up call's rise of the resident set (one prompt, from a trimmed heap), and prompts no
         # float32 output was checked on (with a batch skipped, only our node may have run them)
         "batched_skipped": {f"{name} x{size}": why for (name, size), why in m["batched_skipped"].items()},

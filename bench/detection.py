@@ -1,7 +1,7 @@
 """How long the gateway's pool takes to declare a worker lost: SIGKILL and SIGSTOP, ipc:// and tcp://.
 
 A stand-in worker process (loadgen/standin_worker.py) serves a real WorkerPool (gateway/worker_pool.py)
-in this process; per run, the time from the signal to the pool's link leaving `ready`. The README's
+in this process; per run, the time from the signal to the pool's link leaving `ready`. docs/operations.md's
 bound: a dead, unreachable or frozen worker is lost within T = worker_timeout_ms (ZeroMQ's
 heartbeats, gateway/liveness.py), plus the event loop's latency; `max_over_bound` is the slowest run's
 time over T (at most 1 when the bound held). tests/chaos/test_chaos.py asserts the same bound, with
@@ -24,10 +24,10 @@ import sys
 import tempfile
 import time
 
-from bench.provenance import ROOT, timed_part, write_result
+from bench.harness.provenance import ROOT, timed_part, write_result
 from gateway.worker_link import READY
 from gateway.worker_pool import WorkerPool
-from loadgen.stack import free_port
+from loadgen.processes import free_port
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
 TRANSPORTS = ("ipc", "tcp")

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.provenance import ROOT, write_result
+from bench.harness.provenance import ROOT, write_result
 from loadgen.live import wait_ready
-from loadgen.stack import free_port
+from loadgen.processes import free_port
 from loadgen.standin_worker import standin_manifest
 from loadgen.stats import percentile as pct
 from shared.manifest import manifest_json

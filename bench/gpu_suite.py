@@ -5,7 +5,7 @@ For each model: a random-weight checkpoint of the real shape (written by transfo
 (label logits and the top beam against float32 on the same weights, within transformers' own bf16
 error; bench/parity.py), no host sync inside either node's call (each enqueue run
 under torch.cuda.set_sync_debug_mode("error")) and two lanes' streams overlapping (the time of two
-concurrent batches against one; bench/gpu_checks.py), the scoring node against transformers
+concurrent batches against one; bench/harness/gpu_checks.py), the scoring node against transformers
 careful and at its best (15 samples per request, executed MFU), the beam node (W = 100, S = 4,
 short prompts) against generate() one prompt per call and batched, the end-to-end stack (python -m
 worker + python -m gateway, open-loop Poisson HTTP load at the seed system's rates and at 0.5-4x the
@@ -35,12 +35,12 @@ import traceback
 
 import torch
 
-from bench.common import (CACHE, MODELS, bench_config, build_artifacts, emit, load_built, matmul_peak_flops,
+from bench.harness.common import (CACHE, MODELS, bench_config, build_artifacts, emit, load_built, matmul_peak_flops,
                           shaped_checkpoint, these_threads)
-from bench.provenance import RESULTS, provenance
-from bench.e2e_stack import Stack, run_load
-from bench.gpu_checks import lane_overlap, no_host_sync
-from bench.gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
+from bench.harness.provenance import RESULTS, provenance
+from bench.harness.e2e_stack import Stack, run_load
+from bench.harness.gpu_checks import lane_overlap, no_host_sync
+from bench.harness.gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
 STAGES = ("parity", "no_host_sync", "lane_overlap", "score", "beam", "fp8", "fp8_node", "e2e")
 """Every stage of a model's run, in order (--skip names them)."""
@@ -112,7 +112,7 @@ def offered_rates(target: float, capacity: float | None, s: Settings) -> list[fl
 
 def e2e(config, artifacts, s: Settings, vocab: int, name: str, capacity: dict) -> dict:
     """Per route, open-loop load at each offered rate for e2e_seconds, each point with its own seed."""
-    from bench.gpu_measure import beam_bodies, score_bodies
+    from bench.harness.gpu_measure import beam_bodies, score_bodies
 
     routes = (("/v1/score", s.score_rate, score_bodies, 100), ("/v1/generate", s.beam_rate, beam_bodies, 200))
     folder = CACHE / "e2e" / name

@@ -2,7 +2,7 @@
 B the node built from the working tree, each in a process of its own holding its own loaded package
 (bench/ab_side.py), timed alternately request by request (A B, then B A, ...) on the same
 requests and threads. Reports each side's median seconds per call, speedup = A / B, the median of
-the per-pair ratios, and parity between them (a failed check writes nothing: bench/provenance.py).
+the per-pair ratios, and parity between them (a failed check writes nothing: bench/harness/provenance.py).
 Each call's CPU time is reported too: with --threads 1 it measures the work done even on a busy
 machine (another process taking the core adds wall time, not CPU time); with more threads it also
 counts OpenMP threads spinning at barriers, which contention inflates.
@@ -10,9 +10,9 @@ counts OpenMP threads spinning at barriers, which contention inflates.
 Workloads (the headline benches' requests and bounds): score (bench/score_node.py: 15 samples of
 32-480 tokens per request), shared (bench/shared_prefix.py: a 200-400-token context + 15 items of
 16-64 tokens, one group), beam (bench/beam_node.py: one 256-token prompt, W = 100, S = 4, k = 4).
-Parity: float32 label log-probs of A and B within bench/parity.FP32_ABS; bfloat16 each side's label
+Parity: float32 label log-probs of A and B within bench/harness/parity.FP32_ABS; bfloat16 each side's label
 log-probs against transformers float32 on the same weights within transformers' own bf16 error
-(bench/parity.bf16_check); beam candidates identical up to near-ties. A failed check exits non-zero
+(bench/harness/parity.bf16_check); beam candidates identical up to near-ties. A failed check exits non-zero
 and writes nothing. Builds are cached under bench/.cache/node_ab/ (A by commit, B by build key).
 
     .venv/bin/python bench/node_ab.py --workload score|shared|beam [--ref main] [--model qwen2.5-0.5b]
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from bench import parity
-from bench.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint, timed_part
+from bench.harness import parity
+from bench.harness.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint, timed_part
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SIDE = Path(__file__).resolve().parent / "ab_side.py"
@@ -115,7 +115,7 @@ def reference_checks(args, checkpoint: Path, requests: list, outputs: dict) -> l
         return [parity.close_check("label_logprobs_A_vs_B", b, a, tolerance)]
     from transformers import AutoModelForCausalLM
 
-    from bench import hf_baselines as hf_side
+    from bench.harness import hf_baselines as hf_side
 
     samples = requests[0] if args.workload == "score" else [torch.cat([requests[0][0], i]) for i in requests[0][1]]
     labels = torch.tensor([9454, 2152])

@@ -2,7 +2,7 @@
 
 The tiny demo model compiled with configs/overload.toml, one real CPU worker (`python -m worker`,
 profiled before it serves) shared by one real gateway per policy (`python -m gateway`,
-loadgen/pinned_stack.py). Where the machine has two CPUs or more, the worker runs alone on the
+loadgen/stack.py). Where the machine has two CPUs or more, the worker runs alone on the
 last one with one thread, and the gateways and this client on the others, so a policy's refusals
 never take CPU from the model. Every policy serves with the same gateway code and settings except:
   admission       the product: refused at once (503) when the predicted finish where the request
@@ -25,13 +25,13 @@ best is at the top. Then, per load (x capacity) and window,
 every policy replays the same requests, the order rotated from window to window; figures are the
 median of the windows with their spread. Every gateway first serves one discarded sweep-length
 window at 0.5x.
-Workloads (bench/overload_load.py): `uniform` (Poisson, 8 x ~60-token samples, one deadline) and
+Workloads (bench/harness/overload_load.py): `uniform` (Poisson, 8 x ~60-token samples, one deadline) and
 `trace` (the Azure code trace's slices, a third each at 50, 100 and 300 ms).
 
     python bench/overload.py [--workload uniform|trace|both] [--quick] [--windows 3] [--window-s 10]
 
 Each workload prints one JSON object and writes bench/results/overload-<workload>.json (quick runs:
-overload-<workload>-quick.json) with its provenance (bench/provenance.py).
+overload-<workload>-quick.json) with its provenance (bench/harness/provenance.py).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from bench import overload_load, overload_summary
-from bench.overload_window import run_window
-from bench.provenance import ROOT, write_result
+from bench.harness import overload_load, overload_summary
+from bench.harness.overload_window import run_window
+from bench.harness.provenance import ROOT, write_result
 from loadgen.bodies import BodyFactory, BodyOptions
-from loadgen.pinned_stack import GatewayProcess, Pinning, SharedWorkers
+from loadgen.stack import GatewayProcess, Pinning, SharedWorkers
 from loadgen.prometheus import fetch_metrics, parse
 from shared.config import load_config
 

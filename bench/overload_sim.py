@@ -1,7 +1,7 @@
 """The overload benchmark replayed offline: the same policies, workloads and loads through the simulator.
 
 bench/overload.py's five policies (its POLICIES, the bounded queue sized as there) and workloads
-(bench/overload_load.py) run through loadgen/simulator.py, which drives the gateway's own policy
+(bench/harness/overload_load.py) run through loadgen/simulator.py, which drives the gateway's own policy
 code (shared/policy) around simulated workers. The worker is a latency model of the tiny demo model
 (`--service`, alpha,beta,gamma,delta of shared/latency_model.py; the default is a quiet estimate
 from bench/results/overload-*.json's measured batch service halved for its worker's ~0.47 of a
@@ -24,9 +24,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench import overload_load
+from bench.harness import overload_load
 from bench.overload import POLICIES, UNBOUNDED
-from bench.provenance import write_result
+from bench.harness.provenance import write_result
 from loadgen.service import ServiceModel
 from loadgen.simulator import SimSettings, Simulator
 from shared.config import load_config

@@ -16,14 +16,14 @@ its context exactly):
 Every request has a loose deadline, so goodput is the rate of answers (all in time; checked).
 "on" and "off" run at once and take turns: `--rounds` rounds (on then off, then off then on, ...),
 each on fresh sessions and unique contexts (a new seed), so the machine's drift lands on both sides
-and every figure has a spread (bench/rounds.py). Figures: speedup_vs_cache_off (per round: session
-seconds off / on; its verdict, and the speedup claimed, never above the FLOP bound and none within
-noise); flop_bound (executed FLOPs off / on for the session requests as served, bench/flops.py: a
-request whose answer counts its context as cached computed only its items); zero_reuse_slowdown
-(per round: unique seconds on / off - 1, "within noise" when the rounds disagree on its sign);
-routing_hit_rate_ratio (zipf hit rate, on / one, from the workers' /metrics, after the rounds);
-max_abs_diff_vs_uncached (session scores, on vs off, every round). Parity: the session scores agree
-within PARITY_ABS, or nothing is written (bench/provenance.py).
+and every figure has a spread (bench/harness/rounds.py). Figures: speedup_vs_cache_off (per round:
+session seconds off / on; its verdict, and the speedup claimed, never above the FLOP bound and none
+within noise); flop_bound (executed FLOPs off / on for the session requests as served,
+bench/harness/flops.py: a request whose answer counts its context as cached computed only its
+items); zero_reuse_slowdown (per round: unique seconds on / off - 1, "within noise" when the rounds
+disagree on its sign); routing_hit_rate_ratio (zipf hit rate, on / one, from the workers' /metrics,
+after the rounds); max_abs_diff_vs_uncached (session scores, on vs off, every round). Parity: the
+session scores agree within PARITY_ABS, or nothing is written (bench/harness/provenance.py).
 
     .venv/bin/python bench/prefix_cache.py [--quick] [--rounds N] [--sessions N] [--zipf-requests N] [--clients N] [--build-only]
 """
@@ -42,10 +42,10 @@ import aiohttp
 import numpy as np
 import torch
 
-from bench import rounds as spreads
-from bench.common import CACHE, QWEN25_05B, bench_config, build_artifacts, emit, shaped_checkpoint
-from bench.flops import shared_score_flops
-from bench.parity import FP32_ABS, close_check
+from bench.harness import rounds as spreads
+from bench.harness.common import CACHE, QWEN25_05B, bench_config, build_artifacts, emit, shaped_checkpoint
+from bench.harness.flops import shared_score_flops
+from bench.harness.parity import FP32_ABS, close_check
 from loadgen.prometheus import parse
 from loadgen.stack import LocalStack, deployment_toml
 

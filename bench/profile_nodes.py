@@ -3,10 +3,10 @@
 Scoring: the compiled scoring node itself, built with kernel profiling (every generated CPU kernel
 reports itself to torch.profiler), one request profiled: time per family (attention = the
 FlexAttention kernels or our operator, gemm = the matmul library calls, other = the fused pointwise
-kernels, the block mask's construction, copies), each family's executed FLOPs (bench/flops.py terms) over
+kernels, the block mask's construction, copies), each family's executed FLOPs (bench/harness/flops.py terms) over
 its time, and the node's time without profiling. Of three profiled calls the one with the fewest minor
 page faults counts, its faults reported (profiled_call_minor_faults; compiled_profile says why). Every
-distinct matmul shape of the request is also timed alone on each matmul library (bench/common.gemm_calls):
+distinct matmul shape of the request is also timed alone on each matmul library (bench/harness/common.gemm_calls):
 what the library reaches on exactly those shapes.
 Beam: the eager building blocks of one request timed piece by piece (prefill, a decode step, the
 vocabulary projection, log-softmax + top-k), each with its FLOP rate; eager attention is
@@ -30,13 +30,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_budget, emit, gemm_calls, gemm_libraries,
+from bench.harness.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_budget, emit, gemm_calls, gemm_libraries,
                           matmul_peak_flops, median, minor_faults, model_gemm_shapes, run_dtype, run_name,
                           run_quantize, settle_int8_base, shaped_checkpoint, time_calls)
-from bench.flops import _attention, _head, _kv, _q_o_mlp, score_flops
+from bench.harness.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
-    "attention": ("flex_attention", "boundserve::packed_attention"),  # FlexAttention or compile/kernels
+    "attention": ("flex_attention", "boundserve::packed_attention"),  # FlexAttention or worker/runtime/kernels
     "gemm_int8": ("qlinear",),  # before gemm: its op name holds "linear_pointwise" too
     "gemm": ("linear_pointwise", "addmm", "_mm", "bmm", "aten::mm", "aten::matmul"),
 }
@@ -51,8 +51,8 @@ PROFILED_CALLS = 3
 
 def grow_heap_top() -> None:
     """Leave the C heap a free top of touched pages just short of the size at which a heap that keeps freed
-    memory trims it (compile/allocator.KEEP): a block allocated, written and freed. Outside glibc, nothing."""
-    from compile.allocator import KEEP, free_top_bytes
+    memory trims it (worker/runtime/allocator.KEEP): a block allocated, written and freed. Outside glibc, nothing."""
+    from worker.runtime.allocator import KEEP, free_top_bytes
 
     top = free_top_bytes()
     if top is None:
@@ -68,7 +68,7 @@ def compiled_profile(call) -> tuple[dict[str, float], int]:
     faults that call took: of PROFILED_CALLS profiled calls (after a warm-up), the one with the fewest.
 
     The profiler's records are small blocks allocated while the node runs. In a heap that keeps freed memory
-    (compile/allocator.py) they land in the holes the node's large buffers left, those buffers no longer fit
+    (worker/runtime/allocator.py) they land in the holes the node's large buffers left, those buffers no longer fit
     there, and the heap grows: the profiled call faults fresh pages in that an unprofiled call does not.
     Measured (Qwen3-0.6B, float32, 28 layers, one 4,285-token request, 2 threads): unprofiled calls 0 faults
     and 18.2-18.7 s; profiled calls 128,640-668,929 faults and 18.5-22.3 s, the time lost in the gate/up GEMMs
@@ -128,7 +128,7 @@ def int8_peak_ops(shapes, dtype: torch.dtype) -> float:
 
 def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float | None = None
                ) -> tuple[list[dict], dict[str, float]]:
-    """Each shape timed alone on every library this machine has for `dtype` (bench/common.gemm_libraries:
+    """Each shape timed alone on every library this machine has for `dtype` (bench/harness/common.gemm_libraries:
     torch.mm, i.e. MKL for float32; oneDNN; oneDNN on a weight prepacked as the worker packs it, what our node's
     linears call), with `int8_peak` also on the int8 kernel (random_int8_kernel, its fraction of int8_peak): ms
     per call and the fraction of the peak each reaches; the request's total GEMM ms per library."""
@@ -151,7 +151,7 @@ def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float |
 
 def profiled_node(checkpoint, dtype_name: str, name: str, quantize=None):
     """The scoring node of bench/score_node.py's build, compiled with kernel profiling."""
-    from bench.common import SCORE_BOUNDS, bench_config, build_nodes
+    from bench.harness.common import SCORE_BOUNDS, bench_config, build_nodes
 
     config = bench_config(checkpoint, dtype_name, quantize=quantize, **SCORE_BOUNDS)
     return build_nodes(config, f"{name}-kernel-profile", kernel_profile=True).score
@@ -191,7 +191,8 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
 
 def beam_profile(checkpoint, spec, length: int, width: int, peak: float) -> dict:
     """One request's pieces, timed alone on the eager blocks (ms) with their FLOP rates."""
-    from compile.attention import CPU_BLOCK, KeyPool, padded, pool_mask
+    from compile.attention import KeyPool, pool_mask
+    from worker.runtime.layout import CPU_BLOCK, padded
     from compile.beam.decode import decode, prompt_kv
     from compile.checkpoint import load_checkpoint
     from compile.linear import resolve_gemm, use_gemm

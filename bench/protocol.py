@@ -21,30 +21,30 @@ import time
 import numpy as np
 import zmq
 
-from bench.provenance import write_result
+from bench.harness.provenance import write_result
 from loadgen.stats import percentile as pct
-from shared import protocol as p
+from shared import protocol
 
 SAMPLES, TOKENS, LABELS, TOP_K, HIDDEN = 15, 300, 2, 5, 1024
 
 
-def make_batch(batch_id: int) -> p.ScoreBatch:
+def make_batch(batch_id: int) -> protocol.ScoreBatch:
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 151_936, size=SAMPLES * TOKENS)
-    request = p.ScoreRequest("req-0000000001", 50.0, p.pack_ids(ids, "int32"), (TOKENS,) * SAMPLES,
+    request = protocol.ScoreRequest("req-0000000001", 50.0, protocol.pack_ids(ids, "int32"), (TOKENS,) * SAMPLES,
                              (9693, 2152), TOP_K, False)
-    return p.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
+    return protocol.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
 
 
-def make_result(batch: p.ScoreBatch, hidden: bool) -> p.ScoreResults:
+def make_result(batch: protocol.ScoreBatch, hidden: bool) -> protocol.ScoreResults:
     f32 = lambda *shape: np.random.default_rng(1).standard_normal(shape).astype("<f4").tobytes()  # noqa: E731
-    result = p.ScoreResult(
-        request_id=batch.requests[0].request_id, status=p.Status.OK, num_samples=SAMPLES,
+    result = protocol.ScoreResult(
+        request_id=batch.requests[0].request_id, status=protocol.Status.OK, num_samples=SAMPLES,
         label_logits=f32(SAMPLES, LABELS), label_logprobs=f32(SAMPLES, LABELS), label_probs=f32(SAMPLES, LABELS),
         topk_ids=np.zeros((SAMPLES, TOP_K), "<i4").tobytes(), topk_logprobs=f32(SAMPLES, TOP_K),
         hidden=f32(SAMPLES, HIDDEN) if hidden else b"",
     )
-    return p.ScoreResults(batch_id=batch.batch_id, results=(result,), queue_ms=0.01, compute_ms=5.0)
+    return protocol.ScoreResults(batch_id=batch.batch_id, results=(result,), queue_ms=0.01, compute_ms=5.0)
 
 
 def echo_server(endpoint: str, mode: str, hidden: bool, ready) -> None:
@@ -54,7 +54,7 @@ def echo_server(endpoint: str, mode: str, hidden: bool, ready) -> None:
     port = sock.bind_to_random_port("tcp://127.0.0.1") if endpoint == "tcp" else sock.bind(endpoint)
     ready.send(f"tcp://127.0.0.1:{port}" if endpoint == "tcp" else endpoint)
     template = make_result(make_batch(0), hidden)
-    raw_reply = p.encode(template)
+    raw_reply = protocol.encode(template)
     while True:
         frames = sock.recv_multipart()
         if frames[1] == b"stop":
@@ -62,9 +62,9 @@ def echo_server(endpoint: str, mode: str, hidden: bool, ready) -> None:
         if mode == "raw":
             sock.send_multipart([frames[0], *raw_reply])
             continue
-        batch = p.decode(frames[1:])
-        reply = p.ScoreResults(batch.batch_id, template.results, template.queue_ms, template.compute_ms)
-        sock.send_multipart([frames[0], *p.encode(reply)])
+        batch = protocol.decode(frames[1:])
+        reply = protocol.ScoreResults(batch.batch_id, template.results, template.queue_ms, template.compute_ms)
+        sock.send_multipart([frames[0], *protocol.encode(reply)])
     sock.close()
     context.term()
 
@@ -79,7 +79,7 @@ def round_trips(endpoint: str, mode: str, rounds: int, warmup: int, hidden: bool
     sock = context.socket(zmq.DEALER)
     sock.connect(address)
     batch = make_batch(1)
-    raw_batch = p.encode(batch)
+    raw_batch = protocol.encode(batch)
     times = []
     for i in range(warmup + rounds):
         start = time.perf_counter_ns()
@@ -87,8 +87,8 @@ def round_trips(endpoint: str, mode: str, rounds: int, warmup: int, hidden: bool
             sock.send_multipart(raw_batch)
             sock.recv_multipart()
         else:
-            sock.send_multipart(p.encode(p.ScoreBatch(i, batch.token_dtype, batch.requests)))
-            result = p.decode(sock.recv_multipart())
+            sock.send_multipart(protocol.encode(protocol.ScoreBatch(i, batch.token_dtype, batch.requests)))
+            result = protocol.decode(sock.recv_multipart())
             assert result.batch_id == i
         if i >= warmup:
             times.append((time.perf_counter_ns() - start) / 1000.0)
@@ -116,8 +116,8 @@ def codec_times(rounds: int, hidden: bool) -> list[float]:
     times = []
     for _ in range(rounds):
         start = time.perf_counter_ns()
-        p.decode(p.encode(batch))
-        p.decode(p.encode(result))
+        protocol.decode(protocol.encode(batch))
+        protocol.decode(protocol.encode(result))
         times.append((time.perf_counter_ns() - start) / 1000.0)
     return times
 
@@ -130,8 +130,8 @@ def main() -> None:
     args = parser.parse_args()
     rounds = args.rounds or (500 if args.quick else 5000)
     warmup = max(50, rounds // 10)
-    batch_body = p.encode(make_batch(1))[1]
-    result_body = p.encode(make_result(make_batch(1), args.hidden))[1]
+    batch_body = protocol.encode(make_batch(1))[1]
+    result_body = protocol.encode(make_result(make_batch(1), args.hidden))[1]
     out = {"bench": "protocol", "samples": SAMPLES, "tokens_per_sample": TOKENS, "rounds": rounds,
            "batch_bytes": len(batch_body), "result_bytes": len(result_body), "hidden": args.hidden}
     with tempfile.TemporaryDirectory() as tmp:

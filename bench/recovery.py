@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.provenance import ROOT, timed_part, write_result
+from bench.harness.provenance import ROOT, timed_part, write_result
 from loadgen.replayer import START_LEAD_S, ReplayOptions, replay
 from loadgen.stack import LocalStack
 from loadgen.synth import SynthSpec, synthesize

@@ -7,18 +7,18 @@ request, the order rotated each round, each request counted at its median round;
 drifts, every round is kept in ms_by_round, and the minor page faults of every call in minor_faults_by_round;
 before them one untimed round on the first request, whose faults are warm_up_minor_faults: time_requests):
   ours        one packed call per request (no padding computed; the last layer only at the last tokens);
-  hf_careful  the request as one left-padded batch, last position projected (bench/hf_baselines.py);
+  hf_careful  the request as one left-padded batch, last position projected (bench/harness/hf_baselines.py);
   hf_best     length-sorted micro-batches, at the micro-batch size that was fastest in a sweep; its
               float32 linears on torch's default GEMM (MKL's sgemm, an AVX2 path on AMD CPUs);
   hf_best_onednn  (float32 runs) the same with transformers' linears on oneDNN's matmul, the kernel
-              our float32 node uses on AVX-512 (bench/hf_baselines.linears_on; on AVX2 alone ours runs MKL's,
+              our float32 node uses on AVX-512 (bench/harness/hf_baselines.linears_on; on AVX2 alone ours runs MKL's,
               as hf_best does), at its own fastest micro-batch: its ratio is what the engine adds beyond
               the GEMM library;
   ct2         CTranslate2 at the max_batch_size (and, for bf16 and int8 runs, the CPU compute type: every one
-              it offers, bench/ct2_baseline.sweep_types) that was fastest in a sweep, among those within the
-              quantized bound; float32 when we run float32;
-  openvino    OpenVINO (bench/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
-              the run's precision (an int8 run: its own int8, NNCF's weight compression, at the base's
+              it offers, bench/harness/ct2_baseline.sweep_types) that was fastest in a sweep, among those
+              within the quantized bound; float32 when we run float32;
+  openvino    OpenVINO (bench/harness/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender)
+              at the run's precision (an int8 run: its own int8, NNCF's weight compression, at the base's
               precision hint), last position projected, at the micro-batch size that was fastest in a sweep
               (openvino_setting says which).
   ours_bf16   (--dtype int8) our node without int8 layers: --dtype int8 builds the model in --int8-base
@@ -27,13 +27,13 @@ before them one untimed round on the first request, whose faults are warm_up_min
               the default gate) and reports speedup_vs_bf16 or speedup_vs_fp32, the label log-prob drift of
               ours and of CTranslate2's int8 against transformers in float32 on the same inputs
               (max_label_logprob_drift, ct2_max_label_logprob_drift); transformers runs the base.
-Their outputs are checked against each other (bench/parity.py) and the run exits non-zero when one
-disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/flops.py) / time /
+Their outputs are checked against each other (bench/harness/parity.py) and the run exits non-zero when one
+disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/harness/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
 after the timed part.
 
 Parity is asserted before anything is written: a run that fails it writes no result and exits
-non-zero (bench/provenance.py). OpenVINO's bfloat16 is reported instead (`openvino_accuracy`, with
+non-zero (bench/harness/provenance.py). OpenVINO's bfloat16 is reported instead (`openvino_accuracy`, with
 `within_bound`): its label logits may miss the bf16 bound (1.5x transformers' own bf16 error + 0.02;
 Qwen3-0.6B on an AVX-512 CPU without AMX: 0.547 against 0.508), and the run still compares against it,
 the faster side, rather than write nothing.
@@ -52,14 +52,14 @@ import statistics
 
 import torch
 
-from bench import hf_baselines as hf_side
-from bench import parity
-from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, add_int8_budget,
+from bench.harness import hf_baselines as hf_side
+from bench.harness import parity
+from bench.harness.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clock, add_int8_base, add_int8_budget,
                           bench_config, build_nodes, emit, float_dtype_name, int8_report, interleaved_round,
                           matmul_peaks, minor_faults, model_gemm_shapes, peak_by_library, run_dtype, run_name,
                           run_quantize, settle_int8_base, shaped_checkpoint, timed_part)
-from bench.ct2_baseline import sweep_types
-from bench.flops import executed_mfu, score_flops
+from bench.harness.ct2_baseline import sweep_types
+from bench.harness.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
 SAMPLES = 15
@@ -158,7 +158,7 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
 def pick_openvino_setting(openvino, dtype: torch.dtype, request, int8: bool = False) -> tuple[tuple[str, int], dict]:
     """OpenVINO's precision (the run's; an int8 run: its own int8 weights, NNCF, at the base's hint) and its fastest
     micro-batch on the sweep's request (after a warm-up call)."""
-    from bench.openvino_baseline import peer_precision
+    from bench.harness.openvino_baseline import peer_precision
 
     precision = peer_precision(dtype, int8)
     openvino.logits(precision, request[:2], 1)  # compiles the model for this precision
@@ -274,7 +274,7 @@ def fp32_checks(outputs: list[dict]) -> list[dict]:
 
 def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, ct2_sweep: dict) -> list[dict]:
     """Request 0 of a bf16 or int8 run against transformers in float32 on the same (in bf16: bf16-valued) weights,
-    each side within 1.5x transformers' own error in the run's float dtype (bench/parity.bf16_check; in an int8
+    each side within 1.5x transformers' own error in the run's float dtype (bench/harness/parity.bf16_check; in an int8
     run on a float32 base that error is nil, so the bound is its floor); CTranslate2 in float32 (from its sweep)
     strictly, its timed compute type within its own bound. OpenVINO: openvino_accuracy."""
     ref_labels, careful = reference[:, LABELS], out["hf_careful"][:, LABELS]
@@ -294,7 +294,7 @@ def openvino_accuracy(out: dict, reference: torch.Tensor, dtype: torch.dtype,
     """Request 0 of OpenVINO in a bf16 or int8 run against transformers in float32 on the same weights: (checks to
     assert, the check reported instead). An int8 run's OpenVINO (its own int8 weights) is asserted within the bound
     of every quantized contender, ours included (parity.quantized_check on its top-1). Else its label logits against
-    the bf16 bound (bench/parity.bf16_check): on a bfloat16 base reported, not asserted ("ok" becomes
+    the bf16 bound (bench/harness/parity.bf16_check): on a bfloat16 base reported, not asserted ("ok" becomes
     "within_bound"): a peer's bf16 less accurate than the bound is still the speed to beat."""
     if "openvino" not in out:
         return [], None
@@ -354,8 +354,8 @@ def prepare(args) -> Run:
     from compile.checkpoint import read_spec
     from transformers import AutoModelForCausalLM
 
-    from bench.ct2_baseline import Ct2Model
-    from bench.openvino_baseline import OpenVinoModel
+    from bench.harness.ct2_baseline import Ct2Model
+    from bench.harness.openvino_baseline import OpenVinoModel
 
     family, shape, depth = MODELS[args.model]
     layers = args.layers or (2 if args.quick else depth)

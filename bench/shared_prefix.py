@@ -6,11 +6,11 @@ one sample per item (fixed seed). Contenders, timed interleaved request by reque
   shared      our node, the request as its context once + 15 suffixes (what the gateway sends);
   unshared    our node, the 15 full samples packed (no padding computed; the context 15 times);
   hf_careful  transformers on the 15 full samples as one left-padded batch, last position projected.
-Outputs must agree (bench/parity.py tolerances; shared against unshared 1e-4 in fp32; in bf16 each
+Outputs must agree (bench/harness/parity.py tolerances; shared against unshared 1e-4 in fp32; in bf16 each
 against transformers in float32 within the bf16 bound; in int8 shared against unshared, and each one's top-1
 against transformers in float32, within the quantized sanity bound every quantized contender is held to:
-bench/parity.py) or the run exits non-zero. flop_bound = FLOPs executed unshared / FLOPs
-executed shared on the same requests: the speed-up a perfect implementation would reach (bench/flops.py
+bench/harness/parity.py) or the run exits non-zero. flop_bound = FLOPs executed unshared / FLOPs
+executed shared on the same requests: the speed-up a perfect implementation would reach (bench/harness/flops.py
 counts). executed_mfu is the shared node's executed FLOPs / time / the matmul peak of the dtype measured in
 the same run.
 
@@ -20,7 +20,7 @@ as token ids over HTTP. It also reports the worker's fitted latency model's erro
 batches it served (predicted from their computed tokens, against the worker's measured compute_ms).
 
 --dtype int8 quantizes the --int8-base model (default: bf16 where oneDNN multiplies bfloat16 on this CPU, else
-fp32; bench/common.default_int8_base) with `[quantize] int8` (random-id calibration, the default gate, or with
+fp32; bench/harness/common.default_int8_base) with `[quantize] int8` (random-id calibration, the default gate, or with
 --int8-budget N a selection budget of N nats and a gate loosened to match, as bench/score_node.py's;
 compile/quantize/); transformers runs the base.
 
@@ -36,12 +36,12 @@ import random
 
 import torch
 
-from bench import hf_baselines as hf_side
-from bench import parity
-from bench.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, add_int8_budget, bench_config,
+from bench.harness import hf_baselines as hf_side
+from bench.harness import parity
+from bench.harness.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, add_int8_base, add_int8_budget, bench_config,
                           build_nodes, emit, int8_report, interleaved_round, matmul_peak_flops, model_gemm_shapes,
                           run_dtype, run_name, run_quantize, settle_int8_base, shaped_checkpoint)
-from bench.flops import executed_mfu, score_flops, shared_score_flops
+from bench.harness.flops import executed_mfu, score_flops, shared_score_flops
 from shared.manifest import read_manifest
 
 ITEMS = 15
@@ -58,7 +58,7 @@ def make_requests(count: int, vocab: int, context: tuple[int, int], item: tuple[
 
 
 def build_config(checkpoint, dtype_name: str, quantize=None):
-    """The scoring node's config; `quantize` an int8 run's [quantize] (bench/common.int8_config)."""
+    """The scoring node's config; `quantize` an int8 run's [quantize] (bench/harness/common.int8_config)."""
     return bench_config(checkpoint, dtype_name, quantize=quantize, **SCORE_BOUNDS)
 
 
@@ -194,7 +194,7 @@ def main() -> None:
         "parity": checks,
     }
     if args.e2e:
-        from bench.shared_prefix_e2e import measure_e2e
+        from bench.harness.shared_prefix_e2e import measure_e2e
 
         result["e2e"] = measure_e2e(config, CACHE / "artifacts" / artifacts_name, timed[: args.e2e_requests]
                                     if len(timed) >= args.e2e_requests else requests[: args.e2e_requests])

@@ -28,7 +28,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from bench.provenance import ROOT, timed_part, write_result
+from bench.harness.provenance import ROOT, timed_part, write_result
 from loadgen.calibrate import capacity_rps
 from loadgen.commands import OFFLINE_HEADROOM
 from loadgen.replayer import ReplayOptions, run_replay

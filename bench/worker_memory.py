@@ -4,8 +4,8 @@ the worker's resident limit (worker/memory.py, `[worker] resident_limit_mb`).
 One beam node (Qwen2.5-0.5B's shapes, bf16 by default, random weights written by transformers), one
 8-token prompt a call, S = 4 steps, k = 4, and the widths 4, 5, 6, ... in turn: every call a new
 shape, each a little larger than the last, the case in which oneDNN's cached primitives, allocated
-during a call, pin the holes its freed buffers leave (compile/allocator.py). Each side runs in a
-process of its own, as a worker does (compile/allocator.keep_freed_memory, then the node), the
+during a call, pin the holes its freed buffers leave (worker/runtime/allocator.py). Each side runs in a
+process of its own, as a worker does (worker/runtime/allocator.keep_freed_memory, then the node), the
 calls on the same prompts: `kept` without a limit, `limited` releasing the heap's free pages after
 any call that leaves the resident set above --limit-mb (ResidentLimit, as the worker's compute
 thread calls it). The sides run one after the other, not interleaved: their seconds are reported,
@@ -16,7 +16,7 @@ releases and the seconds.
     .venv/bin/python bench/worker_memory.py [--model qwen2.5-0.5b] [--dtype bf16|fp32] [--layers N]
                                             [--calls 150] [--limit-mb 3072] [--every 25] [--quick]
 
-Figures from it (beside the worker-limit paragraph in README.md) are full runs; --quick is a smoke test.
+Figures from it (docs/design/compilation.md, "Memory between calls") are full runs; --quick is a smoke test.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import FLOAT_DTYPES, MODELS, bench_config, build_artifacts, emit, shaped_checkpoint
+from bench.harness.common import FLOAT_DTYPES, MODELS, bench_config, build_artifacts, emit, shaped_checkpoint
 
 PROMPT, S, K, FIRST_WIDTH = 8, 4, 4, 4
 GIB = 2**30
@@ -58,10 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run_side(args) -> dict:
     """One side, in this process: the calls, the resident set every `every` calls, the releases."""
-    from compile.allocator import keep_freed_memory, resident_bytes
+    from worker.runtime.allocator import keep_freed_memory, resident_bytes
 
     keep_freed_memory()  # before anything allocates, as a CPU worker does
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
     from shared.logs import EventLog
     from worker.memory import MIB, ResidentLimit
 

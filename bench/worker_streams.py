@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from bench.provenance import ROOT, write_result
-from shared import protocol as p
+from bench.harness.provenance import ROOT, write_result
+from shared import protocol
 from shared.config import WorkerConfig
 
 CACHE = ROOT / "bench" / ".cache" / "worker_streams"
@@ -52,39 +52,39 @@ def write_config(folder: Path, endpoint: str, device: str, streams: int) -> Path
     return path
 
 
-def make_batch(batch_id: int, vocab: int, rng) -> p.ScoreBatch:
+def make_batch(batch_id: int, vocab: int, rng) -> protocol.ScoreBatch:
     ids = rng.integers(0, vocab, size=SAMPLES * TOKENS)
-    request = p.ScoreRequest(f"r{batch_id}", 60_000.0, p.pack_ids(ids), (TOKENS,) * SAMPLES, (1, 2), 5, False)
-    return p.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
+    request = protocol.ScoreRequest(f"r{batch_id}", 60_000.0, protocol.pack_ids(ids), (TOKENS,) * SAMPLES, (1, 2), 5, False)
+    return protocol.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
 
 
 def recv(sock: zmq.Socket, timeout_s: float):
     if not sock.poll(int(timeout_s * 1000)):
         raise TimeoutError(f"worker silent for {timeout_s} s")
-    return p.decode(sock.recv_multipart())
+    return protocol.decode(sock.recv_multipart())
 
 
-def drive(sock: zmq.Socket, ready: p.Ready, total: int, window: int) -> dict:
+def drive(sock: zmq.Socket, ready: protocol.Ready, total: int, window: int) -> dict:
     """Keep `window` batches outstanding until `total` are answered ok; batches/s over that span."""
     rng = np.random.default_rng(0)
     batches = [make_batch(i, int(ready.model["vocab_size"]), rng) for i in range(window)]
     next_id, done, resent, compute = window, 0, 0, []
     start = time.perf_counter()
     for batch in batches:
-        sock.send_multipart(p.encode(batch))
+        sock.send_multipart(protocol.encode(batch))
     while done < total:
         message = recv(sock, 120.0)
-        if isinstance(message, p.ScoreResults):
+        if isinstance(message, protocol.ScoreResults):
             done += 1
             compute.append(message.compute_ms)
-        elif isinstance(message, p.Error) and message.code == p.ErrorCode.OVERLOADED:
+        elif isinstance(message, protocol.Error) and message.code == protocol.ErrorCode.OVERLOADED:
             resent += 1
-        elif isinstance(message, p.Error):
+        elif isinstance(message, protocol.Error):
             raise RuntimeError(f"the worker refused a batch: {message}")
         else:
             continue  # heartbeats and other status messages
         template = batches[next_id % window]
-        sock.send_multipart(p.encode(p.ScoreBatch(next_id, "int32", template.requests)))
+        sock.send_multipart(protocol.encode(protocol.ScoreBatch(next_id, "int32", template.requests)))
         next_id += 1
     elapsed = time.perf_counter() - start
     return {"batches_per_s": round(done / elapsed, 2), "samples_per_s": round(done * SAMPLES / elapsed, 1),
@@ -102,13 +102,13 @@ def run_worker(artifacts: Path, device: str, streams: int, total: int, folder: P
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
-        sock.send_multipart(p.encode(p.Hello(p.PROTOCOL_VERSION, "bench")))
+        sock.send_multipart(protocol.encode(protocol.Hello(protocol.PROTOCOL_VERSION, "bench")))
         ready = recv(sock, 600.0)
-        if not isinstance(ready, p.Ready):
+        if not isinstance(ready, protocol.Ready):
             raise RuntimeError(f"worker answered Hello with {ready}")
         result = drive(sock, ready, total, window=ready.max_queued_batches)  # queue + lanes never overflow
         result["lanes"] = ready.num_streams
-        sock.send_multipart(p.encode(p.Shutdown(reason="bench done")))
+        sock.send_multipart(protocol.encode(protocol.Shutdown(reason="bench done")))
         worker.wait(timeout=120)
         return result
     finally:

@@ -13,13 +13,13 @@ Once per forward, from the layout's tensors, `pool_mask` builds the block mask e
       segment up to itself, its parent's and its grandparent's segments in full (empty: 0, 0).
       Fixed size (the compiled bound), one buffer. The mask compares a key's row number with the
       query's bounds, so it reads nothing per key (a table lookup per key was a scalar gather per
-      lane in the CPU kernel: 19 % of its time on the scoring mix);
+      lane in the CPU kernel, a large share of its time on the scoring mix);
     - each (query block, key block) pair classified empty, full (the mask is not evaluated) or
       partial from the same intervals: Tq x key blocks x 3 comparisons, where create_block_mask
-      evaluates the mask on all Tq x Tk pairs (measured 0.5 ms against 17-90 ms at 4.3k tokens).
-`packed_attention` then runs, on a CPU with AVX512-BF16, the C++ kernel of compile/kernels
+      evaluates the mask on all Tq x Tk pairs (far slower at a scoring request's size).
+`packed_attention` then runs, on a CPU with AVX512-BF16, the C++ kernel of worker/runtime/kernels
 (torch.ops.boundserve.packed_attention) for float32, and for bfloat16 where the CPU has no AMX
-(compile/kernels.attention_applies); it reads the row table itself and never the block mask. Elsewhere
+(worker/runtime/kernels.attention_applies); it reads the row table itself and never the block mask. Elsewhere
 it runs one flex_attention call per layer. `PoolMask` carries both.
 
 Outside a compile or an export (the build's int8 / fp8 calibration, its static prefix, tests),
@@ -32,7 +32,7 @@ bfloat16 (the int8 layer selection runs ~100 of them) took 3.5 s instead of 7.4 
 
 Traps of FlexAttention inside an AOTInductor package (torch 2.13), and how this module avoids them:
     - the query and key counts must be multiples of the block, or rows are silently dropped: the
-      layouts pad both (compile/score/layout.py, the beam node's inputs) and `pool_mask` refuses
+      layouts pad both (worker/runtime/layout.py, the beam node's inputs) and `pool_mask` refuses
       counts that are not;
     - q/k/v go in as 4-D contiguous tensors (3-D views fail lowering);
     - the tensors the mask reads must have a fixed size (dynamic ones fail to export or to build)
@@ -44,7 +44,7 @@ Traps of FlexAttention inside an AOTInductor package (torch 2.13), and how this 
       packages are built with epilogue fusion off (compile/build.py; no other template runs there);
     - on a CPU without AMX the bfloat16 kernel leaves the fast path (no VNNI packing; its p·v
       product goes through cpublas' generic gemm per block), so there bfloat16 runs our own kernel
-      (compile/kernels) where the CPU has AVX512-BF16, else the float32 kernel on upcast q/k/v
+      (worker/runtime/kernels) where the CPU has AVX512-BF16, else the float32 kernel on upcast q/k/v
       (`kernel_dtype`);
     - its float32 kernel ran at 0.24 of the float32 peak in the Qwen2.5-0.5B scoring node (1.07 s of
       15.1 s; bench/profile_nodes.py, 2 threads, AMD EPYC with AVX512-BF16): float32 runs our kernel
@@ -58,27 +58,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from compile import kernels
-
-# Rows per block on a CPU: the masked waste of partial blocks shrinks with the block, the per-block
-# overhead grows. Measured on the scoring mix (1 thread, CPU time, against the per-sample SDPA loop):
-# block 32 0.77x (Qwen2.5) / 0.87x (Qwen3), 64 0.90x / 1.01x, 128 1.47x (Qwen2.5); 16 mixed (0.80x Qwen2.5,
-# better on Qwen3 bf16: 0.78x against 0.85x for 32 in the same run). On a CPU with AMX, where the bfloat16
-# kernel multiplies blocks on AMX tiles, 64 was no faster: the 24-layer bfloat16 scoring node with 64 against 32
-# (bench/node_ab.py --workload score --dtype bf16, 2 threads) ran 0.984x by median call, 1.016x by median pair
-# (9 pairs, 0.82-1.19): within the machine's noise, so one block for every CPU.
-CPU_BLOCK = 32
-GPU_BLOCK = 128  # FlexAttention's own default on CUDA: the Triton kernel's tiles divide it
-
-
-def block_for(device: str) -> int:
-    """Rows per attention block for packages built for `device`."""
-    return CPU_BLOCK if device.split(":")[0] == "cpu" else GPU_BLOCK
-
-
-def padded(rows: int, block: int) -> int:
-    """rows rounded up to a multiple of the block."""
-    return -(-rows // block) * block
+from worker.runtime import kernels
 
 
 @dataclass(frozen=True)
@@ -128,7 +108,7 @@ def pool_mask(pool: KeyPool, cu_seqlens: torch.Tensor, parents: torch.Tensor, nu
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype FlexAttention runs in: bfloat16 on a CPU without AMX runs its float32 kernel (where
-    compile/kernels' bfloat16 kernel does not apply)."""
+    worker/runtime/kernels' bfloat16 kernel does not apply)."""
     if dtype == torch.bfloat16 and device.type == "cpu" and not torch.cpu._is_amx_tile_supported():
         return torch.float32
     return dtype

@@ -15,45 +15,28 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors.torch import save_file
 
-from compile import kernels
-from compile.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
+from worker.runtime import kernels
+from worker.runtime.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
 from compile.beam import module as beam_module
-from compile.checkpoint import (DTYPES, TOKENIZER_FILES, Checkpoint, ModelSpec, checkpoint_hash, load_checkpoint,
+from compile.beam.inputs import BeamInputs, read_inputs
+from compile.context import BuildContext, NodeBuilder
+from compile.checkpoint import (DTYPES, TOKENIZER_FILES, ModelSpec, checkpoint_hash, load_checkpoint,
                                read_spec)
 from compile.fp8 import fp8_for_build
 from compile.linear import onednn_bf16, resolve_gemm, use_gemm
-from compile.machine import machine_facts
-from compile.model import Transformer, build_model
-from compile.packing import combine, packable
+from worker.runtime.machine import machine_facts
+from compile.model import build_model
+from worker.runtime.packing import combine, packable
 from compile.quantize.build_step import int8_for_build
 from compile.score import export as score_export
 from shared.config import DeploymentConfig
 from shared.manifest import Manifest, ManifestError, parse_manifest, read_manifest
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What every node builder gets: the deployment, the loaded checkpoint and the model."""
-
-    config: DeploymentConfig
-    checkpoint: Checkpoint
-    model: Transformer
-    dtype: torch.dtype
-    device: str
-    beam: beam_module.BeamInputs | None = None
-    """The beam node's generation rule and constraint tables, read once by check_inputs (None: beam off)."""
-
-
-# workload name -> builder returning (module whose state dict holds the node's weights, its export,
-# extra manifest facts about the node)
-NodeBuilder = Callable[[BuildContext], tuple[torch.nn.Module, torch.export.ExportedProgram, dict]]
-
 
 NODE_BUILDERS: dict[str, NodeBuilder] = {"score": score_export.build, "beam": beam_module.build}
 
@@ -64,7 +47,7 @@ def enabled_workloads(config: DeploymentConfig) -> list[str]:
 
 def check_positions(config: DeploymentConfig, spec: ModelSpec) -> None:
     """Refuse bounds that would place a token past the model's positions (its RoPE table ends there)."""
-    bounds = config.bounds
+    bounds = config.build_bounds
     reach = [(bounds.max_tokens_per_sample, "bounds.max_tokens_per_sample")] if config.score.enabled else []
     if config.beam.enabled:
         reach.append((bounds.max_prompt_tokens + bounds.max_new_tokens,
@@ -75,7 +58,7 @@ def check_positions(config: DeploymentConfig, spec: ModelSpec) -> None:
                              f"({spec.max_position_embeddings}, {config.model.path}/config.json)")
 
 
-def check_inputs(config: DeploymentConfig, spec: ModelSpec) -> beam_module.BeamInputs | None:
+def check_inputs(config: DeploymentConfig, spec: ModelSpec) -> BeamInputs | None:
     """Refuse bad input before any work: bounds past the model's positions, a workload without a builder,
     a missing input file of an enabled feature, a checkpoint without tokenizer.json, the beam node's
     generation config and constraints. Each would otherwise be found after minutes of compiling. Returns
@@ -88,7 +71,7 @@ def check_inputs(config: DeploymentConfig, spec: ModelSpec) -> beam_module.BeamI
         if path:
             input_file(setting, path)
     tokenizer_files(Path(config.model.path))
-    return beam_module.read_inputs(config, spec.vocab_size) if config.beam.enabled else None
+    return read_inputs(config, spec.vocab_size) if config.beam.enabled else None
 
 
 def input_files(config: DeploymentConfig) -> dict[str, str | None]:
@@ -219,7 +202,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, staging / WEIGHTS)
         copied = copy_tokenizer_files(model_dir, staging)
         library = None
-        if operators:  # the packages call compile/kernels' operators: the runtime loads their library first
+        if operators:  # the packages call worker/runtime/kernels' operators: the runtime loads their library first
             path = kernels.build_library(staging)
             library = {"file": path.name, "sha256": file_hash(path), "operators": sorted(operators)}
         manifest = {
@@ -228,10 +211,10 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
             "build_key": key,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "dtype": str(dtype).removeprefix("torch."),
-            "prepacked": combine(packings),  # weights the runtime packs at load (compile/packing.py)
+            "prepacked": combine(packings),  # weights the runtime packs at load (worker/runtime/packing.py)
             "machine": machine_facts(device),
             "cpu_threads": compiled_threads(config),
-            "bounds": asdict(config.bounds.resolved()),
+            "bounds": asdict(config.build_bounds.resolved()),
             "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
             "nodes": nodes,
             "fp8": fp8,
@@ -255,7 +238,7 @@ def compiled_threads(config: DeploymentConfig) -> int | None:
     Inductor fixes a CPU package's thread count at compile time: its kernels open OpenMP teams of
     that size, and the attention kernel sizes per-thread scratch buffers by it, so a call on more
     threads writes past them (seen: heap corruption). The manifest records it; the runtime refuses
-    more (compile/machine.py) and a worker configured otherwise refuses to start.
+    more (worker/runtime/machine.py) and a worker configured otherwise refuses to start.
     """
     return config.worker.cpu_threads if config.model.device.split(":")[0] == "cpu" else None
 
@@ -273,7 +256,7 @@ def aoti_compile(program: torch.export.ExportedProgram, package: Path, threads: 
 
 
 def kernels_called(program: torch.export.ExportedProgram) -> set[str]:
-    """The compile/kernels operators (namespace boundserve) a node's graph calls."""
+    """The worker/runtime/kernels operators (namespace boundserve) a node's graph calls."""
     return {node.target.name() for node in program.graph.nodes
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
             and node.target.namespace == "boundserve"}

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compile.score.module import pack_inputs
+from worker.runtime.score_inputs import pack_inputs
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -269,7 +269,7 @@ def fp8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict 
         stage("warning: model.fp8 on a CPU: torch runs _scaled_mm there as a check of the FP8 package's numbers, "
               "not fast (the demo model's scoring call took 86x float32's, on an AMX Xeon); quantize.int8 is "
               "the CPU's quantization")
-    b, vocab = config.bounds, model.spec.vocab_size
+    b, vocab = config.build_bounds, model.spec.vocab_size
     labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: b.max_labels]
     batches = random_calibration(vocab, 4, min(8, b.max_samples_per_batch), (4, min(128, b.max_tokens_per_sample)),
                                  labels, b.max_labels, str(device))

@@ -1,56 +1,33 @@
 """Which matrix-multiply kernel the compiled nodes' linear layers call (the build option model.gemm).
 
 On the CPU, a float32 `F.linear` lowers to aten mm/addmm, which calls MKL's sgemm; on the AVX-512
-machine this was measured on, that ran at about half the rate of oneDNN's float32 matmul
-(`mkldnn::_linear_pointwise`, compiled against the plain [out, in] weight, so the weights keep their
-names and every node still shares one copy; the runtime hands it prepacked: compile/packing.py). Inductor's own freezing + cpp.weight_prepack
-does not help here: with a dynamic token axis it left aten addmm in the package (torch 2.13, seen
-on a compiled 2-layer MLP at the same speed as without freezing). bfloat16 linears already go to oneDNN through
-aten (bit-identical outputs, measured), but unpacked: through `mkldnn::_linear_pointwise` their
-weights are prepacked once at load (compile/packing.py), so "auto" takes oneDNN for bfloat16 too. The
-op is CPU-only.
+machines this was measured on, oneDNN's float32 matmul (`mkldnn::_linear_pointwise`, compiled
+against the plain [out, in] weight, so the weights keep their names and every node still shares one
+copy; the runtime hands it prepacked: worker/runtime/packing.py) ran markedly faster. Inductor's own freezing
++ cpp.weight_prepack does not help here: with a dynamic token axis it left aten addmm in the package
+(torch 2.13). bfloat16 linears already go to oneDNN through aten (bit-identical outputs), but
+unpacked: through `mkldnn::_linear_pointwise` their weights are prepacked once at load, so "auto"
+takes oneDNN for bfloat16 too. The op is CPU-only.
 
-Default "auto": oneDNN for float32 on a CPU with AVX-512 (on AVX2 alone: for the beam node only, see
-below) and for bfloat16 on a CPU with bfloat16 instructions, aten otherwise. On AVX-512, at
-Qwen2.5-0.5B's shapes, oneDNN made the float32 scoring node 1.6x faster at 24 layers (1.7x at 4) and
-the beam node 1.5x at 4 layers (medians of interleaved rounds, bench/gemm_ab.py). On a CPU with AVX2
-alone (an AMD EPYC, 2 threads) the scoring node went the other way: MKL's sgemm ran it 1.12x faster
-than prepacked oneDNN at 24 layers (19.14 against 21.51 s a request, all 6 interleaved pairs,
-bench/node_ab.py --b-gemm aten), and per GEMM shape of that request 20.4 against 23.4 s
-(bench/profile_nodes.py), so there "auto" takes aten for the scoring node. Not for the beam node: its
-GEMMs have W rows a decode step (and the prompt's rows once), where oneDNN wins on that CPU (one
-decode step's GEMMs at 100 rows, timed alone outside a package, median of 5 calls, a one-off script:
-MKL 915 ms, oneDNN 832 on dense weights, 754 prepacked; at 400 rows all three within 3 %), and the
-beam node compiled on aten ran at 0.83x the speed of the one on prepacked oneDNN (4.83 against 3.99 s
-a request, W = 100, all 6 pairs slower, bench/node_ab.py --workload beam). So on AVX2 alone "auto"
-gives each node its own kernel (NARROW_NODES). A weight two nodes read on different kernels stays
-dense (compile/packing.py), so a deployment with both nodes runs its beam node on oneDNN with dense
-weights. oneDNN's float32 results differ from aten's only in summation order: at 24 layers, 3
-requests of 15 samples, the largest label-logit difference from transformers was 1.7e-4 with oneDNN
-and 1.1e-4 with aten (logits up to ~6: relative 3e-5), so neither kernel holds 1e-4 at real depth; at
-the test models' depth both hold the tests' 1e-4.
+Default "auto": oneDNN for float32 on a CPU with AVX-512 and for bfloat16 on a CPU with bfloat16
+instructions, aten otherwise, with one exception per node on a CPU with AVX2 alone. There MKL's sgemm
+ran the scoring node's thousands of rows faster than prepacked oneDNN, while the beam node's GEMMs,
+of W rows a decode step, ran faster on oneDNN; so on AVX2 alone "auto" gives each node its own kernel
+(NARROW_NODES). The A/B runs behind these choices are in docs/benchmarks.md (bench/node_ab.py,
+bench/gemm_ab.py). A weight two nodes read on different kernels stays dense (worker/runtime/packing.py), so a
+deployment with both nodes runs its beam node on oneDNN with dense weights. oneDNN's float32 results
+differ from aten's only in summation order; at real depth neither kernel holds 1e-4 of transformers'
+label logits, at the test models' depth both do.
 
-Blocking the token axis (tried, not kept). Outside a package, Qwen2.5-0.5B's whole MLP (prepacked
-oneDNN gate/up, SiLU·mul, down) on 4,285 rows ran 1.37x faster in 512-row blocks in bf16 (752 vs
-548 GFLOP/s) and 1.39x in fp32 (372 vs 267); 1,024-row blocks gained nothing (549 / 268). Medians
-of 5 interleaved rounds, 2 threads, quiet (load 0.2-0.5). Inside a package with a dynamic token axis
-(torch 2.13) no route worked yet: `scan` over [T // B, B, H] exports, but Inductor's scan ->
-while_loop rewrite cannot size its output when the block count is not itself a graph symbol
-(KeyError on the token symbol); static slices x[i*B:(i+1)*B] (the last one open-ended) export only
-under `backed_size_oblivious` (otherwise a guard on the row count that the dynamic range violates),
-and the scoring node compiled that way read out of bounds (tiny Qwen3 test model). So every MLP
-runs one GEMM over all rows.
-
-With glibc's default allocator settings each whole-MLP call maps its [T, 2I] gate/up product afresh
-(above the mmap threshold) and faults its pages in, which blocks avoid; a worker keeps freed memory
-instead (compile/allocator.py). Measured again that way (12-05, an AMD EPYC with AVX-512 at half rate,
-2 threads, prepacked oneDNN, 4,285 rows, best of 5 interleaved rounds), the blocks gain nothing:
-Qwen3-0.6B's float32 MLP took 376 ms whole (silu * mul compiled by Inductor) against 379 in 512-row
-blocks (430 against 379 under the default settings); the GEMMs alone ran at 208-222 GFLOP/s (0.92-0.98
-of the float32 peak) whether whole, split two or four ways along N, or in 256- or 1,024-row blocks.
-Built into the Qwen3-0.6B float32 scoring node as a C++ operator (each block's three steps on this op
-with the prepacked weights; not kept), the node ran 0.98x as fast as without it (bench/node_ab.py,
-4 pairs, identical label log-probs).
+Blocking the token axis (tried, not kept). Outside a package, the whole MLP in 512-row blocks looked
+faster, but only because each whole-MLP call mapped its [T, 2I] gate/up product afresh and faulted its
+pages in under glibc's default allocator settings; with a worker's setting (worker/runtime/allocator.py keeps
+freed memory) the blocks gain nothing, and a C++ blocked-MLP operator built into the scoring node was
+no faster. Inside a package with a dynamic token axis (torch 2.13) no route worked cleanly anyway:
+`scan` over [T // B, B, H] exports, but Inductor's scan -> while_loop rewrite cannot size its output
+when the block count is not itself a graph symbol; static slices export only under
+`backed_size_oblivious`, and the node compiled that way read out of bounds. So every MLP runs one GEMM
+over all rows (docs/design/compilation.md).
 """
 
 from __future__ import annotations
@@ -102,7 +79,7 @@ def onednn_fp32(workload: str) -> bool:
 
 def resolve_gemm(choice: str, device: str, dtype: torch.dtype, workload: str) -> GemmBackend:
     """The backend `workload`'s node uses, checked against its device: oneDNN's op exists on a CPU only,
-    and in bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it (compile/packing.py
+    and in bfloat16 only where the CPU has bfloat16 instructions; "auto" takes it (worker/runtime/packing.py
     prepacks its weights) for float32 where `onednn_fp32` says so and for bfloat16 on a CPU with
     bfloat16 instructions, and aten otherwise."""
     if choice not in GEMM_CHOICES:

@@ -113,7 +113,7 @@ def port_variables(raw: dict) -> dict[str, tuple[str, int]]:
 
 
 def build_args(base_image: str, sources: str, gpu_standin: bool) -> dict[str, str]:
-    """Build arguments: where the base image and the Python packages come from (README "Docker")."""
+    """Build arguments: where the base image and the Python packages come from (docs/deployment.md)."""
     args = {"BASE_IMAGE": base_image}
     if sources == "wheels":  # docker/wheels is pip's only source
         args |= {"PIP_NO_INDEX": "1", "TORCH_INDEX_URL": ""}

@@ -15,20 +15,24 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.deadline import budget_ms, header_budget_ms
+from gateway.api.deadline import budget_ms, header_budget_ms
 from gateway.errors import ApiError, error_response
-from gateway.generate_request import parse_generate
-from gateway.http_answers import Health, Ready, WorkerState, encode_json
+from gateway.api.generate import parse_generate
+from gateway.api.answers import Health, Ready, WorkerState, encode_json
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import drop_reason
-from gateway.openapi import openapi_document
-from gateway.request_body import read_body
-from gateway.score_request import parse_score
-from gateway.state import Gateway, Settings
+from gateway.api.openapi import openapi_document
+from gateway.api.body import read_body
+from gateway.api.score import parse_score
+from gateway.limits import Limits
+from gateway.wiring import Gateway, Settings
+from shared.config import GatewayConfig
 
 log = logging.getLogger("gateway.access")
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -41,7 +45,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def make_app(settings: Settings) -> web.Application:
     """The gateway app; its parts start with the app (cleanup_ctx) and stop with it."""
-    # bodies are decompressed by gateway/request_body.py, which answers every failure in JSON
+    # bodies are decompressed by gateway/api/body.py, which answers every failure in JSON
     app = web.Application(middlewares=[frame], client_max_size=settings.config.gateway.max_body_bytes,
                           handler_args={"auto_decompress": False})
     app[SETTINGS] = settings
@@ -155,31 +159,51 @@ def _accepting(gateway: Gateway) -> Iterator[float]:
 
 
 def _json(body: object) -> web.Response:
-    """An answer (one of gateway/http_types.py's Structs, or the OpenAPI document) as JSON."""
+    """An answer (one of gateway/api/types.py's Structs, or the OpenAPI document) as JSON."""
     return web.Response(body=encode_json(body), content_type="application/json")
 
 
-async def score(request: web.Request) -> web.Response:
+@dataclass(frozen=True)
+class WorkRoute:
+    """What a route that runs work on the workers adds to the one handler skeleton (`serve_work`): how
+    its body becomes a typed request, its default deadline, and how the request is run."""
+
+    parse: Callable[[bytes, Limits], Any]
+    """Body -> the route's typed request (gateway/api/); every refusal an ApiError."""
+    default_deadline_ms: Callable[[GatewayConfig], int]
+    run: Callable[[Gateway, Any, str, float], Awaitable[Any]]
+    """(gateway, request, wire id, deadline on the pool's clock) -> the answer Struct."""
+    names_answer: Callable[[Any], bool] = lambda spec: True  # noqa: E731
+    """Whether the answer carries the request id as `id` (SGLang's schema has no such field)."""
+
+
+async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
+    """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
+    headers and body, the body read within it, parse, run, answer."""
     gateway = request.app[GATEWAY]
     with _accepting(gateway) as arrived:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
-        spec = parse_score(await _read_body(request, header_ms), gateway.limits)
-        budget = budget_ms(spec.deadline_ms, header_ms, gateway.settings.config.gateway.score_deadline_ms)
-        answer = await gateway.score.score(spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
-    if spec.dialect != "sglang":
+        spec = route.parse(await _read_body(request, header_ms), gateway.limits)
+        budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
+        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
+    if route.names_answer(spec):
         answer.id = request[REQUEST_ID]
     return _json(answer)
 
 
+SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
+                  lambda gateway, spec, wire_id, deadline: gateway.scoring.score(spec, wire_id, deadline),
+                  names_answer=lambda spec: spec.dialect != "sglang")
+GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
+                     lambda gateway, spec, wire_id, deadline: gateway.generation.generate(spec, wire_id, deadline))
+
+
+async def score(request: web.Request) -> web.Response:
+    return await serve_work(request, SCORE)
+
+
 async def generate(request: web.Request) -> web.Response:
-    gateway = request.app[GATEWAY]
-    with _accepting(gateway) as arrived:
-        header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
-        spec = parse_generate(await _read_body(request, header_ms), gateway.limits)
-        budget = budget_ms(spec.deadline_ms, header_ms, gateway.settings.config.gateway.generate_deadline_ms)
-        answer = await gateway.generate.generate(spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
-    answer.id = request[REQUEST_ID]
-    return _json(answer)
+    return await serve_work(request, GENERATE)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -188,7 +212,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    workers = [WorkerState(link.endpoint, link.state, link.pid, sorted(link.models), len(link.in_flight))
+    workers = [WorkerState(link.endpoint, link.state, link.pid, sorted(link.latency_models), len(link.in_flight))
                for link in gateway.pool.links]
     if gateway.draining:
         raise ApiError("draining", "the gateway is draining")

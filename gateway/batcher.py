@@ -23,7 +23,7 @@ from gateway.job import Job
 from gateway.metrics import Metrics
 from gateway.worker_link import WorkerLink
 from gateway.worker_pool import WorkerPool
-from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, Timing, take_expired
+from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, FinishEstimate, take_expired
 from shared.policy.routing import dispatch_routed
 
 __all__ = ["BatchBounds", "Batcher"]
@@ -153,7 +153,7 @@ class Batcher:
             return None
         now = self._loop.time()
         workers = self._pool.serving(self.workload)
-        decision = dispatch_routed(self.queue, self.workload, self.bounds, workers, lambda link: link.models[
+        decision = dispatch_routed(self.queue, self.workload, self.bounds, workers, lambda link: link.latency_models[
             self.workload], now, self._pool.max_inflight_batches, self._pool.recent,
             self.lateness.lead_ms(self._max_wait_ms, now),
             self._drop_late, self.lateness.slack_ms(self._margin_ms, now), self._shed_by_cost)
@@ -176,7 +176,7 @@ class Batcher:
         for job in plan.live:  # sized for where they run: out of the queue first (it keeps totals)
             self.queue.remove(job)
             job.resize(link.reuse)
-        timing = Timing(link.models[self.workload], now, link.busy_ms(now))
+        timing = FinishEstimate(link.latency_models[self.workload], now, link.busy_ms(now))
         items, computed = sum(j.batch_items for j in plan.live), sum(j.latency_tokens for j in plan.live)
         predicted_ms = timing.predict_ms(items, computed)
         dispatched = Prediction(link.busy_ms(now), predicted_ms, 0.0, timing.finish_at(items, computed))
@@ -193,7 +193,7 @@ class Batcher:
                 job.expiry.cancel()
             job.expiry = self._loop.call_at(job.deadline + self._grace_s, self._overdue, job)
         used = sum(j.samples for j in plan.live) if self.workload == "score" else len(plan.live)
-        self._metrics.observe_batch(self.workload, used / self.bounds.max_jobs)
+        self._metrics.observe_batch(self.workload, used / self.bounds.max_items_per_batch)
 
     def _abandon(self, why: str, expected: bool) -> None:
         """The loop has ended: say why, and answer every queued job (and every later one) 503."""

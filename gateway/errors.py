@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 from aiohttp import web
 
-# code -> (HTTP status, one-line meaning for /openapi.json and the README)
+# code -> (HTTP status, one-line meaning for /openapi.json and the README's errors table)
 ERRORS: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "a field is missing, of the wrong type or out of range"),
     "unauthorized": (401, "missing or wrong bearer token"),

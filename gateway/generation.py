@@ -7,8 +7,8 @@ import asyncio
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
-from gateway.generate_request import GenerateSpec
-from gateway.http_answers import Candidate, GenerateAnswer, GenerateUsage
+from gateway.api.generate import GenerateSpec
+from gateway.api.answers import Candidate, GenerateAnswer, GenerateUsage
 from gateway.job import Job
 from gateway.request_end import RequestEnd
 from gateway.limits import Limits

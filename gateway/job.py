@@ -20,7 +20,7 @@ import numpy as np
 
 from gateway.errors import ApiError
 from shared.policy import Prediction
-from shared.policy.routing import prefix_key
+from shared.prefix import prefix_key
 from shared.work import NO_REUSE, Reuse, WorkSize, counted_by_work
 
 
@@ -71,7 +71,7 @@ class Job:
     """What it sends, computes and reuses; the policy's counts (samples, tokens, batch_items,
     latency_tokens) are its answers (shared/work.counted_by_work)."""
     prefix_key: int | None = field(init=False)
-    """score with a shared prefix: the prefix's key (shared/policy/routing.prefix_key), which routing
+    """score with a shared prefix: the prefix's key (shared/prefix.prefix_key), which routing
     places by; None: no shared prefix (placed on the least busy worker)."""
 
     def __post_init__(self) -> None:

@@ -29,7 +29,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.worker_link import Answered
-from shared import protocol as p
+from shared import protocol
 from shared.policy import DropReason
 from shared.policy.admission import LAG_HALF_LIFE_MS
 
@@ -72,7 +72,7 @@ class PrefixCacheCollector:
     """Each worker's prefix cache as its latest heartbeat reported it (label `worker`: its endpoint);
     the counters are the worker's own, monotone while its process lives (a restart starts them at 0)."""
 
-    def __init__(self, reports: Callable[[], Iterable[tuple[str, p.PrefixCacheReport]]]) -> None:
+    def __init__(self, reports: Callable[[], Iterable[tuple[str, protocol.PrefixCacheReport]]]) -> None:
         self._reports = reports
 
     def collect(self) -> Iterator[Metric]:
@@ -202,7 +202,7 @@ class Metrics:
         self.score_cached_tokens.inc(cached)
         self._shared[shared].inc()
 
-    def watch_prefix_caches(self, reports: Callable[[], Iterable[tuple[str, p.PrefixCacheReport]]]) -> None:
+    def watch_prefix_caches(self, reports: Callable[[], Iterable[tuple[str, protocol.PrefixCacheReport]]]) -> None:
         """Export the workers' prefix caches, read from `reports` (worker, latest report) at each scrape."""
         self.registry.register(PrefixCacheCollector(reports))
 

@@ -20,12 +20,12 @@ from gateway import sharing
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
-from gateway.http_answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
+from gateway.api.answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
 from gateway.job import Job
 from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
-from gateway.score_request import ScoreSpec
+from gateway.api.score import ScoreSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.bounds import score_problem
 from shared.request_ids import chunk_id

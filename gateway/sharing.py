@@ -21,8 +21,8 @@ def shared_prefix_len(samples: Sequence[Sequence[int]], rule: SharingRule) -> in
     return rule.prefix_len(longest_common_prefix(samples) if len(samples) >= 2 else 0, len(samples))
 
 
-def chunks(samples: list[list[int]], prefix_len: int, max_samples: int, max_tokens: int) -> list[list[list[int]]]:
+def chunks(samples: list[list[int]], prefix_len: int, max_samples_per_batch: int, max_tokens_per_batch: int) -> list[list[list[int]]]:
     """The samples in order, cut into batch-sized chunks by WorkSize.chunk_bounds (the simulator
     cuts with the same function); a single sample always fits (at most max_tokens_per_sample)."""
     work = WorkSize.of(samples, prefix_len)
-    return [samples[start:end] for start, end in work.chunk_bounds(max_samples, max_tokens)]
+    return [samples[start:end] for start, end in work.chunk_bounds(max_samples_per_batch, max_tokens_per_batch)]

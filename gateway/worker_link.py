@@ -24,14 +24,14 @@ from gateway.errors import ApiError
 from gateway.job import DONE, SENT, Job
 from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
-from shared import protocol as p
+from shared import protocol
 from shared.bounds import batch_capacity
 from shared.policy import busy_ms
 from shared.work import NO_REUSE, HeldPrefixes, StaticPrefix
 
 log = logging.getLogger("gateway.worker")
 CONNECTING, READY, DRAINING, LOST, STALLED = "connecting", "ready", "draining", "lost", "stalled"
-HELLO_REQUIRED = getattr(p.ErrorCode, "HELLO_REQUIRED", "hello_required")
+HELLO_REQUIRED = getattr(protocol.ErrorCode, "HELLO_REQUIRED", "hello_required")
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,13 @@ class WorkerLink:
         self.gateway_id = gateway_id
         self.state = CONNECTING
         self.worker_id = ""
-        self.models: dict[str, CorrectedModel] = {}
+        self.latency_models: dict[str, CorrectedModel] = {}
         self.in_flight: dict[int, InFlight] = {}
         self.answered_at = -math.inf
         """Loop time of the worker's last answer to a batch (the batches after it started no earlier)."""
         self.out_of_service_since: float | None = None
         """Loop time at which a worker that had been ready was declared lost or stalled."""
-        self.prefix_cache = p.PrefixCacheReport()
+        self.prefix_cache = protocol.PrefixCacheReport()
         """Its prefix cache as its latest heartbeat reported it (what it holds, its counters)."""
         self.reuse: HeldPrefixes = HeldPrefixes(static=static)
         """Which leading tokens a request sent here need not compute: the static prefix and the
@@ -105,10 +105,10 @@ class WorkerLink:
             self._monitor = None
 
     def serves(self, workload: str) -> bool:
-        return self.state == READY and workload in self.models
+        return self.state == READY and workload in self.latency_models
 
     def hello(self) -> None:
-        self._send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
+        self._send(protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, gateway_id=self.gateway_id))
 
     def busy_ms(self, now: float) -> float:
         """Predicted milliseconds until everything in flight here is done (the policy's rule)."""
@@ -138,8 +138,8 @@ class WorkerLink:
             except zmq.ZMQError as exc:
                 return f"its socket failed: {exc}"
             try:
-                self._dispatch(p.decode(frames))
-            except p.ProtocolError as exc:
+                self._dispatch(protocol.decode(frames))
+            except protocol.ProtocolError as exc:
                 log.warning("worker %s sent a bad message: %s", self.endpoint, exc)
             except Exception:  # a bug in a handler must not stop this worker's receive loop
                 log.exception("handling a message from worker %s failed", self.endpoint)
@@ -150,12 +150,12 @@ class WorkerLink:
         """Send jobs as one batch; False (nothing sent) when the socket would block."""
         now = self._clock()
         if workload == "score":
-            message = p.ScoreBatch(batch_id, "int32", tuple(_score_request(j, now) for j in jobs))
+            message = protocol.ScoreBatch(batch_id, "int32", tuple(_score_request(j, now) for j in jobs))
         else:
             beams, steps, k = jobs[0].beam_key  # type: ignore[misc]
-            requests = tuple(p.BeamRequest(j.request_id, _remaining_ms(j, now), p.pack_ids(j.token_ids[0]))
+            requests = tuple(protocol.BeamRequest(j.request_id, _remaining_ms(j, now), protocol.pack_ids(j.token_ids[0]))
                              for j in jobs)
-            message = p.BeamBatch(batch_id, "int32", beams, steps, k, requests)
+            message = protocol.BeamBatch(batch_id, "int32", beams, steps, k, requests)
         if not self._send(message):
             return False
         items = sum(j.batch_items for j in jobs)
@@ -166,11 +166,11 @@ class WorkerLink:
             job.state = SENT
         return True
 
-    def _send(self, message: p.Message) -> bool:
+    def _send(self, message: protocol.Message) -> bool:
         if self._socket is None:
             return False
         try:
-            sent = self._socket.send_multipart(p.encode(message), flags=zmq.NOBLOCK)
+            sent = self._socket.send_multipart(protocol.encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             return False
         if not sent.done():  # zmq.asyncio answers with a future; with NOBLOCK it is normally done
@@ -180,15 +180,15 @@ class WorkerLink:
 
     # ---- receiving -----------------------------------------------------------------------------
 
-    def _dispatch(self, message: p.Message) -> None:
+    def _dispatch(self, message: protocol.Message) -> None:
         handler = _HANDLERS.get(type(message))
         if handler is not None:
             handler(self, message)
 
-    def _on_ready(self, ready: p.Ready) -> None:
-        if ready.protocol_version != p.PROTOCOL_VERSION:
+    def _on_ready(self, ready: protocol.Ready) -> None:
+        if ready.protocol_version != protocol.PROTOCOL_VERSION:
             log.error("worker %s speaks protocol %s, gateway %s", self.endpoint, ready.protocol_version,
-                      p.PROTOCOL_VERSION)
+                      protocol.PROTOCOL_VERSION)
             return
         if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone
             self.declare_lost(f"it restarted as pid {ready.pid}")
@@ -196,29 +196,29 @@ class WorkerLink:
             return  # the answer to a Hello repeated before the first answer came
         self._adopt_models(ready)
         if ready.pid != self.pid:  # a new process starts with an empty prefix cache
-            self.prefix_cache, self.reuse = p.PrefixCacheReport(), HeldPrefixes(static=self.reuse.static)
+            self.prefix_cache, self.reuse = protocol.PrefixCacheReport(), HeldPrefixes(static=self.reuse.static)
         self.worker_id, self.pid, self.state = ready.worker_id, ready.pid, READY
         self.out_of_service_since = None
         log.info("worker %s ready (%s, pid %s, workloads %s)", self.endpoint, ready.device, ready.pid,
                  ",".join(ready.workloads))
         self._on_change()
 
-    def _adopt_models(self, ready: p.Ready) -> None:
-        old = self.models
-        self.models = {w: CorrectedModel(m, *batch_capacity(ready.bounds, w)) for w, m in ready.latency.items()
+    def _adopt_models(self, ready: protocol.Ready) -> None:
+        old = self.latency_models
+        self.latency_models = {w: CorrectedModel(m, *batch_capacity(ready.bounds, w)) for w, m in ready.latency.items()
                        if w in ready.workloads}
-        for workload, model in self.models.items():  # keep what was learnt across a reconnect
+        for workload, model in self.latency_models.items():  # keep what was learnt across a reconnect
             if workload in old:
                 model.ratio, model.overhead_ms = old[workload].ratio, old[workload].overhead_ms
 
-    def _on_results(self, message: p.ScoreResults | p.BeamResults) -> None:
+    def _on_results(self, message: protocol.ScoreResults | protocol.BeamResults) -> None:
         batch = self.in_flight.pop(message.batch_id, None)
         if batch is None:
             return  # answered after the batch was given up (worker declared lost)
         self.answered_at = self._clock()
         round_trip_ms = (self.answered_at - batch.sent_at) * 1000.0
         service_ms = round_trip_ms - message.queue_ms
-        model = self.models.get(batch.workload)
+        model = self.latency_models.get(batch.workload)
         if model is not None and message.compute_ms > 0:
             model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms)
         dropped_ms = _share_compute(batch, message)
@@ -226,9 +226,9 @@ class WorkerLink:
             job = batch.jobs.pop(result.request_id, None)
             if job is None:
                 continue
-            if result.status == p.Status.OK:
+            if result.status == protocol.Status.OK:
                 job.finish(result)
-            elif result.status == p.Status.EXPIRED:
+            elif result.status == protocol.Status.EXPIRED:
                 job.fail(ApiError("deadline_exceeded", "the deadline passed before the worker could start "
                                                        "this request; it was dropped uncomputed"))
             else:
@@ -239,7 +239,7 @@ class WorkerLink:
                                  dropped_ms))
         self._on_change()
 
-    def _on_heartbeat(self, beat: p.Heartbeat) -> None:
+    def _on_heartbeat(self, beat: protocol.Heartbeat) -> None:
         if beat.prefix_cache.held != self.prefix_cache.held:
             self.reuse = HeldPrefixes(frozenset(beat.prefix_cache.held), self.reuse.static)
         self.prefix_cache = beat.prefix_cache
@@ -249,7 +249,7 @@ class WorkerLink:
         elif self.state == LOST or (self.state == STALLED and beat.in_flight == 0 and beat.queue_depth == 0):
             self.hello()  # a worker that came back (or finished what stalled it): ask for Ready again
 
-    def _on_error(self, error: p.Error) -> None:
+    def _on_error(self, error: protocol.Error) -> None:
         if error.code == HELLO_REQUIRED:  # a restarted worker that does not know this gateway yet
             self.state = CONNECTING
             self.hello()
@@ -262,7 +262,7 @@ class WorkerLink:
             job.fail(ApiError("worker_error", f"the worker refused the batch ({error.code}): {error.message}"))
         self._on_change()
 
-    def _on_goodbye(self, goodbye: p.Goodbye) -> None:
+    def _on_goodbye(self, goodbye: protocol.Goodbye) -> None:
         if self.state == READY:
             self.state = DRAINING
             self._on_change()
@@ -292,11 +292,11 @@ class WorkerLink:
         self._on_change()
 
 
-def _share_compute(batch: InFlight, message: p.ScoreResults | p.BeamResults) -> float:
+def _share_compute(batch: InFlight, message: protocol.ScoreResults | protocol.BeamResults) -> float:
     """Give each computed job its share of the batch's compute (by tokens computed); returns the ms
     spent on jobs that had already failed (their answers were no longer wanted)."""
     computed = [batch.jobs[r.request_id] for r in message.results
-                if r.status == p.Status.OK and r.request_id in batch.jobs]
+                if r.status == protocol.Status.OK and r.request_id in batch.jobs]
     tokens = sum(job.latency_tokens for job in computed)
     dropped_ms = 0.0
     for job in computed:
@@ -315,17 +315,17 @@ def _remaining_ms(job: Job, now: float) -> float:
     return (job.deadline - now) * 1000.0
 
 
-def _score_request(job: Job, now: float) -> p.ScoreRequest:
+def _score_request(job: Job, now: float) -> protocol.ScoreRequest:
     flat, suffix_lens = job.wire_ids()  # a shared prefix once, then each sample's suffix
-    return p.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(), suffix_lens, job.label_ids,
+    return protocol.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(), suffix_lens, job.label_ids,
                           job.top_k, job.return_hidden, job.prefix_len)
 
 
 _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
-    p.Ready: WorkerLink._on_ready,
-    p.ScoreResults: WorkerLink._on_results,
-    p.BeamResults: WorkerLink._on_results,
-    p.Heartbeat: WorkerLink._on_heartbeat,
-    p.Error: WorkerLink._on_error,
-    p.Goodbye: WorkerLink._on_goodbye,
+    protocol.Ready: WorkerLink._on_ready,
+    protocol.ScoreResults: WorkerLink._on_results,
+    protocol.BeamResults: WorkerLink._on_results,
+    protocol.Heartbeat: WorkerLink._on_heartbeat,
+    protocol.Error: WorkerLink._on_error,
+    protocol.Goodbye: WorkerLink._on_goodbye,
 }

@@ -178,7 +178,7 @@ class WorkerPool:
 
     def model(self, workload: str) -> CorrectedModel | None:
         """The latency model of the fastest ready worker for `workload` (used for admission)."""
-        models = [link.models[workload] for link in self.links if link.serves(workload)]
+        models = [link.latency_models[workload] for link in self.links if link.serves(workload)]
         return min(models, key=lambda m: m.predict_ms(1, 64), default=None)
 
     def soonest_free_ms(self, workload: str) -> float:

@@ -1,4 +1,4 @@
-"""`python -m loadgen replay|sweep|tune|validate|import|synth ...`: the only place that reads argv."""
+"""`python -m loadgen replay|sweep|tune|validate|bound|import|synth ...`: the only place that reads argv."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ HANDLERS = {
     "sweep": commands.cmd_sweep,
     "tune": commands.cmd_tune,
     "validate": commands.cmd_validate,
+    "bound": commands.cmd_bound,
 }
 
 

@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sweep(sub.add_parser("sweep", help="offered-load sweep: highest rate meeting the SLO"))
     _tune(sub.add_parser("tune", help="search gateway settings for the best goodput within the SLO"))
     _validate(sub.add_parser("validate", help="replay a trace live and simulated on a local stack; compare"))
+    _bound(sub.add_parser("bound", help="clairvoyant upper bound on goodput per load and class (offline)"))
     return parser
 
 
@@ -163,6 +164,22 @@ def _validate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-token-ids", type=token_ids, default="10,11",
                    help="score: comma-separated label token ids")
     p.add_argument("--out-dir", type=out_dir, default="loadgen-validate")
+
+
+def _bound(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True)
+    p.add_argument("--latency-model", required=True,
+                   help="JSON file/inline {score:{alpha,beta,gamma,delta}, beam:{...}} or a,b,g,d")
+    p.add_argument("--config", default=None, help="deployment TOML: its [bounds], deadlines and workers")
+    p.add_argument("--workers", type=positive_int, default=None, help="worker count (default: the config's)")
+    p.add_argument("--loads", type=positive_numbers, default="1,2,4",
+                   help="load multipliers, comma-separated: the trace's send times divided by each")
+    p.add_argument("--base-rps", type=positive_float, default=None,
+                   help="the mean rate that load 1 means (default: the trace's own)")
+    p.add_argument("--beam-width", type=positive_int, default=16, help="generate: default when the trace has none")
+    p.add_argument("--static-prefix-tokens", type=non_negative_int, default=0,
+                   help="tokens of the score node's static prefix, reused by each sample at least as long")
+    p.set_defaults(overhead_ms=0.0, batch_overhead_ms=0.0)
 
 
 # -- argument types: argparse calls them on the text given, and an ArgumentTypeError becomes a usage

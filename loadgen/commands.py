@@ -165,6 +165,17 @@ def _short(summary: dict[str, Any]) -> dict[str, Any]:
                        "capacity_rps": summary["capacity_rps"], "slo_ms": summary["slo_ms"]})
 
 
+def cmd_bound(args: argparse.Namespace) -> int:
+    from loadgen.bound import bound_by_load
+
+    trace, settings = read_trace(args.trace), base_settings(args)
+    loads = bound_by_load(trace, settings, _service(args), args.loads, args.base_rps)
+    print(json.dumps({"bound": "clairvoyant", "trace": args.trace, "requests": len(trace.records),
+                      "workers": settings.workers, "base_rps": args.base_rps or round(trace.rate_rps(), 3),
+                      "loads": loads}))
+    return 0
+
+
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
     """--grid NAME=v1,v2,... items as axes; each value typed as TOML types it (see grid_value). Their
     ranges are checked against the base config by check_grid."""

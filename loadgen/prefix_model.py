@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from shared import protocol as p
+from shared import protocol
 
 
 @dataclass
@@ -80,8 +80,8 @@ class PrefixCacheModel:
         self.tokens_held += tokens
         self.insertions += 1
 
-    def report(self) -> p.PrefixCacheReport:
+    def report(self) -> protocol.PrefixCacheReport:
         """What a worker's heartbeat says of this cache."""
-        return p.PrefixCacheReport(tuple((k, e.tokens) for k, e in self._entries.items()),
+        return protocol.PrefixCacheReport(tuple((k, e.tokens) for k, e in self._entries.items()),
                                    self.budget_tokens * self.bytes_per_token, self.tokens_held * self.bytes_per_token,
                                    self.hits, self.misses, self.insertions, self.evictions, self.hit_tokens)

@@ -24,7 +24,7 @@ from loadgen.trace import TraceRecord
 from shared.latency_model import LatencyModel
 from shared.policy import BatchBounds, Prediction, busy_ms
 from shared.prefix import NEVER_SHARE, SharingRule
-from shared.policy.routing import prefix_key
+from shared.prefix import prefix_key
 from shared.work import StaticPrefix, WorkSize, counted_by_work
 from loadgen.prefix_model import PrefixCacheModel
 
@@ -91,7 +91,7 @@ def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBou
     samples = [range(n) for n in lengths]
     reuse = StaticPrefix(tuple(range(static_prefix_tokens)))
     whole = WorkSize.of(samples, prefix_len)
-    cuts = whole.chunk_bounds(bounds.max_jobs, bounds.max_tokens)
+    cuts = whole.chunk_bounds(bounds.max_items_per_batch, bounds.max_tokens_per_batch)
     key = context_key(record.context, prefix_len) if record.context is not None and prefix_len else None
     jobs = [SimJob(index, deadline_s, WorkSize.of(samples[start:end], prefix_len, reuse), prefix_key=key,
                    split=len(cuts) > 1) for start, end in cuts]

@@ -130,7 +130,7 @@ class SimSettings:
         if manifest is not None:
             world = {"prefix_cache_tokens": cache_tokens(config.score.prefix_cache_mb, manifest), **world}
         g = config.gateway
-        return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
+        return cls(bounds=config.build_bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
                    max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
                    admission_margin_ms=g.admission_margin_ms, admission=g.admission,
                    drop_predicted_late=g.drop_predicted_late, shed_by_cost=g.shed_by_cost, queue_order=g.queue_order,
@@ -360,7 +360,7 @@ class Simulator:
             predicted_ms = worker.models[workload].predict_ms(items, sum(j.latency_tokens for j in jobs) / items)
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
         bounds = self.settings.batch_bounds(workload)
-        self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_jobs)
+        self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_items_per_batch)
         speed = speed_at(self.speeds, self.now)
         worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
         self._at(batch.finish_at, "done", (worker, batch))

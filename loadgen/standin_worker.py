@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from shared import protocol as p
+from shared import protocol
 from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.manifest import Manifest, ModelFacts, NodeFacts, NodeTable
-from shared.policy.routing import prefix_key
+from shared.prefix import prefix_key
 from shared.work import StaticPrefix, WorkSize
 from loadgen.prefix_model import PrefixCacheModel
 
@@ -76,7 +76,7 @@ class StandInWorker:
     """When set, answers every batch with an Error of this code (a worker that cannot serve)."""
     static_prefix_ids: tuple[int, ...] = ()
     """The deployment's static prefix this worker announces and does not count as computed."""
-    requests: list[p.ScoreRequest] = field(default_factory=list)
+    requests: list[protocol.ScoreRequest] = field(default_factory=list)
     """Every ScoreRequest received, as decoded (to check what went on the wire)."""
     gate: threading.Event | None = None
     """When given, batch answers are held (heartbeats go on) until the test sets it."""
@@ -117,35 +117,35 @@ class StandInWorker:
                         sock.send_multipart(frames)
                     self._held.clear()
                 if time.monotonic() >= next_beat and not self.silent:
-                    report = self.prefix_cache.report() if self.prefix_cache is not None else p.PrefixCacheReport()
-                    beat = p.Heartbeat("standin", 0, 0, False, p.WorkerCounters(), report)
+                    report = self.prefix_cache.report() if self.prefix_cache is not None else protocol.PrefixCacheReport()
+                    beat = protocol.Heartbeat("standin", 0, 0, False, protocol.WorkerCounters(), report)
                     for peer in peers:
-                        sock.send_multipart([peer, *p.encode(beat)])
+                        sock.send_multipart([peer, *protocol.encode(beat)])
                     next_beat = time.monotonic() + self.heartbeat_ms / 1000
         finally:
             sock.close(0)
             ctx.term()
 
     def _handle(self, sock: zmq.Socket, peer: bytes, frames: list[bytes], peers: set[bytes]) -> None:
-        message = p.decode(frames)
-        if isinstance(message, p.Hello):
+        message = protocol.decode(frames)
+        if isinstance(message, protocol.Hello):
             peers.add(peer)
-            reply: p.Message = self._ready()
-        elif isinstance(message, (p.ScoreBatch, p.BeamBatch)) and self.refuse:
-            reply = p.Error(self.refuse, "the stand-in was told to refuse", message.batch_id)
-        elif isinstance(message, p.ScoreBatch):
+            reply: protocol.Message = self._ready()
+        elif isinstance(message, (protocol.ScoreBatch, protocol.BeamBatch)) and self.refuse:
+            reply = protocol.Error(self.refuse, "the stand-in was told to refuse", message.batch_id)
+        elif isinstance(message, protocol.ScoreBatch):
             reply = self._score(message)
-        elif isinstance(message, p.BeamBatch):
+        elif isinstance(message, protocol.BeamBatch):
             reply = self._beam(message)
         else:
             return
-        if self.gate is not None and not self.gate.is_set() and not isinstance(reply, p.Ready):
-            self._held.append([peer, *p.encode(reply)])
+        if self.gate is not None and not self.gate.is_set() and not isinstance(reply, protocol.Ready):
+            self._held.append([peer, *protocol.encode(reply)])
             return
-        sock.send_multipart([peer, *p.encode(reply)])
+        sock.send_multipart([peer, *protocol.encode(reply)])
 
-    def _ready(self) -> p.Ready:
-        return p.Ready(p.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"),
+    def _ready(self) -> protocol.Ready:
+        return protocol.Ready(protocol.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"),
                        BOUNDS, {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
                        {"score": self.latency, "beam": self.latency})
 
@@ -157,19 +157,19 @@ class StandInWorker:
             time.sleep(self.delay_ms / 1000)
         return max(self.delay_ms, 0.01)
 
-    def _score(self, batch: p.ScoreBatch) -> p.ScoreResults:
+    def _score(self, batch: protocol.ScoreBatch) -> protocol.ScoreResults:
         results = []
         for req in batch.requests:
             self.seen_request_ids.append(req.request_id)
             self.requests.append(req)
             results.append(self._score_one(req, batch.token_dtype))
         compute_ms = self._compute(sum(len(r.sample_lens) for r in batch.requests))
-        return p.ScoreResults(batch.batch_id, tuple(results), 0.0, compute_ms)
+        return protocol.ScoreResults(batch.batch_id, tuple(results), 0.0, compute_ms)
 
-    def _score_one(self, req: p.ScoreRequest, dtype: str) -> p.ScoreResult:
+    def _score_one(self, req: protocol.ScoreRequest, dtype: str) -> protocol.ScoreResult:
         if req.deadline_ms <= 0:
-            return p.ScoreResult(req.request_id, p.Status.EXPIRED)
-        flat = p.unpack_ids(req.input_ids, dtype).tolist()
+            return protocol.ScoreResult(req.request_id, protocol.Status.EXPIRED)
+        flat = protocol.unpack_ids(req.input_ids, dtype).tolist()
         prefix, start, suffixes = flat[: req.prefix_len], req.prefix_len, []
         for n in req.sample_lens:
             suffixes.append(flat[start:start + n])
@@ -188,25 +188,25 @@ class StandInWorker:
         topk_lp = np.tile(-np.arange(1, req.top_k + 1, dtype="<f4"), (len(samples), 1))
         hidden = np.array([[len(s)] * HIDDEN for s in samples], dtype="<f4") if req.return_hidden else None
         f32 = lambda a: np.ascontiguousarray(a, dtype="<f4").tobytes()  # noqa: E731
-        return p.ScoreResult(req.request_id, p.Status.OK, "", len(samples), f32(logits) if labels else b"",
+        return protocol.ScoreResult(req.request_id, protocol.Status.OK, "", len(samples), f32(logits) if labels else b"",
                              f32(expected_logprobs(logits)) if labels else b"", f32(probs) if labels else b"",
                              topk.tobytes() if req.top_k else b"", f32(topk_lp) if req.top_k else b"",
                              f32(hidden) if hidden is not None else b"", cached_tokens=cached)
 
-    def _beam(self, batch: p.BeamBatch) -> p.BeamResults:
+    def _beam(self, batch: protocol.BeamBatch) -> protocol.BeamResults:
         results = []
         for req in batch.requests:
             self.seen_request_ids.append(req.request_id)
             if req.deadline_ms <= 0:
-                results.append(p.BeamResult(req.request_id, p.Status.EXPIRED))
+                results.append(protocol.BeamResult(req.request_id, protocol.Status.EXPIRED))
                 continue
-            prompt = p.unpack_ids(req.prompt_ids, batch.token_dtype).tolist()
+            prompt = protocol.unpack_ids(req.prompt_ids, batch.token_dtype).tolist()
             k, steps = batch.num_return_sequences, batch.max_new_tokens
             seqs = np.array(expected_beam(prompt, k, steps, self.vocab_size), dtype="<i4")
-            results.append(p.BeamResult(req.request_id, p.Status.OK, "", seqs.tobytes(),
+            results.append(protocol.BeamResult(req.request_id, protocol.Status.OK, "", seqs.tobytes(),
                                         (-np.arange(k, dtype="<f4")).tobytes(), np.full(k, steps, "<i4").tobytes()))
         compute_ms = self._compute(len(batch.requests))
-        return p.BeamResults(batch.batch_id, tuple(results), 0.0, compute_ms)
+        return protocol.BeamResults(batch.batch_id, tuple(results), 0.0, compute_ms)
 
 
 def _spin_holding_the_gil(seconds: float) -> None:

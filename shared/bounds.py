@@ -12,11 +12,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from msgspec import Meta
 
-from shared.policy.batching import BatchBounds
+
+@dataclass(frozen=True)
+class BatchBounds:
+    """What one packed batch may hold (from the manifest's bounds)."""
+
+    max_items_per_batch: int
+    """score: samples per batch; beam: requests per batch."""
+    max_tokens_per_batch: int | None
+    """Tokens sent per batch; None = no token bound (beam batches: each prompt is bounded alone)."""
+    max_labels: int
+    max_jobs_per_batch: int = 0
+    """Jobs per batch besides the bounds; 0 = no limit (1 turns batching off: the simulator's G/G/1)."""
+
 
 
 class BoundsError(ValueError):
@@ -191,17 +203,25 @@ def beam_problem(bounds: Bounds, shape: BeamShape) -> Problem | None:
     ))
 
 
-def batch_bounds(bounds: Bounds, workload: str, max_requests: int = 0) -> BatchBounds:
+def batch_bounds(bounds: Bounds, workload: str, max_jobs_per_batch: int = 0) -> BatchBounds:
     """What one batch the gateway (or the simulator) packs may hold: score counts samples, tokens
     and distinct labels; beam counts requests and has no token bound (each prompt is checked alone)."""
     if workload == "score":
-        return BatchBounds(bounds.max_samples_per_batch, bounds.max_tokens_per_batch, bounds.max_labels, max_requests)
-    return BatchBounds(bounds.max_beam_requests_per_batch, None, 0, max_requests)
+        return BatchBounds(bounds.max_samples_per_batch, bounds.max_tokens_per_batch, bounds.max_labels, max_jobs_per_batch)
+    return BatchBounds(bounds.max_beam_requests_per_batch, None, 0, max_jobs_per_batch)
 
 
-def batch_capacity(bounds: Bounds, workload: str) -> tuple[int, int | None]:
-    """(items, tokens) of one full batch as the latency model counts them (shared/latency_model.py):
-    score: samples and tokens; beam: beams over all requests, and no token bound (None)."""
+class BatchCapacity(NamedTuple):
+    """One full batch as the latency model counts it (shared/latency_model.py)."""
+
+    max_items_per_batch: int
+    """score: samples; beam: beams over all requests."""
+    max_tokens_per_batch: int | None
+    """score: tokens; beam: None (no token bound)."""
+
+
+def batch_capacity(bounds: Bounds, workload: str) -> BatchCapacity:
+    """One full batch of `workload` under `bounds`, as the latency model counts it."""
     if workload == "score":
-        return bounds.max_samples_per_batch, bounds.max_tokens_per_batch
-    return bounds.max_beam_requests_per_batch * bounds.max_beam_width, None
+        return BatchCapacity(bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
+    return BatchCapacity(bounds.max_beam_requests_per_batch * bounds.max_beam_width, None)

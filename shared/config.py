@@ -50,10 +50,10 @@ class ModelConfig:
     device: Device = "cpu"
     """cpu | cuda: the device the packages are compiled for."""
     gemm: Literal["auto", "aten", "onednn"] = "auto"
-    """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul, 1.5-1.7x
-    faster than aten for float32 on the AVX-512 CPU measured), aten (torch's default: MKL sgemm for
+    """Kernel of the linear layers (compile/linear.py): onednn (CPU only: oneDNN's matmul, the faster
+    float32 kernel on AVX-512 CPUs; docs/design/compilation.md), aten (torch's default: MKL sgemm for
     float32 on a CPU), or auto, chosen per node: onednn for float32 on a CPU with AVX-512 and for
-    bfloat16 on one with bfloat16 instructions (weights prepacked at load, compile/packing.py), aten
+    bfloat16 on one with bfloat16 instructions (weights prepacked at load, worker/runtime/packing.py), aten
     otherwise, but for the beam node's float32 on AVX2 alone (there MKL's sgemm beat prepacked oneDNN
     on the scoring node's thousands of rows and lost on the beam node's hundreds)."""
     fp8: bool = False
@@ -274,7 +274,7 @@ class GatewayConfig:
     compute per answer is refused (503) or dropped before compute (504) first, not the latest in
     the order, so that more requests are answered in time with the same compute; while every queued
     request is predicted in time it changes nothing. The largest requests are the first shed under
-    overload: they are served with the room the cheaper ones leave (README, "Overload"). False:
+    overload: they are served with the room the cheaper ones leave (docs/design/scheduling.md). False:
     deadline order alone decides what is given up."""
     queue_order: Literal["deadline", "arrival"] = "deadline"
     """Serving order of the queue: deadline (earliest deadline first) or arrival (first come, first
@@ -293,8 +293,11 @@ class DeploymentConfig:
 
     name: str = "demo"
     model: ModelConfig = field(default_factory=ModelConfig)
-    bounds: Bounds = field(default_factory=Bounds)
-    """[bounds]: shared/bounds.py declares them (compiled into the packages, checked everywhere)."""
+    bounds: Bounds | None = None
+    """[bounds]: shared/bounds.py declares them. The build compiles them into the packages (the defaults
+    where the table is left out: `build_bounds`); at run time the compiled bounds are the only ones, and a
+    gateway or worker refuses a config whose [bounds] differ from them (leave [bounds] out to serve
+    whatever the artifacts were compiled for)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
@@ -321,6 +324,11 @@ class DeploymentConfig:
                               f"{self.model.device!r}: GPUs quantize with model.fp8 = true")
         if self.quantize.int8 and self.model.fp8:
             raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
+
+    @property
+    def build_bounds(self) -> Bounds:
+        """The bounds a build compiles: [bounds] as declared, the defaults where it is left out."""
+        return self.bounds if self.bounds is not None else Bounds()
 
     def replace(self, **sections: typing.Any) -> DeploymentConfig:
         """A copy with whole sections or fields replaced, decoded and validated again (types and

@@ -1,5 +1,5 @@
 """msgspec's validation errors in words: the one translator for every place that decodes with msgspec
-(HTTP request bodies in gateway/decoding.py, the wire messages in shared/protocol/codec.py, the
+(HTTP request bodies in gateway/api/decoding.py, the wire messages in shared/protocol/codec.py, the
 deployment config in shared/config.py).
 
 msgspec validates while it decodes and stops at the first problem, saying what it expected and

@@ -27,13 +27,13 @@ WINDOW, REFIT_EVERY, VERIFIED_AFTER = 128, 64, 3
 class CorrectedModel:
     """predict_ms = fitted prediction x online correction ratio."""
 
-    def __init__(self, model: LatencyModel, max_batch_items: int, max_batch_tokens: int | None,
+    def __init__(self, model: LatencyModel, max_items_per_batch: int, max_tokens_per_batch: int | None,
                  ratio: float = 1.0) -> None:
         self.model = model
         self.ratio = ratio
         self.overhead_ms = 0.0
-        self.max_batch_items = max(1, max_batch_items)
-        self.max_batch_tokens = None if max_batch_tokens is None else max(1, max_batch_tokens)
+        self.max_items_per_batch = max(1, max_items_per_batch)
+        self.max_tokens_per_batch = None if max_tokens_per_batch is None else max(1, max_tokens_per_batch)
         """None: batches have no token bound (beam search)."""
         self.observations = 0
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
@@ -83,7 +83,7 @@ class CorrectedModel:
         """Predicted time to serve `items` items of `tokens` tokens in total, in full batches."""
         if items <= 0:
             return 0.0
-        by_tokens = math.ceil(tokens / self.max_batch_tokens) if self.max_batch_tokens else 1
-        batches = max(math.ceil(items / self.max_batch_items), by_tokens, 1)
+        by_tokens = math.ceil(tokens / self.max_tokens_per_batch) if self.max_tokens_per_batch else 1
+        batches = max(math.ceil(items / self.max_items_per_batch), by_tokens, 1)
         return batches * self.predict_ms(items / batches, tokens / items)
 

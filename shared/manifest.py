@@ -122,7 +122,7 @@ class WeightsFile(Fact):
 
 
 class KernelLibrary(Fact):
-    """The C++ kernel library the folder's CPU packages call (compile/kernels), loaded before them."""
+    """The C++ kernel library the folder's CPU packages call (worker/runtime/kernels), loaded before them."""
 
     file: str
     sha256: str
@@ -148,9 +148,9 @@ class Manifest(Fact):
     dtype: str = ""
     prepacked: dict[str, str] = {}
     """Weights the runtime packs once at load into their kernel's layout, by name: the packing kind
-    (compile/packing.py); absent: none packed."""
+    (worker/runtime/packing.py); absent: none packed."""
     machine: dict[str, str] = {}
-    """torch version, device type, machine, CPU ISA or GPU architecture (compile/machine.py)."""
+    """torch version, device type, machine, CPU ISA or GPU architecture (worker/runtime/machine.py)."""
     cpu_threads: int | None = None
     """The intra-op threads a CPU package was compiled for (None: a CUDA package, or a manifest from
     before the attention kernel sized its buffers by them)."""
@@ -199,9 +199,10 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def bounds_differences(manifest: Manifest, config: DeploymentConfig) -> list[str]:
     """Each bound of `config` that differs from what the packages were compiled for, in words (empty:
-    they agree, or the manifest records no bounds). The compiled bounds are the ones served: gateway and
-    worker say so at start rather than let an edited [bounds] seem to take effect without a rebuild."""
-    if manifest.bounds is None:
+    they agree, the config leaves [bounds] out, or the manifest records no bounds). The compiled bounds are
+    the only ones at run time: gateway and worker refuse a config that says otherwise, rather than let an
+    edited [bounds] seem to take effect without a rebuild."""
+    if manifest.bounds is None or config.bounds is None:
         return []
     wanted = config.bounds.resolved()
     return [f"bounds.{f.name} = {getattr(wanted, f.name)}, compiled for {getattr(manifest.bounds, f.name)}"

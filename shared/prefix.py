@@ -10,8 +10,10 @@ is reused only by samples whose ids really start with its tokens.
 from __future__ import annotations
 
 import functools
+import hashlib
+import struct
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 # Continuations appended to a template header to find the tokens that do not depend on what follows
@@ -76,3 +78,24 @@ def stable_prefix_ids(encode: Callable[[str], list[int]], header: str) -> list[i
     encodings = [encode(header + c) for c in _CONTINUATIONS]
     return list(encodings[0][: longest_common_prefix(encodings)])
 
+
+def prefix_key(ids: Sequence[int]) -> int:
+    """A prefix's point on the ring: 64 bits of BLAKE2b over its token ids (little-endian int64)."""
+    return hash64(struct.pack(f"<{len(ids)}q", *ids))
+
+
+def prefix_keys(ids: Sequence[int], lengths: Iterable[int]) -> dict[int, int]:
+    """prefix_key(ids[:n]) for each n in `lengths` (each at most len(ids)), in one pass over the ids:
+    a worker may hold hundreds of prefix lengths, and hashing each from the start would cost
+    hundreds of hashes of the whole prefix per request."""
+    data, hasher, done, keys = struct.pack(f"<{len(ids)}q", *ids), hashlib.blake2b(digest_size=8), 0, {}
+    for n in sorted(set(lengths)):
+        hasher.update(data[done * 8: n * 8])
+        done = n
+        keys[n] = int.from_bytes(hasher.copy().digest(), "little")
+    return keys
+
+
+def hash64(data: bytes) -> int:
+    """64 bits of BLAKE2b: a point on the routing ring (prefixes and worker names hash alike)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

@@ -20,8 +20,7 @@ from functools import cached_property
 from typing import Protocol
 
 from shared.bounds import ScoreShape
-from shared.policy import chunk_bounds
-from shared.policy.routing import prefix_keys
+from shared.prefix import prefix_keys
 
 
 class Reuse(Protocol):
@@ -55,10 +54,10 @@ NO_REUSE = StaticPrefix()
 @dataclass(frozen=True)
 class HeldPrefixes:
     """The prefixes a worker reports holding in its prefix cache (worker/prefix_cache.py), as
-    (prefix_key, tokens) pairs (shared/policy/routing.prefix_key), over the static prefix: a request
+    (prefix_key, tokens) pairs (shared/prefix.prefix_key), over the static prefix: a request
     whose shared prefix starts with one of them reuses the longest (the last token of a prefix every
     sample ends in is computed), else what the static prefix gives. Unshared samples reuse only the
-    static prefix (the node reads cached rows under shared prefixes: compile/score/layout.py)."""
+    static prefix (the node reads cached rows under shared prefixes: worker/runtime/layout.py)."""
 
     held: frozenset[tuple[int, int]] = frozenset()
     static: StaticPrefix = NO_REUSE
@@ -163,12 +162,12 @@ class WorkSize:
             start += size
         return works
 
-    def chunk_bounds(self, max_samples: int, max_tokens: int) -> list[tuple[int, int]]:
+    def chunk_bounds(self, max_samples_per_batch: int, max_tokens_per_batch: int) -> list[tuple[int, int]]:
         """(start, end) of each chunk when the samples, in order, are cut greedily into batches of at
-        most `max_samples` samples and `max_tokens` sent tokens; every chunk carries the shared prefix
+        most `max_samples_per_batch` samples and `max_tokens_per_batch` sent tokens; every chunk carries the shared prefix
         again (counted once in it), so its suffixes get what the prefix leaves of the budget. The cut
-        is the policy's (shared/policy.chunk_bounds); a single sample always fits."""
-        return chunk_bounds(self.suffix_lens, max_samples, max_tokens - self.prefix_len)
+        is chunk_bounds below; a single sample always fits."""
+        return chunk_bounds(self.suffix_lens, max_samples_per_batch, max_tokens_per_batch - self.prefix_len)
 
     def shape(self, labels: int = 0, top_k: int = 0) -> ScoreShape:
         """This work as the score bounds count it (shared/bounds.py)."""
@@ -197,3 +196,17 @@ def batch_shape(works: Sequence[WorkSize], labels: int, top_k: int = 0) -> Score
                                                                                 default=0),
                       prefix_tokens=max((w.prefix_len for w in works), default=0),
                       tokens=sum(w.sent_tokens for w in works), labels=labels, top_k=top_k)
+
+
+def chunk_bounds(lengths: Sequence[int], max_samples_per_batch: int, max_tokens_per_batch: int) -> list[tuple[int, int]]:
+    """[start, end) sample ranges of a scoring request cut into consecutive chunks that each fit one
+    batch (at most `max_samples_per_batch` samples and `max_tokens_per_batch` tokens; a longer sample stays alone)."""
+    chunks, start, tokens = [], 0, 0
+    for i, length in enumerate(lengths):
+        if i > start and (i - start == max_samples_per_batch or tokens + length > max_tokens_per_batch):
+            chunks.append((start, i))
+            start, tokens = i, 0
+        tokens += length
+    if lengths:
+        chunks.append((start, len(lengths)))
+    return chunks

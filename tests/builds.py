@@ -177,14 +177,14 @@ def bf16_artifacts(make: Make, folder: Path) -> Path:
 
 
 def kernel_checkpoint(make) -> Path:
-    """demo_checkpoint's shape with heads 32 wide, which compile/kernels' bfloat16 attention takes."""
+    """demo_checkpoint's shape with heads 32 wide, which worker/runtime/kernels' bfloat16 attention takes."""
     return make("qwen3", name="demo-hd32", head_dim=32)
 
 
 @suite_build(compile_s=190)
 def bf16_kernel_artifacts(make: Make, folder: Path) -> Path:
     """kernel_checkpoint compiled in bfloat16 with both nodes: their attention (the beam node's prefill)
-    is compile/kernels' operator on a CPU with AVX512-BF16 and no AMX (compile/kernels.attention_applies),
+    is worker/runtime/kernels' operator on a CPU with AVX512-BF16 and no AMX (worker/runtime/kernels.attention_applies),
     FlexAttention's elsewhere."""
     from shared.config import BeamConfig, ScoreConfig
 

@@ -1,4 +1,4 @@
-"""The layering of ../shared/STYLE.md, enforced: which package may import what."""
+"""The layering CONTRIBUTING.md describes, enforced: which package may import what, and no import cycle."""
 
 import ast
 import subprocess
@@ -9,43 +9,145 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# package -> top-level modules it must never import (statically, anywhere in its files)
+# package -> modules it must never import (statically, anywhere in its files): a top-level package,
+# or a dotted prefix. The offline build may use the runtime it builds for (worker.runtime: to load kernels
+# and check what it built), never the rest of the worker; the runtime never imports the build chain.
 FORBIDDEN = {
     "shared": {"torch", "aiohttp", "transformers", "gateway", "worker", "compile", "loadgen"},
     "gateway": {"torch", "transformers", "worker", "compile", "loadgen"},
-    "worker": {"aiohttp", "gateway", "loadgen", "transformers"},
-    "compile": {"aiohttp", "gateway", "worker", "loadgen"},
+    "worker": {"aiohttp", "gateway", "loadgen", "transformers", "compile"},
+    "compile": {"aiohttp", "gateway", "loadgen"},
     "loadgen": {"torch", "transformers", "worker", "compile", "gateway"},
     "bench": {"tests"},
 }
+# What a package may import of a package FORBIDDEN does not name, spelled out where only part is allowed.
+ONLY_PART = {"compile": {"worker": "worker.runtime"}}
+# The contracts of shared/ (the wire, config, bounds, work sizes, manifest) are what the policy reads:
+# they never import it.
+CONTRACTS_FREE_OF = "shared.policy"
+
 # Import machinery that would hide an import from the checks above (bench reads package versions
 # through importlib.metadata; its only rule is never to import the tests).
 DYNAMIC_IMPORTS = {"importlib", "__import__", "imp"}
 DYNAMIC_IMPORTS_CHECKED = {package: set() if package == "bench" else DYNAMIC_IMPORTS for package in FORBIDDEN}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Top-level modules a file imports, plus any dynamic-import machinery it names."""
+def imported_names(path: Path) -> set[str]:
+    """Dotted modules a file imports (`from a.b import c` gives a.b and a.b.c), plus any dynamic-import
+    machinery it names."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Name) and node.id == "__import__":
             names.add("__import__")
     return names
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level modules a file imports, plus any dynamic-import machinery it names."""
+    return {name.split(".")[0] for name in imported_names(path)}
+
+
+def _module_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _violations(package: str, path: Path) -> set[str]:
+    names = imported_names(path)
+    bad = {n.split(".")[0] for n in names} & (FORBIDDEN[package] | DYNAMIC_IMPORTS_CHECKED[package])
+    for top, allowed in ONLY_PART.get(package, {}).items():
+        bad |= {n for n in names if n.split(".")[0] == top and n != allowed and not n.startswith(allowed + ".")}
+    return bad
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_respect_layering(package):
     offenders = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        bad = imported_modules(path) & (FORBIDDEN[package] | DYNAMIC_IMPORTS_CHECKED[package])
+        bad = _violations(package, path)
         if bad:
             offenders.append(f"{path.relative_to(ROOT)} imports {', '.join(sorted(bad))}")
     assert not offenders, "layering violated:\n" + "\n".join(offenders)
+
+
+def test_shared_contracts_import_no_policy():
+    offenders = [f"{path.relative_to(ROOT)} imports {name}"
+                 for path in sorted((ROOT / "shared").rglob("*.py")) if "policy" not in path.parts
+                 for name in sorted(imported_names(path)) if name.startswith(CONTRACTS_FREE_OF)]
+    assert not offenders, "a contract depends on the policy:\n" + "\n".join(offenders)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the project's modules it imports (at module level or inside functions alike)."""
+    files = {_module_of(p): p for package in CODE for p in sorted((ROOT / package).rglob("*.py"))}
+    graph = {}
+    for module, path in files.items():
+        targets = set()
+        for name in imported_names(path):
+            while name and name not in files:  # `from a.b import c` names a.b.c, a function of a.b
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    """No two modules of the project import each other, directly or around a loop (a function-local or
+    TYPE_CHECKING import counts too: it hides a cycle, it does not remove it). A package's __init__
+    re-exporting its own modules is not a cycle with them."""
+    graph = _import_graph()
+    for module, targets in graph.items():
+        if ROOT.joinpath(*module.split(".")).is_dir():  # a package __init__: its own submodules are its parts
+            graph[module] = {t for t in targets if not t.startswith(module + ".")}
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_layering_checks_can_fail(tmp_path):
+    """A compile module reaching past the runtime, a contract importing the policy, and a loop of two
+    modules are each found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from worker.server import serve\nfrom worker.runtime.loader import load_nodes\n")
+    assert _violations("compile", bad) == {"worker.server", "worker.server.serve"}
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_bare_import_of_compile_package():
@@ -81,11 +183,11 @@ def test_the_checks_see_dynamic_imports(tmp_path):
 
 
 def test_a_worker_never_loads_transformers_or_the_build_chain():
-    """The worker's whole import graph (compile.runtime and the nodes) stays clear of transformers
+    """The worker's whole import graph (worker.runtime.loader and the nodes) stays clear of transformers
     and of the offline build chain (export, AOTInductor compile, FP8 calibration)."""
     code = (
         "import sys\n"
-        "import worker.__main__, worker.server, worker.startup, compile.runtime\n"
+        "import worker.__main__, worker.server, worker.startup, worker.runtime.loader\n"
         "bad = sorted(m for m in ('transformers', 'compile.build', 'compile.fp8', 'aiohttp') if m in sys.modules)\n"
         "assert not bad, bad\n"
     )
@@ -230,3 +332,32 @@ def test_the_vocabulary_checks_can_fail(tmp_path):
     assert {_named(n.value) for n in nodes if isinstance(n, ast.Subscript)} == {"bounds", "manifest"}
     loop = ast.parse('while time.monotonic() < end:\n    if get(f"{url}/readyz").status == 200:\n        break\n')
     assert _polls_readyz(loop.body[0])
+
+
+# ---- One name per bound (CONTRIBUTING.md) ---------------------------------------------------------
+
+RETIRED_NAMES = {"max_batch_tokens", "max_batch_items", "max_token_blocks", "token_blocks", "max_jobs"}
+"""Names a bound once had besides its config name (max_tokens_per_batch, max_samples_per_batch, ...)."""
+
+
+def _retired_in(tree: ast.AST) -> set[str]:
+    """Retired names a file uses: as a name, attribute, argument, keyword, or a string (a Dim's name)."""
+    found = set()
+    for node in ast.walk(tree):
+        for text in (getattr(node, "id", None), getattr(node, "attr", None), getattr(node, "arg", None),
+                     node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None):
+            if text in RETIRED_NAMES:
+                found.add(text)
+    return found
+
+
+def test_every_bound_has_one_name():
+    files = _code_files(skip="") + [(str(p.relative_to(ROOT)), ast.parse(p.read_text())) for p in _test_files()
+                                     if p.name != "test_layering.py"]
+    offenders = [f"{name}: {', '.join(sorted(found))}" for name, tree in files if (found := _retired_in(tree))]
+    assert not offenders, "retired names of a bound:\n" + "\n".join(offenders)
+
+
+def test_the_retired_name_check_can_fail():
+    tree = ast.parse('b = BatchBounds(max_jobs=1)\nx.max_batch_tokens\nDim("token_blocks")\n')
+    assert _retired_in(tree) == {"max_jobs", "max_batch_tokens", "token_blocks"}

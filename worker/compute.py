@@ -101,7 +101,7 @@ class ComputePool:
                  compute_ms: float) -> ScoreResults | BeamResults:
         batch = pending.message
         workload = self.workloads.for_batch(batch)
-        message_type, result_type = workload.results, workload.result
+        message_type, result_type = workload.reply_type, workload.result_type
         results = []
         for i, request in enumerate(batch.requests):
             if i in outcome:

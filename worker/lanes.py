@@ -6,7 +6,7 @@ holds the GIL for its whole run on a CPU (measured: bench/cpu_lanes.py), so two 
 CUDA: one lane per configured stream, each driven by its own thread. All CUDA lanes share one turn,
 held only while a call is enqueued on the lane's stream (layout, pinned input copies, the package
 call, the output copies into pinned buffers with an event), never while waiting for the device:
-the wait (Pending.result(), compile/transfer.py) happens after the turn is released, so one lane's
+the wait (Pending.result(), worker/runtime/transfer.py) happens after the turn is released, so one lane's
 batch computes while another lane enqueues. A lane's staging buffers are reused only after its
 previous batch's result() (after a failure: after its stream is synchronised).
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from compile.transfer import Staging
+from worker.runtime.transfer import Staging
 from shared.bounds import Bounds
 from shared.config import WorkerConfig
 
@@ -28,13 +28,13 @@ from shared.config import WorkerConfig
 class Lane:
     """One in-flight batch slot: a device, an optional CUDA stream, staging buffers and a turn."""
 
-    def __init__(self, device: str, max_tokens: int, stream: torch.cuda.Stream | None = None,
+    def __init__(self, device: str, max_staged_tokens: int, stream: torch.cuda.Stream | None = None,
                  turn: threading.Lock | None = None) -> None:
         self.device = device
         self.stream = stream
         self.turn = turn or threading.Lock()  # shared by the CUDA lanes calling the same packages
         self.staging = Staging(device)  # the node's pinned input/output buffers and event (GPU)
-        self.token_buffer = torch.empty(max_tokens, dtype=torch.int64)  # [T_max]
+        self.token_buffer = torch.empty(max_staged_tokens, dtype=torch.int64)  # [T_max]
 
     def stage_tokens(self, parts: Sequence[np.ndarray]) -> torch.Tensor:
         """Concatenate token id arrays into the lane's buffer; returns the int64 view [T]."""
@@ -74,13 +74,13 @@ def lane_count(device: str, config: WorkerConfig) -> int:
 
 def make_lanes(device: str, config: WorkerConfig, bounds: Bounds) -> list[Lane]:
     """The lanes of one worker: one CPU lane, or config.num_streams CUDA lanes."""
-    max_tokens = max_staged_tokens(bounds)
+    staged_tokens = max_staged_tokens(bounds)
     if device == "cpu":
-        return [Lane(device, max_tokens)]
+        return [Lane(device, staged_tokens)]
     index = torch.device(device).index or 0
     streams = [torch.cuda.Stream(device=index) for _ in range(config.num_streams)]
     turn = threading.Lock()
-    return [Lane(device, max_tokens, stream=s, turn=turn) for s in streams]
+    return [Lane(device, staged_tokens, stream=s, turn=turn) for s in streams]
 
 
 def spare_lane(sibling: Lane, bounds: Bounds) -> Lane:

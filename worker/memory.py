@@ -1,9 +1,9 @@
 """A CPU worker's resident set, held under a limit: after a batch, when the process holds more than
 `[worker] resident_limit_mb`, the C heap's free pages go back to the kernel.
 
-A CPU worker keeps freed memory for its next calls (compile/allocator.keep_freed_memory), which spares
+A CPU worker keeps freed memory for its next calls (worker/runtime/allocator.keep_freed_memory), which spares
 every call from faulting its buffers in again but lets the heap fragment as batch shapes vary, up to
-gigabytes more than any call needs (measured in compile/allocator.py). Releasing the free pages bounds
+gigabytes more than any call needs (measured in worker/runtime/allocator.py). Releasing the free pages bounds
 that; its cost is the faults of the calls after it, so it happens only past the limit. When what the
 process holds in use is near or over the limit, releasing cannot keep it under: the next release then
 comes only a quarter above what the last one left (or at the limit, whichever is higher), so that a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.allocator import proc_kib, release_free_memory, resident_bytes
+from worker.runtime.allocator import proc_kib, release_free_memory, resident_bytes
 from shared.logs import EventLog
 
 DEFAULT_SHARE = 0.8  # of the memory the process may use, when resident_limit_mb is not set

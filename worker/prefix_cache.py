@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shared.policy.routing import prefix_key
+from shared.prefix import prefix_key
 from shared.protocol import PrefixCacheReport
 from shared.work import StaticPrefix
 
@@ -60,7 +60,7 @@ class Entry:
     hits: int = 0
     priority: float = 0.0
     route_key: int = 0
-    """shared/policy/routing.prefix_key of the ids: what the heartbeat reports the entry as."""
+    """shared/prefix.prefix_key of the ids: what the heartbeat reports the entry as."""
 
     @property
     def nbytes(self) -> int:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from compile.allocator import keep_freed_memory
-from compile.artifacts import read_manifest
-from compile.machine import ArtifactMismatch
-from compile.runtime import load_nodes
+from worker.runtime.allocator import keep_freed_memory
+from worker.runtime.artifacts import read_manifest
+from worker.runtime.machine import ArtifactMismatch
+from worker.runtime.loader import load_nodes
 from shared.bounds import Bounds
 from shared.config import DeploymentConfig, WorkerConfig
 from shared.events import Profiled, ProfileReused
@@ -47,11 +47,12 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     built = read_manifest(Path(artifacts))
     if device == "cpu" and (problem := threads_difference(built, config)):
         raise ArtifactMismatch(problem)
-    if differences := bounds_differences(built, config):  # the compiled bounds are the ones served
-        log.warning("bounds_differ", artifacts=str(artifacts), differences=differences)
+    if differences := bounds_differences(built, config):  # the compiled bounds are the only ones at run time
+        raise ArtifactMismatch(f"the config's [bounds] differ from what {artifacts} was compiled for: "
+                               f"{'; '.join(differences)}; rebuild, or leave [bounds] out of the config")
     if device == "cpu":
         torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
-        if not keep_freed_memory():  # else every call faults its buffers in again (compile/allocator.py)
+        if not keep_freed_memory():  # else every call faults its buffers in again (worker/runtime/allocator.py)
             log.warning("allocator_default", reason="this C library has no mallopt: calls fault fresh memory in")
     # a runner per lane and one for the background refit's spare lane: they call at once
     nodes = load_nodes(artifacts, device, runners=lane_count(device, config.worker) + 1)  # ArtifactMismatch

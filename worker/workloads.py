@@ -3,7 +3,7 @@ that runs on receipt, the runner that computes it and the result types it answer
 
 A request's path through a worker reads down this table: worker/server.py decodes a batch and
 calls its workload's `check` (worker/bounds_check.py), worker/compute.py hands the live requests
-to its `runner` (worker/runner.py) and wraps their answers in its `results` message, and
+to its `runner` (worker/runner.py) and wraps their answers in its `reply_type` message, and
 worker/profiler.py times the same runner on synthetic batches.
 """
 
@@ -38,9 +38,9 @@ class Workload:
     check: Callable[[Batch], dict[int, str]]
     """On receipt: {request index: why it alone is refused}; raises BatchRefused for the whole batch."""
     runner: Runner
-    results: type[ScoreResults] | type[BeamResults]
+    reply_type: type[ScoreResults] | type[BeamResults]
     """The answer to one batch."""
-    result: type[ScoreResult] | type[BeamResult]
+    result_type: type[ScoreResult] | type[BeamResult]
     """One request's answer inside it (also for an expired or refused request)."""
 
 

@@ -27,26 +27,20 @@ this package: size-1 calls are tested against the eager module and transformers.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
-from compile.attention import CPU_BLOCK, KeyPool, block_for, padded, pool_mask
+from compile.attention import KeyPool, pool_mask
+from worker.runtime.layout import CPU_BLOCK, block_for, padded
 from compile.beam.decode import decode, prompt_kv, reorder_suffix
-from compile.beam.generation_config import beam_rule, read_generation_config
-from compile.beam.processors import PrefixConstraint, RepetitionPenalty, build_tables, read_sequences
+from compile.beam.processors import PrefixConstraint, RepetitionPenalty
 from compile.beam.search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
+from compile.context import BuildContext
 from compile.model import Transformer, last_token_index, prefill
 
-if TYPE_CHECKING:
-    from compile.build import BuildContext
-    from shared.config import DeploymentConfig
 
 INPUT_NAMES = (
     "prompt_ids", "positions", "cu_seqlens", "prompt_index", "prompt_valid", "beam_slots", "num_steps", "early_all",
@@ -135,7 +129,7 @@ def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, bl
     beyond the deployment's own bounds before the package runs.
     """
     max_prompt_tokens, max_requests, max_beams = max(max_prompt_tokens, 6), max(max_requests, 3), max(max_beams, 5)
-    tokens = block * Dim("token_blocks", min=1, max=max_token_blocks(max_prompt_tokens, max_requests, block))
+    tokens = block * Dim("row_blocks", min=1, max=blocks_per_batch(max_prompt_tokens, max_requests, block))
     requests = Dim("requests", min=1, max=max_requests)
     length = Dim("prompt_len", min=1, max=max_prompt_tokens)
     beams = Dim("beams", min=1, max=max_beams)
@@ -149,10 +143,10 @@ def beam_pool(max_prompt_tokens: int, max_requests: int, device: str) -> KeyPool
     one segment per request and one for the rows past the last prompt (the block padding)."""
     block = block_for(device)
     max_prompt_tokens, max_requests = max(max_prompt_tokens, 6), max(max_requests, 3)
-    return KeyPool(block, max_token_blocks(max_prompt_tokens, max_requests, block) * block, max_requests + 1)
+    return KeyPool(block, blocks_per_batch(max_prompt_tokens, max_requests, block) * block, max_requests + 1)
 
 
-def max_token_blocks(max_prompt_tokens: int, max_requests: int, block: int) -> int:
+def blocks_per_batch(max_prompt_tokens: int, max_requests: int, block: int) -> int:
     """The most blocks of packed prompt tokens, past the example's 2."""
     return max(3, padded(max_prompt_tokens * max_requests, block) // block)
 
@@ -168,49 +162,10 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
 
-@dataclass(frozen=True)
-class BeamInputs:
-    """What the beam node compiles in besides the model: the checkpoint's generation rule and the
-    prefix tables of `[beam] constraints` (None without)."""
-
-    rule: BeamRule
-    tables: dict[str, torch.Tensor] | None
-    valid_sequences: int
-
-
-def read_inputs(config: DeploymentConfig, vocab_size: int) -> BeamInputs:
-    """Read and validate the beam node's inputs. The build calls it before any work (compile/build.py's
-    check_inputs), so a bad generation_config.json or constraints file is refused before the checkpoint
-    loads and the score node compiles; the node builder gets what it read (BuildContext.beam)."""
-    bounds, path = config.bounds, config.model.path
-    source = f"{path}/generation_config.json"
-    try:
-        rule = beam_rule(read_generation_config(path), source=source)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}: not valid JSON: {exc}") from None
-    if rule.beams_to_keep(bounds.max_beam_width) > vocab_size:
-        raise ValueError(
-            f"bounds.max_beam_width = {bounds.max_beam_width} keeps {rule.beams_to_keep(bounds.max_beam_width)} "
-            f"candidates per step, more than the vocabulary ({vocab_size}); lower max_beam_width"
-        )
-    if not config.beam.constraints:
-        return BeamInputs(rule, None, 0)
-    constraints = Path(config.beam.constraints)
-    try:
-        sequences = read_sequences(constraints)
-        tables = build_tables(sequences, vocab_size, bounds.max_new_tokens)
-    except (ValueError, OSError) as exc:
-        message = str(exc).removeprefix("constraints: ")
-        if not message.startswith(f"{constraints}:"):  # read_sequences names the file and line; the others not
-            message = f"{constraints}: {message}"
-        raise ValueError(f"beam.constraints {message}") from None
-    return BeamInputs(rule, tables, len(sequences))
-
-
 def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
     """Node builder: the beam node of ctx's checkpoint under ctx.config's bounds."""
 
-    bounds = ctx.config.bounds
+    bounds = ctx.config.build_bounds
     inputs = ctx.beam
     assert inputs is not None, "the beam node is built only with [beam] enabled, whose inputs check_inputs read"
     rule, constraint, facts = inputs.rule, None, {}

@@ -4,10 +4,10 @@ VNNI GEMM (`onednn::qlinear_pointwise`) compiled into the packages.
 Weights: symmetric per output channel, w ~ q * s_w[n] with q in [-127, 127]; stored in the weights file as a dense
 int8 [K, N] buffer (`qweight`, the layout the op's schema expects) with float32 scales [N] and int32 zero points [N]
 (all 0; int64 ones would be copied into a new unnamed constant). The worker packs `qweight` once at load
-(compile/packing.py: `onednn.qlinear_prepack`, oneDNN's VNNI layout with zero-point compensation) and hands the
+(worker/runtime/packing.py: `onednn.qlinear_prepack`, oneDNN's VNNI layout with zero-point compensation) and hands the
 same packed tensor to every node; an eager layer (calibration, tests) packs its own copy.
 Activations: symmetric per token (row), x ~ (u - 128) * s_x[m] with u uint8: oneDNN's VNNI kernels take unsigned
-activations (signed ones run its reference kernel, ~1000x slower). The op takes one activation scale for the whole
+activations (signed ones run its reference kernel, orders of magnitude slower). The op takes one activation scale for the whole
 tensor, so it gets the largest row scale and each row is rescaled by s_x[m] / max s_x after (Inductor fuses that
 into the next pointwise kernel). Scale and zero point are 0-d tensors computed in the graph: as Python numbers
 Inductor would turn them into constants of its own, which a shared weights file cannot supply.
@@ -15,9 +15,9 @@ Inductor would turn them into constants of its own, which a shared weights file 
 Activation range, by the CPU the build runs on (`activation_max`). With VNNI (`torch.cpu._is_vnni_supported()`) oneDNN
 multiplies u8 by s8 into 32-bit sums, so activations take the full range (q in [-127, 127], zero point 128). On
 AVX2 alone it pairs the products into 16-bit sums first (vpmaddubsw), which saturate: 2 x 255 x 127 is past
-32,767, and a 64 x 96 layer was measured 25 % off its float layer (of the output's range). There activations
-get 7 bits (q in [-63, 63], zero point 64: 2 x 127 x 127 fits), the reduced range other x86 int8 stacks use on
-such CPUs; the same layer came within 1.5 %. A package is bound to the kind it was built on (compile/machine.py:
+32,767, and a test layer came out far off its float layer. There activations get 7 bits (q in [-63, 63], zero
+point 64: 2 x 127 x 127 fits), the reduced range other x86 int8 stacks use on such CPUs, and the same layer
+came close to its float layer. A package is bound to the kind it was built on (worker/runtime/machine.py:
 `cpu_vnni`), so a full-range package never runs where it would saturate.
 """
 
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from worker.runtime.packing import pack_int8
 
 INT8_MAX = 127
 
@@ -48,12 +50,6 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = w.abs().amax(1).clamp(min=1e-12) / INT8_MAX
     q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q.t().contiguous(), scale
-
-
-def pack_int8(qweight: torch.Tensor) -> torch.Tensor:
-    """The dense [K, N] int8 weight -> oneDNN's packed layout. qlinear_prepack reads memory order and ignores
-    strides, so its [N, K] operand is made contiguous first (a transposed view packs garbage, silently)."""
-    return torch.ops.onednn.qlinear_prepack(qweight.t().contiguous(), None)
 
 
 class Int8Linear(nn.Module):

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch.export import Dim
 
-from compile.attention import KeyPool, block_for, padded, pool_mask
+from compile.attention import KeyPool, pool_mask
+from worker.runtime.layout import block_for, padded
 from compile.model import Transformer, prefill
 from compile.score.heads import MlpHead
-from compile.score.layout import lay_out
-from compile.score.module import OUTPUT_NAMES, PREFIX_KV_OUTPUTS, ScoreModule, pack_inputs
+from worker.runtime.layout import lay_out
+from compile.context import BuildContext
+from compile.score.module import ScoreModule
+from worker.runtime.score_inputs import OUTPUT_NAMES, PREFIX_KV_OUTPUTS, pack_inputs
 from shared.bounds import Bounds
 from shared.config import MlpHeadConfig
 from shared.prefix import stable_prefix_ids, template_header
 
-if TYPE_CHECKING:
-    from compile.build import BuildContext
 
 
 def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProgram, dict]:
@@ -28,18 +28,18 @@ def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProg
     static_ids = static_prefix_ids(ctx.config.score.prompt_template, Path(ctx.config.model.path))
     block = block_for(ctx.device)
     static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device, block) if static_ids else None
-    pool = key_pool(ctx.config.bounds, len(static_ids), block)
-    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv, pool).to(ctx.device)
+    pool = key_pool(ctx.config.build_bounds, len(static_ids), block)
+    module = ScoreModule(ctx.model, ctx.config.build_bounds.max_top_k, head, static_kv, pool).to(ctx.device)
     outputs = OUTPUT_NAMES + (("head",) if head is not None else ()) + PREFIX_KV_OUTPUTS
     facts = {"outputs": list(outputs), "static_prefix_ids": static_ids, "attention_block": block}
-    return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
+    return module, export_score_node(module, ctx.config.build_bounds, ctx.device, static_ids), facts
 
 
 def key_pool(bounds: Bounds, static_len: int, block: int) -> KeyPool:
     """The most keys of a call: the static rows, then the prefix-cache hits' and the computed tokens
     (together at most the batch's tokens), each padded to the block (the filler may add a whole
     block, the hits' padding another); the most segments (max_segments)."""
-    return KeyPool(block, padded(static_len, block) + (max_token_blocks(bounds, block) + 2) * block,
+    return KeyPool(block, padded(static_len, block) + (blocks_per_batch(bounds, block) + 2) * block,
                    max_segments(bounds))
 
 
@@ -49,7 +49,7 @@ def max_segments(bounds: Bounds) -> int:
     return 3 * bounds.max_samples_per_batch + 4
 
 
-def max_token_blocks(bounds: Bounds, block: int) -> int:
+def blocks_per_batch(bounds: Bounds, block: int) -> int:
     """The most blocks of computed tokens (past the example's 2, or export would specialise)."""
     return max(3, padded(bounds.max_tokens_per_batch + 1, block) // block)
 
@@ -100,8 +100,8 @@ def example_inputs(bounds: Bounds, model: Transformer, static_ids: list[int], bl
 
 def dynamic_shapes(bounds: Bounds, block: int) -> tuple:
     """Tokens, hit rows and kept rows (whole blocks: the layout pads them), segments and samples are dynamic."""
-    most = max_token_blocks(bounds, block)
-    tokens = block * Dim("token_blocks", min=1, max=most)
+    most = blocks_per_batch(bounds, block)
+    tokens = block * Dim("row_blocks", min=1, max=most)
     hit_rows = block * Dim("hit_blocks", min=1, max=most)
     kept_rows = block * Dim("kept_blocks", min=1, max=most)
     segments = Dim("segments", min=2, max=max_segments(bounds))

@@ -1,7 +1,7 @@
 """The prefill-only scoring module: one packed prefill, every head read at each sample's last token.
 
 Exported inputs (T computed tokens, S segments, B samples, N = bounds.max_labels label slots; see
-compile/score/layout.py for how a batch becomes segments):
+worker/runtime/layout.py for how a batch becomes segments):
     input_ids       [T] int64    the computed tokens of every segment, in segment order
     positions       [T] int64    position of each token in its full sample (after any prefix)
     cu_seqlens      [S+1] int32  segment boundaries over the key pool: the static prefix's cached
@@ -26,13 +26,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compile.attention import CPU_BLOCK, KeyPool, pool_mask
+from compile.attention import KeyPool, pool_mask
+from worker.runtime.layout import CPU_BLOCK
 from compile.model import Transformer
 from compile.score.heads import MlpHead, label_heads, topk_head
-from compile.score.layout import Layout, lay_out
 
-OUTPUT_NAMES = ("label_logits", "label_logprobs", "label_probs", "topk_ids", "topk_logprobs", "hidden")
-PREFIX_KV_OUTPUTS = ("prefix_k", "prefix_v")
 """The outputs of a package compiled to take and return prefix-cache rows (after the head, if any)."""
 
 
@@ -54,7 +52,7 @@ class ScoreModule(nn.Module):
     def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask,
                 hit_k=None, hit_v=None, keep_rows=None):
         """hit_k/hit_v [layers, Layout.hit_rows, Hkv, D]: cached prefix rows of earlier requests, placed
-        after the static prefix's (compile/score/layout.py: lay_out's hits). keep_rows [R] int64: key-pool
+        after the static prefix's (worker/runtime/layout.py: lay_out's hits). keep_rows [R] int64: key-pool
         rows whose keys/values are returned too, as the last two outputs prefix_k, prefix_v
         [layers, R, Hkv, D] (a prefix's rows, for the worker's prefix cache: Layout.rows_of_prefix)."""
         static_kv = cached_rows((self.static_k, self.static_v) if self.has_static else None,
@@ -84,25 +82,3 @@ def cached_rows(static_kv, hit_kv):
     if len(parts) < 2:
         return parts[0] if parts else None
     return torch.cat([parts[0][0], parts[1][0]], dim=1), torch.cat([parts[0][1], parts[1][1]], dim=1)
-
-
-def pack_hits(hits: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hits' keys/values ([layers, P_r, Hkv, D] each, in group order) as the node's hit_k, hit_v:
-    concatenated and padded with zero rows (a segment nobody reads) to `rows` (Layout.hit_rows)."""
-    keys = torch.cat([k for k, _ in hits], dim=1)
-    values = torch.cat([v for _, v in hits], dim=1)
-    pad = rows - keys.shape[1]
-    rows_last = (0, 0, 0, 0, 0, pad)  # [layers, P, Hkv, D]: zero rows appended along P
-    return torch.nn.functional.pad(keys, rows_last), torch.nn.functional.pad(values, rows_last)
-
-
-def pack_inputs(input_ids, sample_lens, label_ids, label_slots: int, layout: Layout | None = None) -> tuple[torch.Tensor, ...]:
-    """The node's inputs: the batch's segment layout (default: every sample its own segment, no
-    prefix, no static prefix) and the labels padded to the compiled slots with a mask."""
-    if layout is None:
-        lens = [int(n) for n in sample_lens]
-        layout = lay_out(input_ids, lens, [0] * len(lens), [1] * len(lens), input_ids.new_zeros(0))
-    labels = torch.zeros(label_slots, dtype=torch.int64)
-    labels[: len(label_ids)] = label_ids
-    mask = torch.arange(label_slots) < len(label_ids)
-    return layout.input_ids, layout.positions, layout.cu_seqlens, layout.parents, layout.sample_segments, labels, mask

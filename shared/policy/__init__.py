@@ -47,9 +47,9 @@ queue budget always holds and requests always expire at their deadline.
 
 from shared.policy.admission import (ADMIT_SHED_GAIN, AdmissionSettings, Lateness, PoolView, Prediction, PresentLag,
                                      admit, finish_ms, is_probe, place, precheck)
-from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, BatchBounds, Hold, Send, Timing, busy_ms,
-                                    chunk_bounds, dispatch, form_batch, least_busy, shed_costliest,
-                                    take_expired)
+from shared.bounds import BatchBounds
+from shared.policy.batching import (MIN_HOLD_MS, SCAN_LIMIT, Hold, Send, FinishEstimate, busy_ms, dispatch, form_batch,
+                                    least_busy, shed_costliest, take_expired)
 from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, QueueOrder, Work
 from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
@@ -57,6 +57,6 @@ from shared.policy.drops import DROP_CODES, SENT_AND_MISSED, DropReason, Refusal
 __all__ = [
     "DROP_CODES", "SENT_AND_MISSED", "DropReason", "MIN_HOLD_MS", "SCAN_LIMIT", "ADMIT_SHED_GAIN", "AdmissionSettings", "BatchBounds",
     "CostModel", "DeadlineQueue", "Hold", "Lateness", "PoolView", "Prediction", "PresentLag", "QueueOrder", "Refusal", "Send",
-    "Timing", "Work", "admit", "busy_ms", "chunk_bounds", "dispatch", "finish_ms", "form_batch", "is_probe",
+    "FinishEstimate", "Work", "admit", "busy_ms", "dispatch", "finish_ms", "form_batch", "is_probe",
     "least_busy", "place", "precheck", "shed_costliest", "take_expired",
 ]

@@ -13,15 +13,15 @@ from shared.policy.drops import DropReason, Refusal
 
 LATE_QUANTILE, LATE_STEP_MS, LATE_STEP_SHARE = 0.98, 0.25, 0.25
 LAG_HALF_LIFE_MS = 50.0
-"""The present lag (`PresentLag`) halves every this many ms once the loop is on time again: a burst's
-30 ms is under 1 ms a quarter of a second after it ends."""
+"""The present lag (`PresentLag`) halves every this many ms once the loop is on time again, so a burst's
+lag is gone a few half-lives after it ends."""
 ADMIT_SHED_GAIN = 1.05
 """With shed_by_cost, a new request gets in by shedding a queued one only if that one costs more than
 this x the request (the batcher, among admitted work, sheds any costlier one: `shed_costliest`'s
 gain 1). A cost difference within the model's error is no reason to give up a request already
-admitted: with any costlier one, the simulator at 2x on uniform load (bench/overload_sim.py, quiet
-profile) answered 32 % of all requests 504 after admitting them, nearly all swaps of a queued request
-for a newcomer a few tokens cheaper, for 0.7-1.2 % more goodput (README, "Overload")."""
+admitted: with any costlier one, the simulator (bench/overload_sim.py) answered a large share of
+requests 504 after admitting them, nearly all swaps of a queued request for a newcomer a few tokens
+cheaper, for a goodput gain within the model's error (docs/design/scheduling.md)."""
 
 
 @dataclass(frozen=True)
@@ -92,22 +92,20 @@ class Lateness:
     The lag is taken out of each answer's lateness before the percentile learns it: learnt into the
     percentile, which comes down by 0.5 % per answer in time, a burst's lag would be held through
     the lull after it, refusing tight requests an idle worker would serve in time. (Live, the loop's
-    lag was found small, 1 ms at the median and 13 ms at most per answer, against a 98th
-    percentile of 15 ms beyond it: README, "Overload".)
+    lag was found small against the percentile beyond it: docs/design/scheduling.md.)
 
     The quantile is the share of work sent at the edge that comes back in time: under overload
     nearly every batch is sent as late as its slack allows, so about 1 - quantile of them are
-    answered past their deadline, compute wasted. The 90th percentile wasted 0.7-2.4 % of the
-    worker's compute at 2x in the simulator (bench/overload_sim.py, quiet profile) and 3-6 % live on
-    a busy machine; the 98th, 0.1-1.0 % at the same goodput (on a noisy machine its wider slack
-    costs the tightest deadlines goodput: README, "Overload").
+    answered past their deadline, compute wasted. A lower percentile wastes more of the worker's
+    compute at the same goodput; a higher one, on a noisy machine, widens the slack enough to cost
+    the tightest deadlines goodput (docs/design/scheduling.md).
 
     It is not learnt from the finish predicted at admission: a request is overtaken afterwards by
     tighter ones that arrive after it, and that lateness, tens to hundreds of ms on a bursty trace,
     says nothing about whether it meets its deadline (a loose one is served late but in time, one
     pushed past its deadline is dropped before compute, which wastes nothing); added to admission's
     predictions it refused most tight and loose requests that would have been served in time
-    (measured: README, "Overload")."""
+    (docs/design/scheduling.md)."""
 
     def __init__(self, quantile: float = LATE_QUANTILE, step_ms: float = LATE_STEP_MS,
                  lag_half_life_ms: float = LAG_HALF_LIFE_MS) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from shared.bounds import BatchBounds
 from shared.policy.cost import CostModel
 from shared.policy.deadline_queue import DeadlineQueue, W, Work
 
@@ -17,19 +18,6 @@ FOREIGN_SCAN_LIMIT = 64
 """Queued jobs placed on another worker (`accept` said no), looked past per batch."""
 MIN_HOLD_MS = 0.05
 """A shorter hold is not worth a timer: the batch goes now."""
-
-
-@dataclass(frozen=True)
-class BatchBounds:
-    """What one packed batch may hold (from the manifest's bounds)."""
-
-    max_jobs: int
-    """score: samples per batch; beam: requests per batch."""
-    max_tokens: int | None
-    """Tokens sent per batch; None = no token bound (beam batches: each prompt is bounded alone)."""
-    max_labels: int
-    max_requests: int = 0
-    """Jobs per batch besides the bounds; 0 = no limit (1 turns batching off: the simulator's G/G/1)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +68,7 @@ def least_busy(workers: Iterable[K], now_s: float, max_inflight_batches: int) ->
 
 
 @dataclass(frozen=True)
-class Timing:
+class FinishEstimate:
     """When a batch sent now would finish: behind the worker's work in flight, at the model's speed."""
 
     model: CostModel
@@ -120,9 +108,7 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
     it sheds, if it sheds one): admission's prediction for a new request, in the same walk.
 
     A large request's fate, plainly: under overload it is the first shed, and is served only with
-    the room the cheaper ones leave (in the simulator at 2x on the Azure code trace, the largest
-    were answered in time about as often as with deadline order, 24 % against 25 %; at 1x and 4x
-    markedly less often: 25 % against 39 %, 13 % against 17 %; README, "Overload")."""
+    the room the cheaper ones leave (docs/design/scheduling.md, "Shedding by cost")."""
     in_time: list[W] = []  # the jobs kept before the first late one (their costs are read only then)
     kept: list[tuple[float, int, W]] | None = None  # then a heap, costliest (then latest) first
     shed: set[int] = set()
@@ -158,7 +144,7 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
 
 
 def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
-               timing: Timing | None = None, accept: Callable[[W], bool] | None = None) -> tuple[list[W], list[W]]:
+               timing: FinishEstimate | None = None, accept: Callable[[W], bool] | None = None) -> tuple[list[W], list[W]]:
     """The next batch's jobs in serving order, up to the compiled bounds (looking past at most
     SCAN_LIMIT jobs that do not fit). With `timing`, a job joins only if the batch still finishes
     before every member's deadline, its own included, and the jobs that cannot finish in time even
@@ -188,30 +174,30 @@ def form_batch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
         taken.append(job)
         samples, tokens, labels = samples + job.samples, tokens + job.tokens, labels | set(job.label_ids)
         items, computed, due = items + job.batch_items, computed + job.latency_tokens, min(due, job.deadline)
-        if (samples if workload == "score" else len(taken)) >= bounds.max_jobs or len(taken) == bounds.max_requests:
+        if (samples if workload == "score" else len(taken)) >= bounds.max_items_per_batch or len(taken) == bounds.max_jobs_per_batch:
             break
     return taken, doomed
 
 
 def _fits(job: Work, taken: list[Work], samples: int, tokens: int, labels: set[int], workload: str,
           bounds: BatchBounds) -> bool:
-    if bounds.max_requests and len(taken) >= bounds.max_requests:
+    if bounds.max_jobs_per_batch and len(taken) >= bounds.max_jobs_per_batch:
         return False
     if workload == "beam":
-        return job.beam_key == taken[0].beam_key and len(taken) < bounds.max_jobs
-    return (samples + job.samples <= bounds.max_jobs
-            and (bounds.max_tokens is None or tokens + job.tokens <= bounds.max_tokens)
+        return job.beam_key == taken[0].beam_key and len(taken) < bounds.max_items_per_batch
+    return (samples + job.samples <= bounds.max_items_per_batch
+            and (bounds.max_tokens_per_batch is None or tokens + job.tokens <= bounds.max_tokens_per_batch)
             and (labels.issuperset(job.label_ids) or len(labels.union(job.label_ids)) <= bounds.max_labels))
 
 
 def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model: CostModel, worker_busy_ms: float,
-             max_wait_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0,
+             lead_ms: float, now_s: float, drop_late: bool = True, slack_ms: float = 0.0,
              shed_by_cost: bool = False, workers: int = 1,
              accept: Callable[[W], bool] | None = None) -> Hold | Send[W]:
     """What to do with the head of the queue for a worker with a free slot that is predicted busy for
     `worker_busy_ms`. A batch sent to a busy worker would only wait in its FIFO, where nothing can
     overtake it: it stays here (in serving order, where a later, tighter deadline can still join or
-    pass it) until the worker is predicted free within max_wait_ms.
+    pass it) until the worker is predicted free within lead_ms (the batch wait plus the loop's present lag: Lateness.lead_ms).
 
     With `drop_late` and a trusted model (measured batches confirmed it), a job that cannot finish
     in time even alone is dropped before any compute (when the slack would drop every queued job
@@ -230,10 +216,10 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     queue, whatever `accept` keeps.
 
     `accept`: the jobs placed on this worker (the others stay queued for theirs; form_batch)."""
-    hold_ms = worker_busy_ms - max_wait_ms
+    hold_ms = worker_busy_ms - lead_ms
     if hold_ms > MIN_HOLD_MS:
         return Hold(hold_ms)
-    timing = Timing(model, now_s, worker_busy_ms, slack_ms)
+    timing = FinishEstimate(model, now_s, worker_busy_ms, slack_ms)
     if not (drop_late and model.verified):
         return _send(form_batch(queue, workload, bounds, accept=accept)[0], [], timing)
     shed = shed_costliest(queue.in_order(), model, worker_busy_ms, workers, now_s * 1000.0 + slack_ms) \
@@ -243,7 +229,7 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     packed, _ = form_batch(queue, workload, bounds, accept=accept)
     short, doomed = form_batch(queue, workload, bounds, timing, accept)
     if not short and worker_busy_ms <= 0:  # a probe: a slack that drops everything would never be measured again
-        timing = Timing(model, now_s, worker_busy_ms)
+        timing = FinishEstimate(model, now_s, worker_busy_ms)
         short, doomed = form_batch(queue, workload, bounds, timing, accept)
     if doomed:
         return Send([], doomed, 0.0, now_s)
@@ -252,19 +238,19 @@ def dispatch(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, model:
     if not rest:
         return _send(short, [], timing)
     short_ms, _ = _plan(short, timing)
-    rest_ms, rest_late = _plan(rest, Timing(model, now_s, worker_busy_ms + short_ms, slack_ms))
+    rest_ms, rest_late = _plan(rest, FinishEstimate(model, now_s, worker_busy_ms + short_ms, slack_ms))
     if (len(packed) - len(late)) * (short_ms + rest_ms) > (len(packed) - len(rest_late)) * packed_ms:
         return _send([j for j in packed if j not in late], late, timing)
     return _send(short, [], timing)
 
 
-def _plan(jobs: list[W], timing: Timing) -> tuple[float, list[W]]:
+def _plan(jobs: list[W], timing: FinishEstimate) -> tuple[float, list[W]]:
     """The predicted ms of `jobs` as one batch, and those of them it would finish late."""
     items, computed = sum(j.batch_items for j in jobs), sum(j.latency_tokens for j in jobs)
     return timing.predict_ms(items, computed), [j for j in jobs if not timing.in_time(items, computed, j.deadline)]
 
 
-def _send(live: list[W], late: list[W], timing: Timing) -> Send[W]:
+def _send(live: list[W], late: list[W], timing: FinishEstimate) -> Send[W]:
     items, computed = sum(j.batch_items for j in live), sum(j.latency_tokens for j in live)
     return Send(live, late, timing.predict_ms(items, computed), timing.finish_at(items, computed))
 
@@ -277,17 +263,3 @@ def take_expired(queue: DeadlineQueue[W], now_s: float) -> list[W]:
         queue.remove(job)
         expired.append(job)
     return expired
-
-
-def chunk_bounds(lengths: Sequence[int], max_samples: int, max_tokens: int) -> list[tuple[int, int]]:
-    """[start, end) sample ranges of a scoring request cut into consecutive chunks that each fit one
-    batch (at most `max_samples` samples and `max_tokens` tokens; a longer sample stays alone)."""
-    chunks, start, tokens = [], 0, 0
-    for i, length in enumerate(lengths):
-        if i > start and (i - start == max_samples or tokens + length > max_tokens):
-            chunks.append((start, i))
-            start, tokens = i, 0
-        tokens += length
-    if lengths:
-        chunks.append((start, len(lengths)))
-    return chunks

@@ -18,43 +18,21 @@ Pure: the caller passes the time and the deadline test, as for every policy here
 from __future__ import annotations
 
 import bisect
-import hashlib
-import struct
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Generic, Protocol, TypeVar
 
-from shared.policy.batching import BatchBounds, Hold, Send, Timing, Worker, dispatch, least_busy
+from shared.policy.batching import BatchBounds, Hold, Send, FinishEstimate, Worker, dispatch, least_busy
 from shared.policy.cost import CostModel
+from shared.prefix import hash64
 from shared.policy.deadline_queue import DeadlineQueue, W
 
 K = TypeVar("K", bound=Worker)
 
 RING_POINTS = 64
 """Points per worker on the ring: each owns about 1/n of the prefixes, give or take ~10 %."""
-
-
-def prefix_key(ids: Sequence[int]) -> int:
-    """A prefix's point on the ring: 64 bits of BLAKE2b over its token ids (little-endian int64)."""
-    return _point(struct.pack(f"<{len(ids)}q", *ids))
-
-
-def prefix_keys(ids: Sequence[int], lengths: Iterable[int]) -> dict[int, int]:
-    """prefix_key(ids[:n]) for each n in `lengths` (each at most len(ids)), in one pass over the ids:
-    a worker may hold hundreds of prefix lengths, and hashing each from the start would cost
-    hundreds of hashes of the whole prefix per request."""
-    data, hasher, done, keys = struct.pack(f"<{len(ids)}q", *ids), hashlib.blake2b(digest_size=8), 0, {}
-    for n in sorted(set(lengths)):
-        hasher.update(data[done * 8: n * 8])
-        done = n
-        keys[n] = int.from_bytes(hasher.copy().digest(), "little")
-    return keys
-
-
-def _point(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True)
@@ -66,7 +44,7 @@ class Ring:
     @staticmethod
     @lru_cache(maxsize=64)
     def of(names: tuple[str, ...], points_each: int = RING_POINTS) -> Ring:
-        return Ring(tuple(sorted((_point(f"{name}#{i}".encode()), name) for name in names for i in range(points_each))))
+        return Ring(tuple(sorted((hash64(f"{name}#{i}".encode()), name) for name in names for i in range(points_each))))
 
     def owners(self, key: int) -> list[str]:
         """Every worker once, in ring order clockwise from `key` (its owner first)."""
@@ -166,7 +144,7 @@ class RoutedWork(Protocol):
 
 def dispatch_routed(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds, workers: Mapping[str, K],
                     model_of: Callable[[K], CostModel], now_s: float, max_inflight_batches: int,
-                    recent: RecentHolders, max_wait_ms: float, drop_late: bool = True,
+                    recent: RecentHolders, lead_ms: float, drop_late: bool = True,
                     slack_ms: float = 0.0, shed_by_cost: bool = False) -> tuple[K, Send[W]] | Hold | None:
     """One batching decision over several workers, routing each queued job by its prefix.
 
@@ -182,7 +160,7 @@ def dispatch_routed(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
     None: nothing to send (every slot taken, or nothing placed on a free worker: an answer or a new
     job wakes the caller)."""
     placement = Placement(workers, now_s, max_inflight_batches, recent)
-    timing = {name: Timing(model_of(w), now_s, w.busy_ms(now_s), slack_ms) for name, w in placement.workers.items()}
+    timing = {name: FinishEstimate(model_of(w), now_s, w.busy_ms(now_s), slack_ms) for name, w in placement.workers.items()}
     chosen: dict[int, str] = {}
 
     def home(job: RoutedWork) -> str:
@@ -198,7 +176,7 @@ def dispatch_routed(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
     hold: Hold | None = None
     for name in sorted(placement.free, key=lambda n: (timing[n].busy_ms, len(placement.free[n].in_flight))):
         worker = placement.free[name]
-        plan = dispatch(queue, workload, bounds, model_of(worker), timing[name].busy_ms, max_wait_ms, now_s,
+        plan = dispatch(queue, workload, bounds, model_of(worker), timing[name].busy_ms, lead_ms, now_s,
                         drop_late, slack_ms, shed_by_cost, len(workers),
                         accept=lambda job, name=name: home(job) in ("", name))
         if isinstance(plan, Hold):

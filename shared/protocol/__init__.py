@@ -18,7 +18,7 @@ batches name their token dtype (int32 or int64); results use float32 and int32 (
     messages.py  the messages, error codes and statuses, the protocol version, the id arrays
     codec.py     encode, and decode of untrusted frames (every failure a ProtocolError naming the field)
 
-Import from here (`from shared import protocol as p`); the two modules are how it is written down.
+Import from here (`from shared import protocol`); the two modules are how it is written down.
 """
 
 from shared.protocol.codec import DEFAULT_LIMITS, DecodeLimits, ProtocolError, decode, encode, peek_batch_id

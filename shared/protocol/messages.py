@@ -248,7 +248,7 @@ class PrefixCacheReport(Record):
     since start. A cache that is off (`[score] prefix_cache_mb = 0`) reports budget_bytes 0."""
 
     held: tuple[tuple[int, NonNegative], ...] = ()
-    """(prefix_key, tokens) of every entry held (shared/policy/routing.prefix_key of its token ids)."""
+    """(prefix_key, tokens) of every entry held (shared/prefix.prefix_key of its token ids)."""
     budget_bytes: NonNegative = 0
     bytes_held: NonNegative = 0
     hits: NonNegative = 0

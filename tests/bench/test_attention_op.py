@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from bench.attention_op import float64_attention, head_shapes, parity, pool_layout, sides
-from bench.common import MODELS, QWEN3_06B
-from compile.attention import CPU_BLOCK
-from compile.kernels import attention_applies
+from bench.harness.common import MODELS, QWEN3_06B
+from worker.runtime.layout import CPU_BLOCK
+from worker.runtime.kernels import attention_applies
 
 LENGTHS = [5, 40, 17]  # 62 tokens: the pool is padded to 64, the padding a segment of its own
 

@@ -1,4 +1,4 @@
-"""bench/memory.py and the beam benchmark's batched phase: a call's rise of the resident set is measured, and a batch
+"""bench/harness/memory.py and the beam benchmark's batched phase: a call's rise of the resident set is measured, and a batch
 size whose projected memory does not fit what the machine has free is skipped and named, not run into the OOM killer."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import beam_node, memory
-from compile.allocator import release_free_memory
+from bench import beam_node
+from bench.harness import memory
+from worker.runtime.allocator import release_free_memory
 
 MIB = 2**20
 

@@ -1,6 +1,7 @@
 """bench/beam_node.py's other precisions (--bf16, --int8): named in the result file, held to the quantized bound on
 their best candidate, reported against our float32 node and CTranslate2 with the candidates they change. And the int8
-sanity bound of bench/parity.py, one for every quantized contender (bench/shared_prefix.py, bench/score_node.py)."""
+sanity bound of bench/harness/parity.py, one for every quantized contender (bench/shared_prefix.py,
+bench/score_node.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench import beam_node, parity, shared_prefix
+from bench import beam_node, shared_prefix
+from bench.harness import parity
 
 
 def parsed(monkeypatch, *argv: str):

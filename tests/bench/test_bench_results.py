@@ -1,16 +1,16 @@
-"""bench/provenance.py, the one writer of benchmark results: a result whose parity failed is never
-written; every result says the threads each side used and the load while it was measured."""
+"""bench/harness/provenance.py, the one writer of benchmark results: a result whose parity failed is never
+written; every result says the threads each side used and the load while it was measured. What the
+documents show of the committed results is checked by tests/bench/test_report.py."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
 
-from bench import provenance
-from bench.provenance import LoadSampler, ParityFailed, timed_part, write_result
+from bench.harness import provenance
+from bench.harness.provenance import LoadSampler, ParityFailed, timed_part, write_result
 
 CHECKS_OK = [{"check": "ours_vs_reference", "max_abs_diff": 1e-5, "ok": True}]
 CHECKS_FAILED = [*CHECKS_OK, {"check": "theirs_vs_reference", "max_abs_diff": 3.9, "ok": False}]
@@ -68,21 +68,3 @@ def test_the_sampler_samples_from_start_to_stop_on_its_own_thread():
     assert len(sampler.process_cores) >= summary["samples"] - 2  # one per interval of more than 50 ms
     assert not sampler.running
 
-
-CITED = re.compile(r"bench/results/([\w.*-]+\.json)")
-
-
-def test_the_readme_cites_only_committed_results_and_what_they_hold():
-    """Every result file (or glob) the README cites is committed (a sentence saying where a script
-    writes names a destination, not a result); a sentence that puts a flag's figures (`--e2e`) in
-    committed results names files that hold them."""
-    text = (provenance.ROOT / "README.md").read_text()
-    committed = provenance.ROOT / "bench" / "results"
-    sentences = re.split(r"(?<=\.)\s", text)
-    for sentence in (s for s in sentences if "writes" not in s):
-        for name in CITED.findall(sentence):
-            assert list(committed.glob(name)), f"the README cites bench/results/{name}, which is not committed"
-    for sentence in sentences:
-        if "`--e2e`" in sentence:
-            for path in (p for name in CITED.findall(sentence) for p in committed.glob(name)):
-                assert "e2e" in json.loads(path.read_text()), f"{path.name} holds no e2e figures: {sentence}"

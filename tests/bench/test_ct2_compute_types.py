@@ -3,7 +3,7 @@ quantized bound (the bound our int8 node is held to) is the one compared with.""
 
 import torch
 
-from bench.ct2_baseline import CPU_COMPUTE_TYPES, sweep_types
+from bench.harness.ct2_baseline import CPU_COMPUTE_TYPES, sweep_types
 from bench.score_node import fastest_at_parity
 
 EVERY = {"float32", "int8", "int8_float32", "int8_bfloat16", "int16", "bfloat16"}

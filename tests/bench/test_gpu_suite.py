@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.gpu_suite import STAGES, failures, run_stages
-from bench.parity import bf16_beams_check
+from bench.harness.parity import bf16_beams_check
 
 
 def crashed(stage: str) -> dict:
@@ -62,7 +62,7 @@ def test_a_best_beam_scored_wrong_or_worse_than_float32s_by_more_than_the_bound_
 
 def test_rescoring_a_sequence_gives_the_score_generate_ranked_it_by(demo_checkpoint):
     """The float32 score the beam check compares with is generate()'s own: its best beam, rescored, scores the same."""
-    from bench import hf_baselines
+    from bench.harness import hf_baselines
     from tests.compile.reference import load_hf, random_batch
 
     hf = load_hf(demo_checkpoint)

@@ -1,5 +1,5 @@
 """bench/score_node.py, bench/shared_prefix.py and bench/profile_nodes.py --dtype int8 quantize the float precision
-a user of this CPU would pick (--int8-base, bench/common.default_int8_base): bfloat16 where oneDNN multiplies it,
+a user of this CPU would pick (--int8-base, bench/harness/common.default_int8_base): bfloat16 where oneDNN multiplies it,
 float32 on AVX2 alone, where bfloat16 runs aten's slow path; the run's float side, its files and its labels follow
 the base."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench import beam_node, profile_nodes, score_node, shared_prefix
-from bench.common import dtype_label, int8_config, int8_report, run_dtype, run_name, run_quantize
+from bench.harness.common import dtype_label, int8_config, int8_report, run_dtype, run_name, run_quantize
 from compile.linear import onednn_bf16, onednn_fp32
 from shared.config import QuantizeConfig
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench import provenance, score_node
+from bench import score_node
+from bench.harness import provenance
 
 VOCAB = 10_000  # above both label ids
 
@@ -57,7 +58,7 @@ def test_without_openvino_there_is_nothing_to_check():
 def test_an_int8_run_takes_openvinos_own_int8_and_holds_it_to_the_quantized_bound():
     """An int8 run's OpenVINO peer is its int8 (NNCF weights, at the base's hint), asserted like every quantized
     contender: its top-1 log-probability within parity.QUANTIZED_ABS of the float32 reference's."""
-    from bench.openvino_baseline import peer_precision
+    from bench.harness.openvino_baseline import peer_precision
 
     assert peer_precision(torch.bfloat16, int8=True) == "int8-bf16" and peer_precision(torch.float32, True) == "int8-f32"
     assert peer_precision(torch.bfloat16, int8=False) == "bf16"

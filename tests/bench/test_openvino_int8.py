@@ -5,7 +5,7 @@ bench extra (openvino, nncf); skipped, named, without it."""
 import pytest
 import torch
 
-from bench import openvino_baseline, parity
+from bench.harness import openvino_baseline, parity
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 
 openvino = pytest.importorskip("openvino", reason="the bench extra (openvino) is not installed")

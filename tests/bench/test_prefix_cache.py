@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bench import provenance, rounds
+from bench.harness import provenance, rounds
 from bench.prefix_cache import PARITY_ABS, _lcp, summary, turns, workloads
 from compile.checkpoint import read_spec
 

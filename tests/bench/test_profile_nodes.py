@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.common import gemm_libraries, matmul_peaks
+from bench.harness.common import gemm_libraries, matmul_peaks
 from bench import profile_nodes
 from bench.profile_nodes import family_of, gemm_table, int8_kernel, random_int8_kernel
 from compile.linear import onednn_bf16

@@ -1,4 +1,4 @@
-"""compile/allocator.py: with keep_freed_memory(), the blocks a call frees are reused by the next
+"""worker/runtime/allocator.py: with keep_freed_memory(), the blocks a call frees are reused by the next
 call, from a thread as a worker's lane calls, without faulting fresh pages in; with glibc's defaults
 they are not (the control, so the check can fail); release_free_memory hands back the free pages of
 such a heap, between blocks in use too."""
@@ -20,7 +20,7 @@ PROBE = f"""
 WARM, MEASURED = {WARM}, {MEASURED}
 import json, resource, sys, threading
 import torch
-from compile.allocator import keep_freed_memory
+from worker.runtime.allocator import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 result = {{"kept": kept}}
 def call():  # two buffers alive at once, every page written, as a node's intermediates are
@@ -61,7 +61,7 @@ def test_default_allocator_faults_the_blocks_in_again():
 
 RELEASE_PROBE = f"""
 import json, torch
-from compile.allocator import keep_freed_memory, release_free_memory, resident_bytes
+from worker.runtime.allocator import keep_freed_memory, release_free_memory, resident_bytes
 keep_freed_memory()
 pins, largest = [], 0
 start = resident_bytes()
@@ -92,7 +92,7 @@ def test_releasing_hands_back_the_free_pages_between_blocks_in_use():
 
 TOP_PROBE = f"""
 import ctypes, json
-from compile.allocator import free_top_bytes, keep_freed_memory
+from worker.runtime.allocator import free_top_bytes, keep_freed_memory
 keep_freed_memory()
 libc = ctypes.CDLL(None)
 libc.malloc.argtypes, libc.malloc.restype = (ctypes.c_size_t,), ctypes.c_void_p

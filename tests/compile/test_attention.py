@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from compile.attention import CPU_BLOCK, KeyPool, eager_attention, packed_attention, padded, pool_mask
-from compile.score.layout import lay_out
+from compile.attention import KeyPool, eager_attention, packed_attention, pool_mask
+from worker.runtime.layout import CPU_BLOCK, padded
+from worker.runtime.layout import lay_out
 
 
 def random_pool(seed: int, block: int):

@@ -4,7 +4,7 @@ eager node, shares its weights with the scoring node, and serves R = 1, W = 1 an
 import pytest
 import torch
 
-from compile.runtime import load_nodes
+from worker.runtime.loader import load_nodes
 from shared.config import BeamConfig, ScoreConfig
 from tests.compile.beam_reference import assert_same_as_hf, hf_beam
 from tests.compile.reference import load_hf, random_batch

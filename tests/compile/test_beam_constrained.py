@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compile.beam.module import BeamModule
-from compile.beam.node import BeamNode
+from worker.runtime.beam_node import BeamNode
 from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
 from compile.beam.processors import PrefixConstraint, build_tables

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from compile.build import build, build_key, checkpoint_hash
-from compile.machine import ArtifactMismatch
-from compile.runtime import load_nodes
+from worker.runtime.machine import ArtifactMismatch
+from worker.runtime.loader import load_nodes
 from shared.config import load_config
 from tests.builds import ROOT, build_artifacts
 
@@ -26,7 +26,7 @@ def test_manifest_describes_the_build(demo_artifacts):
                                    "cpu_vnni": "yes" if torch.cpu._is_vnni_supported() else "no",
                                    "cpu_bf16": "yes" if torch.cpu._is_avx512_bf16_supported() else "no",
                                    "cpu_amx": "yes" if torch.cpu._is_amx_tile_supported() else "no"}
-    assert manifest["kernels"] is None  # a float32 build: its packages call no kernel of compile/kernels
+    assert manifest["kernels"] is None  # a float32 build: its packages call no kernel of worker/runtime/kernels
     assert manifest["nodes"]["score"]["package"] == "score.pt2"
     assert len(manifest["nodes"]["score"]["sha256"]) == 64 and len(manifest["model"]["sha256"]) == 64
     for name in manifest["tokenizer_files"]:

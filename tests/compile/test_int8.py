@@ -81,7 +81,7 @@ def package_source(path) -> str:
 @pytest.mark.slow
 @needs_onednn
 def test_an_int8_build_passes_its_gate_and_both_packages_call_the_int8_gemm_once_per_int8_layer(int8_artifacts):
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     artifacts = int8_artifacts
     manifest = json.loads((artifacts / "manifest.json").read_text())
@@ -110,7 +110,7 @@ def test_the_int8_package_runs_onednn_int8_kernels_with_int8_weights(int8_artifa
     dot products where the CPU has them (brgemm on avx512_core_vnni; on a CPU with AMX or AVX10, oneDNN names
     those ISAs, which include VNNI), else a jit kernel (AVX2: gemm:jit), never the reference one."""
     artifacts = int8_artifacts
-    script = ("import sys, torch; sys.path.insert(0, '.'); from compile.runtime import load_nodes; "
+    script = ("import sys, torch; sys.path.insert(0, '.'); from worker.runtime.loader import load_nodes; "
               f"n = load_nodes('{artifacts}'); "
               "n.score(torch.arange(30) % 1000, torch.tensor([10, 20]), torch.tensor([5, 9]), 2)")
     env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -126,7 +126,7 @@ def test_the_int8_package_runs_onednn_int8_kernels_with_int8_weights(int8_artifa
 
 @pytest.mark.slow
 def test_a_model_that_fails_the_gate_is_refused_with_its_figures_and_nothing_is_written(demo_checkpoint):
-    from compile.artifacts import MANIFEST
+    from worker.runtime.artifacts import MANIFEST
 
     with pytest.raises(QuantizationRefused, match=r"misses the \[quantize\] gate on 2 held-out requests .*"
                                                   r"max label log-prob drift [0-9.e-]+ nats > 0\.0"):
@@ -139,7 +139,7 @@ def test_a_model_that_fails_the_gate_is_refused_with_its_figures_and_nothing_is_
 async def test_an_int8_deployment_serves_both_routes_over_http_with_the_same_api(int8_artifacts, tmp_path):
     import numpy as np
 
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
     from shared.config import BeamConfig
     from tests.gateway.test_gateway_real_worker import TEXTS, direct, encode, real_gateway
 

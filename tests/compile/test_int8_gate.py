@@ -11,9 +11,9 @@ from compile.checkpoint import load_checkpoint
 from compile.model import build_model
 from compile.quantize.build_step import int8_for_build
 from compile.quantize.gate import GateLimits, QuantizationRefused, check, figures
-from compile.runtime import load_nodes
 from shared.config import ConfigError, QuantizeConfig, load_config, parse_config
 from tests.builds import INT8_GATE, ROOT
+from worker.runtime.loader import load_nodes
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 

@@ -1,4 +1,4 @@
-"""compile/kernels: the attention operator, in bfloat16 and float32, against references over scoring-like
+"""worker/runtime/kernels: the attention operator, in bfloat16 and float32, against references over scoring-like
 key pools (shared prefixes, a static prefix, block padding), its refusals, its library in the artifacts, and
 the packages that call it against transformers."""
 
@@ -7,13 +7,14 @@ import shutil
 import pytest
 import torch
 
-from compile import kernels
-from compile.artifacts import file_hash, load_kernels, read_manifest
+from worker.runtime import kernels
+from worker.runtime.artifacts import file_hash, load_kernels, read_manifest
 from compile.build import is_up_to_date
+from compile.attention import KeyPool, eager_attention, pool_mask
 from compile.checkpoint import read_spec
-from compile.attention import CPU_BLOCK, KeyPool, eager_attention, pool_mask
-from compile.machine import ArtifactMismatch
-from compile.runtime import load_nodes
+from worker.runtime.layout import CPU_BLOCK
+from worker.runtime.machine import ArtifactMismatch
+from worker.runtime.loader import load_nodes
 from shared.manifest import KernelLibrary
 from tests.builds import kernel_checkpoint
 from tests.compile.beam_reference import hf_beam

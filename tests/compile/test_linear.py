@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compile.linear import Linear, linear, onednn_bf16, onednn_fp32, resolve_gemm, use_gemm
-from compile.packing import combine, pack, packable
+from worker.runtime.packing import combine, pack, packable
 from shared.config import ConfigError, parse_config
 from tests.compile.test_score_node import check_against_transformers
 
@@ -165,7 +165,7 @@ def test_both_nodes_get_the_same_prepacked_weights(beam_artifacts):
     """Every linear weight but the last layer's q/k/v (sliced by its queries-only pass) and the tied
     embedding is packed once at load and handed to both packages (beam_artifacts asks for oneDNN, so this
     runs on every CPU, also where "auto" keeps aten)."""
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     nodes = load_nodes(beam_artifacts)
     prepacked = nodes.manifest.prepacked

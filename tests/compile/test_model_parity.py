@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from compile.attention import CPU_BLOCK, KeyPool, pool_mask
+from compile.attention import KeyPool, pool_mask
+from worker.runtime.layout import CPU_BLOCK
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model, last_token_index, rope_rows, rope_table
-from compile.score.layout import lay_out
+from worker.runtime.layout import lay_out
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 
 # (family, overrides): GQA ratios 1:1, 2:1, 4:1; tied and untied; Qwen3 head_dim != hidden/heads;

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile.beam.node import node_inputs
-from compile.runtime import load_nodes
+from worker.runtime.beam_node import node_inputs
+from worker.runtime.loader import load_nodes
 from tests.compile.reference import random_batch
 
 LABELS = torch.tensor([0, 5, 17])
@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 torch.set_num_threads(1)
 package_path, weights_path, io_path, *library = sys.argv[1:]
-for path in library:  # the C++ operators the package calls (compile/kernels)
+for path in library:  # the C++ operators the package calls (worker/runtime/kernels)
     torch.ops.load_library(path)
 saved = torch.load(io_path)
 package = torch._inductor.aoti_load_package(package_path)
@@ -54,7 +54,7 @@ def run_bare(artifacts: Path, package: str, inputs, outputs, tmp_path, library: 
 @pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_kernel_artifacts", "llama_artifacts"])
 def test_scoring_package_runs_without_the_project(artifacts, request, tmp_path):
     """bf16_kernel_artifacts where the CPU has AVX512-BF16 and no AMX, llama_artifacts (float32, heads 16
-    wide) where it has AVX512-BF16: their attention is compile/kernels' operator, from the folder's library
+    wide) where it has AVX512-BF16: their attention is worker/runtime/kernels' operator, from the folder's library
     loaded by torch alone."""
     folder = request.getfixturevalue(artifacts)
     if artifacts == "llama_artifacts":
@@ -110,8 +110,8 @@ def test_two_threads_share_one_package(artifacts, request):
 MORE_THREADS = """
 import sys
 import torch
-from compile.machine import ArtifactMismatch
-from compile.runtime import load_nodes
+from worker.runtime.machine import ArtifactMismatch
+from worker.runtime.loader import load_nodes
 
 torch.set_num_threads(2)
 try:
@@ -133,7 +133,7 @@ def test_a_process_on_more_threads_than_compiled_is_refused_naming_both(demo_art
 def test_a_call_on_more_threads_than_compiled_is_refused(demo_artifacts):
     import pytest
 
-    from compile.machine import ArtifactMismatch
+    from worker.runtime.machine import ArtifactMismatch
 
     node = load_nodes(demo_artifacts).score
     torch.set_num_threads(2)

@@ -10,10 +10,10 @@ a proper-prefix hit returns the whole prefix's rows (its cached part and its com
 import pytest
 import torch
 
-from compile.attention import CPU_BLOCK
+from worker.runtime.layout import CPU_BLOCK
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model
-from compile.runtime import load_nodes
+from worker.runtime.loader import load_nodes
 from compile.score.export import static_prefix_kv
 
 LABELS = torch.tensor([0, 5, 17, 300])

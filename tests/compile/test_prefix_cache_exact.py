@@ -6,12 +6,13 @@ package's; no compile is needed to check the arithmetic."""
 import pytest
 import torch
 
-from compile.attention import CPU_BLOCK
+from worker.runtime.layout import CPU_BLOCK
 from compile.checkpoint import load_checkpoint
 from compile.model import build_model
 from compile.score.export import static_prefix_kv
-from compile.score.layout import lay_out
-from compile.score.module import ScoreModule, pack_hits, pack_inputs
+from worker.runtime.layout import lay_out
+from compile.score.module import ScoreModule
+from worker.runtime.score_inputs import pack_hits, pack_inputs
 
 LABELS = torch.tensor([0, 5, 17, 300, 1023])
 LABEL_SLOTS = 8

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from compile.runtime import load_nodes
+from worker.runtime.loader import load_nodes
 from shared.bounds import BoundsError
 from tests.compile.reference import hf_last_token, load_hf, random_batch
 

@@ -4,8 +4,8 @@ on the full concatenated samples, for every head, in all three families (fp32, w
 import pytest
 import torch
 
-from compile.runtime import load_nodes
-from compile.score.layout import lay_out
+from worker.runtime.loader import load_nodes
+from worker.runtime.layout import lay_out
 from shared.bounds import BoundsError
 from tests.compile.reference import hf_last_token, load_hf
 from tests.builds import STATIC_TEMPLATE

@@ -97,11 +97,6 @@ def test_gateway_port_healthcheck_and_prometheus_target_agree():
     assert prometheus["scrape_configs"][0]["metrics_path"] == "/metrics"
 
 
-def test_k8s_configmap_is_configs_k8s_toml_verbatim():
-    (configmap,) = [d for d in k8s_documents() if d["kind"] == "ConfigMap"]
-    assert configmap["data"]["k8s.toml"] == (ROOT / "configs/k8s.toml").read_text()
-
-
 def test_k8s_workers_gateway_probes_and_images():
     docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_documents()}
     workers = docs[("StatefulSet", "boundserve-worker")]
@@ -120,5 +115,3 @@ def test_k8s_workers_gateway_probes_and_images():
     assert gateway["ports"][0]["containerPort"] == port
     compose = load_compose()["services"]
     assert gateway["image"] == compose["gateway"]["image"] and worker["image"] == compose["worker-gpu0"]["image"]
-    listed = yaml.safe_load((ROOT / "deploy/k8s/kustomization.yaml").read_text())["resources"]
-    assert sorted(listed) == sorted(p.name for p in (ROOT / "deploy/k8s").glob("*.yaml") if p.name != "kustomization.yaml")

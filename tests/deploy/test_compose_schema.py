@@ -2,7 +2,7 @@
 
 Validated against the Compose Specification's JSON schema (tests/deploy/data/, with its source and
 license) both as written and after Compose's variable interpolation; with a Compose client on the
-machine — the v2 plugin (`docker compose`) or Debian's v1 (`docker-compose`), README "Docker" —
+machine — the v2 plugin (`docker compose`) or Debian's v1 (`docker-compose`), docs/deployment.md —
 its `config` command checks the file as well (that needs no Docker engine and no network). Without
 a client those tests skip and say so.
 """
@@ -74,7 +74,7 @@ def test_healthcheck_configs_ports_and_environment():
 COMPOSE = find_compose()
 needs_client = pytest.mark.skipif(
     COMPOSE is None, reason="no Compose client (neither `docker compose` nor `docker-compose`) on this machine; "
-                            "README 'Docker' says how to install one")
+                            "docs/deployment.md says how to install one")
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # proves `config` needs no daemon
 
 

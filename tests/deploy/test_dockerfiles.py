@@ -94,7 +94,7 @@ def test_compose_build_targets_name_stages():
             assert build["target"] in names, f"{name}: target {build['target']} not in {names}"
 
 
-# Where images come from: build arguments, defaulting to the public sources (README "Docker").
+# Where images come from: build arguments, defaulting to the public sources (docs/deployment.md).
 PIP_MOUNTS = ("--mount=type=bind,source=docker/wheels,target=/wheels",
               "--mount=type=secret,id=pip.conf,target=/etc/pip.conf")
 PIP_ARGS = {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_NO_INDEX", "TORCH_INDEX_URL"}
@@ -186,13 +186,14 @@ def test_every_pulled_image_has_a_local_fallback():
 
 def test_the_images_install_every_source_file_the_build_reads():
     """The images `pip install .` a copy without git metadata, where setuptools packages only Python
-    files and what `package-data` names: compile/kernels' C++ sources, which the compile step builds
+    files and what `package-data` names: worker/runtime/kernels' C++ sources, which the compile step builds
     into the artifacts, must be named (seen: a wheel built from such a copy left them out)."""
     import tomllib
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-data", {})
-    sources = sorted((ROOT / "compile").rglob("*.cpp"))
-    assert sources, "compile/kernels has C++ sources"
+    sources = sorted(p for package in ("compile", "worker", "shared") for p in (ROOT / package).rglob("*.cpp"))
+    assert sources, "worker/runtime/kernels has C++ sources"
     for path in sources:
-        relative = path.relative_to(ROOT / "compile").as_posix()
-        assert any(fnmatch.fnmatch(relative, p) for p in patterns.get("compile", [])), f"{relative}: not in package-data"
+        package, relative = path.relative_to(ROOT).parts[0], path.relative_to(ROOT / path.relative_to(ROOT).parts[0])
+        assert any(fnmatch.fnmatch(relative.as_posix(), p) for p in patterns.get(package, [])), \
+            f"{path.relative_to(ROOT)}: not in package-data"

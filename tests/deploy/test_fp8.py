@@ -95,7 +95,7 @@ def test_a_compiled_fp8_package_on_the_cpu_is_the_eager_fp8_model(demo_checkpoin
     from compile.checkpoint import load_checkpoint
     from compile.fp8 import Fp8Plan, pack_batch
     from compile.model import build_model
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
     from compile.score.module import ScoreModule
     from tests.builds import build_artifacts
 

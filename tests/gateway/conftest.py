@@ -12,7 +12,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import GATEWAY, make_app
-from gateway.state import Settings
+from gateway.wiring import Settings
 from gateway.tokenizer import RequestTokenizer
 from shared.config import DeploymentConfig, GatewayConfig, WorkerConfig
 from loadgen.standin_worker import StandInWorker, standin_manifest

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.deadline import resolve_deadline_ms
+from gateway.api.deadline import resolve_deadline_ms
 from gateway.errors import ApiError
 
 

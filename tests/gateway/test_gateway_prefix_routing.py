@@ -13,7 +13,8 @@ import threading
 from loadgen.prefix_model import PrefixCacheModel
 from loadgen.standin_worker import StandInWorker
 from shared.latency_model import LatencyModel
-from shared.policy.routing import Ring, prefix_key
+from shared.policy.routing import Ring
+from shared.prefix import prefix_key
 from tests.gateway.conftest import endpoint, start_stack
 from tests.gateway.metrics_page import sample, scrape
 from tests.gateway.test_gateway_shared_prefix import ids_body, until, want_logits, wire_samples

@@ -25,7 +25,7 @@ import torch
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.app import GATEWAY, make_app
-from gateway.state import Settings
+from gateway.wiring import Settings
 from gateway.tokenizer import RequestTokenizer
 from shared.config import BeamConfig, load_config
 from shared.manifest import read_manifest
@@ -74,7 +74,7 @@ async def real_stack(demo_artifacts, tmp_path):
 
 
 async def test_generate_equals_the_compiled_beam_node(beam_artifacts, tmp_path):
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     async with real_gateway(beam_artifacts, tmp_path, beam=BeamConfig(enabled=True)) as client:
         body = {"prompt": "red running shoe", "beam_width": 4, "max_new_tokens": 3, "num_return_sequences": 2}
@@ -91,7 +91,7 @@ async def test_generate_equals_the_compiled_beam_node(beam_artifacts, tmp_path):
 
 @pytest.fixture(scope="module")
 def score_node(demo_artifacts):
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     return load_nodes(demo_artifacts).score
 

@@ -1,4 +1,4 @@
-"""Reading the body (gateway/request_body.py): compressed bodies decoded by the gateway, every failure
+"""Reading the body (gateway/api/body.py): compressed bodies decoded by the gateway, every failure
 answered in JSON; a body that stalls answered 408 at its deadline; a field named twice refused."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.errors import ApiError
-from gateway.request_body import CHUNK, MAX_MEMBERS, decompress
+from gateway.api.body import CHUNK, MAX_MEMBERS, decompress
 from tests.gateway.test_gateway_rejections import assert_error
 
 BODY = {"samples": ["red shoe", {"input_ids": [3, 4, 5]}], "labels": ["yes"]}
@@ -25,9 +25,10 @@ def raw_deflate(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("encoding, packed", [
-    ("gzip", gzip.compress(RAW)),
-    ("x-gzip", gzip.compress(RAW)),
-    ("gzip", gzip.compress(RAW[:20]) + gzip.compress(RAW[20:])),  # two members, as `cat a.gz b.gz` makes
+    # mtime=0: the same bytes in every process, so pytest-xdist's workers collect the same test ids
+    ("gzip", gzip.compress(RAW, mtime=0)),
+    ("x-gzip", gzip.compress(RAW, mtime=0)),
+    ("gzip", gzip.compress(RAW[:20], mtime=0) + gzip.compress(RAW[20:], mtime=0)),  # two members, as `cat a.gz b.gz` makes
     ("deflate", zlib.compress(RAW)),  # the zlib stream RFC 9110 names
     ("deflate", raw_deflate(RAW)),  # the bare stream many clients send
 ])
@@ -38,9 +39,9 @@ def test_each_encoding_decompresses_to_the_body(encoding, packed):
 @pytest.mark.parametrize("encoding, packed, words", [
     ("gzip", b"not gzip at all", "could not be decompressed as Content-Encoding gzip"),
     ("deflate", b"not-deflate", "could not be decompressed as Content-Encoding deflate"),
-    ("gzip", gzip.compress(RAW)[:-9], "ends early (the body was cut short)"),
+    ("gzip", gzip.compress(RAW, mtime=0)[:-9], "ends early (the body was cut short)"),
     ("gzip", b"\x1f\x8b\x08\x00garbage", "Content-Encoding gzip"),
-    ("gzip", gzip.compress(RAW) + b"junk", "4 bytes follow the end of the compressed stream"),
+    ("gzip", gzip.compress(RAW, mtime=0) + b"junk", "4 bytes follow the end of the compressed stream"),
     ("deflate", zlib.compress(RAW) + b"junk", "4 bytes follow the end of the compressed stream"),
 ])
 def test_a_body_that_does_not_decompress_is_refused_naming_the_encoding(encoding, packed, words):
@@ -51,7 +52,7 @@ def test_a_body_that_does_not_decompress_is_refused_naming_the_encoding(encoding
 
 def test_a_stream_longer_than_one_slice_and_its_trailing_bytes():
     text = orjson.dumps({"samples": [os.urandom(64).hex() for _ in range(4000)]})  # ~0.5 MB, little to compress
-    for encoding, packed in (("gzip", gzip.compress(text)), ("deflate", zlib.compress(text))):
+    for encoding, packed in (("gzip", gzip.compress(text, mtime=0)), ("deflate", zlib.compress(text))):
         assert len(packed) > 3 * CHUNK
         assert decompress(packed, encoding, limit=len(text)) == text
         with pytest.raises(ApiError, match="2 bytes follow the end of the compressed stream"):
@@ -60,9 +61,9 @@ def test_a_stream_longer_than_one_slice_and_its_trailing_bytes():
 
 def test_gzip_members_are_capped():
     """A body of many tiny members would cost a decompressor each: more than MAX_MEMBERS is refused."""
-    assert decompress(gzip.compress(b"") * (MAX_MEMBERS - 1) + gzip.compress(RAW), "gzip", len(RAW)) == RAW
+    assert decompress(gzip.compress(b"", mtime=0) * (MAX_MEMBERS - 1) + gzip.compress(RAW, mtime=0), "gzip", len(RAW)) == RAW
     with pytest.raises(ApiError, match=f"more than {MAX_MEMBERS} gzip members"):
-        decompress(gzip.compress(b"") * 200_000, "gzip", limit=4 << 20)
+        decompress(gzip.compress(b"", mtime=0) * 200_000, "gzip", limit=4 << 20)
 
 
 def test_a_body_that_decompresses_past_the_limit_is_413():
@@ -76,7 +77,7 @@ async def test_compressed_bodies_are_answered_as_the_plain_one(stack):
     plain = await stack.client.post("/v1/score", data=RAW)
     assert plain.status == 200
     want = (await plain.json())["scores"]
-    for encoding, packed in (("gzip", gzip.compress(RAW)), ("deflate", zlib.compress(RAW))):
+    for encoding, packed in (("gzip", gzip.compress(RAW, mtime=0)), ("deflate", zlib.compress(RAW))):
         response = await stack.client.post("/v1/score", data=packed, headers={"Content-Encoding": encoding})
         assert response.status == 200, await response.text()
         assert (await response.json())["scores"] == want
@@ -84,7 +85,7 @@ async def test_compressed_bodies_are_answered_as_the_plain_one(stack):
 
 @pytest.mark.parametrize("encoding, packed, status, code, words", [
     ("deflate", b"not-deflate", 400, "invalid_request", ["Content-Encoding deflate"]),
-    ("gzip", gzip.compress(RAW)[:-9], 400, "invalid_request", ["cut short"]),
+    ("gzip", gzip.compress(RAW, mtime=0)[:-9], 400, "invalid_request", ["cut short"]),
     ("br", RAW, 415, "unsupported_encoding", ["'br'", "gzip, deflate or identity"]),
     ("gzip, deflate", RAW, 415, "unsupported_encoding", ["one encoding at most"]),
     ("gzip", gzip.compress(b" " * (5 << 20)), 413, "too_large", ["decompresses"]),

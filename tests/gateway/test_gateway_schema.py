@@ -6,7 +6,7 @@ the document itself (jsonschema) says whether the result is still valid, and the
 the same: accepted, or refused with 400 (413 exactly when nothing but a compiled bound is exceeded)
 and a message naming the mutated field's path (or a parent's), e.g. `$.samples[3].input_ids[0]`.
 
-The rules across fields are declared once (gateway/body_rules.py, each type's RULES): the document
+The rules across fields are declared once (gateway/api/rules.py, each type's RULES): the document
 states each one, and a body breaking it gets its own 400. JSON Schema states every rule of these
 bodies but one, tested here by hand: an integer is written as one (JSON Schema counts 2.0 as an
 integer; the gateway refuses it and says where).
@@ -25,13 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from gateway.body_rules import schema_of
+from gateway.api.rules import schema_of
 from gateway.errors import ApiError
-from gateway.generate_request import parse_generate
-from gateway.http_types import MAX_TEXT_CHARS, request_types
+from gateway.api.generate import parse_generate
+from gateway.api.types import MAX_TEXT_CHARS, request_types
 from gateway.limits import Limits
-from gateway.openapi import openapi_document
-from gateway.score_request import parse_score
+from gateway.api.openapi import openapi_document
+from gateway.api.score import parse_score
 from shared.bounds import score_problem
 from shared.manifest import Manifest
 from shared.work import WorkSize
@@ -39,7 +39,7 @@ from tests.gateway.conftest import deployment, endpoint
 from loadgen.standin_worker import BOUNDS
 
 VOCAB = 1024
-PLAIN = Limits.from_manifest(deployment([endpoint()]), Manifest(bounds=BOUNDS), VOCAB)
+PLAIN = Limits.of(deployment([endpoint()]), Manifest(bounds=BOUNDS), VOCAB)
 LIMITS = [PLAIN, dataclasses.replace(PLAIN, constraints="catalog", max_samples_per_request=8,
                                           bounds=dataclasses.replace(PLAIN.bounds, max_labels=3))]
 PARSERS = {"POST /v1/score": parse_score, "POST /v1/generate": parse_generate}

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gateway.job import Job
-from shared import protocol as p
+from shared import protocol
 from shared.config import ScoreConfig
 from shared.work import StaticPrefix
 from shared.prefix import longest_common_prefix
@@ -58,9 +58,9 @@ def want_logits(samples, labels=(1, 2)):
     return np.stack([expected_label_logits(s, list(labels)) for s in samples])
 
 
-def wire_samples(request: p.ScoreRequest) -> list[list[int]]:
+def wire_samples(request: protocol.ScoreRequest) -> list[list[int]]:
     """The whole samples a ScoreRequest carries (prefix + each suffix)."""
-    flat = p.unpack_ids(request.input_ids, "int32").tolist()
+    flat = protocol.unpack_ids(request.input_ids, "int32").tolist()
     ends = np.cumsum([request.prefix_len, *request.sample_lens]).tolist()
     return [flat[: request.prefix_len] + flat[a:b] for a, b in zip(ends[:-1], ends[1:])]
 
@@ -81,7 +81,7 @@ async def test_a_shared_prefix_goes_once_and_answers_equal_the_whole_samples(req
         assert status == 200, answer
         (sent,) = worker.requests
         assert sent.prefix_len == 20 and sent.sample_lens == (3, 1, 0, 5)
-        assert p.unpack_ids(sent.input_ids, "int32").tolist() == PREFIX + [t for s in suffixes for t in s]
+        assert protocol.unpack_ids(sent.input_ids, "int32").tolist() == PREFIX + [t for s in suffixes for t in s]
         np.testing.assert_allclose(answer["scores"], want_logits(samples), rtol=1e-6)
         assert answer["usage"] == {"samples": 4, "prompt_tokens": 89, "prompt_tokens_details": {"cached_tokens": 60}}
         metrics = await (await stack.client.get("/metrics")).text()
@@ -251,8 +251,8 @@ async def test_job_tokens_and_wire_layout_agree_with_the_workers_count():
             static = tuple(samples[0][: int(rng.integers(1, 4))])
         job = Job("r", "score", 0.0, samples, prefix_len=prefix_len, reuse=StaticPrefix(static))
         flat, suffix_lens = job.wire_ids()
-        request = p.ScoreRequest("r", 1.0, flat.tobytes(), suffix_lens, (), 0, False, prefix_len)
-        assert wire_samples(p.decode(p.encode(p.ScoreBatch(1, "int32", (request,)))).requests[0]) == samples
+        request = protocol.ScoreRequest("r", 1.0, flat.tobytes(), suffix_lens, (), 0, False, prefix_len)
+        assert wire_samples(protocol.decode(protocol.encode(protocol.ScoreBatch(1, "int32", (request,)))).requests[0]) == samples
         suffixes = [s[prefix_len:] for s in samples]
         assert job.tokens == len(flat) == prefix_len + sum(map(len, suffixes))
         assert job.latency_tokens == job.work.computed_tokens

@@ -65,9 +65,9 @@ def test_one_rule_worded_for_each_boundary():
 
 
 def test_batch_bounds_and_capacity_come_from_the_same_bounds():
-    score, beam = batch_bounds(BOUNDS, "score"), batch_bounds(BOUNDS, "beam", max_requests=1)
-    assert (score.max_jobs, score.max_tokens, score.max_labels, score.max_requests) == (8, 256, 4, 0)
-    assert (beam.max_jobs, beam.max_tokens, beam.max_labels, beam.max_requests) == (2, None, 0, 1)
+    score, beam = batch_bounds(BOUNDS, "score"), batch_bounds(BOUNDS, "beam", max_jobs_per_batch=1)
+    assert (score.max_items_per_batch, score.max_tokens_per_batch, score.max_labels, score.max_jobs_per_batch) == (8, 256, 4, 0)
+    assert (beam.max_items_per_batch, beam.max_tokens_per_batch, beam.max_labels, beam.max_jobs_per_batch) == (2, None, 0, 1)
     assert batch_capacity(BOUNDS, "score") == (8, 256)
     assert batch_capacity(BOUNDS, "beam") == (16, None)  # beams over all requests; no token bound
 

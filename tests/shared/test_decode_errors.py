@@ -85,6 +85,6 @@ def test_every_module_that_catches_msgspec_errors_words_them_with_the_one_transl
     module that catches msgspec.ValidationError hands it to shared/decode_errors.py."""
     catching = [p for package in SOURCES for p in sorted((ROOT / package).rglob("*.py")) if _catches_validation_errors(p)]
     assert {p.relative_to(ROOT).as_posix() for p in catching} >= {
-        "gateway/decoding.py", "shared/protocol/codec.py", "shared/config.py"}
+        "gateway/api/decoding.py", "shared/protocol/codec.py", "shared/config.py"}
     for path in catching:
         assert "shared.decode_errors" in path.read_text(), f"{path.relative_to(ROOT)} words msgspec's errors itself"

@@ -7,7 +7,7 @@ from shared.latency_model import LatencyModel
 
 
 def test_predictions_follow_observed_compute_and_overhead():
-    model = CorrectedModel(LatencyModel(0.0, 0.01, 0.1, 1.0), max_batch_items=16, max_batch_tokens=4096)
+    model = CorrectedModel(LatencyModel(0.0, 0.01, 0.1, 1.0), max_items_per_batch=16, max_tokens_per_batch=4096)
     assert model.predict_ms(4, 100) == pytest.approx(1.0 + 1.0 + 0.4)
     for _ in range(50):  # the machine got twice as slow, and each batch costs 0.5 ms around the compute
         model.observe(4, 100, compute_ms=4.8, service_ms=5.3)
@@ -15,7 +15,7 @@ def test_predictions_follow_observed_compute_and_overhead():
 
 
 def test_backlog_is_served_in_full_batches():
-    model = CorrectedModel(LatencyModel(0.0, 0.0, 0.0, 2.0), max_batch_items=16, max_batch_tokens=4096)
+    model = CorrectedModel(LatencyModel(0.0, 0.0, 0.0, 2.0), max_items_per_batch=16, max_tokens_per_batch=4096)
     assert model.backlog_ms(0, 0) == 0.0
     assert model.backlog_ms(16, 160) == pytest.approx(2.0)  # one batch
     assert model.backlog_ms(40, 400) == pytest.approx(6.0)  # three batches by samples
@@ -23,13 +23,13 @@ def test_backlog_is_served_in_full_batches():
 
 
 def test_outliers_are_clamped():
-    model = CorrectedModel(LatencyModel(0.0, 0.0, 0.0, 1.0), max_batch_items=16, max_batch_tokens=4096)
+    model = CorrectedModel(LatencyModel(0.0, 0.0, 0.0, 1.0), max_items_per_batch=16, max_tokens_per_batch=4096)
     model.observe(1, 1, compute_ms=1e9, service_ms=1e9)
     assert model.predict_ms(1, 1) < 1 + 0.2 * 8 + 0.2 * 50 + 1e-9
 
 
 def test_a_far_off_start_up_profile_is_replaced_by_a_fit_of_the_measurements():
-    model = CorrectedModel(LatencyModel(270.0, 0.0, 0.0, 0.0), max_batch_items=16, max_batch_tokens=4096)
+    model = CorrectedModel(LatencyModel(270.0, 0.0, 0.0, 0.0), max_items_per_batch=16, max_tokens_per_batch=4096)
     assert not model.verified
     for b in (1, 2, 4, 8) * 16:  # the worker really takes 0.5 ms + 0.1 ms per sample
         model.observe(b, 10, compute_ms=0.5 + 0.1 * b, service_ms=0.6 + 0.1 * b)

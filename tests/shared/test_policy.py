@@ -8,12 +8,13 @@ import pytest
 
 from shared.latency_correction import CorrectedModel
 from shared.latency_model import LatencyModel
+from shared.work import chunk_bounds
 from shared.policy import (ADMIT_SHED_GAIN, DROP_CODES, SCAN_LIMIT, AdmissionSettings, BatchBounds, DeadlineQueue, Hold, Lateness,
                            PresentLag,
-                           PoolView, Prediction, QueueOrder, Refusal, Send, admit, busy_ms, chunk_bounds, dispatch,
+                           PoolView, Prediction, QueueOrder, Refusal, Send, admit, busy_ms, dispatch,
                            form_batch, place, precheck, shed_costliest, take_expired)
 
-SCORE = BatchBounds(max_jobs=8, max_tokens=100, max_labels=2)
+SCORE = BatchBounds(max_items_per_batch=8, max_tokens_per_batch=100, max_labels=2)
 IDLE = PoolView(ready_workers=1, soonest_free_ms=0.0, batches_in_flight=0)
 SETTINGS = AdmissionSettings(max_queue_tokens=1000, margin_ms=1.0)
 
@@ -259,7 +260,7 @@ def test_a_batch_takes_jobs_in_deadline_order_up_to_the_bounds():
 
 
 def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits():
-    beams = BatchBounds(max_jobs=4, max_tokens=None, max_labels=0)
+    beams = BatchBounds(max_items_per_batch=4, max_tokens_per_batch=None, max_labels=0)
     first = FakeJob(0.5, beam_key=(4, 2, 1))
     others = [FakeJob(1.0 + i, beam_key=(8, 2, 1)) for i in range(SCAN_LIMIT)]
     last = FakeJob(99.0, beam_key=(4, 2, 1))
@@ -271,8 +272,8 @@ def test_beam_batches_share_one_key_and_the_scan_stops_after_scan_limit_misfits(
 
 def test_a_batch_holds_while_its_worker_is_busy_longer_than_the_lead_time():
     queue = queue_of(FakeJob(1.0, samples=2))
-    assert dispatch(queue, "score", SCORE, model(), worker_busy_ms=10.0, max_wait_ms=2.0, now_s=0.0) == Hold(8.0)
-    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=1.5, max_wait_ms=2.0, now_s=0.0)
+    assert dispatch(queue, "score", SCORE, model(), worker_busy_ms=10.0, lead_ms=2.0, now_s=0.0) == Hold(8.0)
+    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=1.5, lead_ms=2.0, now_s=0.0)
     assert isinstance(plan, Send) and plan.predicted_ms == pytest.approx(4.0)
     full = queue_of(FakeJob(1.0, samples=8))          # full or not: in the worker's FIFO nothing could pass it
     assert dispatch(full, "score", SCORE, model(), 10.0, 2.0, 0.0) == Hold(8.0)
@@ -293,7 +294,7 @@ def test_the_lead_time_grows_by_the_loop_s_present_lag_and_shrinks_back_as_it_pa
 
 def test_a_job_that_cannot_finish_even_alone_is_dropped_only_by_a_confirmed_model():
     queue = queue_of(FakeJob(0.004), FakeJob(0.020))
-    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=2.0, max_wait_ms=5.0, now_s=0.0)
+    plan = dispatch(queue, "score", SCORE, model(), worker_busy_ms=2.0, lead_ms=5.0, now_s=0.0)
     # 2 ms in flight + 3 ms alone: 5 ms, past the first deadline (4 ms): dropped, nothing sent yet
     assert isinstance(plan, Send) and [j.deadline for j in plan.late] == [0.004] and not plan.live
     trusting = dispatch(queue, "score", SCORE, model(verified=False), 2.0, 5.0, 0.0)
@@ -303,7 +304,7 @@ def test_a_job_that_cannot_finish_even_alone_is_dropped_only_by_a_confirmed_mode
 def test_a_tight_deadline_goes_in_a_short_batch_when_its_companions_would_make_it_late():
     tight, big = FakeJob(0.012, samples=1), FakeJob(0.100, samples=7)    # 1 + 7 samples: 2 + 8 ms together
     slow = model(ms_per_item=1.0, fixed_ms=2.0)
-    plan = dispatch(queue_of(tight, big), "score", SCORE, slow, worker_busy_ms=4.0, max_wait_ms=5.0, now_s=0.0)
+    plan = dispatch(queue_of(tight, big), "score", SCORE, slow, worker_busy_ms=4.0, lead_ms=5.0, now_s=0.0)
     # together: 4 + 10 = 14 ms, past 12; alone: 4 + 3 = 7 ms, then the big one by 4 + 3 + 9 = 16 ms
     assert isinstance(plan, Send) and plan.live == [tight] and not plan.late
     assert plan.finish_at == pytest.approx(0.007)
@@ -313,7 +314,7 @@ def test_a_large_fixed_cost_packs_the_batch_and_drops_the_member_it_makes_late()
     head = FakeJob(0.022, samples=1)
     rest = [FakeJob(0.030 + 0.001 * i, samples=1) for i in range(7)]
     costly = model(ms_per_item=1.0, fixed_ms=15.0)     # 15 ms a call: two calls cost more than one head
-    plan = dispatch(queue_of(head, *rest), "score", SCORE, costly, worker_busy_ms=0.0, max_wait_ms=5.0, now_s=0.0)
+    plan = dispatch(queue_of(head, *rest), "score", SCORE, costly, worker_busy_ms=0.0, lead_ms=5.0, now_s=0.0)
     # packed: 8 samples in 23 ms, head late (22 ms), 7 in time; short: the head alone (16 ms), then
     # the 7 others by 16 + 22 = 38 ms, past every deadline: 1 answered in 38 ms against 7 in 23 ms
     assert isinstance(plan, Send) and plan.late == [head] and plan.live == rest
@@ -336,7 +337,7 @@ def test_busy_ms_counts_work_in_flight_from_the_first_send_or_the_last_answer():
 
 
 def test_chunks_fit_one_batch_each_and_keep_every_sample():
-    assert chunk_bounds([10] * 20, max_samples=8, max_tokens=100) == [(0, 8), (8, 16), (16, 20)]
+    assert chunk_bounds([10] * 20, max_samples_per_batch=8, max_tokens_per_batch=100) == [(0, 8), (8, 16), (16, 20)]
     assert chunk_bounds([60, 60, 30, 200, 5], 8, 100) == [(0, 1), (1, 3), (3, 4), (4, 5)]
     assert chunk_bounds([], 8, 100) == []
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import protocol as p
+from shared import protocol
 from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 
@@ -17,14 +17,14 @@ BOUNDS_MAP = dataclasses.asdict(BOUNDS)
 
 
 def score_batch(token_dtype="int32"):
-    ids = p.pack_ids([1, 2, 3, 4, 5, 6], token_dtype)
-    return p.ScoreBatch(
+    ids = protocol.pack_ids([1, 2, 3, 4, 5, 6], token_dtype)
+    return protocol.ScoreBatch(
         batch_id=7,
         token_dtype=token_dtype,
         requests=(
-            p.ScoreRequest("r1", 12.5, ids, (2, 4), (10, 11), 3, True),
-            p.ScoreRequest("r2", -1.0, ids[: 2 * np.dtype(token_dtype).itemsize], (2,), (), 0),
-            p.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3),  # prefix 1 2 3
+            protocol.ScoreRequest("r1", 12.5, ids, (2, 4), (10, 11), 3, True),
+            protocol.ScoreRequest("r2", -1.0, ids[: 2 * np.dtype(token_dtype).itemsize], (2,), (), 0),
+            protocol.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3),  # prefix 1 2 3
         ),
     )
 
@@ -34,55 +34,55 @@ def f32(*shape):
 
 
 EXAMPLES = [
-    p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id="gw-1"),
-    p.Ready(
-        protocol_version=p.PROTOCOL_VERSION, worker_id="w0", device="cpu", pid=123,
+    protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, gateway_id="gw-1"),
+    protocol.Ready(
+        protocol_version=protocol.PROTOCOL_VERSION, worker_id="w0", device="cpu", pid=123,
         workloads=("score", "beam"), bounds=BOUNDS,
         model={"hidden_size": 64, "dtype": "float32", "has_head": False, "scale": 0.5},
         latency={"score": LatencyModel(0.1, 5.7, 0.01, 43.67)},
     ),
     score_batch("int32"),
     score_batch("int64"),
-    p.ScoreResults(
+    protocol.ScoreResults(
         batch_id=7,
         results=(
-            p.ScoreResult("r1", p.Status.OK, num_samples=2, label_logits=f32(2, 2),
+            protocol.ScoreResult("r1", protocol.Status.OK, num_samples=2, label_logits=f32(2, 2),
                           label_logprobs=f32(2, 2), label_probs=f32(2, 2),
                           topk_ids=np.zeros((2, 3), "<i4").tobytes(), topk_logprobs=f32(2, 3),
                           hidden=f32(2, 8), cached_tokens=7),
-            p.ScoreResult("r2", p.Status.EXPIRED),
-            p.ScoreResult("r3", p.Status.ERROR, error="sample 0 has 900 tokens > 512"),
+            protocol.ScoreResult("r2", protocol.Status.EXPIRED),
+            protocol.ScoreResult("r3", protocol.Status.ERROR, error="sample 0 has 900 tokens > 512"),
         ),
         queue_ms=0.1, compute_ms=3.0,
     ),
-    p.BeamBatch(
+    protocol.BeamBatch(
         batch_id=9, token_dtype="int64", num_beams=4, max_new_tokens=3, num_return_sequences=2,
-        requests=(p.BeamRequest("b1", 50.0, p.pack_ids([5, 6, 7], "int64")),),
+        requests=(protocol.BeamRequest("b1", 50.0, protocol.pack_ids([5, 6, 7], "int64")),),
     ),
-    p.BeamResults(
+    protocol.BeamResults(
         batch_id=9,
-        results=(p.BeamResult("b1", p.Status.OK, sequences=np.zeros((2, 3), "<i4").tobytes(),
+        results=(protocol.BeamResult("b1", protocol.Status.OK, sequences=np.zeros((2, 3), "<i4").tobytes(),
                               scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes()),),
         queue_ms=0.0, compute_ms=1.5,
     ),
-    p.Heartbeat(worker_id="w0", queue_depth=1, in_flight=2, draining=False,
-                counters=p.WorkerCounters(batches_computed=4, requests_expired=2)),
-    p.Error(code=p.ErrorCode.OVERLOADED, message="queue full (8 batches)", batch_id=7),
-    p.Error(code=p.ErrorCode.MALFORMED, message="bad frame"),
-    p.Shutdown(reason="test"),
-    p.Goodbye(sender_id="w0", reason="draining"),
+    protocol.Heartbeat(worker_id="w0", queue_depth=1, in_flight=2, draining=False,
+                counters=protocol.WorkerCounters(batches_computed=4, requests_expired=2)),
+    protocol.Error(code=protocol.ErrorCode.OVERLOADED, message="queue full (8 batches)", batch_id=7),
+    protocol.Error(code=protocol.ErrorCode.MALFORMED, message="bad frame"),
+    protocol.Shutdown(reason="test"),
+    protocol.Goodbye(sender_id="w0", reason="draining"),
 ]
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_round_trip(message):
-    frames = p.encode(message)
+    frames = protocol.encode(message)
     assert len(frames) == 2 and frames[0] == bytes([message.TYPE])
-    assert p.decode(frames) == message
+    assert protocol.decode(frames) == message
 
 
 def test_every_message_type_has_an_example():
-    assert {type(m) for m in EXAMPLES} == set(p.MESSAGE_TYPES.values())
+    assert {type(m) for m in EXAMPLES} == set(protocol.MESSAGE_TYPES.values())
 
 
 def test_arrays_helpers():
@@ -93,13 +93,13 @@ def test_arrays_helpers():
     assert results[1].arrays() == {}
     beam = EXAMPLES[6].results[0].arrays(num_return_sequences=2)
     assert beam["sequences"].shape == (2, 3) and list(beam["lengths"]) == [3, 3]
-    ids = p.unpack_ids(p.pack_ids([1, 2**31 - 1], "int32"), "int32")
+    ids = protocol.unpack_ids(protocol.pack_ids([1, 2**31 - 1], "int32"), "int32")
     assert ids.tolist() == [1, 2**31 - 1]
 
 
 def test_numpy_scalars_encode_as_plain_numbers():
-    msg = p.Error(code="internal", message="x", batch_id=np.int64(5))
-    assert p.decode(p.encode(msg)).batch_id == 5
+    msg = protocol.Error(code="internal", message="x", batch_id=np.int64(5))
+    assert protocol.decode(protocol.encode(msg)).batch_id == 5
 
 
 def body(*fields):
@@ -144,48 +144,48 @@ BAD = [
     ([b"\x07", body("w", 0, 0, False, [1, 2, 3, 4, 5, 6])], "counters = \\[1,2,3,4,5,6\\] must be an array of its 5 fields batches_computed.* \\(each optional\\)"),
     ([b"\x02", body(3, "w", "cpu", 1, [], BOUNDS_MAP, {}, {"score": {"alpha": 1.0}})], "missing required field latency\\[...\\].beta \\(a number\\)"),
     ([b"\x01", b"\x91" * 5000], "invalid Hello"),
-    ([b"\x01", body(p.PROTOCOL_VERSION, "G" * 257)], "gateway_id = \"GGG.* must be a string between 1 and 256"),
+    ([b"\x01", body(protocol.PROTOCOL_VERSION, "G" * 257)], "gateway_id = \"GGG.* must be a string between 1 and 256"),
 ]
 
 
 def ready_body(bounds: dict) -> bytes:
-    return body(p.PROTOCOL_VERSION, "w", "cpu", 1, ["score"], bounds, {}, {})
+    return body(protocol.PROTOCOL_VERSION, "w", "cpu", 1, ["score"], bounds, {}, {})
 
 
 def test_a_ready_without_bounds_is_refused_naming_every_bound():
-    with pytest.raises(p.ProtocolError, match="invalid Ready at bounds: missing " + ", ".join(BOUNDS_MAP) + ": a worker "
+    with pytest.raises(protocol.ProtocolError, match="invalid Ready at bounds: missing " + ", ".join(BOUNDS_MAP) + ": a worker "
                                               "announces every bound"):
-        p.decode([b"\x02", ready_body({})])
+        protocol.decode([b"\x02", ready_body({})])
 
 
 def test_a_ready_lacking_some_bounds_names_those_and_never_takes_their_defaults():
     some = {k: v for k, v in BOUNDS_MAP.items() if k not in ("max_labels", "max_prefix_tokens")}
-    with pytest.raises(p.ProtocolError, match=r"invalid Ready at bounds: missing max_labels, max_prefix_tokens: "):
-        p.decode([b"\x02", ready_body(some)])
+    with pytest.raises(protocol.ProtocolError, match=r"invalid Ready at bounds: missing max_labels, max_prefix_tokens: "):
+        protocol.decode([b"\x02", ready_body(some)])
     # every bound present (an unset max_prefix_tokens travels as nil) decodes as sent
-    ready = p.decode([b"\x02", ready_body({**BOUNDS_MAP, "max_prefix_tokens": None})])
+    ready = protocol.decode([b"\x02", ready_body({**BOUNDS_MAP, "max_prefix_tokens": None})])
     assert ready.bounds == dataclasses.replace(BOUNDS, max_prefix_tokens=None)
 
 
 @pytest.mark.parametrize("frames,match", BAD)
 def test_malformed_frames_raise_protocol_error(frames, match):
-    with pytest.raises(p.ProtocolError, match=match):
-        p.decode(frames)
+    with pytest.raises(protocol.ProtocolError, match=match):
+        protocol.decode(frames)
 
 
 def test_size_limits():
-    limits = p.DecodeLimits(max_frame_bytes=64, max_bin_len=16)
-    big = p.encode(p.Goodbye(sender_id="x" * 100))
-    with pytest.raises(p.ProtocolError, match="exceeds 64"):
-        p.decode(big, limits)
-    frames = p.encode(p.BeamBatch(1, "int32", 1, 1, 1, (p.BeamRequest("r", 1.0, b"\x00" * 20),)))
-    with pytest.raises(p.ProtocolError):
-        p.decode(frames, p.DecodeLimits(max_bin_len=16))
+    limits = protocol.DecodeLimits(max_frame_bytes=64, max_bin_len=16)
+    big = protocol.encode(protocol.Goodbye(sender_id="x" * 100))
+    with pytest.raises(protocol.ProtocolError, match="exceeds 64"):
+        protocol.decode(big, limits)
+    frames = protocol.encode(protocol.BeamBatch(1, "int32", 1, 1, 1, (protocol.BeamRequest("r", 1.0, b"\x00" * 20),)))
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode(frames, protocol.DecodeLimits(max_bin_len=16))
 
 
 def test_wire_layout_is_an_array_of_fields_in_declaration_order():
     batch = score_batch("int32")
-    decoded = msgpack.unpackb(p.encode(batch)[1])
+    decoded = msgpack.unpackb(protocol.encode(batch)[1])
     assert decoded[:2] == [7, "int32"]
     assert decoded[2][2] == ["r3", 5.0, batch.requests[2].input_ids, [0, 2, 1], [10], 0, False, 3]
 
@@ -193,7 +193,7 @@ def test_wire_layout_is_an_array_of_fields_in_declaration_order():
 def test_trailing_fields_with_defaults_may_be_left_out():
     """msgspec's array_like rule: a record cut short after its required fields takes the defaults
     (our encoder always writes every field; a longer record is refused, see BAD)."""
-    message = p.decode([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0]])])
+    message = protocol.decode([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0]])])
     assert message.requests[0].return_hidden is False and message.requests[0].prefix_len == 0
 
 
@@ -201,31 +201,31 @@ def test_trailing_fields_with_defaults_may_be_left_out():
 @given(st.integers(0, 255), st.binary(max_size=512))
 def test_fuzz_random_frames_never_crash(type_byte, data):
     try:
-        p.decode([bytes([type_byte]), data])
-    except p.ProtocolError:
+        protocol.decode([bytes([type_byte]), data])
+    except protocol.ProtocolError:
         pass
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(EXAMPLES), st.data())
 def test_fuzz_mutated_valid_frames_never_crash(message, data):
-    raw = bytearray(p.encode(message)[1])
+    raw = bytearray(protocol.encode(message)[1])
     for _ in range(data.draw(st.integers(1, 4))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(raw)))
     try:
-        p.decode([bytes([message.TYPE]), bytes(raw[:cut])])
-    except p.ProtocolError:
+        protocol.decode([bytes([message.TYPE]), bytes(raw[:cut])])
+    except protocol.ProtocolError:
         pass
 
 
 def test_peek_batch_id_of_a_malformed_batch():
-    assert p.peek_batch_id([b"\x03", body(42, "int16", [])]) == 42
-    assert p.peek_batch_id([b"\x05", body(7)]) == 7
-    assert p.peek_batch_id([b"\x03", b"\xc1"]) is None
-    assert p.peek_batch_id([b"\x01", body(1, "gw")]) is None
-    assert p.peek_batch_id([b"\x03", body("x")]) is None
-    assert p.peek_batch_id([b"\x03", body(2**64 - 1)]) is None
+    assert protocol.peek_batch_id([b"\x03", body(42, "int16", [])]) == 42
+    assert protocol.peek_batch_id([b"\x05", body(7)]) == 7
+    assert protocol.peek_batch_id([b"\x03", b"\xc1"]) is None
+    assert protocol.peek_batch_id([b"\x01", body(1, "gw")]) is None
+    assert protocol.peek_batch_id([b"\x03", body("x")]) is None
+    assert protocol.peek_batch_id([b"\x03", body(2**64 - 1)]) is None
 
 
 msgpack_values = st.recursive(
@@ -240,7 +240,7 @@ INT64 = range(-(2**63), 2**63)
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([3, 5]), st.binary(max_size=64))
 def test_fuzz_peek_of_random_bytes_gives_an_int64_or_nothing(type_byte, data):
-    found = p.peek_batch_id([bytes([type_byte]), data])
+    found = protocol.peek_batch_id([bytes([type_byte]), data])
     assert found is None or (type(found) is int and found in INT64), found
 
 
@@ -249,15 +249,15 @@ def test_fuzz_peek_of_random_bytes_gives_an_int64_or_nothing(type_byte, data):
 def test_fuzz_peek_reads_the_first_field_of_any_batch_shaped_array(type_byte, head, rest):
     """Whatever follows it, the first element of a msgpack array is the batch id when it is an
     int64 integer (so a malformed batch is still failed by id), and nothing otherwise."""
-    found = p.peek_batch_id([bytes([type_byte]), msgpack.packb([head, *rest])])
+    found = protocol.peek_batch_id([bytes([type_byte]), msgpack.packb([head, *rest])])
     assert found == (head if type(head) is int and head in INT64 else None), (head, found)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(sorted(p.MESSAGE_TYPES)), st.lists(msgpack_values, max_size=14))
+@given(st.sampled_from(sorted(protocol.MESSAGE_TYPES)), st.lists(msgpack_values, max_size=14))
 def test_fuzz_well_formed_msgpack_of_any_shape_is_refused_only_by_protocol_error(type_byte, fields):
     """Valid msgpack arrays reach the schema and the cross-field checks, unlike random bytes."""
     try:
-        p.decode([bytes([type_byte]), msgpack.packb(fields)])
-    except p.ProtocolError as exc:
-        assert str(exc).startswith("invalid " + p.MESSAGE_TYPES[type_byte].__name__)
+        protocol.decode([bytes([type_byte]), msgpack.packb(fields)])
+    except protocol.ProtocolError as exc:
+        assert str(exc).startswith("invalid " + protocol.MESSAGE_TYPES[type_byte].__name__)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.policy import Hold
-from shared.policy.routing import RecentHolders, Ring, dispatch_routed, prefix_key, route
+from shared.policy.routing import RecentHolders, Ring, dispatch_routed, route
+from shared.prefix import prefix_key
 
 MAX_INFLIGHT = 4
 
@@ -207,11 +208,11 @@ class FixedModel:
         return 5.0
 
 
-def routed(queue, workers, recent, now=0.0, max_wait_ms=2.0):
+def routed(queue, workers, recent, now=0.0, lead_ms=2.0):
     from shared.policy import BatchBounds
 
-    return dispatch_routed(queue, "score", BatchBounds(max_jobs=8, max_tokens=1000, max_labels=4), workers,
-                           lambda w: FixedModel(), now, MAX_INFLIGHT, recent, max_wait_ms)
+    return dispatch_routed(queue, "score", BatchBounds(max_items_per_batch=8, max_tokens_per_batch=1000, max_labels=4), workers,
+                           lambda w: FixedModel(), now, MAX_INFLIGHT, recent, lead_ms)
 
 
 def queue_of(jobs):

@@ -2,7 +2,7 @@
 and the latency model count it."""
 
 from shared.bounds import ScoreShape
-from shared.policy.routing import prefix_key
+from shared.prefix import prefix_key
 from shared.work import HeldPrefixes, StaticPrefix, WorkSize, batch_shape
 
 STATIC = StaticPrefix((7, 8, 9))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from shared import protocol as p
+from shared import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 180.0
@@ -53,11 +53,11 @@ class WorkerClient:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(endpoint)
         self.gateway_id = gateway_id
-        self.heartbeats: list[p.Heartbeat] = []
+        self.heartbeats: list[protocol.Heartbeat] = []
         self.backlog: list = []  # messages received while waiting for another one
 
     def send(self, message) -> None:
-        self.socket.send_multipart(p.encode(message))
+        self.socket.send_multipart(protocol.encode(message))
 
     def send_raw(self, frames: list[bytes]) -> None:
         self.socket.send_multipart(frames)
@@ -68,8 +68,8 @@ class WorkerClient:
         while (left := end - time.monotonic()) > 0:
             if not self.socket.poll(int(left * 1000) + 1):
                 break
-            message = p.decode(self.socket.recv_multipart())
-            if isinstance(message, p.Heartbeat):
+            message = protocol.decode(self.socket.recv_multipart())
+            if isinstance(message, protocol.Heartbeat):
                 self.heartbeats.append(message)
                 if not keep_heartbeats:
                     continue
@@ -92,15 +92,15 @@ class WorkerClient:
         """The ScoreResults/BeamResults/Error answering batch_id."""
         return self.recv_where(lambda m: getattr(m, "batch_id", None) == batch_id, timeout_s)
 
-    def hello(self, timeout_s: float = STARTUP_TIMEOUT_S) -> p.Ready:
-        self.send(p.Hello(protocol_version=p.PROTOCOL_VERSION, gateway_id=self.gateway_id))
-        return self.recv_where(lambda m: isinstance(m, (p.Ready, p.Error)), timeout_s)
+    def hello(self, timeout_s: float = STARTUP_TIMEOUT_S) -> protocol.Ready:
+        self.send(protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, gateway_id=self.gateway_id))
+        return self.recv_where(lambda m: isinstance(m, (protocol.Ready, protocol.Error)), timeout_s)
 
-    def counters(self) -> p.WorkerCounters:
+    def counters(self) -> protocol.WorkerCounters:
         """Counters of the next heartbeat (sent after every reply already received)."""
         return self.heartbeat().counters
 
-    def heartbeat(self) -> p.Heartbeat:
+    def heartbeat(self) -> protocol.Heartbeat:
         """The next heartbeat (sent after every reply already received)."""
         self.heartbeats.clear()
         while not self.heartbeats:
@@ -165,7 +165,7 @@ def client(worker_process):
         ready = c.hello()
     except TimeoutError:
         pytest.fail("worker did not answer Hello; its log:\n" + worker_process.log())
-    assert isinstance(ready, p.Ready), ready
+    assert isinstance(ready, protocol.Ready), ready
     c.ready = ready
     yield c
     c.close()

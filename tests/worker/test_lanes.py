@@ -1,12 +1,12 @@
 """A lane's turn covers the enqueue of a node call only: the runners wait for the outputs
-(Pending.result(), compile/transfer.py) after releasing it, so on a GPU another lane enqueues while
+(Pending.result(), worker/runtime/transfer.py) after releasing it, so on a GPU another lane enqueues while
 this one's batch computes and its outputs travel. Real nodes; the wait is observed, not replaced."""
 
 import pytest
 
-from compile.runtime import load_nodes
-from compile.transfer import Pending
-from shared import protocol as p
+from worker.runtime.loader import load_nodes
+from worker.runtime.transfer import Pending
+from shared import protocol
 from worker.lanes import Lane, max_staged_tokens
 from worker.runner import BeamRunner, ScoreRunner
 
@@ -27,9 +27,9 @@ def turn_at_wait(monkeypatch):
 
 def test_the_score_runner_waits_for_outputs_outside_the_turn(demo_artifacts, turn_at_wait):
     lane, held = turn_at_wait
-    request = p.ScoreRequest("r", 100.0, p.pack_ids(list(range(1, 12))), (5, 6), (3, 4), 2)
-    results = ScoreRunner(load_nodes(demo_artifacts).score).run(p.ScoreBatch(1, "int32", (request,)), [0], lane)
-    assert results[0].status == p.Status.OK
+    request = protocol.ScoreRequest("r", 100.0, protocol.pack_ids(list(range(1, 12))), (5, 6), (3, 4), 2)
+    results = ScoreRunner(load_nodes(demo_artifacts).score).run(protocol.ScoreBatch(1, "int32", (request,)), [0], lane)
+    assert results[0].status == protocol.Status.OK
     assert held == [False]
 
 
@@ -37,7 +37,7 @@ def test_the_beam_runner_waits_for_outputs_outside_the_turn(beam_artifacts, turn
     lane, held = turn_at_wait
     nodes = load_nodes(beam_artifacts)
     assert len(lane.token_buffer) >= max_staged_tokens(nodes.manifest.bounds)
-    request = p.BeamRequest("r", 100.0, p.pack_ids([5, 9, 2, 7]))
-    results = BeamRunner(nodes.beam).run(p.BeamBatch(1, "int32", 2, 2, 1, (request,)), [0], lane)
-    assert results[0].status == p.Status.OK
+    request = protocol.BeamRequest("r", 100.0, protocol.pack_ids([5, 9, 2, 7]))
+    results = BeamRunner(nodes.beam).run(protocol.BeamBatch(1, "int32", 2, 2, 1, (request,)), [0], lane)
+    assert results[0].status == protocol.Status.OK
     assert held == [False]

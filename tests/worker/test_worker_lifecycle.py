@@ -15,26 +15,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared import protocol as p
+from shared import protocol
 from shared.bounds import Bounds
 from shared.events import Profiled, ProfileRefitted, ProfileReused, read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def full_batch(batch_id: int, bounds: Bounds, vocab: int, rng) -> p.ScoreBatch:
+def full_batch(batch_id: int, bounds: Bounds, vocab: int, rng) -> protocol.ScoreBatch:
     per = bounds.max_tokens_per_sample
     count = min(bounds.max_samples_per_batch, bounds.max_tokens_per_batch // per)
     ids = rng.integers(0, vocab, size=per * count)
-    request = p.ScoreRequest(f"r{batch_id}", 60_000.0, p.pack_ids(ids), (per,) * count, (1, 2), 5, True)
-    return p.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
+    request = protocol.ScoreRequest(f"r{batch_id}", 60_000.0, protocol.pack_ids(ids), (per,) * count, (1, 2), 5, True)
+    return protocol.ScoreBatch(batch_id=batch_id, token_dtype="int32", requests=(request,))
 
 
 def start(demo_artifacts, tmp_path, worker_process_class, client_class):
     worker = worker_process_class(demo_artifacts, tmp_path, queued=8)
     client = client_class(worker.endpoint)
     ready = client.hello()
-    assert isinstance(ready, p.Ready), worker.log()
+    assert isinstance(ready, protocol.Ready), worker.log()
     return worker, client, ready
 
 
@@ -49,14 +49,14 @@ def test_drain_answers_accepted_batches_then_exits_zero(demo_artifacts, tmp_path
         for batch in batches:
             client.send(batch)
         # Hello after the batches: once Ready comes back, the worker has accepted all of them.
-        assert isinstance(client.hello(), p.Ready)
+        assert isinstance(client.hello(), protocol.Ready)
         if how == "sigterm":
             worker.process.send_signal(signal.SIGTERM)
         else:
-            client.send(p.Shutdown(reason="test"))
+            client.send(protocol.Shutdown(reason="test"))
         replies = [client.reply_to(b.batch_id, timeout_s=60) for b in batches]
-        assert all(isinstance(r, p.ScoreResults) and r.results[0].status == "ok" for r in replies), replies
-        goodbye = client.recv_where(lambda m: isinstance(m, p.Goodbye), timeout_s=30)
+        assert all(isinstance(r, protocol.ScoreResults) and r.results[0].status == "ok" for r in replies), replies
+        goodbye = client.recv_where(lambda m: isinstance(m, protocol.Goodbye), timeout_s=30)
         assert goodbye.reason == "draining"
         assert worker.process.wait(timeout=60) == 0, worker.log()
         assert '"event":"stopped"' in worker.log()
@@ -72,12 +72,12 @@ def test_new_work_during_drain_is_refused(demo_artifacts, tmp_path, worker_proce
         batches = [full_batch(i, ready.bounds, ready.model["vocab_size"], rng) for i in range(1, 9)]
         for batch in batches[:4]:
             client.send(batch)
-        client.send(p.Shutdown(reason="test"))
+        client.send(protocol.Shutdown(reason="test"))
         for batch in batches[4:]:
             client.send(batch)
         replies = [client.reply_to(b.batch_id, timeout_s=60) for b in batches]
-        assert all(isinstance(r, p.ScoreResults) for r in replies[:4])
-        assert all(isinstance(r, p.Error) and r.code == p.ErrorCode.DRAINING for r in replies[4:])
+        assert all(isinstance(r, protocol.ScoreResults) for r in replies[:4])
+        assert all(isinstance(r, protocol.Error) and r.code == protocol.ErrorCode.DRAINING for r in replies[4:])
         assert worker.process.wait(timeout=60) == 0
     finally:
         client.close()
@@ -163,7 +163,7 @@ def serving(argv, endpoint, log_path, client_class):
     client = client_class(endpoint)
     try:
         ready = client.hello()
-        assert isinstance(ready, p.Ready), log_path.read_text()
+        assert isinstance(ready, protocol.Ready), log_path.read_text()
         yield client, ready
     finally:
         client.close()
@@ -226,12 +226,12 @@ def test_a_cpu_worker_over_its_resident_limit_releases_its_free_memory_after_a_b
     client = client_class(worker.endpoint)
     try:
         ready = client.hello()
-        assert isinstance(ready, p.Ready), worker.log()
+        assert isinstance(ready, protocol.Ready), worker.log()
         rng = np.random.default_rng(0)
         for batch_id in (1, 2):
             client.send(full_batch(batch_id, ready.bounds, ready.model["vocab_size"], rng))
             reply = client.reply_to(batch_id, timeout_s=60)
-            assert isinstance(reply, p.ScoreResults) and reply.results[0].status == "ok", reply
+            assert isinstance(reply, protocol.ScoreResults) and reply.results[0].status == "ok", reply
         assert worker.terminate() == 0, worker.log()  # drained: the compute thread has logged what it did
     finally:
         client.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared import protocol as p
+from shared import protocol
 from shared.bounds import Bounds
 from shared.config import WorkerConfig
 from worker.batch_queue import BatchQueue, PendingBatch
@@ -21,17 +21,17 @@ VOCAB = 100
 
 def sreq(rid, lens, labels=(), top_k=0, deadline_ms=100.0, ids=None):
     ids = ids if ids is not None else [1] * sum(lens)
-    return p.ScoreRequest(rid, deadline_ms, p.pack_ids(ids), tuple(lens), tuple(labels), top_k)
+    return protocol.ScoreRequest(rid, deadline_ms, protocol.pack_ids(ids), tuple(lens), tuple(labels), top_k)
 
 
 def shared(rid, prefix, suffixes):
     """A request sent as one shared prefix plus suffixes."""
     ids = list(prefix) + [t for s in suffixes for t in s]
-    return p.ScoreRequest(rid, 100.0, p.pack_ids(ids), tuple(len(s) for s in suffixes), (), 0, False, len(prefix))
+    return protocol.ScoreRequest(rid, 100.0, protocol.pack_ids(ids), tuple(len(s) for s in suffixes), (), 0, False, len(prefix))
 
 
 def sbatch(*requests):
-    return p.ScoreBatch(1, "int32", tuple(requests))
+    return protocol.ScoreBatch(1, "int32", tuple(requests))
 
 
 def test_score_requests_out_of_bounds_are_refused_alone():
@@ -40,7 +40,7 @@ def test_score_requests_out_of_bounds_are_refused_alone():
                    sreq("samples", [1] * 9), sreq("twice", [2], (9, 9, 8)))
     rejected = check_score_batch(batch, BOUNDS, VOCAB)
     assert sorted(rejected) == [1, 2, 3, 4, 5, 6, 7]  # the batch's first request is served
-    assert rejected[1] == "a sample is 65 tokens long; the compiled bound is 64 tokens per sample " \
+    assert rejected[1] == "a sample is 65 tokens long; the compiled bound is 64 tokens per sample "\
                           "(bounds.max_tokens_per_sample)"
     assert "top_k = 6" in rejected[2] and "5 label ids" in rejected[3]
     assert "vocabulary [0, 100)" in rejected[4] and "label token id outside" in rejected[5]
@@ -56,7 +56,7 @@ def test_score_requests_out_of_bounds_are_refused_alone():
 def test_score_batch_totals_beyond_bounds_refuse_the_batch(requests, what):
     with pytest.raises(BatchRefused, match=what) as info:
         check_score_batch(sbatch(*requests), BOUNDS, VOCAB)
-    assert info.value.code == p.ErrorCode.OUT_OF_BOUNDS
+    assert info.value.code == protocol.ErrorCode.OUT_OF_BOUNDS
 
 
 def test_a_shared_prefix_counts_once_and_is_checked_against_its_bound():
@@ -75,8 +75,8 @@ def test_a_shared_prefix_counts_once_and_is_checked_against_its_bound():
 
 def test_beam_checks():
     def batch(beams=2, steps=2, n=1, length=3):
-        reqs = tuple(p.BeamRequest(f"b{i}", 10.0, p.pack_ids([1] * length)) for i in range(n))
-        return p.BeamBatch(1, "int32", beams, steps, 1, reqs)
+        reqs = tuple(protocol.BeamRequest(f"b{i}", 10.0, protocol.pack_ids([1] * length)) for i in range(n))
+        return protocol.BeamBatch(1, "int32", beams, steps, 1, reqs)
 
     assert check_beam_batch(batch(), BOUNDS, VOCAB) == {}
     assert "prompt is 65 tokens long" in check_beam_batch(batch(length=65), BOUNDS, VOCAB)[0]
@@ -124,7 +124,7 @@ def test_profile_fits_the_measured_points_and_respects_the_budget():
     assert len(profile.samples) == len(batches) and profile.rmse_ms >= 0
     short = profile_workload(lambda batch: None, batches, config, deadline=0.0)
     assert len(short.samples) == MIN_POINTS  # budget spent: stop at the fewest points that fix the fit
-    assert [s[:2] for s in short.samples] == [p[:2] for p in batches[:MIN_POINTS]]
+    assert [s[:2] for s in short.samples] == [b[:2] for b in batches[:MIN_POINTS]]
 
 
 def test_the_computed_token_count_matches_the_nodes_layout():
@@ -132,8 +132,8 @@ def test_the_computed_token_count_matches_the_nodes_layout():
     really lays out to compute, and its cached tokens what the node reports, static prefix included."""
     import torch
 
-    from compile.attention import CPU_BLOCK, padded
-    from compile.score.layout import lay_out
+    from worker.runtime.layout import CPU_BLOCK, padded
+    from worker.runtime.layout import lay_out
     from shared.prefix import longest_common_prefix
     from shared.work import StaticPrefix, WorkSize
 

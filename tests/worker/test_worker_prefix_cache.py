@@ -11,33 +11,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared import protocol as p
-from shared.policy.routing import prefix_key
+from shared import protocol
+from shared.prefix import prefix_key
 
 TOLERANCE = 1e-5
 LABELS = (3, 7, 11)
 BUDGET_MB = 1
 
 
-def request(rid: str, prefix: list[int], suffixes: list[list[int]]) -> p.ScoreRequest:
+def request(rid: str, prefix: list[int], suffixes: list[list[int]]) -> protocol.ScoreRequest:
     ids = np.array(prefix + [t for s in suffixes for t in s], dtype=np.int32)
-    return p.ScoreRequest(rid, 60_000.0, p.pack_ids(ids), tuple(len(s) for s in suffixes), LABELS, 3,
+    return protocol.ScoreRequest(rid, 60_000.0, protocol.pack_ids(ids), tuple(len(s) for s in suffixes), LABELS, 3,
                           True, prefix_len=len(prefix))
 
 
-def score(client, batch_id: int, *requests: p.ScoreRequest) -> list[p.ScoreResult]:
-    client.send(p.ScoreBatch(batch_id, "int32", requests))
+def score(client, batch_id: int, *requests: protocol.ScoreRequest) -> list[protocol.ScoreResult]:
+    client.send(protocol.ScoreBatch(batch_id, "int32", requests))
     reply = client.reply_to(batch_id)
-    assert isinstance(reply, p.ScoreResults), reply
-    assert all(r.status == p.Status.OK for r in reply.results), reply
+    assert isinstance(reply, protocol.ScoreResults), reply
+    assert all(r.status == protocol.Status.OK for r in reply.results), reply
     return list(reply.results)
 
 
-def floats(result: p.ScoreResult, name: str) -> np.ndarray:
+def floats(result: protocol.ScoreResult, name: str) -> np.ndarray:
     return np.frombuffer(getattr(result, name), dtype=np.float32)
 
 
-def assert_close(got: p.ScoreResult, want: p.ScoreResult) -> None:
+def assert_close(got: protocol.ScoreResult, want: protocol.ScoreResult) -> None:
     for name in ("label_logits", "label_logprobs", "label_probs", "topk_logprobs", "hidden"):
         np.testing.assert_allclose(floats(got, name), floats(want, name), rtol=0, atol=TOLERANCE, err_msg=name)
     assert got.topk_ids == want.topk_ids
@@ -51,7 +51,7 @@ def start(worker_process_class, client_class, artifacts, folder, mb: int):
     worker = worker_process_class(artifacts, folder, prefix_cache_mb=mb)
     client = client_class(worker.endpoint)
     ready = client.hello()
-    assert isinstance(ready, p.Ready), worker.log()
+    assert isinstance(ready, protocol.Ready), worker.log()
     return worker, client, ready.model["vocab_size"]
 
 
@@ -89,7 +89,7 @@ def test_a_longer_prefix_reads_the_held_one_and_the_rest_is_computed(cached):
     for k in range(2):  # seen twice: held
         score(client, 20 + k, request(f"short~{k}", held, suffixes))
     whole = [held + more + s for s in suffixes]  # the same samples, unshared: nothing read from the cache
-    scratch = score(client, 22, p.ScoreRequest("long~0", 60_000.0, p.pack_ids(np.array(sum(whole, []), dtype=np.int32)),
+    scratch = score(client, 22, protocol.ScoreRequest("long~0", 60_000.0, protocol.pack_ids(np.array(sum(whole, []), dtype=np.int32)),
                                                tuple(len(w) for w in whole), LABELS, 3, True))[0]
     hit = score(client, 23, request("long~1", held + more, suffixes))[0]
     assert_close(hit, scratch)
@@ -128,7 +128,7 @@ def test_a_cache_of_zero_megabytes_never_hits(demo_artifacts, tmp_path_factory, 
         assert third.cached_tokens == first.cached_tokens
         assert_close(third, first)
         report = client.heartbeat().prefix_cache
-        assert report == p.PrefixCacheReport()  # off: budget 0, nothing held, nothing counted
+        assert report == protocol.PrefixCacheReport()  # off: budget 0, nothing held, nothing counted
     finally:
         client.close()
         worker.kill()

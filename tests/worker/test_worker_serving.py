@@ -12,14 +12,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import protocol as p
+from shared import protocol
 
 batch_ids = itertools.count(1000)
 
 
 @pytest.fixture(scope="module")
 def nodes(demo_artifacts):
-    from compile.runtime import load_nodes
+    from worker.runtime.loader import load_nodes
 
     return load_nodes(demo_artifacts, "cpu")
 
@@ -29,11 +29,11 @@ def token_ids(rng, vocab, n):
 
 
 def score_request(rid, ids, lens, labels=(), top_k=0, hidden=False, deadline_ms=60_000.0, dtype="int32"):
-    return p.ScoreRequest(rid, deadline_ms, p.pack_ids(ids, dtype), tuple(lens), tuple(labels), top_k, hidden)
+    return protocol.ScoreRequest(rid, deadline_ms, protocol.pack_ids(ids, dtype), tuple(lens), tuple(labels), top_k, hidden)
 
 
 def score_batch(*requests, dtype="int32"):
-    return p.ScoreBatch(batch_id=next(batch_ids), token_dtype=dtype, requests=tuple(requests))
+    return protocol.ScoreBatch(batch_id=next(batch_ids), token_dtype=dtype, requests=tuple(requests))
 
 
 def direct(node, ids, lens, labels, top_k):
@@ -44,7 +44,7 @@ def direct(node, ids, lens, labels, top_k):
 
 def test_ready_carries_bounds_model_and_latency(client, nodes):
     ready = client.ready
-    assert ready.protocol_version == p.PROTOCOL_VERSION
+    assert ready.protocol_version == protocol.PROTOCOL_VERSION
     assert ready.bounds == nodes.manifest.bounds
     assert "score" in ready.workloads and ready.model["vocab_size"] == nodes.manifest.model.vocab_size
     model = ready.latency["score"]
@@ -69,10 +69,10 @@ def test_score_results_equal_the_node_called_directly(client, nodes, dtype):
     batch = score_batch(*requests, dtype=dtype)
     client.send(batch)
     reply = client.reply_to(batch.batch_id)
-    assert isinstance(reply, p.ScoreResults), reply
+    assert isinstance(reply, protocol.ScoreResults), reply
     assert [r.request_id for r in reply.results] == ["r0", "r1", "r2"]
     for result, (ids, lens, labels, k, hidden) in zip(reply.results, inputs):
-        assert result.status == p.Status.OK and result.num_samples == len(lens)
+        assert result.status == protocol.Status.OK and result.num_samples == len(lens)
         want = direct(nodes.score, ids, lens, labels, k)
         got = result.arrays()
         for name, key in (("label_logits", "label_logits"), ("label_logprobs", "label_logprobs"),
@@ -89,7 +89,7 @@ def test_score_results_equal_the_node_called_directly(client, nodes, dtype):
 def shared_request(rid, prefix, suffixes, labels=(), top_k=0):
     """A request sent as one shared prefix plus per-sample suffixes (sample i = prefix + suffix i)."""
     ids = [*prefix, *(t for s in suffixes for t in s)]
-    return p.ScoreRequest(rid, 60_000.0, p.pack_ids(ids), tuple(len(s) for s in suffixes), tuple(labels), top_k,
+    return protocol.ScoreRequest(rid, 60_000.0, protocol.pack_ids(ids), tuple(len(s) for s in suffixes), tuple(labels), top_k,
                           True, len(prefix))
 
 
@@ -105,11 +105,11 @@ def test_shared_prefix_requests_equal_the_node_on_whole_samples(client, nodes):
                         shared_request("dupes", prefix[:6], duplicates, (3,), 1))
     client.send(batch)
     reply = client.reply_to(batch.batch_id)
-    assert isinstance(reply, p.ScoreResults), reply
+    assert isinstance(reply, protocol.ScoreResults), reply
     wanted = (([prefix + s for s in suffixes], (3, 7), 4, 3 * 20), (unshared, (7, 11), 2, 0),
               ([prefix[:6]] * 2, (3,), 1, 6))  # (whole samples, labels, top_k, cached tokens)
     for result, (samples, labels, k, cached) in zip(reply.results, wanted):
-        assert result.status == p.Status.OK and result.num_samples == len(samples), result
+        assert result.status == protocol.Status.OK and result.num_samples == len(samples), result
         assert result.cached_tokens == cached  # the prefix's tokens, once per sample after the first
         want = direct(nodes.score, [t for s in samples for t in s], [len(s) for s in samples], labels, k)
         got = result.arrays()
@@ -128,8 +128,8 @@ def test_a_shared_prefix_over_its_bound_is_refused_alone(client):
     client.send(batch)
     reply = client.reply_to(batch.batch_id)
     refused, fine = reply.results
-    assert refused.status == p.Status.ERROR and want in refused.error, refused.error
-    assert fine.status == p.Status.OK and fine.num_samples == 2
+    assert refused.status == protocol.Status.ERROR and want in refused.error, refused.error
+    assert fine.status == protocol.Status.OK and fine.num_samples == 2
 
 
 def test_single_request_batch_matches_exactly_shaped_call(client, nodes):
@@ -198,7 +198,7 @@ def test_out_of_bounds_requests_and_batches_are_refused_then_service_continues(c
     too_big = score_batch(*(score_request(f"t{i}", token_ids(rng, vocab, per), (per,)) for i in range(count)))
     client.send(too_big)
     error = client.reply_to(too_big.batch_id)
-    assert isinstance(error, p.Error) and error.code == p.ErrorCode.OUT_OF_BOUNDS and "tokens" in error.message
+    assert isinstance(error, protocol.Error) and error.code == protocol.ErrorCode.OUT_OF_BOUNDS and "tokens" in error.message
 
     ok = score_batch(score_request("after", [5, 6], (2,), (1,), 1))
     client.send(ok)
@@ -207,13 +207,13 @@ def test_out_of_bounds_requests_and_batches_are_refused_then_service_continues(c
 
 def test_unsupported_and_unexpected_messages(client):
     if "beam" not in client.ready.workloads:
-        beam = p.BeamBatch(next(batch_ids), "int32", 2, 2, 1, (p.BeamRequest("b", 1000.0, p.pack_ids([1, 2])),))
+        beam = protocol.BeamBatch(next(batch_ids), "int32", 2, 2, 1, (protocol.BeamRequest("b", 1000.0, protocol.pack_ids([1, 2])),))
         client.send(beam)
         reply = client.reply_to(beam.batch_id)
-        assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.UNSUPPORTED
-    client.send(p.Heartbeat("gw", 0, 0, False, p.WorkerCounters()))
-    reply = client.recv_where(lambda m: isinstance(m, p.Error))
-    assert reply.code == p.ErrorCode.UNSUPPORTED and "Heartbeat" in reply.message
+        assert isinstance(reply, protocol.Error) and reply.code == protocol.ErrorCode.UNSUPPORTED
+    client.send(protocol.Heartbeat("gw", 0, 0, False, protocol.WorkerCounters()))
+    reply = client.recv_where(lambda m: isinstance(m, protocol.Error))
+    assert reply.code == protocol.ErrorCode.UNSUPPORTED and "Heartbeat" in reply.message
 
 
 def test_handshake_rules(worker_process, client_class):
@@ -222,34 +222,34 @@ def test_handshake_rules(worker_process, client_class):
         batch = score_batch(score_request("r", [1, 2], (2,)))
         other.send(batch)
         reply = other.reply_to(batch.batch_id)
-        assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.HELLO_REQUIRED
-        other.send(p.Hello(protocol_version=p.PROTOCOL_VERSION + 1, gateway_id="gw-2"))
-        reply = other.recv_where(lambda m: isinstance(m, p.Error))
-        assert reply.code == p.ErrorCode.VERSION_MISMATCH
+        assert isinstance(reply, protocol.Error) and reply.code == protocol.ErrorCode.HELLO_REQUIRED
+        other.send(protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION + 1, gateway_id="gw-2"))
+        reply = other.recv_where(lambda m: isinstance(m, protocol.Error))
+        assert reply.code == protocol.ErrorCode.VERSION_MISMATCH
         ready = other.hello()
-        assert isinstance(ready, p.Ready)
+        assert isinstance(ready, protocol.Ready)
         other.send(batch)
         assert other.reply_to(batch.batch_id).results[0].status == "ok"
         # a second gateway gets heartbeats too
         assert other.counters().batches_computed >= 1
     finally:
-        other.send(p.Goodbye(sender_id="gw-2"))
+        other.send(protocol.Goodbye(sender_id="gw-2"))
         other.close()
 
 
 def test_only_a_known_gateway_is_obeyed_and_a_version_change_unregisters_it(worker_process, client_class):
     stranger = client_class(worker_process.endpoint, gateway_id="gw-3")
     try:
-        stranger.send(p.Shutdown(reason="not a gateway you know"))
-        reply = stranger.recv_where(lambda m: isinstance(m, p.Error))
-        assert reply.code == p.ErrorCode.HELLO_REQUIRED and "Shutdown" in reply.message
-        assert isinstance(stranger.hello(), p.Ready)  # still serving: the Shutdown was not obeyed
+        stranger.send(protocol.Shutdown(reason="not a gateway you know"))
+        reply = stranger.recv_where(lambda m: isinstance(m, protocol.Error))
+        assert reply.code == protocol.ErrorCode.HELLO_REQUIRED and "Shutdown" in reply.message
+        assert isinstance(stranger.hello(), protocol.Ready)  # still serving: the Shutdown was not obeyed
         batch = score_batch(score_request("v", [1, 2], (2,)))
-        stranger.send(p.Hello(protocol_version=p.PROTOCOL_VERSION + 1, gateway_id="gw-3"))
-        assert stranger.recv_where(lambda m: isinstance(m, p.Error)).code == p.ErrorCode.VERSION_MISMATCH
+        stranger.send(protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION + 1, gateway_id="gw-3"))
+        assert stranger.recv_where(lambda m: isinstance(m, protocol.Error)).code == protocol.ErrorCode.VERSION_MISMATCH
         stranger.send(batch)
         reply = stranger.reply_to(batch.batch_id)
-        assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.HELLO_REQUIRED
+        assert isinstance(reply, protocol.Error) and reply.code == protocol.ErrorCode.HELLO_REQUIRED
     finally:
         stranger.close()
 
@@ -264,10 +264,10 @@ def test_full_queue_answers_overloaded_at_once(client):
     for batch in batches:
         client.send(batch)
     replies = [client.reply_to(b.batch_id, timeout_s=120) for b in batches]
-    overloaded = [r for r in replies if isinstance(r, p.Error)]
-    served = [r for r in replies if isinstance(r, p.ScoreResults)]
+    overloaded = [r for r in replies if isinstance(r, protocol.Error)]
+    served = [r for r in replies if isinstance(r, protocol.ScoreResults)]
     assert len(overloaded) + len(served) == len(batches)
-    assert overloaded and all(r.code == p.ErrorCode.OVERLOADED for r in overloaded)
+    assert overloaded and all(r.code == protocol.ErrorCode.OVERLOADED for r in overloaded)
     assert len(served) >= 1
 
 
@@ -282,14 +282,14 @@ msgpack_values = st.recursive(
 def is_not_control(frames: list[bytes]) -> bool:
     """Random frames must not happen to be a valid Shutdown or Goodbye (those end the session)."""
     try:
-        return not isinstance(p.decode(frames), (p.Shutdown, p.Goodbye))
-    except p.ProtocolError:
+        return not isinstance(protocol.decode(frames), (protocol.Shutdown, protocol.Goodbye))
+    except protocol.ProtocolError:
         return True
 
 
 random_frames = st.one_of(
     st.lists(st.binary(max_size=64), min_size=0, max_size=4),
-    st.tuples(st.sampled_from(sorted(set(p.MESSAGE_TYPES) - {p.Shutdown.TYPE, p.Goodbye.TYPE})), msgpack_values).map(
+    st.tuples(st.sampled_from(sorted(set(protocol.MESSAGE_TYPES) - {protocol.Shutdown.TYPE, protocol.Goodbye.TYPE})), msgpack_values).map(
         lambda t: [bytes([t[0]]), msgpack.packb(t[1])]),
     st.tuples(st.sampled_from([3, 5]), st.lists(msgpack_values, max_size=8)).map(
         lambda t: [bytes([t[0]]), msgpack.packb([next(batch_ids), "int32", *t[1]])]),
@@ -304,14 +304,14 @@ def test_fuzzed_frames_never_kill_the_worker(client, worker_process, frames):
     batch = score_batch(score_request("probe", [1, 2, 3], (3,), (1,), 1))
     client.send(batch)
     reply = client.reply_to(batch.batch_id, timeout_s=30)
-    assert isinstance(reply, p.ScoreResults) and reply.results[0].status == "ok"
+    assert isinstance(reply, protocol.ScoreResults) and reply.results[0].status == "ok"
     assert worker_process.process.poll() is None
 
 
 def test_malformed_batch_is_answered_by_batch_id_then_service_continues(client):
-    client.send_raw([bytes([p.ScoreBatch.TYPE]), msgpack.packb([555, "int16", []])])
+    client.send_raw([bytes([protocol.ScoreBatch.TYPE]), msgpack.packb([555, "int16", []])])
     reply = client.reply_to(555)
-    assert isinstance(reply, p.Error) and reply.code == p.ErrorCode.MALFORMED and "token_dtype" in reply.message
+    assert isinstance(reply, protocol.Error) and reply.code == protocol.ErrorCode.MALFORMED and "token_dtype" in reply.message
     ok = score_batch(score_request("after-malformed", [5, 6], (2,), (1,), 1))
     client.send(ok)
     assert client.reply_to(ok.batch_id).results[0].status == "ok"

@@ -1,0 +1,344 @@
+"""The tables bench/report.py renders: each a function from the committed results to Markdown lines.
+
+Every figure comes from a result file and every row ends with that file's name, commit, machine class
+and load (bench/harness/result_files.py), so a table cannot say what its files do not. A ratio is always the
+one the file computed within its own run (interleaved contenders, same threads), never one across runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from bench.harness.result_files import ResultFile
+
+Results = dict[str, ResultFile]
+HEADLINE_CLASS = "avx512-halfrate"
+"""The machine class of the README's headline table: the one where every headline run was made on the same
+node code (other classes: docs/benchmarks.md)."""
+MODELS = {"qwen2.5-0.5b": "Qwen2.5-0.5B", "qwen3-0.6b": "Qwen3-0.6B"}
+DTYPE_ORDER = {"fp32": 0, "bf16": 1, "int8": 2}
+CLASS_ORDER = {"avx512-halfrate": 0, "amx": 1, "avx2": 2, "avx512": 3, "unrecorded": 4}
+FROM = "result · commit · machine class (from) · load"
+
+
+def table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def seconds(ms: float | None) -> str:
+    return "—" if ms is None else f"{ms / 1000:.2f} s"
+
+
+def times(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}×"
+
+
+def share(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f} %"
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def of_bench(results: Results, bench: str, machine: str | None = None) -> list[ResultFile]:
+    """The files of one benchmark (of one machine class), ordered by class, model and precision."""
+    chosen = [r for r in results.values() if r.bench == bench and (machine is None or r.machine_class[0] == machine)]
+    return sorted(chosen, key=lambda r: (CLASS_ORDER.get(r.machine_class[0], 9), r.data.get("model", ""),
+                                         DTYPE_ORDER.get(r.data.get("dtype", ""), 9), r.name))
+
+
+def model_name(result: ResultFile) -> str:
+    model = result.data.get("model", "")
+    return f"{MODELS.get(model, model)}, {result.data.get('layers')} layers"
+
+
+def precision(result: ResultFile) -> str:
+    """fp32, bf16, or int8 with its base and the selection budget its build was given."""
+    data = result.data
+    if data.get("dtype") != "int8":
+        return str(data.get("dtype"))
+    limits = data.get("int8_limits") or {}
+    budget = limits.get("selection_max_drift", data.get("int8_budget"))
+    budget_words = f"{budget:g}-nat budget" if budget is not None else "default budget"
+    layers = f", {data['int8_layers']} linears" if data.get("int8_layers") else ""
+    return f"int8 on {data.get('int8_base') or 'bf16'} ({budget_words}{layers})"
+
+
+# --- scoring -------------------------------------------------------------------------------------------------
+
+def score_cells(r: ResultFile) -> list[str]:
+    """ours, OpenVINO, transformers at its best, CTranslate2, executed MFU: each peer with the ratio of its time
+    to ours in the same run."""
+    d, ms = r.data, r.data.get("ms_per_request") or {}
+    ours = seconds(ms.get("ours"))
+    base = d.get("int8_base") or "bf16"  # files written before int8_base existed were all on bf16
+    if d.get("dtype") == "int8":
+        against = d.get("speedup_vs_bf16") if base != "fp32" else d.get("speedup_vs_fp32")
+        ours += f" ({times(against)} our {base})"
+
+    def peer(key: str, ratio: str, what: str = "") -> str:
+        if ms.get(key) is None:
+            return "not run"
+        return f"{seconds(ms[key])}{what} ({times(d.get(ratio))})"
+
+    ct2_type = f", {d['ct2_compute_type']}" if d.get("ct2_compute_type") else ""
+    mfu = "—" if d.get("executed_mfu") is None else f"{d['executed_mfu']:.3f} of {d['peak_gflops']:.0f} GFLOP/s"
+    return [ours, peer("openvino", "speedup_vs_openvino"), peer("hf_best", "speedup_vs_hf_best"),
+            peer("ct2", "speedup_vs_ct2", ct2_type), mfu]
+
+
+SCORE_HEADER = ["ours, s per request", "OpenVINO", "transformers, best", "CTranslate2, fastest passing type",
+                "executed MFU"]
+
+
+def headline(results: Results) -> list[str]:
+    """The README's table: scoring at every precision and beam search, on one machine class."""
+    rows = [[f"score {model_name(r)}, {precision(r)}", *score_cells(r), r.source()]
+            for r in of_bench(results, "score_node", HEADLINE_CLASS)]
+    for r in of_bench(results, "beam_node", HEADLINE_CLASS):
+        if "ct2" not in r.data["sides"]:
+            continue  # a run without CTranslate2 is in docs/benchmarks.md's beam table
+        sides, d = r.data["sides"], r.data
+        rows.append([f"beam {model_name(r)}, fp32, W={d['W']}, {d['prompt_tokens']}-token prompt, one request",
+                     seconds(sides["ours"]["single_ms"]), "not run",
+                     f"{seconds(sides['hf']['single_ms'])} ({times(d['speedup_vs_hf_single'])})",
+                     f"{seconds(sides['ct2']['single_ms'])}, float32 ({times(d['speedup_vs_ct2_single'])})",
+                     f"{d['executed_mfu_single']:.3f} of {d['peak_gflops']:.0f} GFLOP/s", r.source()])
+    return table(["run", *SCORE_HEADER, FROM], rows)
+
+
+def score(results: Results) -> list[str]:
+    """Every scoring result, every machine class."""
+    rows = []
+    for r in of_bench(results, "score_node"):
+        d = r.data
+        onednn = d.get("speedup_vs_hf_best_onednn")
+        rows.append([r.machine_class[0], model_name(r), precision(r), *score_cells(r),
+                     times(onednn) if onednn else "—", accuracy(d), r.source()])
+    return table(["machine", "model", "precision", *SCORE_HEADER, "transformers best on oneDNN",
+                  "accuracy against transformers", FROM], rows)
+
+
+def accuracy(d: dict[str, Any]) -> str:
+    """Float runs: label logits' largest difference from transformers (float32 runs: from transformers in float32;
+    bf16: from transformers in float32 on the same weights). int8 runs: the label log-prob drift of ours and of
+    CTranslate2's int8 on the same inputs, in nats."""
+    if d.get("dtype") == "int8":
+        ct2 = d.get("ct2_max_label_logprob_drift")
+        theirs = "" if ct2 is None else f"; CTranslate2 int8 {ct2:.2f}"
+        return f"drift {d['max_label_logprob_drift']:.2f} nats{theirs}"
+    parity = d.get("max_abs_diff_vs_hf")
+    return "—" if parity is None else f"{parity:.2g}"
+
+
+# --- beam search ---------------------------------------------------------------------------------------------
+
+def beam(results: Results) -> list[str]:
+    rows = []
+    for r in of_bench(results, "beam_node"):
+        d, sides = r.data, r.data["sides"]
+        ct2 = sides.get("ct2")
+        rows.append([r.machine_class[0], model_name(r), "fp32",
+                     seconds(sides["ours"]["single_ms"]),
+                     f"{sides['ours']['best_requests_per_s']:.3f} ({sides['ours']['best_batch']} per call)",
+                     f"{times(d['speedup_vs_hf_single'])} / {times(d['speedup_vs_hf_batched'])}",
+                     "not run" if ct2 is None else
+                     f"{times(d['speedup_vs_ct2_single'])} / {times(d['speedup_vs_ct2_batched'])}",
+                     "identical" if d.get("identical_to_hf") else "differ", r.source()])
+        for kind in ("bf16", "int8"):
+            extra = d.get(kind)
+            if not extra:
+                continue
+            side = sides[f"ours_{kind}"]
+            against_ct2 = (f"{times(extra['speedup_vs_ct2_single'])} / {times(extra['speedup_vs_ct2_batched'])}"
+                           if extra.get("speedup_vs_ct2_single") else "not run")
+            rows.append([r.machine_class[0], model_name(r),
+                         f"{kind} ({times(extra['speedup_vs_fp32_single'])} / "
+                         f"{times(extra['speedup_vs_fp32_batched'])} our fp32)",
+                         seconds(side["single_ms"]),
+                         f"{side['best_requests_per_s']:.3f} ({side['best_batch']} per call)", "—", against_ct2,
+                         f"{extra['candidates_changed']} of {extra['candidates']} candidates changed against our "
+                         f"fp32 (best score {extra['best_score_max_abs_diff']:.2f} nats off)", r.source()])
+    return table(["machine", "model", "precision", "ours, one request", "ours, best batching (req/s)",
+                  "against transformers (single / batched)", "against CTranslate2 float32 (single / batched)",
+                  "beams against transformers fp32", FROM], rows)
+
+
+# --- shared prefix, profile, attention -------------------------------------------------------------------------
+
+def shared_prefix(results: Results) -> list[str]:
+    rows = [[r.machine_class[0], model_name(r), precision(r),
+             number(d["shared_s_per_request"]) + " s", number(d["unshared_s_per_request"]) + " s",
+             times(d["speedup_vs_unshared"]), times(d["flop_bound"]), times(d["speedup_vs_hf"]),
+             f"{d['max_abs_diff_vs_unshared']:.2g}", r.source()]
+            for r in of_bench(results, "shared_prefix") for d in [r.data]]
+    return table(["machine", "model", "precision", "shared, per request", "unshared, per request",
+                  "speed-up over unshared", "executed-FLOP bound", "against transformers careful",
+                  "label logits, shared against unshared", FROM], rows)
+
+
+def profile(results: Results) -> list[str]:
+    rows = []
+    for r in of_bench(results, "profile_nodes"):
+        s = r.data["score"]
+        shares, of_peak = s.get("families_share") or {}, s.get("family_of_peak") or {}
+        node_ms = s.get("node_ms") or s.get("eager_ms")
+        gemm = None if "gemm" not in shares else shares["gemm"] + shares.get("gemm_int8", 0.0)
+        attention = shares.get("attention")
+        rest = None if gemm is None or attention is None else 1.0 - gemm - attention
+        rows.append([r.machine_class[0], model_name(r), precision(r),
+                     f"{seconds(node_ms)}{'' if s.get('node_ms') else ' (eager)'}",
+                     share(gemm), share(attention), share(rest),
+                     number(of_peak.get("gemm")), number(of_peak.get("attention")), r.source()])
+    return table(["machine", "model", "precision", "one request of 15 samples", "GEMMs (int8 and float)", "attention",
+                  "the rest",
+                  "GEMMs, of peak", "attention, of peak", FROM], rows)
+
+
+def attention_op(results: Results) -> list[str]:
+    rows = [[r.machine_class[0], MODELS.get(d["model"], d["model"]), d["dtype"],
+             f"{d['median_ms']['ours']:.1f} ms", f"{d['median_ms']['sdpa']:.1f} ms",
+             f"{d['median_ms']['flex']:.1f} ms" if d["median_ms"].get("flex") else "not run",
+             number(d["of_peak"]["ours"]), r.source()]
+            for r in of_bench(results, "attention_op") for d in [r.data]]
+    return table(["machine", "model", "dtype", "ours", "SDPA per sample", "FlexAttention", "ours, of peak", FROM],
+                 rows)
+
+
+# --- A/B runs of the node ------------------------------------------------------------------------------------
+
+AB_QUESTIONS = {
+    "node_ab_score_qwen2.5-0.5b_fp32": "scoring node against the Python-operator node it replaced",
+    "node_ab_score_qwen2.5-0.5b_bf16": "scoring node against the Python-operator node it replaced",
+    "node_ab_shared_qwen2.5-0.5b_fp32": "shared-prefix node against the Python-operator node it replaced",
+    "node_ab_beam_qwen2.5-0.5b_fp32": "beam node against the Python-operator node it replaced",
+    "node_ab_score_qwen2.5-0.5b_bf16_b_aten": "B: linears on aten, unpacked, against prepacked oneDNN",
+    "node_ab_score_qwen2.5-0.5b_fp32_b_aten": "B: linears on aten (MKL), unpacked, against prepacked oneDNN",
+    "node_ab_beam_qwen2.5-0.5b_fp32_aten": "B: beam node on aten against prepacked oneDNN",
+    "node_ab_beam_qwen2.5-0.5b_fp32_per_node": "B: the beam node `auto` builds against the same on prepacked oneDNN",
+    "node_ab_score_qwen2.5-0.5b_bf16_block64": "B: 64-row attention blocks against 32",
+}
+
+
+def node_ab(results: Results) -> list[str]:
+    rows = [[r.machine_class[0], AB_QUESTIONS.get(r.key, r.key), d["workload"], d["dtype"],
+             f"{d['a_median_s']:.2f} s", f"{d['b_median_s']:.2f} s", times(d["speedup"]),
+             number(d.get("median_pair_ratio")), r.source()]
+            for r in of_bench(results, "node_ab") for d in [r.data]]
+    return table(["machine", "question", "workload", "dtype", "A, median call", "B, median call",
+                  "B's speed-up", "median pair ratio", FROM], rows)
+
+
+# --- overload ------------------------------------------------------------------------------------------------
+
+POLICIES = ("admission", "edf_late_drop", "fcfs_late_drop", "edf_bounded", "edf_expiry")
+
+
+def overload_policies(name: str) -> Callable[[Results], list[str]]:
+    """One overload result's policy × load table: median goodput (smallest–largest window), p99, the shares
+    refused, dropped and of compute wasted."""
+    def render(results: Results) -> list[str]:
+        r = results[name]
+        d = r.data
+        rows = []
+        for policy in POLICIES:
+            cells = []
+            for load in d["loads"]:
+                c = d["table"][policy][load]
+                low, high = c["goodput_spread_rps"]
+                cells.append(f"{c['goodput_rps']:.1f} ({low:.1f}–{high:.1f}); p99 {c['ok_p99_ms']:.0f} ms; "
+                             f"refused {share(c['refused_share'])}; dropped {share(c['dropped_share'])}; "
+                             f"wasted {share(c['wasted_share'])}")
+            rows.append([f"`{policy}`", *cells])
+        caption = [f"**{d['workload']}**: capacity {d['capacity_rps']:.1f} requests/s by the sweep, "
+                   f"{d['windows']} windows per cell;", f"from {r.source()}"]
+        return [*caption, "", *table(["policy", *d["loads"]], rows)]
+    return render
+
+
+def overload_summary(results: Results) -> list[str]:
+    rows = []
+    for r in sorted((r for r in results.values() if r.bench in ("overload", "overload_sim")),
+                    key=lambda r: (r.bench, r.name)):
+        d = r.data
+        by_load = d.get("admission_over_best_ablation_by_load")
+        goals = d.get("goals") or {}
+        held = [g for g in goals.values() if isinstance(g, dict) and "holds" in g]
+        rows.append([r.bench, d["workload"], d.get("shed_by_cost", d.get("admission_shed_by_cost", "—")),
+                     f"{d['capacity_rps']:.1f}",
+                     " / ".join(f"{times(v)}" for v in by_load.values()) if by_load else
+                     f"2x: {times(d.get('admission_at_2x_over_best_ablation'))}",
+                     share((d.get("wasted_compute_share") or {}).get("admission")),
+                     f"{sum(g['holds'] for g in held)} of {len(held)}" if held else "—", r.source()])
+    return table(["benchmark", "workload", "shed by cost", "capacity, requests/s",
+                  "admission over the best ablation (1x / 2x / 4x)", "admission's wasted compute at 2x",
+                  "goals held", FROM], rows)
+
+
+# --- serving, recovery, memory -------------------------------------------------------------------------------
+
+def _serving_rows(results: Results) -> Iterable[list[str]]:
+    def row(name: str, what: str, value: Callable[[dict[str, Any]], str]) -> list[str]:
+        r = results[name]
+        return [what, value(r.data), r.source()]
+
+    yield row("detection", "a killed worker seen lost (SIGKILL, median over cases)",
+              lambda d: " / ".join(f"{c['median_ms']:.1f} ms" for k, c in d["cases"].items() if "SIGKILL" in k))
+    yield row("detection", "a frozen worker seen lost, worst case over the bound T",
+              lambda d: f"{d['max_over_bound']:.3f} T")
+    yield row("recovery", "SIGKILL to the replacement's first answer (min / median / max)",
+              lambda d: " / ".join(f"{d['first_200_after_kill_s'][k]:.2f} s" for k in ("min", "median", "max")))
+    yield row("gateway_overhead", "gateway's added latency, p50 / p99 (stand-in worker)",
+              lambda d: f"{d['overhead_p50_ms']:.2f} / {d['overhead_p99_ms']:.2f} ms")
+    yield row("gateway_overhead", "most requests/s through one gateway (text / token ids)",
+              lambda d: f"{d['max_rps']:.0f} / {d['max_rps_pretokenized']:.0f}")
+    yield row("protocol", "protocol's cost over raw ZeroMQ, p50 (ipc / tcp)",
+              lambda d: f"{d['protocol_overhead_ipc_p50_us']:.1f} / {d['protocol_overhead_tcp_p50_us']:.1f} µs")
+    yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: session goodput on over off (FLOP bound)",
+              lambda d: f"{times(d['speedup_vs_cache_off'])} ({times(d['flop_bound'])})")
+    yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: Zipf hit rate, 2 routed workers over 1",
+              lambda d: number(d["routing_hit_rate_ratio"], 3))
+    yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: change at zero reuse (closed loop, one run)",
+              lambda d: share(d["zero_reuse_slowdown"]))
+    yield row("cpu_lanes-qwen2.5-0.5b-fp32-4l", "two CPU lanes of 1 thread over one of 2 (requests/s)",
+              lambda d: times(d["throughput_two_lanes_over_one"]))
+    yield row("gemm_ab_score_fp32_4l", "scoring node on oneDNN over aten, float32",
+              lambda d: times(d["median_speedup_onednn_vs_aten"]))
+    yield row("worker_memory-qwen2.5-0.5b-bf16-24l-avx512-halfrate",
+              "CPU worker's resident set, largest rise without / with its limit",
+              lambda d: " / ".join(f"{d['sides'][s]['max_resident_rise_gib']:.2f} GiB" for s in ("kept", "limited")))
+
+
+def serving(results: Results) -> list[str]:
+    return table(["figure", "value", FROM], _serving_rows(results))
+
+
+# --- the index -----------------------------------------------------------------------------------------------
+
+def index(results: Results) -> list[str]:
+    """Which file is current for which benchmark and machine class."""
+    rows = [[f"`{r.name}`", r.bench, r.machine_class[0], r.machine_class[1], r.commit, r.date[:10],
+             "—" if r.load_median is None else f"{r.load_median:g}", "yes" if r.quick else "no"]
+            for r in sorted(results.values(), key=lambda r: (r.bench, r.name))]
+    return table(["file", "benchmark", "machine class", "class from", "commit", "date", "load (median)", "smoke run"],
+                 rows)
+
+
+TABLES: dict[str, Callable[[Results], list[str]]] = {
+    "headline": headline,
+    "score": score,
+    "beam": beam,
+    "shared-prefix": shared_prefix,
+    "profile": profile,
+    "attention-op": attention_op,
+    "node-ab": node_ab,
+    "overload-summary": overload_summary,
+    "overload-uniform": overload_policies("overload-uniform"),
+    "overload-trace": overload_policies("overload-trace"),
+    "serving": serving,
+    "index": index,
+}

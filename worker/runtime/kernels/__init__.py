@@ -1,0 +1,113 @@
+"""C++ kernels the CPU packages call as operators (torch.ops.boundserve.*), and their one library file.
+
+`packed_attention.cpp`: attention over the packed key pool (compile/attention.py) in bfloat16 with
+AVX512-BF16 dot products, or in float32 with FMAs, one code for both. On a CPU with AVX512-BF16 but
+without AMX, FlexAttention's CPU kernel leaves its fast path in bfloat16, so those packages used to run
+attention as float32 on upcast q/k/v. Measured in the compiled Qwen3-0.6B scoring node (16 query heads,
+8 K/V heads of 128; one request of 15 samples, 4,285 tokens; 2 threads, an AMD EPYC with AVX512-BF16
+and no AMX; bench/profile_nodes.py): attention 0.68 s of the request against 2.44 s with FlexAttention's
+float32 kernel, 25 ms a layer against 90 ms. In float32 the same code replaces FlexAttention's float32
+kernel, which ran at 0.24 of the float32 peak in the Qwen2.5-0.5B node (44.7 ms a layer, same request and
+machine): the operator alone on that layer's shapes (14 query heads, 2 K/V heads of 64, 15 causal samples
+of 285 tokens; median of 30 calls) took 15.9 ms, 0.61 of the peak; on Qwen3-0.6B's, 39.2 ms (0.56).
+
+The build compiles the library (torch.utils.cpp_extension: a C++ compiler and ninja, which the
+compile step has anyway) and copies it into the artifacts folder, named in the manifest with its
+hash; the runtime loads that file before the packages, so serving needs no compiler. A package calls
+the operator through AOTInductor's proxy executor: C++ from end to end, no Python called.
+
+One process holds one version of the library: a second, different one is refused (its operators
+would have the same names).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+from worker.runtime.files import file_hash
+
+__all__ = ["LIBRARY", "KernelMismatch", "attention_applies", "build_library", "load_library"]
+
+LIBRARY = "boundserve_kernels.so"
+"""The library's file name in an artifacts folder."""
+
+SOURCES = (Path(__file__).parent / "packed_attention.cpp",)
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")
+"""-fopenmp: at::parallel_for is a header template; compiled without it, it runs on one thread."""
+
+_lock = threading.Lock()
+_loaded: str | None = None  # sha256 of the library this process loaded
+_built: Path | None = None  # the library this process compiled
+
+
+class KernelMismatch(RuntimeError):
+    """A kernel library that cannot be loaded into this process."""
+
+
+def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether a package's attention runs the kernel: a CPU with AVX512-BF16 (the library is compiled for
+    it), heads a multiple of 16 wide, and float32, or bfloat16 where the CPU has no AMX (with AMX,
+    FlexAttention's own bfloat16 kernel multiplies on its tiles). Float32 was measured on a CPU without
+    AMX only; FlexAttention's float32 kernel, which it replaces, is the same code with or without."""
+    if device.type != "cpu" or head_dim % 16 or not torch.cpu._is_avx512_bf16_supported():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and not torch.cpu._is_amx_tile_supported())
+
+
+def build_library(out: Path | None = None) -> Path:
+    """Compile the library (cached by torch.utils.cpp_extension while the sources and flags are unchanged),
+    load it into this process and, given `out`, copy it there as LIBRARY. Returns the library's path."""
+    global _built
+    with _lock:
+        if _built is None:
+            _built = _compile()
+    load_library(_built)
+    if out is None:
+        return _built
+    target = Path(out) / LIBRARY
+    shutil.copyfile(_built, target)
+    return target
+
+
+def _compile() -> Path:
+    """The compiled library's path. cpp_extension's `load` also loads what it built, from its own path:
+    it runs in a child process, so that this one loads a library only through `load_library` (the same
+    library loaded from a second path would register its operators twice)."""
+    script = ("import sys, json; from torch.utils.cpp_extension import load; a = json.loads(sys.argv[1]); "
+              "print(load(name='boundserve_kernels', sources=a['sources'], extra_cflags=a['flags'], "
+              "extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False))")
+    args = json.dumps({"sources": [str(s) for s in SOURCES], "flags": list(FLAGS)})
+    done = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling the boundserve kernels ({', '.join(s.name for s in SOURCES)}) failed; "
+                           f"they need a C++ compiler and ninja:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def load_library(path: Path, digest: str | None = None) -> None:
+    """Load the library at `path` into this process once; loading the same library again (the same
+    content: `digest`, its sha256 where the caller has checked it, else hashed here) does nothing, a
+    different one raises KernelMismatch."""
+    global _loaded
+    digest = digest or file_hash(Path(path))
+    with _lock:
+        if _loaded == digest:
+            return
+        if _loaded is not None:
+            raise KernelMismatch(f"{path}: this process already runs another build of the boundserve kernels "
+                                 f"(sha256 {_loaded[:12]}); one process serves artifacts of one kernel build")
+        torch.ops.load_library(str(path))
+        torch.library.register_fake("boundserve::packed_attention")(_packed_attention_shape)
+        _loaded = digest
+
+
+def _packed_attention_shape(q, k, v, intervals):
+    """The operator's output for tracing: q's shape and dtype."""
+    return torch.empty_like(q)
