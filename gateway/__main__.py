@@ -24,7 +24,7 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import GATEWAY, make_app
-from gateway.logs import setup_logging
+from gateway.logs import gateway_logging
 from gateway.wiring import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
 from gateway.tokenizer import RequestTokenizer
@@ -48,7 +48,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    setup_logging()
+    with gateway_logging():
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; 2 when the start is refused."""
     try:
         config = load_config(args.config)
         gw = dataclasses.replace(config.gateway, host=args.host or config.gateway.host,

@@ -14,6 +14,7 @@ msgspec ignores keys a dataclass does not declare, so unknown keys are refused b
 from __future__ import annotations
 
 import dataclasses
+import math
 import string
 import tomllib
 import typing
@@ -57,9 +58,10 @@ class ModelConfig:
     otherwise, but for the beam node's float32 on AVX2 alone (there MKL's sgemm beat prepacked oneDNN
     on the scoring node's thousands of rows and lost on the beam node's hundreds)."""
     fp8: bool = False
-    """Selective FP8 for GPU builds (compile/fp8.py): linear layers chosen at build time by measured accuracy
-    loss run torch._scaled_mm in float8 e4m3 with offline scales. Off by default; refused on a CPU, where
-    [quantize] int8 is the quantization."""
+    """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss run
+    torch._scaled_mm in float8 e4m3 with offline scales; for GPUs (CUDA, compute capability 8.9+). Off by
+    default. A CPU build is accepted, to check an FP8 package's numbers without a GPU: torch runs _scaled_mm on
+    the CPU too, but slowly (the build warns); [quantize] int8 is the CPU's fast quantization."""
     fp8_max_prob_change: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
     """FP8 budget: largest change of any label probability allowed on the calibration set."""
 
@@ -90,6 +92,35 @@ class QuantizeConfig:
     """Gate: share of samples whose most likely next token is unchanged."""
     min_rank_agreement: Share = 0.95
     """Gate: share of the pairs of items within a request kept in the same order by the first label."""
+
+    def validate(self) -> None:
+        """Refuse limits that switch the gate off (each named, with its ceiling or floor and why)."""
+        for name, ceiling in GATE_MAX_NATS.items():
+            value = getattr(self, name)
+            if value > ceiling:
+                raise ConfigError(f"quantize.{name} = {value:g} nats switches the int8 gate off: at most {ceiling:g} "
+                                  f"(a label's probability changed {math.exp(ceiling):.1f}x; a wrong model misses by "
+                                  f"several nats), default {getattr(QuantizeConfig, name):g}")
+        for name, floor in GATE_MIN_SHARES.items():
+            value = getattr(self, name)
+            if value < floor:
+                raise ConfigError(f"quantize.{name} = {value:g} switches the int8 gate off: at least {floor:g} (below, "
+                                  f"most samples or pairs may change), default {getattr(QuantizeConfig, name):g}")
+
+    def looser_than_defaults(self) -> list[str]:
+        """Each gate limit or budget looser than its default, as a line for the build's warnings."""
+        looser = [name for name in GATE_MAX_NATS if getattr(self, name) > getattr(QuantizeConfig, name)]
+        looser += [name for name in GATE_MIN_SHARES if getattr(self, name) < getattr(QuantizeConfig, name)]
+        return [f"quantize.{name} = {getattr(self, name):g} is looser than the default "
+                f"{getattr(QuantizeConfig, name):g}" for name in looser]
+
+
+GATE_MAX_NATS = {"selection_max_drift": 2.0, "max_label_logprob_drift": 2.0, "mean_label_logprob_drift": 1.0}
+"""Ceilings of the int8 budget and gate's drifts (nats): beyond them the gate no longer tells a quantized model
+from a broken one (bench/parity.py: a wrong model misses a top-1 log-probability by several nats)."""
+GATE_MIN_SHARES = {"min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
+"""Floors of the gate's agreements: below half, a model that changes most answers (or orders most pairs of a
+request's items otherwise than the float model does) would pass."""
 
 
 @dataclass(frozen=True)
@@ -388,9 +419,6 @@ class DeploymentConfig:
         if self.quantize.int8 and self.model.device != "cpu":
             raise ConfigError(f"quantize.int8 = true is for CPU builds (oneDNN's int8 GEMMs); model.device is "
                               f"{self.model.device!r}: GPUs quantize with model.fp8 = true")
-        if self.model.fp8 and self.model.device == "cpu":
-            raise ConfigError("model.fp8 = true is for GPU builds (torch._scaled_mm on CUDA, compute capability "
-                              "8.9+); a CPU has no float8 GEMM: set quantize.int8 = true for oneDNN's int8 GEMMs")
         if self.quantize.int8 and self.model.fp8:
             raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from compile.fp8 import candidate_linears, pack_batch, random_calibration, swap
-from compile.quantize.gate import GateLimits, check, figures
+from compile.quantize.gate import GateLimits, QuantizationRefused, check, figures
 from compile.quantize.int8 import Int8Linear, activation_max
 from compile.quantize.select import select
 
@@ -83,11 +83,18 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
     device, vocab = str(next(model.parameters()).device), model.spec.vocab_size
     labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: config.build_bounds.max_labels]
     batches, source = calibration_batches(config, vocab, labels, device)
+    notes = warnings(q)
+    for note in notes:
+        stage(f"warning: {note}")
     choose, held_out = batches[0::2], batches[1::2]
     score_module = ScoreModule(model, 1).eval()
     stage(f"int8: ranking {len(candidate_linears(model))} linear layers on {len(choose)} calibration batches "
           f"(budget: label log-probs change <= {q.selection_max_drift} nats)")
     selection = select(model, scorer(score_module, choose), Int8Linear, q.selection_max_drift)
+    if not selection.chosen:
+        raise QuantizationRefused(f"no linear layer fits the int8 selection budget (quantize.selection_max_drift = "
+                                  f"{q.selection_max_drift:g} nats): the build would be labelled int8 and run float. "
+                                  "Raise the budget, or set quantize.int8 = false")
     reference = scorer(score_module, held_out)()
     beams = beam_searcher(config, model, held_out) if config.beam.enabled else None
     beam_reference = beams() if beams else None
@@ -109,7 +116,17 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
             "calibration": source, "selection": {"max_drift": selection.max_drift,
                                                  "mean_drift": selection.mean_drift, "budget": selection.budget,
                                                  "probes": selection.probes},
-            "gate": gate.to_dict(), "beam_candidates_changed": beam_changes, "limits": limits}
+            "gate": gate.to_dict(), "beam_candidates_changed": beam_changes, "limits": limits, "warnings": notes}
+
+
+def warnings(q) -> list[str]:
+    """What the build says before it quantizes: a gate looser than the defaults, a calibration on random ids."""
+    notes = [f"{line}: the int8 gate accepts more change than boundserve's defaults"
+             for line in q.looser_than_defaults()]
+    if not q.calibration:
+        notes.append("quantize.calibration is empty: the layers are chosen and gated on random token ids, which "
+                     "say little about the deployment's own texts; give a file of its tokenized samples")
+    return notes
 
 
 def beam_searcher(config, model: nn.Module, batches: list[tuple]):
