@@ -1,6 +1,6 @@
 """The aiohttp application factory, used alike by `python -m gateway`, the tests and the benchmarks.
 
-Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json.
+Routes: POST /v1/score, POST /v1/generate, POST /v1/completions, GET /healthz, /readyz, /metrics, /openapi.json.
 One middleware gives every request its id, checks the bearer token, turns every error into the
 JSON of gateway/errors.py and writes one JSON log line per request.
 """
@@ -24,6 +24,8 @@ from aiohttp import web
 from gateway.api.deadline import budget_ms, header_budget_ms
 from gateway.errors import ApiError, error_response
 from gateway.api.generate import parse_generate
+from gateway.api.completions import parse_completions
+from gateway.completions import CompletionService
 from gateway.api.answers import Health, Ready, WorkerState, encode_json
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import drop_reason
@@ -52,6 +54,7 @@ def make_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/score", score)
     app.router.add_post("/v1/generate", generate)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -198,12 +201,22 @@ GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
                      lambda gateway, spec, wire_id, deadline: gateway.generation.generate(spec, wire_id, deadline))
 
 
+COMPLETIONS = WorkRoute(
+    parse_completions, lambda config: max(config.score_deadline_ms, config.generate_deadline_ms),
+    lambda gateway, spec, wire_id, deadline: CompletionService(gateway.scoring, gateway.generation,
+                                                               gateway.settings.tokenizer).complete(spec, wire_id, deadline))
+
+
 async def score(request: web.Request) -> web.Response:
     return await serve_work(request, SCORE)
 
 
 async def generate(request: web.Request) -> web.Response:
     return await serve_work(request, GENERATE)
+
+
+async def completions(request: web.Request) -> web.Response:
+    return await serve_work(request, COMPLETIONS)
 
 
 async def healthz(request: web.Request) -> web.Response:
