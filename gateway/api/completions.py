@@ -76,8 +76,9 @@ class Greedy:
             return f"{where}.top_p = {body.top_p}: this gateway does not sample; send top_p 1 or leave it out"
         return None
 
-    def schema(self) -> None:
-        return None
+    def schema(self) -> dict[str, Any]:
+        sampled = {"properties": {"temperature": {"enum": [None, 0]}, "top_p": {"enum": [None, 1]}}}
+        return {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}}, "else": sampled}
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,29 @@ class OneScoredPrompt:
         return (f"{where}.n = {body.n}, best_of = {body.best_of} with max_tokens 0: a prompt scored without "
                 "generating has one answer; send n 1")
 
-    def schema(self) -> None:
-        return None
+    def schema(self) -> dict[str, Any]:
+        one = {"enum": [None, 1]}
+        return {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+                "then": {"properties": {"n": one, "best_of": one}}}
+
+
+@dataclass(frozen=True)
+class OneKindOfPrompt:
+    """A prompt is a string, or a list of strings, of token ids or of token-id lists: never a mix."""
+
+    name: str = "one_kind:prompt"
+    says: str = "prompt is a string, a list of strings, a list of token ids or a list of token-id lists"
+
+    def broken(self, body: Any, where: str) -> str | None:
+        prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+        if len({type(p) for p in prompts}) < 2:
+            return None
+        return (f"{where}.prompt mixes strings, token ids and lists of token ids; send a string, a list of "
+                "strings, a list of token ids or a list of token-id lists")
+
+    def schema(self) -> dict[str, Any]:
+        lists = [{"type": "array", "items": {"type": kind}} for kind in ("string", "integer", "array")]
+        return {"properties": {"prompt": {"anyOf": [{"type": "string"}, *lists]}}}
 
 
 def _json(value: Any) -> str:
@@ -129,7 +151,7 @@ def completion_request(limits: Limits, compiled_bounds: bool = True) -> type[Str
         (max_tokens 1) or bounded beam search (max_tokens > 1, n of best_of beams). Never sampled."""
 
         RULES: ClassVar[tuple[Rule, ...]] = (
-            Greedy(), FewerReturnedThanTried(), OneScoredPrompt(),
+            OneKindOfPrompt(), Greedy(), FewerReturnedThanTried(), OneScoredPrompt(),
             Unsupported("stream", (False,), "answers come whole; send stream false or leave it out"),
             Unsupported("stream_options", (), "answers are not streamed"),
             Unsupported("stop", ("", []), "stop sequences are not applied; leave stop out"),
@@ -201,12 +223,8 @@ def parse_completions(raw: bytes, limits: Limits) -> CompletionSpec:
 
 def _spec(body: Any) -> CompletionSpec:
     prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
-    kinds = {"text" if isinstance(p, str) else "ids" if isinstance(p, list) else "id" for p in prompts}
-    if len(kinds) > 1:
-        raise ApiError("invalid_request", "$.prompt mixes strings, token ids and lists of token ids; send a string, "
-                                          "a list of strings, a list of token ids or a list of token-id lists")
-    if kinds == {"id"}:
-        prompts = [prompts]  # one prompt given as token ids
+    if isinstance(prompts[0], int):
+        prompts = [prompts]  # one prompt given as token ids (OneKindOfPrompt: all are)
     n = body.n or 1
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     return CompletionSpec(prompts, bool(body.echo), body.logprobs, max_tokens, n, body.best_of or n,
