@@ -68,7 +68,7 @@ def test_scoring_package_runs_without_the_project(artifacts, request, tmp_path):
     with torch.inference_mode():
         outputs = node.package(*inputs)
     library = nodes.manifest.kernels.file if nodes.manifest.kernels else None
-    assert "same outputs 8" in run_bare(folder, "score.pt2", inputs, outputs, tmp_path, library)
+    assert "same outputs 11" in run_bare(folder, "score.pt2", inputs, outputs, tmp_path, library)  # 6 + 3 token + 2 kv
 
 
 def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):
