@@ -47,7 +47,7 @@ def enabled_workloads(config: DeploymentConfig) -> list[str]:
 
 def check_positions(config: DeploymentConfig, spec: ModelSpec) -> None:
     """Refuse bounds that would place a token past the model's positions (its RoPE table ends there)."""
-    bounds = config.bounds
+    bounds = config.build_bounds
     reach = [(bounds.max_tokens_per_sample, "bounds.max_tokens_per_sample")] if config.score.enabled else []
     if config.beam.enabled:
         reach.append((bounds.max_prompt_tokens + bounds.max_new_tokens,
@@ -214,7 +214,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
             "prepacked": combine(packings),  # weights the runtime packs at load (worker/runtime/packing.py)
             "machine": machine_facts(device),
             "cpu_threads": compiled_threads(config),
-            "bounds": asdict(config.bounds.resolved()),
+            "bounds": asdict(config.build_bounds.resolved()),
             "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
             "nodes": nodes,
             "fp8": fp8,

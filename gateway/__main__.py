@@ -63,13 +63,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) -> Settings:
     """What the app serves with; refuses to spawn CPU workers that would refuse the artifacts (and be
-    restarted over and over), and says which configured bounds the compiled ones override."""
+    restarted over and over), and a config whose [bounds] differ from the compiled ones."""
     manifest = read_manifest(artifacts)
     if spawn_workers and "cpu" in config.worker.devices and (problem := threads_difference(manifest, config)):
         raise ConfigError(f"{artifacts}: {problem}")
     if differences := bounds_differences(manifest, config):
-        log.warning("the config's [bounds] differ from what the artifacts in %s were compiled for; the compiled "
-                    "bounds are served (rebuild to change them): %s", artifacts, "; ".join(differences))
+        raise ConfigError(f"the config's [bounds] differ from what the artifacts in {artifacts} were compiled for: "
+                          f"{'; '.join(differences)}; rebuild them (python -m compile), or leave [bounds] out of the "
+                          "config to serve the compiled bounds")
     token = None
     if config.gateway.auth_token_env:
         token = os.environ.get(config.gateway.auth_token_env)

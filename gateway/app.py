@@ -1,6 +1,8 @@
 """The aiohttp application factory, used alike by `python -m gateway`, the tests and the benchmarks.
 
-Routes: POST /v1/score, POST /v1/generate, POST /v1/completions, GET /healthz, /readyz, /metrics, /openapi.json.
+Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json; the
+de-facto standard ones: POST /v1/rerank, /v2/rerank (Cohere, Jina), /rerank (text-embeddings-inference),
+POST /v1/embeddings, POST /v1/completions and GET /v1/models (OpenAI).
 One middleware gives every request its id, checks the bearer token, turns every error into the
 JSON of gateway/errors.py and writes one JSON log line per request.
 """
@@ -32,6 +34,9 @@ from gateway.metrics import drop_reason
 from gateway.api.openapi import openapi_document
 from gateway.api.body import read_body
 from gateway.api.score import parse_score
+from gateway.api import rerank as rerank_api
+from gateway.api.reranking import TRUNCATED_HEADER, rerank, served_model
+from gateway.api.embeddings import embed, model_list, parse_embeddings
 from gateway.limits import Limits
 from gateway.wiring import Gateway, Settings
 from shared.config import GatewayConfig
@@ -42,6 +47,7 @@ SETTINGS = web.AppKey("settings", Settings)
 REQUEST_ID = web.RequestKey("request_id", str)
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+WORK_PATHS_OUTSIDE_V1 = frozenset({"/v2/rerank", "/rerank"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -55,6 +61,11 @@ def make_app(settings: Settings) -> web.Application:
     app.router.add_post("/v1/score", score)
     app.router.add_post("/v1/generate", generate)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/rerank", rerank_v1)
+    app.router.add_post("/v2/rerank", rerank_v2)
+    app.router.add_post("/rerank", rerank_tei)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -108,7 +119,7 @@ def _account(request: web.Request, gateway: Gateway, status: int, error: ApiErro
     elapsed_ms = (time.monotonic() - started) * 1000.0
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
     code = "ok" if error is None else error.code
-    work = request.path.startswith("/v1/")
+    work = (request.path.startswith("/v1/") or request.path in WORK_PATHS_OUTSIDE_V1) and request.path != "/v1/models"
     drop = drop_reason(code, error.drop_reason) if work and error is not None else None
     gateway.metrics.count_request(route, code, drop)
     if work:
@@ -184,14 +195,24 @@ async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
     headers and body, the body read within it, parse, run, answer."""
     gateway = request.app[GATEWAY]
-    with _accepting(gateway) as arrived:
+    clock, telemetry = gateway.pool.clock, gateway.telemetry
+    with _accepting(gateway) as arrived, telemetry.request(request.method, request.path, request.headers,
+                                                           arrived, clock) as trace:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
         spec = route.parse(await _read_body(request, header_ms), gateway.limits)
         budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
-        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
-    if route.names_answer(spec):
-        answer.id = request[REQUEST_ID]
-    return _json(answer)
+        wire_id = gateway.wire_id(request[REQUEST_ID])
+        if trace is not None:  # tracing on (gateway/telemetry.py)
+            trace.span("receive", arrived, clock())
+            telemetry.bind(wire_id, trace)
+        answer = await route.run(gateway, spec, wire_id, arrived + budget / 1000.0)
+        answered = clock()
+        if route.names_answer(spec):
+            answer.id = request[REQUEST_ID]
+        response = _json(answer)
+        if trace is not None:
+            trace.span("answer", answered, clock())
+    return response
 
 
 SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
@@ -204,7 +225,8 @@ GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
 COMPLETIONS = WorkRoute(
     parse_completions, lambda config: max(config.score_deadline_ms, config.generate_deadline_ms),
     lambda gateway, spec, wire_id, deadline: CompletionService(gateway.scoring, gateway.generation,
-                                                               gateway.settings.tokenizer).complete(spec, wire_id, deadline))
+                                                               gateway.settings.tokenizer).complete(
+        spec, served_model(gateway, spec.model), wire_id, deadline))
 
 
 async def score(request: web.Request) -> web.Response:
@@ -217,6 +239,42 @@ async def generate(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.Response:
     return await serve_work(request, COMPLETIONS)
+
+
+async def _serve_rerank(request: web.Request, shape: rerank_api.Shape) -> web.Response:
+    """A rerank route: the score route's skeleton and defaults; the documents cut (with truncate) are named
+    in a header on every shape (TEI's answer is a bare list)."""
+    truncated: list[int] = []
+    route = WorkRoute(rerank_api.parser(shape), lambda config: config.score_deadline_ms,
+                      lambda gateway, spec, wire_id, deadline: rerank(gateway, spec, wire_id, deadline, truncated),
+                      names_answer=lambda spec: spec.shape != "tei")
+    response = await serve_work(request, route)
+    if truncated:
+        response.headers[TRUNCATED_HEADER] = ",".join(str(i) for i in sorted(truncated))
+    return response
+
+
+async def rerank_v1(request: web.Request) -> web.Response:
+    return await _serve_rerank(request, "cohere-v1")
+
+
+async def rerank_v2(request: web.Request) -> web.Response:
+    return await _serve_rerank(request, "cohere-v2")
+
+
+async def rerank_tei(request: web.Request) -> web.Response:
+    return await _serve_rerank(request, "tei")
+
+
+EMBEDDINGS = WorkRoute(parse_embeddings, lambda config: config.score_deadline_ms, embed, names_answer=lambda spec: False)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    return await serve_work(request, EMBEDDINGS)
+
+
+async def models(request: web.Request) -> web.Response:
+    return _json(model_list(request.app[SETTINGS]))
 
 
 async def healthz(request: web.Request) -> web.Response:

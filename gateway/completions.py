@@ -11,6 +11,7 @@ of the prompt.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -36,7 +37,9 @@ class CompletionService:
         self._generation = generation
         self._tokenizer = tokenizer
 
-    async def complete(self, spec: CompletionSpec, request_id: str, deadline: float) -> CompletionAnswer:
+    async def complete(self, spec: CompletionSpec, model: str, request_id: str, deadline: float) -> CompletionAnswer:
+        """model: the served model's name, which the answer carries (gateway/api/reranking.served_model)."""
+        spec = dataclasses.replace(spec, model=model)
         if spec.max_tokens > 1:
             return await self._beams(spec, request_id, deadline)
         if spec.max_tokens == 0 and not (spec.echo and spec.logprobs is not None):

@@ -15,6 +15,7 @@ from gateway.limits import Limits
 from gateway.loop_lag import LoopLagWatch
 from gateway.metrics import Metrics
 from gateway.scoring import ScoreService
+from gateway.telemetry import OFF, Telemetry
 from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
 from shared.bounds import batch_bounds
@@ -31,6 +32,8 @@ class Settings:
     manifest: Manifest
     tokenizer: RequestTokenizer
     auth_token: str | None = None
+    span_exporter: Any = None
+    """An OpenTelemetry span exporter to trace to instead of [telemetry]'s OTLP endpoint (tests)."""
 
 
 @dataclass
@@ -53,6 +56,8 @@ class Gateway:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     lag_watch: LoopLagWatch | None = None
     _wire_ids: Any = field(default_factory=lambda: itertools.count(1))
+    telemetry: Any = OFF
+    """gateway/telemetry.py's Telemetry ([telemetry] enabled), else OFF."""
 
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
@@ -72,7 +77,11 @@ class Gateway:
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
                              gw.tokenize_offload_chars, pool.expected_reuse)
         generate = GenerateService(settings.tokenizer, limits, batchers["beam"], admission, metrics)
-        gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor)
+        telemetry = Telemetry.of(config.telemetry, settings.span_exporter)
+        for link in pool.links:
+            link.telemetry = telemetry
+        gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor,
+                      telemetry=telemetry)
         gateway._register_gauges()
         return gateway
 
@@ -104,6 +113,7 @@ class Gateway:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.pool.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.telemetry.shutdown()
 
     def wire_id(self, request_id: str) -> str:
         """A protocol-unique id that still shows the caller's id (callers may reuse theirs)."""

@@ -14,6 +14,7 @@ msgspec ignores keys a dataclass does not declare, so unknown keys are refused b
 from __future__ import annotations
 
 import dataclasses
+import string
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -256,19 +257,96 @@ class GatewayConfig:
                                   f"{self.max_deadline_ms}: a route's default deadline must be one a request may ask for")
 
 
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+    "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+"""The Qwen3-Reranker recipe's prompt (its model card: system message, instruction, query, document,
+then an empty thinking block), as one str.format template; the answer is the next token, "yes" or "no"."""
+
+
+@dataclass(frozen=True)
+class RerankConfig:
+    """The rerank routes (/v1/rerank, /v2/rerank, /rerank): a generative reranker. Each document is
+    scored as `template` with its {query} and {document} filled in; its relevance is the probability of
+    the first label at the prompt's last token: P(yes) under the whole vocabulary with one label, or
+    P(yes) / (P(yes) + P(no)) with two. With the query before the document, every document's prompt
+    starts with the same tokens, which the scoring path computes once per batch (gateway/sharing.py)."""
+
+    template: str = QWEN3_RERANKER_TEMPLATE
+    """A str.format template with exactly the fields {query} and {document} (a literal brace doubled)."""
+    labels: tuple[str, ...] = ("yes", "no")
+    """The relevant label, then optionally the irrelevant one; each one token of the checkpoint's tokenizer."""
+
+    def validate(self) -> None:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None}
+            self.template.format_map({"query": "", "document": ""})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"rerank.template may only use {{query}} and {{document}} (a literal brace doubled: "
+                              f"{{{{ }}}}): {exc}") from None
+        if fields != {"query", "document"}:
+            raise ConfigError(f"rerank.template must use both {{query}} and {{document}}; it uses "
+                              f"{sorted(fields) or 'no field'}")
+        if not 1 <= len(self.labels) <= 2 or len(set(self.labels)) != len(self.labels):
+            raise ConfigError(f"rerank.labels must be one label (relevant) or two distinct ones (relevant, irrelevant); "
+                              f"got {list(self.labels)}")
+
+
+@dataclass(frozen=True)
+class EmbeddingsConfig:
+    """/v1/embeddings: the final-norm hidden state the scoring node returns for each input."""
+
+    pooling: Literal["last", "mean"] = "last"
+    """last: the hidden state at the last token (transformers' last_hidden_state[:, -1]). mean is
+    refused: the compiled scoring node returns only each sample's last position (compile/score/module.py),
+    so a mean over the tokens is not something it can provide."""
+
+    def validate(self) -> None:
+        if self.pooling == "mean":
+            raise ConfigError("embeddings.pooling = \"mean\" is not available: the compiled scoring node returns the "
+                              "hidden state at each sample's last token only (compile/score/module.py), not every "
+                              "token's; use \"last\"")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """OpenTelemetry traces of the gateway's requests (gateway/telemetry.py), exported over OTLP/HTTP.
+    Off by default; off, no span is made and nothing is imported."""
+
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    """The OTLP/HTTP traces endpoint (protobuf), e.g. an OpenTelemetry Collector's or Jaeger's port 4318."""
+    service_name: Annotated[str, Meta(min_length=1)] = "boundserve-gateway"
+    export_timeout_ms: Annotated[int, Meta(ge=10, le=60_000)] = 2000
+    max_queue_spans: Annotated[int, Meta(ge=16, le=1 << 20)] = 8192
+    """Spans held for export; beyond it new spans are dropped (the batch exporter counts them), never the serving."""
+
+    def validate(self) -> None:
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"telemetry.endpoint {self.endpoint!r} must be an http:// or https:// URL (OTLP/HTTP)")
+
+
 @dataclass(frozen=True)
 class DeploymentConfig:
     """One deployment: the model, its bounds, the workloads and the processes that serve them."""
 
     name: str = "demo"
     model: ModelConfig = field(default_factory=ModelConfig)
-    bounds: Bounds = field(default_factory=Bounds)
-    """[bounds]: shared/bounds.py declares them (compiled into the packages, checked everywhere)."""
+    bounds: Bounds | None = None
+    """[bounds]: shared/bounds.py declares them. The build compiles them into the packages (the defaults
+    where the table is left out: `build_bounds`); at run time the compiled bounds are the only ones, and a
+    gateway or worker refuses a config whose [bounds] differ from them (leave [bounds] out to serve
+    whatever the artifacts were compiled for)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -293,6 +371,11 @@ class DeploymentConfig:
                               "8.9+); a CPU has no float8 GEMM: set quantize.int8 = true for oneDNN's int8 GEMMs")
         if self.quantize.int8 and self.model.fp8:
             raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
+
+    @property
+    def build_bounds(self) -> Bounds:
+        """The bounds a build compiles: [bounds] as declared, the defaults where it is left out."""
+        return self.bounds if self.bounds is not None else Bounds()
 
     def replace(self, **sections: typing.Any) -> DeploymentConfig:
         """A copy with whole sections or fields replaced, decoded and validated again (types and

@@ -199,9 +199,10 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def bounds_differences(manifest: Manifest, config: DeploymentConfig) -> list[str]:
     """Each bound of `config` that differs from what the packages were compiled for, in words (empty:
-    they agree, or the manifest records no bounds). The compiled bounds are the ones served: gateway and
-    worker say so at start rather than let an edited [bounds] seem to take effect without a rebuild."""
-    if manifest.bounds is None:
+    they agree, the config leaves [bounds] out, or the manifest records no bounds). The compiled bounds are
+    the only ones at run time: gateway and worker refuse a config that says otherwise, rather than let an
+    edited [bounds] seem to take effect without a rebuild."""
+    if manifest.bounds is None or config.bounds is None:
         return []
     wanted = config.bounds.resolved()
     return [f"bounds.{f.name} = {getattr(wanted, f.name)}, compiled for {getattr(manifest.bounds, f.name)}"

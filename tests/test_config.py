@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.bounds import Bounds
 from shared.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +80,14 @@ def test_replace_checks_ranges_and_cross_field_rules_again():
     config = parse_config({})
     assert config.replace(gateway=dataclasses.replace(config.gateway, port=9)).gateway.port == 9
     with pytest.raises(ConfigError, match="bounds.max_beam_width = 0 must be an integer between 1 and 400"):
-        config.replace(bounds=dataclasses.replace(config.bounds, max_beam_width=0))
+        config.replace(bounds=dataclasses.replace(config.build_bounds, max_beam_width=0))
     with pytest.raises(ConfigError, match="must not exceed bounds.max_tokens_per_batch"):
-        config.replace(bounds=dataclasses.replace(config.bounds, max_tokens_per_batch=8))
+        config.replace(bounds=dataclasses.replace(config.build_bounds, max_tokens_per_batch=8))
+
+
+def test_bounds_left_out_are_none_and_the_build_takes_the_defaults():
+    """Leaving [bounds] out means 'serve what the artifacts were compiled for' (not a declared set of
+    defaults a serving process would compare with the manifest); a build compiles the defaults."""
+    config = parse_config({})
+    assert config.bounds is None and config.build_bounds == Bounds()
+    assert parse_config({"bounds": {"max_labels": 3}}).build_bounds.max_labels == 3

@@ -47,8 +47,9 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     built = read_manifest(Path(artifacts))
     if device == "cpu" and (problem := threads_difference(built, config)):
         raise ArtifactMismatch(problem)
-    if differences := bounds_differences(built, config):  # the compiled bounds are the ones served
-        log.warning("bounds_differ", artifacts=str(artifacts), differences=differences)
+    if differences := bounds_differences(built, config):  # the compiled bounds are the only ones at run time
+        raise ArtifactMismatch(f"the config's [bounds] differ from what {artifacts} was compiled for: "
+                               f"{'; '.join(differences)}; rebuild, or leave [bounds] out of the config")
     if device == "cpu":
         torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
         if not keep_freed_memory():  # else every call faults its buffers in again (worker/runtime/allocator.py)

@@ -28,7 +28,7 @@ def read_inputs(config: DeploymentConfig, vocab_size: int) -> BeamInputs:
     """Read and validate the beam node's inputs. The build calls it before any work (compile/build.py's
     check_inputs), so a bad generation_config.json or constraints file is refused before the checkpoint
     loads and the score node compiles; the node builder gets what it read (BuildContext.beam)."""
-    bounds, path = config.bounds, config.model.path
+    bounds, path = config.build_bounds, config.model.path
     source = f"{path}/generation_config.json"
     try:
         rule = beam_rule(read_generation_config(path), source=source)

@@ -165,7 +165,7 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
 def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
     """Node builder: the beam node of ctx's checkpoint under ctx.config's bounds."""
 
-    bounds = ctx.config.bounds
+    bounds = ctx.config.build_bounds
     inputs = ctx.beam
     assert inputs is not None, "the beam node is built only with [beam] enabled, whose inputs check_inputs read"
     rule, constraint, facts = inputs.rule, None, {}

@@ -46,7 +46,7 @@ def read_calibration(path: Path, max_tokens: int, vocab_size: int) -> list[torch
 
 def calibration_batches(config, vocab_size: int, labels: list[int], device: str) -> tuple[list[tuple], str]:
     """The scoring batches to calibrate and gate on, and where they came from (for the manifest)."""
-    b, q = config.bounds, config.quantize
+    b, q = config.build_bounds, config.quantize
     per_batch = min(BATCH_SAMPLES, b.max_samples_per_batch)
     if not q.calibration:
         batches = random_calibration(vocab_size, RANDOM_BATCHES, per_batch, (4, min(128, b.max_tokens_per_sample)),
@@ -81,7 +81,7 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
     from compile.score.module import ScoreModule
 
     device, vocab = str(next(model.parameters()).device), model.spec.vocab_size
-    labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: config.bounds.max_labels]
+    labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: config.build_bounds.max_labels]
     batches, source = calibration_batches(config, vocab, labels, device)
     choose, held_out = batches[0::2], batches[1::2]
     score_module = ScoreModule(model, 1).eval()
@@ -119,7 +119,7 @@ def beam_searcher(config, model: nn.Module, batches: list[tuple]):
     from compile.beam.module import BeamModule
     from worker.runtime.beam_node import BeamNode
 
-    b = config.bounds
+    b = config.build_bounds
     width, steps = min(4, b.max_beam_width), min(4, b.max_new_tokens)
     rule = beam_rule(read_generation_config(config.model.path))
     node = BeamNode(BeamModule(model, rule, steps), b.resolved(), model.spec.vocab_size,

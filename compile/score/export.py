@@ -28,11 +28,11 @@ def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProg
     static_ids = static_prefix_ids(ctx.config.score.prompt_template, Path(ctx.config.model.path))
     block = block_for(ctx.device)
     static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device, block) if static_ids else None
-    pool = key_pool(ctx.config.bounds, len(static_ids), block)
-    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv, pool).to(ctx.device)
+    pool = key_pool(ctx.config.build_bounds, len(static_ids), block)
+    module = ScoreModule(ctx.model, ctx.config.build_bounds.max_top_k, head, static_kv, pool).to(ctx.device)
     outputs = OUTPUT_NAMES + (("head",) if head is not None else ()) + TOKEN_OUTPUTS + PREFIX_KV_OUTPUTS
     facts = {"outputs": list(outputs), "static_prefix_ids": static_ids, "attention_block": block}
-    return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
+    return module, export_score_node(module, ctx.config.build_bounds, ctx.device, static_ids), facts
 
 
 def key_pool(bounds: Bounds, static_len: int, block: int) -> KeyPool:

@@ -163,8 +163,8 @@ def completion_request(limits: Limits, compiled_bounds: bool = True) -> type[Str
             "A string, a list of strings, a list of token ids, or a list of token-id lists.")), f.bound(
             "max_samples_per_request", "prompt holds {count} prompts; this deployment takes at most {bound} per "
             "request")]
-        model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description="Echoed in the answer; one model is "
-                                                                           "served.")] | None = None
+        model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
+            "The served model's name (GET /v1/models), or absent; another is refused."))] | None = None
         echo: bool | None = False
         logprobs: Annotated[int, Meta(ge=0, description="Top tokens per position (the chosen one is added)."),
                             f.bound("max_top_k", "logprobs = {value} is over the compiled bound of {bound} top "
@@ -202,7 +202,8 @@ class CompletionSpec:
     max_tokens: int
     n: int
     best_of: int
-    model: str
+    model: str | None
+    """The model asked for (None: the served one); another is refused (404) when the request runs."""
     deadline_ms: int | None
 
 
@@ -228,7 +229,7 @@ def _spec(body: Any) -> CompletionSpec:
     n = body.n or 1
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     return CompletionSpec(prompts, bool(body.echo), body.logprobs, max_tokens, n, body.best_of or n,
-                          body.model or "default", body.deadline_ms)
+                          body.model, body.deadline_ms)
 
 
 def _check_served(spec: CompletionSpec, limits: Limits) -> None:

@@ -14,6 +14,7 @@ from gateway.errors import ERRORS, SENT, ErrorAnswer
 from gateway.api.answers import ANSWERS
 from gateway.api.completions import CompletionAnswer, completion_request
 from gateway.api.types import request_types
+from gateway.api.compat_openapi import compat_paths
 from gateway.limits import Limits
 
 REF = "#/components/schemas/{name}"
@@ -38,6 +39,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                for name, least, extra in (("X-Deadline-Ms", 1, ""),
                                           (ENVOY_HEADER, 0, " Envoy's 0 means no timeout: the others decide."))]
     errors = _errors(error)
+    paths = compat_paths(limits, components, headers, errors)
     return {
         "openapi": "3.1.0",
         "info": {"title": "boundserve gateway", "version": "1",
@@ -56,6 +58,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
             "/readyz": _get("At least one worker is ready.", ready, errors, [503]),
             "/metrics": _get_text("Prometheus metrics.", text, errors),
             "/openapi.json": _get("This document.", document, errors, []),
+            **paths,
         },
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

@@ -16,12 +16,13 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
 4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
 5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place).
 6: Heartbeat.prefix_cache: what the worker's prefix cache holds and its counters.
-7: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
+7: ScoreRequest.traceparent and BeamRequest.traceparent: the request's W3C trace context (may be empty).
+8: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -35,6 +36,8 @@ NonNegative = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
 TokenIds = Annotated[tuple[NonNegative, ...], Meta(max_length=MAX_ITEMS)]
 TokenDtype = Literal[tuple(TOKEN_DTYPES)]
+TraceParent = Annotated[str, Meta(pattern=r"^(|[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})$")]
+"""A W3C traceparent (version-trace id-span id-flags, lower-case hex), or empty: not traced."""
 
 
 class Record(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True, gc=False):
@@ -117,6 +120,9 @@ class ScoreRequest(Record):
     """The first prefix_len ids of input_ids are the samples' shared prefix, computed once; then
     sample_lens are the suffix lengths (0 allowed: that sample is the prefix) and sample i is
     prefix + suffix i. 0 = no shared prefix: every sample is whole and has >= 1 token."""
+    traceparent: TraceParent = ""
+    """The trace context of the gateway's span for this request's batch (gateway/telemetry.py), so work
+    on the worker can be placed in the request's trace; empty when tracing is off."""
     prompt_logprobs: NonNegative | None = None
     """None: none. n: per-token prompt log-probs (ScoreResult.token_*): at every position of every
     sample but its last, the log-prob of the sample's next token and the n most likely (n <= the
@@ -202,6 +208,8 @@ class BeamRequest(Record):
     deadline_ms: float
     prompt_ids: bytes
     """Little-endian in the batch's token_dtype."""
+    traceparent: TraceParent = ""
+    """As ScoreRequest.traceparent."""
 
 
 class BeamBatch(Record):

@@ -24,7 +24,8 @@ def score_batch(token_dtype="int32"):
         requests=(
             protocol.ScoreRequest("r1", 12.5, ids, (2, 4), (10, 11), 3, True),
             protocol.ScoreRequest("r2", -1.0, ids[: 2 * np.dtype(token_dtype).itemsize], (2,), (), 0),
-            protocol.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3),  # prefix 1 2 3
+            protocol.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3,  # prefix 1 2 3
+                                  traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
             protocol.ScoreRequest("r4", 5.0, ids, (6,), (), 1, prompt_logprobs=2),  # per-token log-probs
         ),
     )
@@ -61,7 +62,8 @@ EXAMPLES = [
     ),
     protocol.BeamBatch(
         batch_id=9, token_dtype="int64", num_beams=4, max_new_tokens=3, num_return_sequences=2,
-        requests=(protocol.BeamRequest("b1", 50.0, protocol.pack_ids([5, 6, 7], "int64")),),
+        requests=(protocol.BeamRequest("b1", 50.0, protocol.pack_ids([5, 6, 7], "int64"),
+                                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),),
     ),
     protocol.BeamResults(
         batch_id=9,
@@ -127,7 +129,7 @@ BAD = [
     ([b"\x03", body(1, "int16", [["r", 1.0, b"\x00\x00", [1], [], 0, False, 0]])], "token_dtype"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00\x00\x00", [1], [], 0, False, 0]])], "whole number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0]])], "sum 1 != 2"),
-    ([b"\x03", body(1, "int32", [])], "requests = \\[\\] must be a non-empty list of arrays of its 9 fields request_id"),
+    ([b"\x03", body(1, "int32", [])], "requests = \\[\\] must be a non-empty list of arrays of its 10 fields request_id"),
     ([b"\x03", body(1, "int32", [["r", float("nan"), b"\x00" * 4, [1], [], 0, False, 0]])], "requests\\[0\\].deadline_ms: expected a finite number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0, False, 0]] * 2)], "duplicate"),
     ([b"\x05", body(1, "int32", 2, 3, 5, [["r", 1.0, b"\x00" * 4]])], "num_return_sequences"),
@@ -136,7 +138,8 @@ BAD = [
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [0, 2], [], 0, False, 0]])], ">= 1 token"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [-1, 1], [], 0, False, 2]])], "sample_lens\\[0\\] = -1 must be an integer of at least 0"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 12, [0, 1], [], 0, False, 1]])], "prefix_len 1 \\+ sum 1 != 3"),
-    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, 0, 0]])], "requests\\[0\\] = .* must be an array of its 9 fields .* \\(the first 6 required\\)"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "", 0, 0]])], "requests\\[0\\] = .* must be an array of its 10 fields .* \\(the first 6 required\\)"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "00-xyz"]])], "requests\\[0\\].traceparent = \"00-xyz\" must be"),
     ([b"\x04", body(1, [["r", "ok", "", 0, b"", b"", b"", b"", b"", b"", b"", -2]], 0.0, 1.0)], "cached_tokens"),
     ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_top_k": "5"}, {}, {})], "bounds.max_top_k = \"5\" must be an integer"),
     ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_samples_per_batch": 1}, {}, {})], "bounds.max_samples_per_batch = 1 must be an integer of at least 2"),
@@ -195,7 +198,8 @@ def test_wire_layout_is_an_array_of_fields_in_declaration_order():
     batch = score_batch("int32")
     decoded = msgpack.unpackb(protocol.encode(batch)[1])
     assert decoded[:2] == [7, "int32"]
-    assert decoded[2][2] == ["r3", 5.0, batch.requests[2].input_ids, [0, 2, 1], [10], 0, False, 3, None]
+    assert decoded[2][2] == ["r3", 5.0, batch.requests[2].input_ids, [0, 2, 1], [10], 0, False, 3,
+                             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None]
 
 
 def test_trailing_fields_with_defaults_may_be_left_out():

@@ -1,7 +1,7 @@
 """/v1/completions through real HTTP and ZeroMQ to the stand-in worker: one test per rejection path
 (status, code, a message naming the parameter), the beam path's mapping of n / best_of / max_tokens,
 and the answers that need no compute. Prompt log-probs against the compiled model:
-test_gateway_completions.py."""
+test_api_completions.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from loadgen.standin_worker import BOUNDS, expected_beam
 from tests.gateway.test_gateway_rejections import assert_error
 
-BASE = {"model": "m", "prompt": "red shoe"}
+BASE = {"prompt": "red shoe"}  # model absent: the served one
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -56,6 +56,14 @@ async def test_over_the_compiled_bounds_gets_413_naming_the_bound(stack, extra, 
     assert_error(status, body, 413, "too_large", *words)
 
 
+async def test_another_model_than_the_served_one_gets_404(stack):
+    served = stack.gateway.settings.config.name
+    status, body, _ = await stack.post("/v1/completions", {**BASE, "model": served + "-other", "max_tokens": 1})
+    assert_error(status, body, 404, "not_found", f"{served}-other", "GET /v1/models")
+    status, answer, _ = await stack.post("/v1/completions", {**BASE, "model": served, "max_tokens": 0})
+    assert status == 200 and answer["model"] == served
+
+
 async def test_too_many_prompts_get_413(stack):
     most = stack.gateway.limits.limit("max_samples_per_request")
     status, body, _ = await stack.post("/v1/completions", {**BASE, "prompt": ["x"] * (most + 1), "max_tokens": 1})
@@ -76,7 +84,7 @@ async def test_beam_path_returns_n_of_best_of_beams_per_prompt(stack, request_to
     prompt_tokens = sum(len(p) for p in ids)
     assert answer["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 12,
                                "total_tokens": prompt_tokens + 12}
-    assert answer["object"] == "text_completion" and answer["model"] == "m"
+    assert answer["object"] == "text_completion" and answer["model"] == stack.gateway.settings.config.name
 
 
 async def test_max_tokens_0_without_logprobs_is_answered_without_compute(stack, request_tokenizer):

@@ -54,9 +54,9 @@ async def test_echoed_prompt_logprobs_match_transformers(demo_artifacts, demo_ch
     tokenizer = RequestTokenizer.from_artifacts(demo_artifacts)
     hf = load_hf(demo_checkpoint)
     async with real_gateway(demo_artifacts, tmp_path) as client:
-        answer = await sdk(client).completions.create(model="demo", prompt=PROMPTS, echo=True, logprobs=5,
+        answer = await sdk(client).completions.create(model="test", prompt=PROMPTS, echo=True, logprobs=5,
                                                       max_tokens=0)
-    assert answer.object == "text_completion" and answer.model == "demo"
+    assert answer.object == "text_completion" and answer.model == "test"  # configs/test.toml
     assert [c.index for c in answer.choices] == [0, 1]
     token_ids = tokenizer.encode(PROMPTS)
     for choice, text, ids in zip(answer.choices, PROMPTS, token_ids):
@@ -75,7 +75,7 @@ async def test_lm_eval_loglikelihood_request_of_token_ids(demo_artifacts, demo_c
     hf = load_hf(demo_checkpoint)
     prompts = [ids[:9] for ids in tokenizer.encode(PROMPTS)] + [[7]]  # a one-token prompt too
     async with real_gateway(demo_artifacts, tmp_path) as client:
-        answer = await sdk(client).completions.create(model="demo", prompt=prompts, echo=True, logprobs=1,
+        answer = await sdk(client).completions.create(model="test", prompt=prompts, echo=True, logprobs=1,
                                                       max_tokens=1, temperature=0, seed=1234)
     for choice, ids in zip(answer.choices, prompts):
         expected = hf_logprobs(hf, ids)  # [L, V]
@@ -94,7 +94,7 @@ async def test_greedy_tokens_without_echo_are_the_n_most_likely(demo_artifacts, 
     tokenizer = RequestTokenizer.from_artifacts(demo_artifacts)
     hf = load_hf(demo_checkpoint)
     async with real_gateway(demo_artifacts, tmp_path) as client:
-        answer = await sdk(client).completions.create(model="demo", prompt=PROMPTS[0], max_tokens=1, n=3,
+        answer = await sdk(client).completions.create(model="test", prompt=PROMPTS[0], max_tokens=1, n=3,
                                                       logprobs=2)
     ids = tokenizer.encode(PROMPTS[:1])[0]
     top = torch.topk(hf_logprobs(hf, ids)[-1], 3)
@@ -108,9 +108,9 @@ async def test_greedy_tokens_without_echo_are_the_n_most_likely(demo_artifacts, 
 
 async def test_refusals_reach_the_sdk_as_its_errors(demo_artifacts, tmp_path):
     """A refusal is the SDK's own exception with the gateway's message (one real-stack check; every
-    rejection path is tested on its own in test_gateway_completions_rejections.py)."""
+    rejection path is tested on its own in test_api_completions_rejections.py)."""
     async with real_gateway(demo_artifacts, tmp_path) as client:
         with pytest.raises(openai.BadRequestError, match="temperature"):
-            await sdk(client).completions.create(model="demo", prompt="x", max_tokens=1, temperature=0.8)
+            await sdk(client).completions.create(model="test", prompt="x", max_tokens=1, temperature=0.8)
         with pytest.raises(openai.NotFoundError, match="beam search"):
-            await sdk(client).completions.create(model="demo", prompt="x", max_tokens=5)
+            await sdk(client).completions.create(model="test", prompt="x", max_tokens=5)
