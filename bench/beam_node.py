@@ -30,6 +30,8 @@ candidate's score. Neither is held to parity: a lower precision changes scores, 
 
     .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2]
                                          [--bf16] [--int8 [--int8-base bf16|fp32] [--int8-budget NATS]]
+    .venv/bin/python bench/beam_node.py --runtime-constraints ...   (bench/beam_catalog.py: the catalogue as the
+        node's inputs against compiled in, and a 1M-item catalogue swap; its own options)
 """
 
 from __future__ import annotations
@@ -369,6 +371,9 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
 
 
 def main() -> None:
+    if "--runtime-constraints" in sys.argv[1:]:
+        from bench.beam_catalog import main as runtime_constraints
+        return runtime_constraints([a for a in sys.argv[1:] if a != "--runtime-constraints"])
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -145,7 +145,29 @@ class BeamConfig:
 
     enabled: bool = True
     constraints: str | None = None
-    """Optional file of valid output sequences (constrained decoding for generative retrieval)."""
+    """Optional catalogue the worker loads at start as the "default" one (constrained decoding for
+    generative retrieval): a sequences file (token ids per line, or a .npy padded with -1) or a trie
+    file (`python -m shared.catalog convert`). Data, not code: the worker swaps catalogues without a
+    rebuild, within the two bounds below."""
+    max_catalog_nodes: Annotated[int, Meta(ge=0, le=(1 << 31) - 2)] = 0
+    """Trie nodes of every loaded catalogue together that the beam node's tables hold (compiled; its
+    inputs have this many rows + 1). 0: no constrained decoding. A catalogue set beyond it is refused."""
+    max_catalog_fanout: NonNegative = 0
+    """Most children of any trie node (compiled: the edges scanned per beam and step; the node's work
+    grows with it). Semantic ids with codebooks of C codes need C."""
+
+    def validate(self) -> None:
+        nodes, fanout = self.max_catalog_nodes, self.max_catalog_fanout
+        if (nodes > 0) != (fanout > 0):
+            raise ConfigError(f"beam.max_catalog_nodes = {nodes} and beam.max_catalog_fanout = {fanout}: set both "
+                              "(constrained decoding) or neither")
+        if nodes == 1:
+            raise ConfigError("beam.max_catalog_nodes = 1 holds only a root: a catalogue needs at least 2 nodes")
+        if self.constraints and not nodes:
+            raise ConfigError(f"beam.constraints = {self.constraints!r} needs beam.max_catalog_nodes and "
+                              "beam.max_catalog_fanout, the catalogue table sizes compiled into the beam node "
+                              "(`python -m shared.catalog convert` prints a catalogue's nodes and fan-out; "
+                              "leave room for the catalogues to come)")
 
 
 @dataclass(frozen=True)

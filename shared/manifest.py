@@ -85,7 +85,7 @@ class ScoreNodeFacts(NodeFacts):
 
 
 class BeamNodeFacts(NodeFacts):
-    """The beam node: the generation config it was compiled under and its constraint set."""
+    """The beam node: the generation config it was compiled under and its catalogue table sizes."""
 
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
@@ -96,9 +96,11 @@ class BeamNodeFacts(NodeFacts):
     early_stopping: bool | str = False
     repetition_penalty: float = 1.0
     constrained: bool = False
-    valid_sequences: int | None = None
-    fan_out: int | None = None
-    prefix_nodes: int | None = None
+    """The node takes catalogue tables as inputs (compile/beam/module.py's CATALOG_INPUT_NAMES)."""
+    max_catalog_nodes: int = 0
+    """Trie nodes its tables hold, every loaded catalogue together ([beam] max_catalog_nodes)."""
+    max_catalog_fanout: int = 0
+    """Most children of any trie node it scans ([beam] max_catalog_fanout)."""
 
 
 class NodeTable(Fact, omit_defaults=True):

@@ -43,6 +43,12 @@ def test_shipped_configs_are_valid(path):
     ({"worker": {"devices": ["cuda:0"]}}, "worker.devices \\['cuda:0'\\] do not match model.device = 'cpu'"),
     ({"model": {"device": "cuda"}}, "worker.devices \\['cpu'\\] do not match model.device = 'cuda'"),
     ({"gateway": {"score_deadline_ms": 100_000}}, "gateway.score_deadline_ms = 100000 is over gateway.max_deadline_ms"),
+    ({"beam": {"constraints": "items.txt"}}, "beam.constraints = 'items.txt' needs beam.max_catalog_nodes and "
+                                             "beam.max_catalog_fanout"),
+    ({"beam": {"max_catalog_nodes": 1000}}, "beam.max_catalog_nodes = 1000 and beam.max_catalog_fanout = 0: set both"),
+    ({"beam": {"max_catalog_nodes": 1, "max_catalog_fanout": 4}}, "beam.max_catalog_nodes = 1 holds only a root"),
+    ({"beam": {"max_catalog_nodes": -5}}, "beam.max_catalog_nodes = -5 must be an integer between 0 and 2147483646"),
+    ({"beam": {"max_catalog_fanout": "8"}}, "beam.max_catalog_fanout = \"8\" must be an integer"),
 ])
 def test_bad_values_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):

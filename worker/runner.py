@@ -31,6 +31,7 @@ from shared.protocol import (FLOAT32, INT32, BeamBatch, BeamResult, ErrorCode, S
 from shared.request_ids import is_chunk
 from shared.work import StaticPrefix
 from worker.bounds_check import BatchRefused
+from worker.catalog_store import Catalog, CatalogStore, UnknownCatalog
 from worker.lanes import Lane
 from worker.prefix_cache import GroupPlan, PrefixCache, plan_batch
 
@@ -153,28 +154,58 @@ def _with_tokens(result: ScoreResult, tokens, top_n: int) -> ScoreResult:
 
 
 class BeamRunner:
-    """Runs the live requests of a BeamBatch as one call of the beam node."""
+    """Runs the live requests of a BeamBatch as one call of the beam node; a constrained node's call
+    runs on the catalogue current when the batch starts (worker/catalog_store.py), which its results name."""
 
-    def __init__(self, node) -> None:
+    def __init__(self, node, catalogs: CatalogStore | None = None) -> None:
         self.node = node
+        self.catalogs = catalogs
 
     def run(self, batch: BeamBatch, live: Sequence[int], lane: Lane) -> dict[int, BeamResult]:
+        catalog = self.catalogs.current() if self.catalogs is not None else None  # this batch's, whatever swaps
+        refused = self._unknown_catalogs(batch, live, catalog)
+        live = [i for i in live if i not in refused]
+        if not live:
+            return refused
         requests = [batch.requests[i] for i in live]
         prompts = [unpack_ids(r.prompt_ids, batch.token_dtype) for r in requests]
         prompt_ids = lane.stage_tokens(prompts)  # [T]
         prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64)  # [R]
+        inputs = None if catalog is None else catalog.node_inputs([r.catalog for r in requests])
         try:
             with lane.enqueueing():
                 pending = self.node.launch(prompt_ids, prompt_lens, batch.num_beams, batch.max_new_tokens,
-                                           batch.num_return_sequences, staging=lane.staging)
+                                           batch.num_return_sequences, staging=lane.staging, catalog=inputs)
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
         out = pending.result()  # host tensors
         sequences = out.sequences.numpy()  # [R, k, S]
         scores = out.scores.numpy()  # [R, k]
         lengths = out.lengths.numpy()  # [R, k]
-        return {
+        version = 0 if catalog is None else catalog.version
+        return refused | {
             index: BeamResult(request_id=r.request_id, status=Status.OK, sequences=_i32(sequences[j]),
-                              scores=_f32(scores[j]), lengths=_i32(lengths[j]))
+                              scores=_f32(scores[j]), lengths=_i32(lengths[j]), catalog_version=version)
             for j, (index, r) in enumerate(zip(live, requests))
         }
+
+    def _unknown_catalogs(self, batch: BeamBatch, live: Sequence[int],
+                          catalog: Catalog | None) -> dict[int, BeamResult]:
+        """Error results for the requests that name a catalogue this batch cannot decode them in."""
+        refused = {}
+        for i in live:
+            request = batch.requests[i]
+            if why := self._catalog_problem(request.catalog, catalog):
+                refused[i] = BeamResult(request_id=request.request_id, status=Status.ERROR, error=why)
+        return refused
+
+    def _catalog_problem(self, name: str, catalog: Catalog | None) -> str | None:
+        if self.catalogs is None:
+            return f"catalogue {name!r}: this worker's beam node is unconstrained" if name else None
+        if catalog is None:
+            return "no catalogue is loaded yet"
+        try:
+            catalog.root(name)
+        except UnknownCatalog as exc:
+            return str(exc)
+        return None

@@ -16,17 +16,20 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
 4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
 5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place).
 6: Heartbeat.prefix_cache: what the worker's prefix cache holds and its counters.
 7: ScoreRequest.traceparent and BeamRequest.traceparent: the request's W3C trace context (may be empty).
-8: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
+8: BeamRequest.catalog names the catalogue a constrained request is decoded in; BeamResult.catalog_version
+   says which version of the worker's catalogues served it; CatalogSwap / CatalogState load catalogues.
+9: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
 MAX_ID_CHARS = 256
+MAX_CATALOG_NAME_CHARS = 64
 MAX_ITEMS = 1 << 16
 """Longest array a message may hold (requests, samples, label ids, results)."""
 
@@ -210,6 +213,9 @@ class BeamRequest(Record):
     """Little-endian in the batch's token_dtype."""
     traceparent: TraceParent = ""
     """As ScoreRequest.traceparent."""
+    catalog: Annotated[str, Meta(max_length=MAX_CATALOG_NAME_CHARS)] = ""
+    """The loaded catalogue (e.g. a market) a constrained node decodes it in; "": the default one.
+    A name the worker has not loaded gets this request alone an error result."""
 
 
 class BeamBatch(Record):
@@ -234,6 +240,8 @@ class BeamResult(Record):
     sequences: bytes = b""  # int32 [k, S], new tokens only
     scores: bytes = b""  # float32 [k]
     lengths: bytes = b""  # int32 [k], new tokens per candidate
+    catalog_version: NonNegative = 0
+    """The version of the worker's catalogues that served it (worker/catalog_store.py); 0: unconstrained."""
 
     def arrays(self, num_return_sequences: int) -> dict[str, np.ndarray]:
         """sequences [k, S], scores [k], lengths [k] (empty dict unless status is ok)."""
@@ -322,10 +330,44 @@ class Goodbye(Record):
     reason: str = ""
 
 
-Message = Hello | Ready | ScoreBatch | ScoreResults | BeamBatch | BeamResults | Heartbeat | Error | Shutdown | Goodbye
+CatalogName = Annotated[str, Meta(min_length=1, max_length=MAX_CATALOG_NAME_CHARS)]
+
+
+class CatalogSwap(Record):
+    """Gateway -> worker: load catalogues from files the worker can read, as one new version (the
+    others stay loaded), or unload some; answered by CatalogState. The current version serves until
+    the new one is complete; a batch runs on the version current when it starts."""
+
+    TYPE: ClassVar[int] = 11
+    request_id: RequestId
+    """Echoed in the answer."""
+    load: Annotated[dict[CatalogName, Annotated[str, Meta(min_length=1, max_length=4096)]], Meta(max_length=1024)] = {}
+    """Catalogue name -> path of its trie file (.npz) or sequences file, on the worker's file system."""
+    unload: Annotated[tuple[CatalogName, ...], Meta(max_length=1024)] = ()
+
+
+class CatalogState(Record):
+    """Worker -> gateway: the answer to a CatalogSwap: the version now current and what it holds, or
+    why nothing changed (error: a bad file, a set beyond the compiled tables, an unconstrained node)."""
+
+    TYPE: ClassVar[int] = 12
+    request_id: str
+    version: NonNegative
+    """The current version after the swap (unchanged when error is set)."""
+    items: dict[str, NonNegative] = {}
+    """Valid sequences per loaded catalogue."""
+    nodes: NonNegative = 0
+    """Trie nodes of all of them together, of max_nodes compiled into the beam node."""
+    max_nodes: NonNegative = 0
+    load_s: float = 0.0
+    error: str = ""
+
+
+Message = (Hello | Ready | ScoreBatch | ScoreResults | BeamBatch | BeamResults | Heartbeat | Error | Shutdown | Goodbye
+           | CatalogSwap | CatalogState)
 MESSAGE_TYPES: dict[int, type] = {
     cls.TYPE: cls for cls in (Hello, Ready, ScoreBatch, ScoreResults, BeamBatch, BeamResults,
-                              Heartbeat, Error, Shutdown, Goodbye)
+                              Heartbeat, Error, Shutdown, Goodbye, CatalogSwap, CatalogState)
 }
 
 

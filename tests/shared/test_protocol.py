@@ -63,14 +63,22 @@ EXAMPLES = [
     protocol.BeamBatch(
         batch_id=9, token_dtype="int64", num_beams=4, max_new_tokens=3, num_return_sequences=2,
         requests=(protocol.BeamRequest("b1", 50.0, protocol.pack_ids([5, 6, 7], "int64"),
-                                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),),
+                                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+                  protocol.BeamRequest("b2", 50.0, protocol.pack_ids([5], "int64"), catalog="de")),
     ),
     protocol.BeamResults(
         batch_id=9,
         results=(protocol.BeamResult("b1", protocol.Status.OK, sequences=np.zeros((2, 3), "<i4").tobytes(),
-                              scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes()),),
+                              scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes(), catalog_version=3),
+                 protocol.BeamResult("b2", protocol.Status.ERROR, error="catalogue 'de' is not loaded (loaded: default)")),
         queue_ms=0.0, compute_ms=1.5,
     ),
+    protocol.CatalogSwap(request_id="admin-1", load={"default": "/catalogs/items.npz", "de": "/catalogs/de.txt"},
+                  unload=("fr",)),
+    protocol.CatalogState(request_id="admin-1", version=4, items={"default": 1_000_000, "de": 2}, nodes=2_132_704,
+                   max_nodes=4_000_000, load_s=0.21),
+    protocol.CatalogState(request_id="admin-2", version=4, error="catalogue 'de' has a node with 70 children, more than "
+                                                          "beam.max_catalog_fanout = 64"),
     protocol.Heartbeat(worker_id="w0", queue_depth=1, in_flight=2, draining=False,
                 counters=protocol.WorkerCounters(batches_computed=4, requests_expired=2)),
     protocol.Error(code=protocol.ErrorCode.OVERLOADED, message="queue full (8 batches)", batch_id=7),
@@ -156,6 +164,12 @@ BAD = [
     ([b"\x02", body(3, "w", "cpu", 1, [], BOUNDS_MAP, {}, {"score": {"alpha": 1.0}})], "missing required field latency\\[...\\].beta \\(a number\\)"),
     ([b"\x01", b"\x91" * 5000], "invalid Hello"),
     ([b"\x01", body(protocol.PROTOCOL_VERSION, "G" * 257)], "gateway_id = \"GGG.* must be a string between 1 and 256"),
+    ([b"\x05", body(1, "int32", 2, 3, 1, [["r", 1.0, b"\x00" * 4, "", "m" * 65]])], "requests\\[0\\].catalog = \"mmm.* must be a string of at most 64"),
+    ([b"\x06", body(1, [["r", "ok", "", b"", b"", b"", -1]], 0.0, 1.0)], "results\\[0\\].catalog_version = -1 must be an integer of at least 0"),
+    ([b"\x0b", body("a", {}, [])], "invalid CatalogSwap at load: empty"),
+    ([b"\x0b", body("a", {"de": "/x.npz"}, ["de"])], "invalid CatalogSwap at unload: 'de' both loaded and unloaded"),
+    ([b"\x0b", body("a", {"": "/x.npz"}, [])], "invalid CatalogSwap"),
+    ([b"\x0b", body("a", {"de": ""}, [])], "invalid CatalogSwap: load\\[...\\] must be a string between 1 and 4096"),
 ]
 
 
