@@ -2,7 +2,7 @@
 
 Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json; the
 de-facto standard ones: POST /v1/rerank, /v2/rerank (Cohere, Jina), /rerank (text-embeddings-inference),
-POST /v1/embeddings and GET /v1/models (OpenAI).
+POST /v1/embeddings, POST /v1/completions and GET /v1/models (OpenAI).
 One middleware gives every request its id, checks the bearer token, turns every error into the
 JSON of gateway/errors.py and writes one JSON log line per request.
 """
@@ -26,6 +26,8 @@ from aiohttp import web
 from gateway.api.deadline import budget_ms, header_budget_ms
 from gateway.errors import ApiError, error_response
 from gateway.api.generate import parse_generate
+from gateway.api.completions import parse_completions
+from gateway.completions import CompletionService
 from gateway.api.answers import Health, Ready, WorkerState, encode_json
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import drop_reason
@@ -33,7 +35,7 @@ from gateway.api.openapi import openapi_document
 from gateway.api.body import read_body
 from gateway.api.score import parse_score
 from gateway.api import rerank as rerank_api
-from gateway.api.reranking import TRUNCATED_HEADER, rerank
+from gateway.api.reranking import TRUNCATED_HEADER, rerank, served_model
 from gateway.api.embeddings import embed, model_list, parse_embeddings
 from gateway.limits import Limits
 from gateway.catalog_admin import parse_update
@@ -59,6 +61,7 @@ def make_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/score", score)
     app.router.add_post("/v1/generate", generate)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/rerank", rerank_v1)
     app.router.add_post("/v2/rerank", rerank_v2)
     app.router.add_post("/rerank", rerank_tei)
@@ -224,12 +227,23 @@ GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
                      lambda gateway, spec, wire_id, deadline: gateway.generation.generate(spec, wire_id, deadline))
 
 
+COMPLETIONS = WorkRoute(
+    parse_completions, lambda config: max(config.score_deadline_ms, config.generate_deadline_ms),
+    lambda gateway, spec, wire_id, deadline: CompletionService(gateway.scoring, gateway.generation,
+                                                               gateway.settings.tokenizer).complete(
+        spec, served_model(gateway, spec.model), wire_id, deadline))
+
+
 async def score(request: web.Request) -> web.Response:
     return await serve_work(request, SCORE)
 
 
 async def generate(request: web.Request) -> web.Response:
     return await serve_work(request, GENERATE)
+
+
+async def completions(request: web.Request) -> web.Response:
+    return await serve_work(request, COMPLETIONS)
 
 
 async def _serve_rerank(request: web.Request, shape: rerank_api.Shape) -> web.Response:

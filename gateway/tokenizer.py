@@ -106,5 +106,9 @@ class RequestTokenizer:
         """The vocabulary entry of each id (for top-k answers)."""
         return [self._tokenizer.id_to_token(int(i)) or "" for i in ids]
 
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each id decoded alone, special tokens kept (OpenAI's logprobs `tokens`): one call for all."""
+        return self._tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)
+
     def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
         return self._tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=True)

@@ -353,7 +353,8 @@ def _remaining_ms(job: Job, now: float) -> float:
 def _score_request(job: Job, now: float, traceparent: str = "") -> protocol.ScoreRequest:
     flat, suffix_lens = job.wire_ids()  # a shared prefix once, then each sample's suffix
     return protocol.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(), suffix_lens, job.label_ids,
-                          job.top_k, job.return_hidden, job.prefix_len, traceparent)
+                          job.top_k, job.return_hidden, job.prefix_len, traceparent,
+                          job.prompt_logprobs)
 
 
 _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {

@@ -5,7 +5,8 @@ request (its shared prefix, possibly empty, then its samples' suffixes), the uni
 label ids, the largest top_k; each request then gets its own rows, its own label columns
 (label_probs renormalised over its own labels when the union differs), its own first top_k columns
 and the node's count of its tokens that were reused rather than computed (cached_tokens: the static
-prefix's and the prefix cache's).
+prefix's and the prefix cache's). A request with prompt_logprobs gets its per-token log-probs too (its
+group computed whole: it reads no cached rows) and its first prompt_logprobs top tokens per position.
 
 With a prefix cache (worker/prefix_cache.py), before the call plan_batch picks per request the
 longest held prefix of its shared prefix (read by the node as cached rows, not computed) and whether
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 import torch
 
@@ -77,7 +79,8 @@ class ScoreRunner:
                 pending = self.node.launch(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k,
                                            prefix_lens=prefix_lens, group_sizes=group_sizes, staging=lane.staging,
                                            hits=[None if p.hit is None else (p.hit.keys, p.hit.values) for p in plans],
-                                           keep=[g for g, p in enumerate(plans) if p.insert])
+                                           keep=[g for g, p in enumerate(plans) if p.insert],
+                                           token_groups=[g for g, r in enumerate(requests) if r.prompt_logprobs is not None])
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
         out = pending.result()
@@ -96,6 +99,8 @@ class ScoreRunner:
             cols = [column[t] for t in request.label_ids]
             results[index] = self._result(request, rows, cols, cols == list(range(len(labels))), arrays,
                                           int(cached[group]))
+            if group in out.token_logprobs:
+                results[index] = _with_tokens(results[index], out.token_logprobs[group], request.prompt_logprobs)
         return results
 
     def _plan(self, requests, prefixes: list[tuple[int, ...]]) -> list[GroupPlan]:
@@ -103,8 +108,10 @@ class ScoreRunner:
         if self.cache is None:
             return [GroupPlan(None, False)] * len(requests)
         with self.cache.lock:
-            return plan_batch(self.cache, prefixes, [min(r.sample_lens) > 0 for r in requests],
-                              [is_chunk(r.request_id) for r in requests], self.static)
+            plans = plan_batch(self.cache, prefixes, [min(r.sample_lens) > 0 for r in requests],
+                               [is_chunk(r.request_id) for r in requests], self.static)
+        # per-token log-probs need every token computed: such a request reads no cached rows
+        return [GroupPlan(None, p.insert) if r.prompt_logprobs is not None else p for p, r in zip(plans, requests)]
 
     def _insert(self, prefixes: list[tuple[int, ...]], kept: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Hold the kept prefixes' keys/values [layers, P, Hkv, D] (copied: the outputs are the call's)."""
@@ -136,6 +143,14 @@ class ScoreRunner:
             head=b"" if a["head"] is None else _f32(a["head"][rows]),
             cached_tokens=cached_tokens,
         )
+
+
+def _with_tokens(result: ScoreResult, tokens, top_n: int) -> ScoreResult:
+    """`result` with a request's per-token log-probs (worker/runtime/score_node.TokenLogprobs: [P], [P, K])
+    and their first top_n columns."""
+    return msgspec.structs.replace(result, token_logprobs=_f32(tokens.logprobs.numpy()),
+                                   token_topk_ids=_i32(tokens.topk_ids[:, :top_n].numpy()),
+                                   token_topk_logprobs=_f32(tokens.topk_logprobs[:, :top_n].numpy()))
 
 
 class BeamRunner:

@@ -40,6 +40,8 @@ class ScoreSpec:
     dialect: str
     """boundserve | sglang: which response shape to answer with."""
     model: str | None = None
+    prompt_logprobs: int | None = None
+    """Per-token prompt log-probs with this many top tokens per position (None: not asked; /v1/completions)."""
 
 
 class _Shape(msgspec.Struct):

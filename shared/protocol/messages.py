@@ -16,14 +16,15 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
 4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
 5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place).
 6: Heartbeat.prefix_cache: what the worker's prefix cache holds and its counters.
 7: ScoreRequest.traceparent and BeamRequest.traceparent: the request's W3C trace context (may be empty).
 8: BeamRequest.catalog names the catalogue a constrained request is decoded in; BeamResult.catalog_version
-   says which version of the worker's catalogues served it; CatalogSwap / CatalogState load catalogues."""
+   says which version of the worker's catalogues served it; CatalogSwap / CatalogState load catalogues.
+9: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -125,6 +126,10 @@ class ScoreRequest(Record):
     traceparent: TraceParent = ""
     """The trace context of the gateway's span for this request's batch (gateway/telemetry.py), so work
     on the worker can be placed in the request's trace; empty when tracing is off."""
+    prompt_logprobs: NonNegative | None = None
+    """None: none. n: per-token prompt log-probs (ScoreResult.token_*): at every position of every
+    sample but its last, the log-prob of the sample's next token and the n most likely (n <= the
+    bound max_top_k). Every token of such a request is computed: no static prefix or cache reused."""
 
     def work(self) -> WorkSize:
         """What this request sends (shared/work.py); which tokens the node reuses is the node's to find."""
@@ -157,6 +162,9 @@ class ScoreResult(Record):
     cached_tokens: NonNegative = 0
     """Tokens of this request whose keys/values were reused rather than computed (a shared prefix
     after its first use, the deployment's static prefix): submitted tokens - computed tokens."""
+    token_logprobs: bytes = b""  # float32 [P]: P = sum over samples of (tokens - 1), only with prompt_logprobs
+    token_topk_ids: bytes = b""  # int32 [P, n]
+    token_topk_logprobs: bytes = b""  # float32 [P, n]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The non-empty arrays, shaped [num_samples, -1]."""
@@ -166,6 +174,16 @@ class ScoreResult(Record):
             if raw and self.num_samples:
                 out[name] = np.frombuffer(raw, dtype).reshape(self.num_samples, -1)
         return out
+
+    def token_arrays(self) -> dict[str, np.ndarray]:
+        """The per-token prompt log-probs: token_logprobs [P], token_topk_ids and token_topk_logprobs
+        [P, n]; each sample's L - 1 positions in turn (empty dict when not asked for)."""
+        if not self.token_logprobs:
+            return {}
+        logprobs = np.frombuffer(self.token_logprobs, FLOAT32)
+        return {"token_logprobs": logprobs,
+                "token_topk_ids": np.frombuffer(self.token_topk_ids, INT32).reshape(len(logprobs), -1),
+                "token_topk_logprobs": np.frombuffer(self.token_topk_logprobs, FLOAT32).reshape(len(logprobs), -1)}
 
 
 _SCORE_ARRAYS = {

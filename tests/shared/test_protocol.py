@@ -26,6 +26,7 @@ def score_batch(token_dtype="int32"):
             protocol.ScoreRequest("r2", -1.0, ids[: 2 * np.dtype(token_dtype).itemsize], (2,), (), 0),
             protocol.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3,  # prefix 1 2 3
                                   traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            protocol.ScoreRequest("r4", 5.0, ids, (6,), (), 1, prompt_logprobs=2),  # per-token log-probs
         ),
     )
 
@@ -53,6 +54,9 @@ EXAMPLES = [
                           hidden=f32(2, 8), cached_tokens=7),
             protocol.ScoreResult("r2", protocol.Status.EXPIRED),
             protocol.ScoreResult("r3", protocol.Status.ERROR, error="sample 0 has 900 tokens > 512"),
+            protocol.ScoreResult("r4", protocol.Status.OK, num_samples=1, topk_ids=np.zeros((1, 1), "<i4").tobytes(),
+                                 topk_logprobs=f32(1, 1), token_logprobs=f32(5),
+                                 token_topk_ids=np.arange(10, dtype="<i4").tobytes(), token_topk_logprobs=f32(5, 2)),
         ),
         queue_ms=0.1, compute_ms=3.0,
     ),
@@ -101,6 +105,10 @@ def test_arrays_helpers():
     assert arrays["label_logits"].shape == (2, 2) and arrays["hidden"].shape == (2, 8)
     assert arrays["topk_ids"].dtype == np.int32 and "head" not in arrays
     assert results[1].arrays() == {}
+    assert results[0].token_arrays() == {}
+    tokens = results[3].token_arrays()
+    assert tokens["token_logprobs"].shape == (5,) and tokens["token_topk_ids"].shape == (5, 2)
+    assert tokens["token_topk_ids"][4].tolist() == [8, 9] and tokens["token_topk_logprobs"].dtype == np.float32
     beam = EXAMPLES[6].results[0].arrays(num_return_sequences=2)
     assert beam["sequences"].shape == (2, 3) and list(beam["lengths"]) == [3, 3]
     ids = protocol.unpack_ids(protocol.pack_ids([1, 2**31 - 1], "int32"), "int32")
@@ -129,7 +137,7 @@ BAD = [
     ([b"\x03", body(1, "int16", [["r", 1.0, b"\x00\x00", [1], [], 0, False, 0]])], "token_dtype"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00\x00\x00", [1], [], 0, False, 0]])], "whole number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0]])], "sum 1 != 2"),
-    ([b"\x03", body(1, "int32", [])], "requests = \\[\\] must be a non-empty list of arrays of its 9 fields request_id"),
+    ([b"\x03", body(1, "int32", [])], "requests = \\[\\] must be a non-empty list of arrays of its 10 fields request_id"),
     ([b"\x03", body(1, "int32", [["r", float("nan"), b"\x00" * 4, [1], [], 0, False, 0]])], "requests\\[0\\].deadline_ms: expected a finite number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0, False, 0]] * 2)], "duplicate"),
     ([b"\x05", body(1, "int32", 2, 3, 5, [["r", 1.0, b"\x00" * 4]])], "num_return_sequences"),
@@ -138,7 +146,7 @@ BAD = [
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [0, 2], [], 0, False, 0]])], ">= 1 token"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [-1, 1], [], 0, False, 2]])], "sample_lens\\[0\\] = -1 must be an integer of at least 0"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 12, [0, 1], [], 0, False, 1]])], "prefix_len 1 \\+ sum 1 != 3"),
-    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "", 0]])], "requests\\[0\\] = .* must be an array of its 9 fields .* \\(the first 6 required\\)"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "", 0, 0]])], "requests\\[0\\] = .* must be an array of its 10 fields .* \\(the first 6 required\\)"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "00-xyz"]])], "requests\\[0\\].traceparent = \"00-xyz\" must be"),
     ([b"\x04", body(1, [["r", "ok", "", 0, b"", b"", b"", b"", b"", b"", b"", -2]], 0.0, 1.0)], "cached_tokens"),
     ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_top_k": "5"}, {}, {})], "bounds.max_top_k = \"5\" must be an integer"),
@@ -205,7 +213,7 @@ def test_wire_layout_is_an_array_of_fields_in_declaration_order():
     decoded = msgpack.unpackb(protocol.encode(batch)[1])
     assert decoded[:2] == [7, "int32"]
     assert decoded[2][2] == ["r3", 5.0, batch.requests[2].input_ids, [0, 2, 1], [10], 0, False, 3,
-                             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]
+                             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None]
 
 
 def test_trailing_fields_with_defaults_may_be_left_out():
