@@ -33,14 +33,21 @@ import torch
 
 from compile.artifacts import file_hash
 
-__all__ = ["LIBRARY", "KernelMismatch", "attention_applies", "build_library", "load_library"]
+__all__ = ["LIBRARY", "OPERATORS", "KernelMismatch", "attention_applies", "attention_kernel", "build_library",
+           "load_library"]
 
 LIBRARY = "boundserve_kernels.so"
 """The library's file name in an artifacts folder."""
 
-SOURCES = (Path(__file__).parent / "packed_attention.cpp",)
-FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")
-"""-fopenmp: at::parallel_for is a header template; compiled without it, it runs on one thread."""
+OPERATORS = ("packed_attention", "packed_attention_amx")
+"""The library's operators (namespace boundserve), one signature: (q, k, v, intervals) -> out like q."""
+
+SOURCES = tuple(Path(__file__).parent / name for name in ("packed_attention.cpp", "packed_attention_amx.cpp"))
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
+         "-mamx-tile", "-mamx-bf16")
+"""-fopenmp: at::parallel_for is a header template; compiled without it, it runs on one thread. The AMX flags
+let packed_attention_amx.cpp use the tile intrinsics; compilers emit AMX instructions only where code asks for
+them, so the library loads and the other operator runs on a CPU without AMX."""
 
 _lock = threading.Lock()
 _loaded: str | None = None  # sha256 of the library this process loaded
@@ -51,14 +58,29 @@ class KernelMismatch(RuntimeError):
     """A kernel library that cannot be loaded into this process."""
 
 
-def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether a package's attention runs the kernel: a CPU with AVX512-BF16 (the library is compiled for
-    it), heads a multiple of 16 wide, and float32, or bfloat16 where the CPU has no AMX (with AMX,
-    FlexAttention's own bfloat16 kernel multiplies on its tiles). Float32 was measured on a CPU without
-    AMX only; FlexAttention's float32 kernel, which it replaces, is the same code with or without."""
+def attention_kernel(dtype: torch.dtype, device: torch.device, head_dim: int) -> str | None:
+    """The operator (of OPERATORS) a package's attention runs, or None for FlexAttention's kernel. Only on a
+    CPU with AVX512-BF16 (the library is compiled for it) and heads a multiple of 16 wide:
+    - bfloat16 where the CPU has AMX and Linux lets this process use it, heads a multiple of 32 wide (an AMX
+      tile row's 32 bfloat16): packed_attention_amx, q·k and p·v on the tiles; narrower heads keep
+      FlexAttention's bfloat16 kernel, which also multiplies on the tiles there;
+    - bfloat16 where the CPU has no AMX, and float32 on any: packed_attention (AVX512-BF16 dot products, or
+      FMAs). Float32 was measured on a CPU without AMX only; FlexAttention's float32 kernel, which it
+      replaces, is the same code with or without."""
     if device.type != "cpu" or head_dim % 16 or not torch.cpu._is_avx512_bf16_supported():
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and not torch.cpu._is_amx_tile_supported())
+        return None
+    if dtype == torch.float32:
+        return "packed_attention"
+    if dtype != torch.bfloat16:
+        return None
+    if not torch.cpu._is_amx_tile_supported():
+        return "packed_attention"
+    return "packed_attention_amx" if head_dim % 32 == 0 and torch.cpu._init_amx() else None
+
+
+def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether a package's attention runs one of the library's operators (attention_kernel)."""
+    return attention_kernel(dtype, device, head_dim) is not None
 
 
 def build_library(out: Path | None = None) -> Path:
@@ -104,7 +126,8 @@ def load_library(path: Path, digest: str | None = None) -> None:
             raise KernelMismatch(f"{path}: this process already runs another build of the boundserve kernels "
                                  f"(sha256 {_loaded[:12]}); one process serves artifacts of one kernel build")
         torch.ops.load_library(str(path))
-        torch.library.register_fake("boundserve::packed_attention")(_packed_attention_shape)
+        for operator in OPERATORS:
+            torch.library.register_fake(f"boundserve::{operator}")(_packed_attention_shape)
         _loaded = digest
 
 
