@@ -22,6 +22,7 @@ would have the same names).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -101,11 +102,18 @@ def build_library(out: Path | None = None) -> Path:
 def _compile() -> Path:
     """The compiled library's path. cpp_extension's `load` also loads what it built, from its own path:
     it runs in a child process, so that this one loads a library only through `load_library` (the same
-    library loaded from a second path would register its operators twice)."""
+    library loaded from a second path would register its operators twice).
+
+    The build folder is named by the sources' and flags' hash: cpp_extension versions a name only within
+    one process, so two checkouts with different sources built the same name into one folder, and a
+    process could load the other checkout's library (seen: an operator missing from it)."""
     script = ("import sys, json; from torch.utils.cpp_extension import load; a = json.loads(sys.argv[1]); "
-              "print(load(name='boundserve_kernels', sources=a['sources'], extra_cflags=a['flags'], "
+              "print(load(name=a['name'], sources=a['sources'], extra_cflags=a['flags'], "
               "extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False))")
-    args = json.dumps({"sources": [str(s) for s in SOURCES], "flags": list(FLAGS)})
+    sources = sorted(SOURCES) + sorted(Path(__file__).parent.glob("*.h"))
+    key = hashlib.sha256(json.dumps([[s.name, s.read_text()] for s in sources] + [list(FLAGS)]).encode())
+    args = json.dumps({"name": f"boundserve_kernels_{key.hexdigest()[:16]}", "sources": [str(s) for s in SOURCES],
+                       "flags": list(FLAGS)})
     done = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"compiling the boundserve kernels ({', '.join(s.name for s in SOURCES)}) failed; "
