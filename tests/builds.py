@@ -185,8 +185,8 @@ def kernel_checkpoint(make) -> Path:
 @suite_build(compile_s=190)
 def bf16_kernel_artifacts(make: Make, folder: Path) -> Path:
     """kernel_checkpoint compiled in bfloat16 with both nodes: their attention (the beam node's prefill)
-    is worker/runtime/kernels' operator on a CPU with AVX512-BF16 and no AMX (worker/runtime/kernels.attention_applies),
-    FlexAttention's elsewhere."""
+    is worker/runtime/kernels' operator on a CPU with AVX512-BF16 (packed_attention_amx where it has AMX:
+    worker/runtime/kernels.attention_kernel), FlexAttention's elsewhere."""
     from shared.config import BeamConfig, ScoreConfig
 
     return build_artifacts(kernel_checkpoint(make), "demo-hd32-bf16", model={"dtype": "bfloat16"},
