@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -145,12 +145,17 @@ class ScoreBatch(Record):
     requests: Annotated[tuple[ScoreRequest, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
 
 
-class ScoreResult(Record):
-    """One request's answer. Arrays are float32 / int32 little-endian, row-major [samples, ...]."""
+class RequestAnswer(Record):
+    """What every request's answer starts with (ScoreResult, BeamResult add their arrays after it)."""
 
     request_id: str
     status: ResultStatus
     error: str = ""
+
+
+class ScoreResult(RequestAnswer):
+    """One request's answer. Arrays are float32 / int32 little-endian, row-major [samples, ...]."""
+
     num_samples: int = 0
     label_logits: bytes = b""  # float32 [S, N]
     label_logprobs: bytes = b""  # float32 [S, N]
@@ -192,16 +197,24 @@ _SCORE_ARRAYS = {
 }
 
 
-class ScoreResults(Record):
-    """Worker -> gateway: one ScoreResult per request of a ScoreBatch, in the same order."""
+AnswerT = TypeVar("AnswerT", bound=RequestAnswer)
 
-    TYPE: ClassVar[int] = 4
+
+class BatchAnswer(Record, Generic[AnswerT]):
+    """Worker -> gateway: one answer per request of a batch, in the same order, and what the batch cost."""
+
     batch_id: int
-    results: Annotated[tuple[ScoreResult, ...], Meta(max_length=MAX_ITEMS)]
+    results: Annotated[tuple[AnswerT, ...], Meta(max_length=MAX_ITEMS)]
     queue_ms: float
     """Time the batch waited in the worker before compute."""
     compute_ms: float
     """Time of the model call (0 when every request expired)."""
+
+
+class ScoreResults(BatchAnswer[ScoreResult]):
+    """The answer to a ScoreBatch."""
+
+    TYPE: ClassVar[int] = 4
 
 
 class BeamRequest(Record):
@@ -231,12 +244,9 @@ class BeamBatch(Record):
     requests: Annotated[tuple[BeamRequest, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
 
 
-class BeamResult(Record):
+class BeamResult(RequestAnswer):
     """One request's best k continuations: int32 [k, S] tokens (pad after EOS), float32 [k] scores."""
 
-    request_id: str
-    status: ResultStatus
-    error: str = ""
     sequences: bytes = b""  # int32 [k, S], new tokens only
     scores: bytes = b""  # float32 [k]
     lengths: bytes = b""  # int32 [k], new tokens per candidate
@@ -255,14 +265,10 @@ class BeamResult(Record):
         }
 
 
-class BeamResults(Record):
-    """Worker -> gateway: one BeamResult per request of a BeamBatch, in the same order."""
+class BeamResults(BatchAnswer[BeamResult]):
+    """The answer to a BeamBatch."""
 
     TYPE: ClassVar[int] = 6
-    batch_id: int
-    results: Annotated[tuple[BeamResult, ...], Meta(max_length=MAX_ITEMS)]
-    queue_ms: float
-    compute_ms: float
 
 
 class WorkerCounters(Record):
