@@ -104,6 +104,7 @@ class Gateway:
     async def start(self) -> None:
         for batcher in self.batchers.values():
             self.pool.on_change(batcher.wake)
+        self.pool.on_returned(lambda job: self.batchers[job.workload].submit(job))
         await self.pool.start()
         self.tasks += [asyncio.create_task(b.run(), name=f"batcher {w}") for w, b in self.batchers.items()]
         self.lag_watch = LoopLagWatch([b.lateness.lag for b in self.batchers.values()])

@@ -1,8 +1,9 @@
 """The gateway's connection to one worker: handshake, batches out, results and heartbeats in.
 
 A DEALER socket connects to the worker's ROUTER (shared/protocol/). The link is `connecting`
-until the worker answers Hello with Ready, `ready` until a Goodbye or a draining heartbeat makes it
-`draining`; it is `lost` when its connection closes (the worker's process is gone, or ZMTP
+until the worker answers Hello with Ready, `ready` until a Goodbye, a draining heartbeat or a batch
+refused `draining` makes it `draining` (answered with our Goodbye, the last thing we send it; a refused
+batch's jobs go back to the queue: `on_returned`); it is `lost` when its connection closes (the worker's process is gone, or ZMTP
 heartbeats went unanswered: gateway/liveness.py) and `stalled` when a batch has run far past its
 prediction. Either way every batch in flight on it fails at once with 503 worker_lost; Hello goes
 out on every new connection (and is repeated while absent) so a restarted worker rejoins. A
@@ -72,7 +73,7 @@ class WorkerLink:
 
     def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
                  on_change: Callable[[], None], on_answer: Callable[[Answered], None] = lambda answer: None,
-                 static: StaticPrefix = NO_REUSE) -> None:
+                 static: StaticPrefix = NO_REUSE, on_returned: Callable[[list[Job]], None] = lambda jobs: None) -> None:
         self.endpoint = endpoint
         self.pid = 0
         self.gateway_id = gateway_id
@@ -94,6 +95,8 @@ class WorkerLink:
         self._clock = clock
         self._on_change = on_change
         self._on_answer = on_answer
+        self._on_returned = on_returned
+        """Jobs of a batch the worker refused uncomputed because it is draining: to be queued again."""
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
 
@@ -279,8 +282,7 @@ class WorkerLink:
             self.reuse = HeldPrefixes(frozenset(beat.prefix_cache.held), self.reuse.static)
         self.prefix_cache = beat.prefix_cache
         if beat.draining and self.state == READY:
-            self.state = DRAINING
-            self._on_change()
+            self._drained_by_worker()
         elif self.state == LOST or (self.state == STALLED and beat.in_flight == 0 and beat.queue_depth == 0):
             self.hello()  # a worker that came back (or finished what stalled it): ask for Ready again
 
@@ -293,14 +295,25 @@ class WorkerLink:
         if batch is None:
             log.warning("worker %s: %s: %s", self.endpoint, error.code, error.message)
             return
+        if error.code == protocol.ErrorCode.DRAINING:  # sent before its Goodbye reached us: never computed
+            self._drained_by_worker()
+            self._on_returned(list(batch.jobs.values()))
+            self._on_change()
+            return
         for job in batch.jobs.values():
             job.fail(ApiError("worker_error", f"the worker refused the batch ({error.code}): {error.message}"))
         self._on_change()
 
     def _on_goodbye(self, goodbye: protocol.Goodbye) -> None:
+        self._drained_by_worker()
+
+    def _drained_by_worker(self) -> None:
+        """The worker drains: route nothing more to it, at once, and answer its Goodbye with ours (the
+        last message it gets from us: protocol 10's drain handshake)."""
         if self.state == READY:
             self.state = DRAINING
-            self._on_change()
+        self._send(protocol.Goodbye(self.gateway_id, "no more batches"))
+        self._on_change()
 
     def _on_connected(self) -> None:
         """A new connection completed its handshake: introduce ourselves (the worker may be new)."""

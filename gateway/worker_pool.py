@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import zmq.asyncio
 
 from shared.latency_correction import CorrectedModel
+from gateway.job import DONE, QUEUED, Job
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, Answered, WorkerLink
 from shared.policy import least_busy
@@ -42,9 +43,10 @@ class WorkerPool:
         self.recent = RecentHolders()
         """Which worker each prefix was last sent to (routing's memory: shared/policy/routing.py)."""
         self._loop = asyncio.get_running_loop()
-        self.links = [WorkerLink(e, self.gateway_id, self._loop.time, self._changed, on_answer, static)
-                      for e in endpoints]
+        self._on_answer = on_answer
+        self.links = [self._link(e) for e in endpoints]
         self._listeners: list[Callable[[], None]] = []
+        self._requeue: Callable[[Job], None] = lambda job: None
         self._batch_ids = itertools.count(1)
         self._context: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -57,6 +59,24 @@ class WorkerPool:
     def _changed(self) -> None:
         for listener in self._listeners:
             listener()
+
+    def on_returned(self, requeue: Callable[[Job], None]) -> None:
+        """Queue again, with `requeue`, each job a draining worker gave back uncomputed."""
+        self._requeue = requeue
+
+    def _returned(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.state == DONE:  # answered meanwhile (a sibling chunk failed, the client left)
+                continue
+            if job.expiry is not None:  # the timer of a sent job (overdue); the queue sets its own
+                job.expiry.cancel()
+                job.expiry = None
+            job.state, job.dispatched = QUEUED, None
+            self._requeue(job)
+
+    def _link(self, endpoint: str) -> WorkerLink:
+        return WorkerLink(endpoint, self.gateway_id, self._loop.time, self._changed, self._on_answer, self.static,
+                          self._returned)
 
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()

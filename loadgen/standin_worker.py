@@ -7,6 +7,9 @@ reached the worker and came back in its place. A request sent as a shared prefix
 answered from its whole samples (prefix + suffix), so a wrong split shows in the answers; its
 cached_tokens are the submitted tokens less those a worker computes (shared.latency_model); with a
 modelled prefix cache (`prefix_cache`) a repeated shared prefix is a hit, as on a real worker.
+It drains as a worker does (protocol 10): `drain()` (or SIGTERM to the process) refuses new batches
+`draining`, says Goodbye to every gateway, answers what it holds and returns once every gateway has
+answered Goodbye (or `drain_ack_timeout_ms` passed).
 Runs on a thread, or as a process:
 `python -m loadgen.standin_worker --endpoint ipc:///tmp/x [--delay-ms 5]`.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -86,6 +90,9 @@ class StandInWorker:
     their second sighting, a hit is counted as cached tokens and its heartbeats report what it holds."""
     spin: bool = False
     """Compute by spinning with the GIL held, as a CPU worker's compiled call does (own process only)."""
+    drain_ack_timeout_ms: float = 2000.0
+    """As [worker] drain_ack_timeout_ms: how long a drain waits for the gateways' Goodbyes."""
+    _drain: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -93,6 +100,16 @@ class StandInWorker:
         self._thread = threading.Thread(target=self.serve, name="standin-worker", daemon=True)
         self._thread.start()
         return self
+
+    def drain(self) -> None:
+        """Drain and return from `serve` (safe from a signal handler or another thread)."""
+        self._drain.set()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for a thread-run stand-in's `serve` to return (a drain ends it); True when it has."""
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()
@@ -106,8 +123,16 @@ class StandInWorker:
         sock.bind(self.endpoint)
         peers: set[bytes] = set()
         next_beat = time.monotonic()
+        drain_began: float | None = None
         try:
             while not self._stop.is_set():
+                if self._drain.is_set() and drain_began is None:
+                    drain_began = time.monotonic()
+                    for peer in peers:
+                        sock.send_multipart([peer, *protocol.encode(protocol.Goodbye("standin", "draining"))])
+                if drain_began is not None and not self._held and (
+                        not peers or time.monotonic() - drain_began >= self.drain_ack_timeout_ms / 1000):
+                    return
                 if sock.poll(10):
                     peer, *frames = sock.recv_multipart()
                     if not self.silent:
@@ -118,7 +143,8 @@ class StandInWorker:
                     self._held.clear()
                 if time.monotonic() >= next_beat and not self.silent:
                     report = self.prefix_cache.report() if self.prefix_cache is not None else protocol.PrefixCacheReport()
-                    beat = protocol.Heartbeat("standin", 0, 0, False, protocol.WorkerCounters(), report)
+                    beat = protocol.Heartbeat("standin", 0, 0, drain_began is not None, protocol.WorkerCounters(),
+                                              report)
                     for peer in peers:
                         sock.send_multipart([peer, *protocol.encode(beat)])
                     next_beat = time.monotonic() + self.heartbeat_ms / 1000
@@ -128,9 +154,18 @@ class StandInWorker:
 
     def _handle(self, sock: zmq.Socket, peer: bytes, frames: list[bytes], peers: set[bytes]) -> None:
         message = protocol.decode(frames)
-        if isinstance(message, protocol.Hello):
+        draining = self._drain.is_set()
+        if isinstance(message, protocol.Goodbye):
+            peers.discard(peer)
+            return
+        if isinstance(message, protocol.Hello) and draining:
+            reply: protocol.Message = protocol.Error(protocol.ErrorCode.DRAINING, "worker is shutting down")
+        elif isinstance(message, protocol.Hello):
             peers.add(peer)
-            reply: protocol.Message = self._ready()
+            reply = self._ready()
+        elif isinstance(message, (protocol.ScoreBatch, protocol.BeamBatch)) and draining:
+            reply = protocol.Error(protocol.ErrorCode.DRAINING, "worker is shutting down and takes no new batches",
+                                   message.batch_id)
         elif isinstance(message, (protocol.ScoreBatch, protocol.BeamBatch)) and self.refuse:
             reply = protocol.Error(self.refuse, "the stand-in was told to refuse", message.batch_id)
         elif isinstance(message, protocol.ScoreBatch):
@@ -233,6 +268,7 @@ def main() -> None:
     worker = StandInWorker(args.endpoint, args.vocab_size, args.delay_ms, spin=args.spin)
     if latency is not None:
         worker.latency = latency
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.drain())
     worker.serve()
 
 

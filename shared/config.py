@@ -223,6 +223,10 @@ class WorkerConfig:
     """Wall time for measuring the latency profile at start (the grid is cut short when spent)."""
     profile_repeats: Annotated[int, Meta(ge=1, le=100)] = 3
     """Timed calls per grid point; the median is fitted."""
+    drain_ack_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 2000
+    """A draining worker (SIGTERM, Shutdown) exits once it has answered what it holds and every gateway
+    has answered its Goodbye (nothing more is on its way), or this long after the drain began when a
+    gateway does not answer (gone, or speaking an older protocol)."""
     max_message_bytes: Annotated[int, Meta(ge=1 << 16, le=1 << 31)] = 64 << 20
     """Largest message a worker accepts; ZeroMQ drops a peer that sends more."""
     resident_limit_mb: Annotated[int, Meta(ge=0)] | None = None

@@ -1,7 +1,9 @@
 """`python -m worker --config configs/x.toml --artifacts artifacts/x [--endpoint E] [--device D]`.
 
 Endpoint and device default to entry --index of [worker] endpoints/devices. SIGTERM or SIGINT
-drains (finish and answer accepted batches) and exits 0. The last fitted latency profile is kept in
+drains: new batches are refused (`draining`: the gateway queues them again), every gateway is told
+(Goodbye) and routes around it at once, accepted batches are answered, and it exits 0 once every
+gateway has answered its Goodbye ([worker] drain_ack_timeout_ms at most): a rollout loses nothing. The last fitted latency profile is kept in
 --profile-cache (default $XDG_CACHE_HOME/boundserve/profiles, or ~/.cache/...), so a restart serves
 after a short warm-up and refits in the background; `--profile-cache none` always profiles first.
 `--standby` does the imports a start spends its first seconds on, then waits for one JSON line on

@@ -63,6 +63,8 @@ class WorkerServer:
         self.draining = False
         self.catalog_admin = CatalogAdmin(catalogs, log)  # CatalogSwap: swapped on a thread, answered via the outbox
         self.outbox: tuple[zmq.Context, str] | None = None  # where threads send replies; set in run()
+        self.drain_began = 0.0
+        """Monotonic seconds at which the drain began (the gateways' Goodbyes are awaited from then)."""
         self.handlers = {Hello: self.on_hello, ScoreBatch: self.on_batch, BeamBatch: self.on_batch,
                          Shutdown: self.on_shutdown, Goodbye: self.on_goodbye, CatalogSwap: self.on_catalog_swap}
 
@@ -116,7 +118,7 @@ class WorkerServer:
         while True:
             if self.stop_requested and not self.draining:
                 self._begin_drain(router)
-            if self.draining and self.queue.depth == 0 and self.stats.in_flight == 0:
+            if self.draining and self._drained():
                 return
             timeout_ms = max(0.0, (next_beat - time.monotonic()) * 1000.0)
             events = dict(poller.poll(timeout_ms))
@@ -257,8 +259,18 @@ class WorkerServer:
         self.ready = msgspec.structs.replace(self.ready, latency=latency)
         self.log.info("profile_adopted")
 
+    def _drained(self) -> bool:
+        """Everything accepted is answered and nothing more is on its way: every gateway said Goodbye
+        (each pops itself from `peers`; one gone is popped on the first failed send), or the gateways
+        that did not were given drain_ack_timeout_ms (protocol 10)."""
+        if self.queue.depth or self.stats.in_flight:
+            return False
+        waited_ms = (time.monotonic() - self.drain_began) * 1000.0
+        return not self.peers or waited_ms >= self.config.drain_ack_timeout_ms
+
     def _begin_drain(self, router: zmq.Socket) -> None:
         self.draining = True
+        self.drain_began = time.monotonic()
         self.log.info("draining", queued=self.queue.depth, in_flight=self.stats.in_flight)
         frames = encode(Goodbye(sender_id=self.ready.worker_id, reason="draining"))
         for peer in list(self.peers):

@@ -9,8 +9,10 @@ ROUTER socket, gateways connect DEALER sockets, so on the worker side a peer ide
 Conversation:
   gateway -> worker: Hello (version check), ScoreBatch, BeamBatch, Shutdown, Goodbye, CatalogSwap
   worker -> gateway: Ready (answers Hello), ScoreResults, BeamResults, Heartbeat (to every known
-                     gateway), Error (a batch or frame that could not be served), Goodbye (leaving),
+                     gateway), Error (a batch or frame that could not be served), Goodbye (draining),
                      CatalogState (answers CatalogSwap)
+  drain: worker Goodbye -> each gateway stops routing there and answers Goodbye (its last message to
+         that worker) -> the worker answers what it holds and exits once every gateway has said it
 
 Deadlines are relative budgets in milliseconds remaining when the message is sent; the receiver
 converts them to its own monotonic clock. Token ids and tensors are raw little-endian bytes:

@@ -16,7 +16,7 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
 4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
 5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place).
@@ -24,7 +24,11 @@ PROTOCOL_VERSION = 9
 7: ScoreRequest.traceparent and BeamRequest.traceparent: the request's W3C trace context (may be empty).
 8: BeamRequest.catalog names the catalogue a constrained request is decoded in; BeamResult.catalog_version
    says which version of the worker's catalogues served it; CatalogSwap / CatalogState load catalogues.
-9: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
+9: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them.
+10: the drain handshake. A draining worker's Goodbye is answered by each gateway's Goodbye, after which
+   that gateway sends it nothing; the worker exits once it has answered what it holds and every gateway
+   has said Goodbye (or `drain_ack_timeout_ms` passed), so no batch is on its way to a worker that is gone.
+   A batch refused with Error `draining` was never computed: the gateway queues its requests again."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
@@ -329,7 +333,8 @@ class Shutdown(Record):
 
 
 class Goodbye(Record):
-    """Either way: the sender leaves. A worker sends it when it starts draining."""
+    """Either way: the sender leaves. A worker sends it when it starts draining (it takes no new
+    batches); a gateway answers it with its own, its last message to that worker (protocol 10)."""
 
     TYPE: ClassVar[int] = 10
     sender_id: str
