@@ -11,6 +11,7 @@ from typing import Any
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.catalog_admin import CATALOG_UPDATE_TIMEOUT_S, CatalogAdmin
+from gateway.discovery import DnsDiscovery
 from gateway.generation import GenerateService
 from gateway.limits import Limits
 from gateway.loop_lag import LoopLagWatch
@@ -69,8 +70,9 @@ class Gateway:
         vocab = settings.manifest.model.vocab_size or settings.tokenizer.vocab_size
         limits = Limits.of(config, settings.manifest, vocab)
         metrics = Metrics()
-        pool = WorkerPool(config.worker.endpoints, gw.worker_timeout_ms, gw.max_inflight_batches_per_worker,
-                          metrics.observe_answer, limits.static_prefix)
+        discovery = DnsDiscovery.of(config.worker)  # None: the static endpoints list
+        pool = WorkerPool(config.worker.endpoints if discovery is None else (), gw.worker_timeout_ms,
+                          gw.max_inflight_batches_per_worker, metrics.observe_answer, limits.static_prefix, discovery)
         bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
         admission = Admission(pool, gw.max_queue_tokens, gw.admission_margin_ms, gw.admission, gw.shed_by_cost)
         batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, gw.drop_predicted_late,

@@ -1,5 +1,10 @@
 """All workers of the deployment: connection, liveness watchdog, least-loaded choice, predictions.
 
+With `[worker] discovery = "dns"` the workers are what gateway/discovery.py last found: a new
+address gets a link (connect, handshake, Hello); an address gone is retired: nothing more is routed
+to it, and its link closes once its in-flight batches are answered (a worker lost meanwhile fails
+them, as any lost worker does). A lost worker asks discovery to look again at once.
+
 Each link runs under a keeper task: whatever stops its reader (a socket error, a bug) is logged,
 fails what was in flight there (503 worker_lost) and the link gets a new socket, so it reconnects.
 Liveness comes from the transport (gateway/liveness.py): a closed connection or unanswered ZMTP
@@ -19,6 +24,7 @@ from collections.abc import Awaitable, Callable
 import zmq.asyncio
 
 from shared.latency_correction import CorrectedModel
+from gateway.discovery import DnsDiscovery
 from gateway.job import DONE, QUEUED, Job
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, Answered, WorkerLink
@@ -35,7 +41,8 @@ class WorkerPool:
     search), `serving` and `recent` are what the score batcher routes by (shared/policy/routing.py)."""
 
     def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
-                 on_answer: Callable[[Answered], None] = lambda answer: None, static: StaticPrefix = NO_REUSE) -> None:
+                 on_answer: Callable[[Answered], None] = lambda answer: None, static: StaticPrefix = NO_REUSE,
+                 discovery: DnsDiscovery | None = None) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
         self.liveness = LivenessPolicy.from_timeout(worker_timeout_ms)
         self.max_inflight_batches = max_inflight_batches
@@ -45,6 +52,10 @@ class WorkerPool:
         self._loop = asyncio.get_running_loop()
         self._on_answer = on_answer
         self.links = [self._link(e) for e in endpoints]
+        self.discovery = discovery
+        self.retiring: set[WorkerLink] = set()
+        """Links to addresses discovery no longer finds: not routed to; closed once nothing is in flight."""
+        self._keepers: dict[WorkerLink, asyncio.Task[None]] = {}
         self._listeners: list[Callable[[], None]] = []
         self._requeue: Callable[[Job], None] = lambda job: None
         self._batch_ids = itertools.count(1)
@@ -81,16 +92,58 @@ class WorkerPool:
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
         for link in self.links:
-            self._spawn(lambda link=link: self._keep_link(link), f"link {link.endpoint}")
+            self._keep(link)
         self._spawn(self._watch, "worker watchdog")
+        if self.discovery is not None:
+            discovery = self.discovery
+            self._spawn(lambda: discovery.run(self.set_endpoints), f"discovery of {discovery.service}")
 
-    def _spawn(self, run: Callable[[], Awaitable[None]], name: str) -> None:
+    def _keep(self, link: WorkerLink) -> None:
+        self._keepers[link] = self._spawn(lambda: self._keep_link(link), f"link {link.endpoint}")
+
+    def _spawn(self, run: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(run(), name=name)
         task.add_done_callback(lambda done: self._ended(done, run))
         self._tasks.append(task)
+        return task
+
+    def set_endpoints(self, endpoints: frozenset[str]) -> None:
+        """The workers are now those at `endpoints` (discovery's latest answer): link the new ones,
+        retire the ones gone, take back a retiring one that is found again."""
+        known = {link.endpoint: link for link in self.links}
+        for endpoint in sorted(endpoints - set(known)):
+            log.info("worker %s found; connecting", endpoint)
+            link = self._link(endpoint)
+            self.links.append(link)
+            if self._context is not None:
+                self._keep(link)
+        for endpoint, link in known.items():
+            if endpoint in endpoints and link in self.retiring:
+                log.info("worker %s found again", endpoint)
+                self.retiring.discard(link)
+            elif endpoint not in endpoints and link not in self.retiring:
+                log.info("worker %s no longer found; retiring it once its %d batch(es) in flight are answered",
+                         endpoint, len(link.in_flight))
+                self.retiring.add(link)
+        self._close_retired()
+        self._changed()
+
+    def _close_retired(self) -> None:
+        """Close and forget retiring links with nothing in flight."""
+        for link in [link for link in self.retiring if not link.in_flight]:
+            self.retiring.discard(link)
+            self.links.remove(link)
+            keeper = self._keepers.pop(link, None)
+            if keeper is not None and keeper in self._tasks:
+                self._tasks.remove(keeper)  # ended on purpose: not to be started again (_ended)
+                keeper.cancel()
+            link.close()
+            log.info("worker %s retired", link.endpoint)
 
     def _ended(self, task: asyncio.Task[None], run: Callable[[], Awaitable[None]]) -> None:
         """A pool task ended: expected only when the pool stops; otherwise say why and start it again."""
+        if task not in self._tasks:  # a retired link's keeper
+            return
         self._tasks.remove(task)
         if self._stopping or task.cancelled():
             return
@@ -131,22 +184,26 @@ class WorkerPool:
             await asyncio.sleep(RELINK_DELAY_S)
 
     async def _watch(self) -> None:
-        """Fail the batches of stalled workers; say Hello to workers that are not ready."""
+        """Fail the batches of stalled workers; say Hello to workers that are not ready; close the
+        retired links that have nothing in flight left."""
         while True:
             await asyncio.sleep(self.liveness.check_period_s)
             now = self._loop.time()
-            for link in self.links:
+            for link in list(self.links):
                 try:
                     self._check(link, now)
                 except Exception:  # one link's bug must not stop watching the others
                     log.exception("checking worker %s failed", link.endpoint)
+            self._close_retired()
 
     def _check(self, link: WorkerLink, now: float) -> None:
         why = self.liveness.stalled(link.in_flight.values(), now)
         if why is not None and not self._stopping:
             link.declare_lost(why, STALLED)
-        if link.state in (CONNECTING, LOST):
+        if link.state in (CONNECTING, LOST) and link not in self.retiring:
             link.hello()
+            if link.state == LOST and self.discovery is not None:
+                self.discovery.resolve_soon()  # gone for good, or moved to another address?
 
     def declare_lost(self, endpoint: str, why: str) -> None:
         """For the supervisor: a worker process it watches has exited."""
@@ -172,19 +229,21 @@ class WorkerPool:
 
     # ---- choice and prediction ---------------------------------------------------------------
 
+    def _routable(self, workload: str | None = None) -> list[WorkerLink]:
+        """The ready links (serving `workload`, when given) that are not retiring."""
+        return [link for link in self.links if link not in self.retiring
+                and (link.state == READY if workload is None else link.serves(workload))]
+
     def ready_count(self, workload: str | None = None) -> int:
-        if workload is None:
-            return sum(link.state == READY for link in self.links)
-        return sum(link.serves(workload) for link in self.links)
+        return len(self._routable(workload))
 
     def pick(self, workload: str) -> WorkerLink | None:
         """The ready worker with the least predicted work in flight and a free slot, or None."""
-        serving = (link for link in self.links if link.serves(workload))
-        return least_busy(serving, self._loop.time(), self.max_inflight_batches)
+        return least_busy(self._routable(workload), self._loop.time(), self.max_inflight_batches)
 
     def serving(self, workload: str) -> dict[str, WorkerLink]:
         """The ready workers serving `workload`, by endpoint (routing's names)."""
-        return {link.endpoint: link for link in self.links if link.serves(workload)}
+        return {link.endpoint: link for link in self._routable(workload)}
 
     def expected_reuse(self, key: int | None) -> Reuse:
         """What a scoring job whose prefix is `key` is expected to reuse where it will run: its prefix's
@@ -198,13 +257,13 @@ class WorkerPool:
 
     def model(self, workload: str) -> CorrectedModel | None:
         """The latency model of the fastest ready worker for `workload` (used for admission)."""
-        models = [link.latency_models[workload] for link in self.links if link.serves(workload)]
+        models = [link.latency_models[workload] for link in self._routable(workload)]
         return min(models, key=lambda m: m.predict_ms(1, 64), default=None)
 
     def soonest_free_ms(self, workload: str) -> float:
         """Predicted milliseconds until some ready worker has finished its work in flight."""
         now = self._loop.time()
-        return min((link.busy_ms(now) for link in self.links if link.serves(workload)), default=0.0)
+        return min((link.busy_ms(now) for link in self._routable(workload)), default=0.0)
 
     def clock(self) -> float:
         """Seconds on the event loop's monotonic clock (deadlines are kept on it)."""

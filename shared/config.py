@@ -14,6 +14,7 @@ msgspec ignores keys a dataclass does not declare, so unknown keys are refused b
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import string
 import tomllib
@@ -206,7 +207,22 @@ class WorkerConfig:
     """Worker processes: one per device, reachable over ZeroMQ."""
 
     endpoints: tuple[str, ...] = ("ipc:///tmp/boundserve-worker-0",)
-    """One ZeroMQ endpoint per worker (tcp://host:port or ipc://path)."""
+    """One ZeroMQ endpoint per worker (tcp://host:port or ipc://path); the gateways' workers when
+    discovery is static."""
+    discovery: Literal["static", "dns"] = "static"
+    """How a gateway finds its workers: static (the `endpoints` list) or dns (every address the name
+    `service` resolves to, on `service_port`, looked up again every `resolve_interval_ms` and when a
+    worker is lost: a scaled StatefulSet behind a headless Service is found without a restart)."""
+    service: str = ""
+    """discovery = "dns": the DNS name whose A/AAAA records are the workers, e.g. a headless Service's
+    boundserve-worker.default.svc.cluster.local (a name without dots goes through the resolver's search list)."""
+    service_port: Annotated[int, Meta(ge=1, le=65535)] = 5555
+    """discovery = "dns": the port every worker listens on."""
+    resolve_interval_ms: Annotated[int, Meta(ge=100, le=3_600_000)] = 5000
+    """discovery = "dns": how often the name is looked up again."""
+    nameservers: tuple[str, ...] = ()
+    """discovery = "dns": the DNS servers asked, each "ip" or "ip:port" ("[ip6]:port"); empty: the
+    system's (/etc/resolv.conf)."""
     devices: tuple[str, ...] = ("cpu",)
     """Device of each worker, same order as endpoints: cpu or cuda:N."""
     cpu_threads: Positive = 2
@@ -248,6 +264,50 @@ class WorkerConfig:
         for device in self.devices:
             if device != "cpu" and not (device.startswith("cuda:") and device[5:].isdigit()):
                 raise ConfigError(f"worker.devices: {device!r} must be cpu or cuda:N")
+        self._validate_discovery()
+
+    def _validate_discovery(self) -> None:
+        if self.discovery == "static":
+            for name in ("service", "nameservers"):
+                if getattr(self, name):
+                    raise ConfigError(f"worker.{name} is set but worker.discovery = \"static\" (the endpoints list): "
+                                      f"set discovery = \"dns\" to find the workers by name, or remove {name}")
+            return
+        if not self.service:
+            raise ConfigError('worker.discovery = "dns" needs worker.service: the DNS name whose records are the '
+                              'workers, e.g. "boundserve-worker.default.svc.cluster.local"')
+        if not _is_dns_name(self.service):
+            raise ConfigError(f"worker.service = {self.service!r} is not a DNS name (labels of letters, digits and "
+                              "hyphens, 63 characters at most, joined by dots; no scheme or port: the port is "
+                              "worker.service_port)")
+        for server in self.nameservers:
+            nameserver_address(server)
+
+
+def _is_dns_name(name: str) -> bool:
+    labels = name.rstrip(".").split(".")
+    return len(name) <= 253 and all(
+        0 < len(label) <= 63 and label.replace("-", "").isalnum() and label.isascii()
+        and not label.startswith("-") and not label.endswith("-") for label in labels)
+
+
+def nameserver_address(server: str) -> tuple[str, int]:
+    """("ip", port) of a worker.nameservers entry: "ip", "ip:port" or "[ip6]:port" (port 53 by default)."""
+    host, port = server, "53"
+    if server.startswith("["):
+        host, _, rest = server[1:].partition("]")
+        port = rest.removeprefix(":") if rest.startswith(":") else ("" if rest else "53")
+    elif server.count(":") == 1:
+        host, port = server.split(":")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+        if not 0 < number < 65536:
+            raise ValueError(port)
+    except ValueError:
+        raise ConfigError(f"worker.nameservers: {server!r} must be an IP address, optionally with a port: "
+                          '"10.0.0.10", "127.0.0.1:5353", "[::1]:53"') from None
+    return host, number
 
 
 @dataclass(frozen=True)
