@@ -32,8 +32,10 @@ class GenerateService:
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
         started = self._loop.time()
+        offered = self._metrics.demand.arrive(started, "beam", spec.beam_width, (deadline - started) * 1000.0)
         self._admission.precheck(self._batcher, deadline, started, spec.beam_width)
         prompt = self._tokenizer.encode([spec.prompt])[0]
+        offered.tokens_per_item = len(prompt)
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         problem = beam_problem(self._limits.bounds, BeamShape(1, len(prompt), spec.beam_width, spec.max_new_tokens))

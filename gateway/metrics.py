@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics (prometheus_client), one registry per gateway.
 
 Exposed on GET /metrics: requests by route and outcome, latency per stage in seconds (admission,
-tokenize, queue, worker, total), queue depth, batch fill, workers ready, batches in flight, drops
+tokenize, queue, worker, total), queue depth, the workers the offered load needs (desired_workers,
+gateway/demand.py), batch fill, workers ready, batches in flight, drops
 by reason, the workers' compute (as they report it per batch) and the share of it wasted on answers
 not delivered in time, predicted against measured batch service time, the learnt lateness (the
 slack of admission and of the predicted-late drops), the prompt tokens of answered scoring requests
@@ -28,6 +29,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                PlatformCollector, ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gateway.demand import WINDOW_S, Demand
 from gateway.telemetry import stage_ended
 from gateway.worker_link import Answered
 from shared import protocol
@@ -114,6 +116,8 @@ class Metrics:
         self._declare_score_tokens()
         self._declare_compute()
         self._declare_gauges()
+        self.demand = Demand()
+        """The recent arrivals, read by the desired_workers gauge (gateway/wiring.py sets its function)."""
 
     def _declare_score_tokens(self) -> None:
         self.score_prompt_tokens = Counter(
@@ -163,6 +167,10 @@ class Metrics:
         self.workers_ready = Gauge("boundserve_workers_ready", "Workers ready to take batches.", registry=r)
         self.batches_in_flight = Gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.",
                                        registry=r)
+        self.desired_workers = Gauge(
+            "boundserve_desired_workers", "Workers this gateway's offered load needs to meet its deadlines (fractional, "
+            "this gateway's share: sum over gateways and round up), from the workers' fitted latency model and the "
+            f"last {WINDOW_S:g} s of arrivals: gateway/demand.py, the model of `loadgen tune --capacity`.", registry=r)
 
     def count_request(self, route: str, outcome: str, drop: str | None = None) -> None:
         """One answered HTTP request; `drop` names its drop reason when it was one."""

@@ -66,7 +66,9 @@ class ScoreService:
             self._active -= 1
 
     async def _score(self, spec: ScoreSpec, request_id: str, deadline: float, answer=None):
-        self._admission.precheck(self._batcher, deadline, self._loop.time(), len(spec.samples))
+        arrived = self._loop.time()
+        offered = self._metrics.demand.arrive(arrived, "score", len(spec.samples), (deadline - arrived) * 1000.0)
+        self._admission.precheck(self._batcher, deadline, arrived, len(spec.samples))
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
@@ -75,6 +77,7 @@ class ScoreService:
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
+        offered.tokens_per_item = sum(j.latency_tokens for j in jobs) / sum(j.batch_items for j in jobs)
         self._admission.admit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         for job in jobs:

@@ -101,6 +101,7 @@ class Gateway:
             m.loop_lag.labels(workload).set_function(lambda b=batcher: b.lateness.lag.ms(b.now()) / 1000.0)
         m.workers_ready.set_function(lambda: self.pool.ready_count())
         m.batches_in_flight.set_function(self.pool.in_flight_batches)
+        m.desired_workers.set_function(lambda: m.demand.desired_workers(self.pool.clock(), self.pool.model))
         m.watch_prefix_caches(lambda: [(link.endpoint, link.prefix_cache) for link in self.pool.links])
 
     async def start(self) -> None:

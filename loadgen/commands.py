@@ -273,7 +273,8 @@ def _capacity(args: argparse.Namespace, trace: Trace, knobs: dict[str, Any]) -> 
     def workers(count: int | None) -> str:  # None: no count up to --max-workers met the SLO
         return f"{count} workers" if count is not None else f"more than {args.max_workers} workers (--max-workers)"
 
-    print(f"  Kingman (unbatched):   {workers(cap['kingman_workers'])}")
+    print(f"  Kingman (unbatched):   {workers(cap['kingman_workers'])} ({cap['desired_workers']:.2f} fractional: what "
+          "a gateway sent this traffic exports as boundserve_desired_workers)")
     print(f"  simulated, unbatched:  {workers(cap['simulated_unbatched_workers'])}")
     print(f"  simulated, recommended settings with batching: {workers(cap['simulated_batched_workers'])}")
     return cap
