@@ -26,10 +26,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from loadgen.processes import free_port, stop_all, tail
 from loadgen.standin_worker import standin_manifest
 from shared.manifest import manifest_json
 from tests.chaos.openloop import OpenLoop
-from tests.deploy.stack import free_port, start, stop, tail
+from tests.deploy.stack import start
 
 RATE_PER_S, DEADLINE_MS = 25, 2000
 BEFORE_REQUESTS = 100  # the baseline: 4 s of load before the roll
@@ -137,7 +138,7 @@ def fleet(tmp_path, tokenizer):
     (tmp_path / "manifest.json").write_bytes(manifest_json(standin_manifest(vocab_size)))
     fleet = Fleet(tmp_path, vocab_size)
     yield fleet
-    stop(fleet.started, timeout_s=10)
+    stop_all(fleet.started, timeout_s=10)
 
 
 async def ready_pids(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
