@@ -68,11 +68,12 @@ class DnsDiscovery:
 
     async def run(self, on_endpoints: Callable[[frozenset[str]], None]) -> None:
         """Forever: look up, hand over what was found, wait for the interval or `resolve_soon`."""
-        resolver = self._resolver()
+        resolver: dns.asyncresolver.Resolver | None = None
         while True:
             try:
+                resolver = resolver or self._resolver()  # reads /etc/resolv.conf: it may be missing for now
                 on_endpoints(await self.resolve(resolver))
-            except LookupFailed as exc:
+            except (LookupFailed, dns.exception.DNSException) as exc:
                 log.warning("looking up the workers at %s failed (%s); keeping the workers known", self.service, exc)
             await asyncio.sleep(MIN_GAP_S)
             try:

@@ -56,6 +56,8 @@ class WorkerPool:
         self.retiring: set[WorkerLink] = set()
         """Links to addresses discovery no longer finds: not routed to; closed once nothing is in flight."""
         self._keepers: dict[WorkerLink, asyncio.Task[None]] = {}
+        self._looked_again: dict[WorkerLink, float] = {}
+        """The loss (its out_of_service_since) each link last asked discovery to look again for."""
         self._listeners: list[Callable[[], None]] = []
         self._requeue: Callable[[Job], None] = lambda job: None
         self._batch_ids = itertools.count(1)
@@ -133,6 +135,7 @@ class WorkerPool:
         for link in [link for link in self.retiring if not link.in_flight]:
             self.retiring.discard(link)
             self.links.remove(link)
+            self._looked_again.pop(link, None)
             keeper = self._keepers.pop(link, None)
             if keeper is not None and keeper in self._tasks:
                 self._tasks.remove(keeper)  # ended on purpose: not to be started again (_ended)
@@ -202,8 +205,10 @@ class WorkerPool:
             link.declare_lost(why, STALLED)
         if link.state in (CONNECTING, LOST) and link not in self.retiring:
             link.hello()
-            if link.state == LOST and self.discovery is not None:
-                self.discovery.resolve_soon()  # gone for good, or moved to another address?
+            lost_at = link.out_of_service_since
+            if self.discovery is not None and lost_at is not None and self._looked_again.get(link) != lost_at:
+                self._looked_again[link] = lost_at  # once per loss: gone for good, or moved to another address?
+                self.discovery.resolve_soon()
 
     def declare_lost(self, endpoint: str, why: str) -> None:
         """For the supervisor: a worker process it watches has exited."""

@@ -1,6 +1,7 @@
-"""Worker lifecycle: SIGTERM and Shutdown drain (accepted batches answered, then exit 0); bad artifacts
-refused at start; a restart serves with the last fitted profile and refits in the background; a CPU
-worker over its resident limit releases free memory after a batch."""
+"""Worker lifecycle: SIGTERM and Shutdown drain (accepted batches answered, then exit 0, once every
+gateway said Goodbye: protocol 7); bad artifacts refused at start; a restart serves with the last
+fitted profile and refits in the background; a CPU worker over its resident limit releases free
+memory after a batch."""
 
 from __future__ import annotations
 
@@ -81,6 +82,37 @@ def test_new_work_during_drain_is_refused(demo_artifacts, tmp_path, worker_proce
         assert worker.process.wait(timeout=60) == 0
     finally:
         client.close()
+        worker.kill()
+
+
+def test_a_drain_lasts_until_every_gateway_said_goodbye(demo_artifacts, tmp_path, worker_process_class, client_class):
+    """Protocol 7: after SIGTERM the worker answers what it holds, then waits for each gateway's
+    Goodbye (here far longer than any test: its ack timeout is 10 minutes) before it exits 0."""
+    worker = worker_process_class(demo_artifacts, tmp_path, queued=8, worker_lines="drain_ack_timeout_ms = 600000\n")
+    first, second = client_class(worker.endpoint, "gw-1"), client_class(worker.endpoint, "gw-2")
+    try:
+        ready = first.hello()
+        assert isinstance(ready, protocol.Ready), worker.log()
+        assert isinstance(second.hello(), protocol.Ready)
+        batch = full_batch(1, ready.bounds, ready.model["vocab_size"], np.random.default_rng(2))
+        first.send(batch)
+        assert isinstance(first.hello(), protocol.Ready)  # the batch is accepted
+        worker.process.send_signal(signal.SIGTERM)
+        for client in (first, second):
+            assert client.recv_where(lambda m: isinstance(m, protocol.Goodbye), timeout_s=30).reason == "draining"
+        assert isinstance(first.reply_to(batch.batch_id, timeout_s=60), protocol.ScoreResults)
+        first.send(protocol.Goodbye(sender_id="gw-1", reason="no more batches"))
+        # One gateway has not said Goodbye: the worker keeps running, and still refuses new work.
+        late = full_batch(2, ready.bounds, ready.model["vocab_size"], np.random.default_rng(3))
+        second.send(late)
+        refusal = second.reply_to(late.batch_id, timeout_s=30)
+        assert isinstance(refusal, protocol.Error) and refusal.code == protocol.ErrorCode.DRAINING
+        assert worker.process.poll() is None, worker.log()
+        second.send(protocol.Goodbye(sender_id="gw-2", reason="no more batches"))
+        assert worker.process.wait(timeout=60) == 0, worker.log()
+    finally:
+        first.close()
+        second.close()
         worker.kill()
 
 
