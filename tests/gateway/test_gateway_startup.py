@@ -6,6 +6,7 @@ other than the compiled ones are named at start (the compiled ones are served)."
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import msgspec.structs
 import socket
@@ -65,6 +66,17 @@ def test_spawning_cpu_workers_for_another_thread_count_is_refused(tmp_path, toke
     assert gateway_main(["--config", deploy, "--artifacts", str(folder), "--spawn-workers"]) == 2
     said = refusal(capfd)
     assert "cannot start" in said and "compiled for 2 CPU thread(s) per call but [worker] cpu_threads = 1" in said
+
+
+def test_spawning_workers_that_are_found_by_dns_is_refused(tmp_path, tokenizer_dir, request_tokenizer, capfd):
+    """--spawn-workers starts the endpoints list; found workers are someone else's to start."""
+    folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
+    deploy = config(tmp_path, STANDIN_BOUNDS.max_labels)
+    text = open(deploy).read().replace("[worker]\n", '[worker]\ndiscovery = "dns"\nservice = "boundserve-worker"\n')
+    open(deploy, "w").write(text)
+    assert gateway_main(["--config", deploy, "--artifacts", str(folder), "--spawn-workers"]) == 2
+    said = json.loads(refusal(capfd).splitlines()[-1])["message"]  # a JSON log line
+    assert said.startswith("cannot start") and 'with discovery = "dns" the workers are found, not started' in said
 
 
 def test_configured_bounds_other_than_the_compiled_are_refused_naming_both(tmp_path, tokenizer_dir,
