@@ -70,8 +70,9 @@ def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) ->
     """What the app serves with; refuses to spawn CPU workers that would refuse the artifacts (and be
     restarted over and over), and a config whose [bounds] differ from the compiled ones."""
     if spawn_workers and config.worker.discovery != "static":
-        raise ConfigError(f'--spawn-workers starts the [worker] endpoints list; with discovery = "{config.worker.discovery}" '
-                          "the workers are found, not started: start them yourself, or use the static list")
+        raise ConfigError(f'--spawn-workers starts the [worker] endpoints list; with discovery = '
+                          f'"{config.worker.discovery}" the workers are found, not started: start them yourself, '
+                          "or use the static list")
     manifest = read_manifest(artifacts)
     if spawn_workers and "cpu" in config.worker.devices and (problem := threads_difference(manifest, config)):
         raise ConfigError(f"{artifacts}: {problem}")

@@ -168,8 +168,9 @@ class Metrics:
         self.batches_in_flight = Gauge("boundserve_batches_in_flight", "Batches sent and not yet answered.",
                                        registry=r)
         self.desired_workers = Gauge(
-            "boundserve_desired_workers", "Workers this gateway's offered load needs to meet its deadlines (fractional, "
-            "this gateway's share: sum over gateways and round up), from the workers' fitted latency model and the "
+            "boundserve_desired_workers", "Workers this gateway's offered load needs to meet its deadlines "
+            "(fractional, this gateway's share: sum over gateways and round up), from the workers' fitted latency "
+            "model and the "
             f"last {WINDOW_S:g} s of arrivals: gateway/demand.py, the model of `loadgen tune --capacity`.", registry=r)
 
     def count_request(self, route: str, outcome: str, drop: str | None = None) -> None:

@@ -2,12 +2,13 @@
 
 A DEALER socket connects to the worker's ROUTER (shared/protocol/). The link is `connecting`
 until the worker answers Hello with Ready, `ready` until a Goodbye, a draining heartbeat or a batch
-refused `draining` makes it `draining` (answered with our Goodbye, the last thing we send it; a refused
-batch's jobs go back to the queue: `on_returned`); it is `lost` when its connection closes (the worker's process is gone, or ZMTP
-heartbeats went unanswered: gateway/liveness.py) and `stalled` when a batch has run far past its
-prediction. Either way every batch in flight on it fails at once with 503 worker_lost; Hello goes
-out on every new connection (and is repeated while absent) so a restarted worker rejoins. A
-stalled worker comes back once its heartbeat shows it idle, or as a new connection.
+refused `draining` makes it `draining` (answered with our Goodbye, the last thing we send it; a
+refused batch's jobs go back to the queue: `on_returned`); it is `lost` when its connection closes
+(the worker's process is gone, or ZMTP heartbeats went unanswered: gateway/liveness.py) and
+`stalled` when a batch has run far past its prediction. Either way every batch in flight on it
+fails at once with 503 worker_lost; Hello goes out on every new connection (and is repeated while
+absent) so a restarted worker rejoins. A stalled worker comes back once its heartbeat shows it
+idle, or as a new connection.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def kingman_latency_ms(facts: WorkloadFacts, workers: float, pct: float = 99.0) 
     return {"rho": rho, "mean_wait_ms": mean_wait, "latency_pct_ms": tail + facts.tau_pct_ms}
 
 
-def kingman_workers(facts: WorkloadFacts, slo_ms: float, pct: float = 99.0, max_workers: int = MAX_WORKERS) -> int | None:
+def kingman_workers(facts: WorkloadFacts, slo_ms: float, pct: float = 99.0,
+                    max_workers: int = MAX_WORKERS) -> int | None:
     """Fewest whole workers whose Kingman latency estimate meets the SLO (None if none up to the max)."""
     for workers in range(1, max_workers + 1):
         if _meets(facts, workers, slo_ms, pct):

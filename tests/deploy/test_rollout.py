@@ -6,7 +6,7 @@ puts in front of them: it takes a gateway out of rotation before its SIGTERM and
 ready, and sends a request the gateway refused `draining`, or whose connection was refused, to the
 next one: neither was computed). Three workers, each a stand-in process speaking the real protocol
 (loadgen/standin_worker.py: compiled workers would take minutes to start on a 2-core machine; the
-stand-in drains as worker/server.py does, protocol 9's handshake). All on loopback.
+stand-in drains as worker/server.py does, protocol 10's handshake). All on loopback.
 
 Asserted: every request got an HTTP answer (no reset, no refused connection, no hang); every answer
 is 200 or a deadline refusal the admission model made (429 queue_full, 503 deadline_unmeetable,

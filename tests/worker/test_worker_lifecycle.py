@@ -1,5 +1,5 @@
 """Worker lifecycle: SIGTERM and Shutdown drain (accepted batches answered, then exit 0, once every
-gateway said Goodbye: protocol 9); bad artifacts refused at start; a restart serves with the last
+gateway said Goodbye: protocol 10); bad artifacts refused at start; a restart serves with the last
 fitted profile and refits in the background; a CPU worker over its resident limit releases free
 memory after a batch."""
 
@@ -86,7 +86,7 @@ def test_new_work_during_drain_is_refused(demo_artifacts, tmp_path, worker_proce
 
 
 def test_a_drain_lasts_until_every_gateway_said_goodbye(demo_artifacts, tmp_path, worker_process_class, client_class):
-    """Protocol 9: after SIGTERM the worker answers what it holds, then waits for each gateway's
+    """Protocol 10: after SIGTERM the worker answers what it holds, then waits for each gateway's
     Goodbye (here far longer than any test: its ack timeout is 10 minutes) before it exits 0."""
     worker = worker_process_class(demo_artifacts, tmp_path, queued=8, worker_lines="drain_ack_timeout_ms = 600000\n")
     first, second = client_class(worker.endpoint, "gw-1"), client_class(worker.endpoint, "gw-2")
