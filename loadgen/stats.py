@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from shared.policy.capacity import quantile
+
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 LATE_SEND_MS = 1.0
 """A send this much behind schedule counts as late."""
@@ -33,14 +35,9 @@ class Outcome(Protocol):
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """The q-th percentile (0..100) with linear interpolation; None for no values (the policy's rule:
+    shared/policy/capacity.quantile, so that loadgen and the gateway's autoscaling signal agree)."""
+    return quantile(values, q)
 
 
 def percentile_interval(values: Sequence[float], q: float, coverage: float = 0.9, resamples: int = 1000,

@@ -102,7 +102,8 @@ def desired_workers(facts: WorkloadFacts, slo_ms: float, pct: float = 99.0, max_
 
 
 def quantile(values: Sequence[float], pct: float) -> float | None:
-    """The pct-th percentile (0..100), linear interpolation between ranks (loadgen.stats.percentile's rule)."""
+    """The pct-th percentile (0..100), linear interpolation between ranks; None for no values (loadgen.stats.percentile
+    is this one)."""
     if not values:
         return None
     ordered = sorted(values)
