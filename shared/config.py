@@ -187,6 +187,10 @@ class BeamConfig:
     max_catalog_fanout: NonNegative = 0
     """Most children of any trie node (compiled: the edges scanned per beam and step; the node's work
     grows with it). Semantic ids with codebooks of C codes need C."""
+    watch_constraints_ms: NonNegative = 2000
+    """How often a worker looks at the `constraints` file; when it has changed (rewritten, or replaced by a
+    rename), the worker loads it as its new default catalogue between batches. 0: never (updates come
+    only through POST /admin/constraints)."""
 
     def validate(self) -> None:
         nodes, fanout = self.max_catalog_nodes, self.max_catalog_fanout

@@ -24,6 +24,7 @@ from shared.protocol import (PROTOCOL_VERSION, BeamBatch, CatalogSwap, DecodeLim
 from worker.batch_queue import BatchQueue, PendingBatch
 from worker.catalog_admin import CatalogAdmin
 from worker.catalog_store import CatalogStore
+from worker.catalog_watch import CatalogWatch
 from worker.bounds_check import BatchRefused
 from worker.logs import JsonLog
 from worker.prefix_cache import PrefixCache
@@ -49,7 +50,8 @@ class WorkerServer:
 
     def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, workloads: Workloads,
                  pool_factory: PoolFactory, log: JsonLog, refit_factory: RefitFactory | None = None,
-                 prefix_cache: PrefixCache | None = None, catalogs: CatalogStore | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, catalogs: CatalogStore | None = None,
+                 catalog_watch: CatalogWatch | None = None) -> None:
         self.endpoint, self.config, self.ready, self.log = endpoint, config, ready, log
         self.prefix_cache = prefix_cache  # reported in every heartbeat (the compute lanes fill it)
         self.workloads = workloads  # what each batch type is checked, computed and answered with
@@ -62,6 +64,7 @@ class WorkerServer:
         self.stop_requested = False
         self.draining = False
         self.catalog_admin = CatalogAdmin(catalogs, log)  # CatalogSwap: swapped on a thread, answered via the outbox
+        self.catalog_watch = catalog_watch  # [beam] constraints reloaded when the file changes
         self.outbox: tuple[zmq.Context, str] | None = None  # where threads send replies; set in run()
         self.drain_began = 0.0
         """Monotonic seconds at which the drain began (the gateways' Goodbyes are awaited from then)."""
@@ -95,11 +98,15 @@ class WorkerServer:
             refit = self.refit_factory(self) if self.refit_factory is not None else None
             if refit is not None:
                 refit.start()
+            if self.catalog_watch is not None:
+                self.catalog_watch.start()
             self.log.emit(Serving(endpoint=self.endpoint, pid=os.getpid(), workloads=self.ready.workloads))
             self._loop(router, pull)
             if refit is not None:
                 refit.join(REFIT_JOIN_S)
             pool.stop()
+            if self.catalog_watch is not None:
+                self.catalog_watch.stop()
             self.catalog_admin.join(REFIT_JOIN_S)
             self._forward_replies(router, pull, block_ms=0)
             self.log.info("stopped", counters=msgspec.structs.asdict(self.stats.counters()))

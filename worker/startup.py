@@ -26,6 +26,7 @@ from shared.manifest import Manifest, bounds_differences, threads_difference
 from shared.protocol import PROTOCOL_VERSION, Ready
 from shared.catalog import DEFAULT_CATALOG
 from worker.catalog_store import CatalogStore
+from worker.catalog_watch import CatalogWatch
 from worker.compute import ComputePool
 from worker import profile_cache
 from worker.lanes import lane_count, make_lanes, spare_lane
@@ -85,8 +86,11 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     )
     resident = ResidentLimit(limit, log) if limit is not None else None
     pool_factory = functools.partial(ComputePool, lanes, workloads, log, resident=resident)
+    watch = None
+    if catalogs is not None and config.beam.watch_constraints_ms:
+        watch = CatalogWatch(catalogs, config.beam.constraints, config.beam.watch_constraints_ms / 1000.0, log)
     return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory, prefix_cache,
-                        catalogs)
+                        catalogs, watch)
 
 
 def load_catalogs(manifest: Manifest, config: DeploymentConfig, device: str, log: JsonLog) -> CatalogStore | None:
