@@ -74,6 +74,9 @@ class StandInWorker:
     """When set, stops answering and heartbeating (a hung worker)."""
     refuse: str = ""
     """When set, answers every batch with an Error of this code (a worker that cannot serve)."""
+    expire: bool = False
+    """When set, answers every request `expired` (a worker that found each past its deadline when
+    its batch started), its compute 0."""
     static_prefix_ids: tuple[int, ...] = ()
     """The deployment's static prefix this worker announces and does not count as computed."""
     requests: list[protocol.ScoreRequest] = field(default_factory=list)
@@ -167,7 +170,7 @@ class StandInWorker:
         return protocol.ScoreResults(batch.batch_id, tuple(results), 0.0, compute_ms)
 
     def _score_one(self, req: protocol.ScoreRequest, dtype: str) -> protocol.ScoreResult:
-        if req.deadline_ms <= 0:
+        if req.deadline_ms <= 0 or self.expire:
             return protocol.ScoreResult(req.request_id, protocol.Status.EXPIRED)
         flat = protocol.unpack_ids(req.input_ids, dtype).tolist()
         prefix, start, suffixes = flat[: req.prefix_len], req.prefix_len, []
@@ -197,7 +200,7 @@ class StandInWorker:
         results = []
         for req in batch.requests:
             self.seen_request_ids.append(req.request_id)
-            if req.deadline_ms <= 0:
+            if req.deadline_ms <= 0 or self.expire:
                 results.append(protocol.BeamResult(req.request_id, protocol.Status.EXPIRED))
                 continue
             prompt = protocol.unpack_ids(req.prompt_ids, batch.token_dtype).tolist()
