@@ -32,7 +32,7 @@ class GenerateService:
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
         started = self._loop.time()
-        self._admission.precheck(self._batcher, deadline, started, spec.beam_width)
+        self._admission.precheck(self._batcher, request_id, deadline, started, spec.beam_width)
         prompt = self._tokenizer.encode([spec.prompt])[0]
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
@@ -44,9 +44,8 @@ class GenerateService:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
         job = Job(request_id, "beam", deadline, [prompt], beam_key=key)
-        self._admission.admit(self._batcher, [job], now)
+        self._admission.submit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        self._batcher.submit(job)
         (result,) = await self._end.results([job])
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 

@@ -60,7 +60,7 @@ class ScoreService:
             self._active -= 1
 
     async def _score(self, spec: ScoreSpec, request_id: str, deadline: float) -> ScoreAnswer | SglangScoreAnswer:
-        self._admission.precheck(self._batcher, deadline, self._loop.time(), len(spec.samples))
+        self._admission.precheck(self._batcher, request_id, deadline, self._loop.time(), len(spec.samples))
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
@@ -69,10 +69,8 @@ class ScoreService:
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
-        self._admission.admit(self._batcher, jobs, now)
+        self._admission.submit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        for job in jobs:
-            self._batcher.submit(job)
         results = await self._end.results(jobs)
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.work.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)

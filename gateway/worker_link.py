@@ -26,7 +26,7 @@ from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol
 from shared.bounds import batch_capacity
-from shared.policy import busy_ms
+from shared.policy import DropReason, busy_ms
 from shared.work import NO_REUSE, HeldPrefixes, StaticPrefix
 
 log = logging.getLogger("gateway.worker")
@@ -230,7 +230,8 @@ class WorkerLink:
                 job.finish(result)
             elif result.status == protocol.Status.EXPIRED:
                 job.fail(ApiError("deadline_exceeded", "the deadline passed before the worker could start "
-                                                       "this request; it was dropped uncomputed"))
+                                                       "this request; it was dropped uncomputed",
+                                  drop_reason=DropReason.EXPIRED_IN_WORKER))
             else:
                 job.fail(ApiError("worker_error", f"the worker refused this request: {result.error}"))
         for job in batch.jobs.values():
@@ -287,7 +288,7 @@ class WorkerLink:
         for batch in batches.values():
             for job in batch.jobs.values():
                 job.fail(ApiError("worker_lost", f"worker {self.endpoint} stopped answering ({why}) while "
-                                                 "computing this request"))
+                                                 "computing this request", drop_reason=DropReason.WORKER_LOST))
         log.warning("worker %s %s: %s (%d batches failed)", self.endpoint, state, why, len(batches))
         self._on_change()
 

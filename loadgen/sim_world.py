@@ -46,6 +46,8 @@ class SimJob:
     beam_key: tuple[int, int, int] | None = None
     done: bool = False
     """Answered (computed, or failed): a late answer from a worker changes nothing."""
+    enqueued_at: float = 0.0
+    """When the scheduler queued it (simulated seconds)."""
     dispatched: Prediction | None = None
     """The finish the batcher predicted when it sent the job."""
     prefix_key: int | None = None
