@@ -55,6 +55,8 @@ class Job:
     """beam: (num_beams, max_new_tokens, num_return_sequences); batches share one key."""
     prefix_len: int = 0
     """score: the first prefix_len ids of every sample are the same and are sent and computed once."""
+    priority: int = 0
+    """The request's priority: larger is served first and given up last (shared/policy/deadline_queue.py)."""
     reuse: Reuse = NO_REUSE
     """score: where leading tokens' keys/values already exist: the static prefix and the prefix cache
     of the worker it is expected to run on (`resize` when it goes elsewhere)."""

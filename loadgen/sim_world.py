@@ -48,6 +48,8 @@ class SimJob:
     """Answered (computed, or failed): a late answer from a worker changes nothing."""
     enqueued_at: float = 0.0
     """When the scheduler queued it (simulated seconds)."""
+    priority: int = 0
+    """Its record's priority (larger is served first and given up last)."""
     dispatched: Prediction | None = None
     """The finish the batcher predicted when it sent the job."""
     prefix_key: int | None = None

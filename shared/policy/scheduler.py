@@ -105,12 +105,13 @@ class Scheduler(Generic[W, K]):
 
     # -- arrivals ----------------------------------------------------------------------------------
     def precheck(self, request: Any, deadline: float, items: int, now_s: float, pool: PoolView,
-                 model: CostModel | None) -> Refusal | None:
-        """Before tokenizing: refuse when the wait where the request would run, with the least its
-        `items` can take, already misses `deadline`."""
+                 model: CostModel | None, priority: int = 0) -> Refusal | None:
+        """Before tokenizing: refuse when the wait where the request would run (at its `priority`), with
+        the least its `items` can take, already misses `deadline`."""
         if model is None:
             return None
-        refusal = precheck(self.queue, pool, model, deadline, now_s, self.settings.admission, self.lateness, items)
+        refusal = precheck(self.queue, pool, model, deadline, now_s, self.settings.admission, self.lateness, items,
+                           priority)
         if refusal is not None and self.log is not None:
             self.log.add("refuse", now_s, request, refusal.reason)
         return refusal
