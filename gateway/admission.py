@@ -30,12 +30,13 @@ class Admission:
             raise ApiError("no_workers", f"none of the {known} configured worker(s) is ready to serve {workload}; "
                                          "retry shortly")
 
-    def precheck(self, batcher: Batcher, request_id: str, deadline: float, now: float, items: int) -> None:
+    def precheck(self, batcher: Batcher, request_id: str, deadline: float, now: float, items: int,
+                 priority: int = 0) -> None:
         """Refuse before any tokenizing when the predicted wait where the request would run, with the
         least its `items` (samples or beams) can take, misses the deadline."""
         self.check_workers(batcher.workload)
         refusal = batcher.scheduler.precheck(client_id(request_id), deadline, items, now, self._view(batcher.workload),
-                                             self._pool.model(batcher.workload))
+                                             self._pool.model(batcher.workload), priority)
         if refusal is not None:
             raise _error(refusal)
 

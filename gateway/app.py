@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 
 from gateway.api.deadline import budget_ms, header_budget_ms
+from gateway.api.priority import resolve_priority
 from gateway.errors import ApiError, error_response
 from gateway.api.generate import parse_generate
 from gateway.api.answers import Health, Ready, WorkerState, encode_json
@@ -171,8 +172,8 @@ class WorkRoute:
     parse: Callable[[bytes, Limits], Any]
     """Body -> the route's typed request (gateway/api/); every refusal an ApiError."""
     default_deadline_ms: Callable[[GatewayConfig], int]
-    run: Callable[[Gateway, Any, str, float], Awaitable[Any]]
-    """(gateway, request, wire id, deadline on the pool's clock) -> the answer Struct."""
+    run: Callable[[Gateway, Any, str, float, int], Awaitable[Any]]
+    """(gateway, request, wire id, deadline on the pool's clock, priority) -> the answer Struct."""
     names_answer: Callable[[Any], bool] = lambda spec: True  # noqa: E731
     """Whether the answer carries the request id as `id` (SGLang's schema has no such field)."""
 
@@ -185,17 +186,22 @@ async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
         spec = route.parse(await _read_body(request, header_ms), gateway.limits)
         budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
-        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0)
+        priority = resolve_priority(spec.priority, request.headers, gateway.limits.min_priority,
+                                    gateway.limits.max_priority)
+        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0,
+                                 priority)
     if route.names_answer(spec):
         answer.id = request[REQUEST_ID]
     return _json(answer)
 
 
 SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
-                  lambda gateway, spec, wire_id, deadline: gateway.scoring.score(spec, wire_id, deadline),
+                  lambda gateway, spec, wire_id, deadline, priority: gateway.scoring.score(spec, wire_id, deadline,
+                                                                                           priority),
                   names_answer=lambda spec: spec.dialect != "sglang")
 GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
-                     lambda gateway, spec, wire_id, deadline: gateway.generation.generate(spec, wire_id, deadline))
+                     lambda gateway, spec, wire_id, deadline, priority: gateway.generation.generate(
+                         spec, wire_id, deadline, priority))
 
 
 async def score(request: web.Request) -> web.Response:

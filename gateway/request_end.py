@@ -30,8 +30,9 @@ class RequestEnd:
     batcher: Batcher
     metrics: Metrics
 
-    async def results(self, jobs: list[Job]) -> list[Any]:
-        """The jobs' results in order, once all are answered; raises the first failure."""
+    async def results(self, jobs: list[Job], budget_ms: float | None = None) -> list[Any]:
+        """The jobs' results in order, once all are answered; raises the first failure. `budget_ms`:
+        the request's budget (its deadline class in the goodput counters)."""
         workload, deadline, loop = self.batcher.workload, min(job.deadline for job in jobs), asyncio.get_running_loop()
         try:
             results = await wait_all(jobs, self.batcher.abandon)
@@ -54,7 +55,7 @@ class RequestEnd:
                            error.retry_after_s, error.drop_reason) from None
         answered_at = loop.time()
         self.batcher.scheduler.on_answer(jobs, answered_at)
-        self.metrics.count_answer(workload, answered_at <= deadline)
+        self.metrics.count_answer(workload, answered_at <= deadline, jobs[0].priority, budget_ms)
         if answered_at > deadline:
             self.metrics.count_wasted(workload, "late", sum(job.compute_ms for job in jobs))
         return results

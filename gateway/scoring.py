@@ -52,15 +52,18 @@ class ScoreService:
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
         self._loop = asyncio.get_running_loop()
 
-    async def score(self, spec: ScoreSpec, request_id: str, deadline: float) -> ScoreAnswer | SglangScoreAnswer:
+    async def score(self, spec: ScoreSpec, request_id: str, deadline: float,
+                    priority: int = 0) -> ScoreAnswer | SglangScoreAnswer:
         self._active += 1
         try:
-            return await self._score(spec, request_id, deadline)
+            return await self._score(spec, request_id, deadline, priority)
         finally:
             self._active -= 1
 
-    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float) -> ScoreAnswer | SglangScoreAnswer:
-        self._admission.precheck(self._batcher, request_id, deadline, self._loop.time(), len(spec.samples))
+    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float,
+                     priority: int) -> ScoreAnswer | SglangScoreAnswer:
+        budget_ms = (deadline - self._loop.time()) * 1000.0
+        self._admission.precheck(self._batcher, request_id, deadline, self._loop.time(), len(spec.samples), priority)
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
@@ -68,10 +71,10 @@ class ScoreService:
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
-        jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
+        jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline, priority)
         self._admission.submit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        results = await self._end.results(jobs)
+        results = await self._end.results(jobs, budget_ms)
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.work.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)
@@ -87,14 +90,14 @@ class ScoreService:
                 raise ApiError("invalid_request", f"sample {i} tokenizes to no tokens; every sample needs one")
 
     def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
-              deadline: float) -> list[Job]:
+              deadline: float, priority: int) -> list[Job]:
         limits, bounds = self._limits, self._limits.bounds
         prefix_len = sharing.shared_prefix_len(token_ids, limits.sharing)
         chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
         jobs = [
             Job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
-                prefix_len=prefix_len, reuse=limits.static_prefix)
+                prefix_len=prefix_len, reuse=limits.static_prefix, priority=priority)
             for k, chunk in enumerate(chunks)
         ]
         reuse = self._reuse_for(jobs[0].prefix_key)  # every chunk carries the same prefix
