@@ -17,7 +17,7 @@ import asyncio
 import logging
 
 from gateway.errors import ApiError
-from gateway.job import Job
+from gateway.job import Job, fail, timer_of
 from gateway.metrics import Metrics
 from gateway.worker_link import WorkerLink
 from gateway.worker_pool import WorkerPool
@@ -73,25 +73,25 @@ class Batcher:
         """The scheduler queued `jobs`: each one's expiry timer answers 504 if it is still queued at its
         deadline; the loop looks at the queue."""
         for job in jobs:
-            job.expiry = self._loop.call_at(job.deadline, self._expire, job)
+            timer_of(job).timer = self._loop.call_at(job.deadline, self._expire, job)
         self._wake.set()
 
     def abandon(self, job: Job, error: ApiError) -> None:
         """Answer a job of a request that failed (a sibling chunk failed) with `error`: taken out of the
         queue if still there; if already sent, its answer will find it done (its compute is wasted)."""
         self.queue.remove(job)
-        job.fail(error)
+        fail(job, error)
 
     def _expire(self, job: Job) -> None:
         # a timer may fire a hair before its time: the job's own deadline has passed by definition
         for expired in self.scheduler.expire(max(self._loop.time(), job.deadline)):
-            expired.fail(ApiError("deadline_exceeded", "the deadline passed while the request waited in the "
+            fail(expired, ApiError("deadline_exceeded", "the deadline passed while the request waited in the "
                                                        "queue; it was never sent to a worker",
                                   drop_reason=DropReason.EXPIRED_IN_QUEUE))
 
     def _overdue(self, job: Job) -> None:
-        job.expiry = None
-        job.fail(ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
+        timer_of(job).timer = None
+        fail(job, ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
                                                "after the deadline", drop_reason=DropReason.WORKER_OVERDUE))
 
     async def run(self) -> None:
@@ -146,7 +146,7 @@ class Batcher:
 
     def _drop_late(self, jobs: list[Job]) -> None:
         for job in jobs:
-            job.fail(ApiError("deadline_exceeded", "the request is predicted to finish past its deadline behind the "
+            fail(job, ApiError("deadline_exceeded", "the request is predicted to finish past its deadline behind the "
                                                    "worker's work in flight; it was dropped before any compute",
                               drop_reason=DropReason.PREDICTED_LATE))
 
@@ -159,9 +159,10 @@ class Batcher:
         now = self._loop.time()
         for job in batch.jobs:
             self._metrics.observe_stage("queue", (now - job.enqueued_at) * 1000.0)
-            if job.expiry is not None:
-                job.expiry.cancel()
-            job.expiry = self._loop.call_at(job.deadline + self._grace_s, self._overdue, job)
+            waiting = timer_of(job)
+            if waiting.timer is not None:
+                waiting.timer.cancel()
+            waiting.timer = self._loop.call_at(job.deadline + self._grace_s, self._overdue, job)
         used = sum(j.samples for j in batch.jobs) if self.workload == "score" else len(batch.jobs)
         self._metrics.observe_batch(self.workload, used / self.bounds.max_items_per_batch)
 
@@ -174,7 +175,7 @@ class Batcher:
                 len(jobs))
         for job in jobs:
             self.queue.remove(job)
-            job.fail(self.stopped_error())
+            fail(job, self.stopped_error())
 
     def stopped_error(self) -> ApiError:
         return ApiError("batcher_stopped", f"the gateway's {self.workload} batching loop stopped ({self.stopped}); "

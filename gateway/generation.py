@@ -9,7 +9,7 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.api.generate import GenerateSpec
 from gateway.api.answers import Candidate, GenerateAnswer, GenerateUsage
-from gateway.job import Job
+from gateway.job import new_job
 from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
@@ -43,7 +43,7 @@ class GenerateService:
         if not prompt:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
-        job = Job(request_id, "beam", deadline, [prompt], beam_key=key, priority=priority)
+        job = new_job(request_id, "beam", deadline, [prompt], beam_key=key, priority=priority)
         self._admission.submit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         (result,) = await self._end.results([job], (deadline - started) * 1000.0)

@@ -21,7 +21,7 @@ from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.api.answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
-from gateway.job import Job
+from gateway.job import Job, new_job
 from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
@@ -95,7 +95,7 @@ class ScoreService:
         prefix_len = sharing.shared_prefix_len(token_ids, limits.sharing)
         chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
         jobs = [
-            Job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
+            new_job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
                 prefix_len=prefix_len, reuse=limits.static_prefix, priority=priority)
             for k, chunk in enumerate(chunks)

@@ -40,13 +40,14 @@ from shared.manifest import Manifest
 from shared.prefix import SharingRule
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
-from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
+from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimWorker, Speed, initial_model, jobs_of, tag,
                                speed_at)
 from loadgen.trace import Trace
 from loadgen.prefix_model import PrefixCacheModel
 from shared.policy import AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView, \
     Prediction, QueueOrder, Refusal
 from shared.policy.routing import Placement, RecentHolders
+from shared.policy.job import DONE, Job
 from shared.policy.scheduler import Batch, DecisionLog, Drops, Scheduler, SchedulerSettings
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
@@ -160,7 +161,7 @@ KNOBS = tuple(f.name for f in dataclasses.fields(SimSettings) if f.name != "boun
 
 @dataclass
 class _Request:
-    jobs: list[SimJob]
+    jobs: list[Job]
     open_jobs: int
     prediction: Prediction
     done: bool = False
@@ -197,9 +198,9 @@ class Simulator:
         self.schedulers = {w: Scheduler(w, SchedulerSettings(s.batch_bounds(w), admission, s.max_batch_wait_ms,
                                                              s.max_inflight_batches, s.drop_predicted_late,
                                                              QueueOrder(s.queue_order)),
-                                        lambda job: str(job.request), lambda worker: worker.cache, self.log)
+                                        lambda job: str(tag(job).request), lambda worker: worker.cache, self.log)
                            for w in WORKLOAD_ROUTE}
-        self.queues: dict[str, DeadlineQueue[SimJob]] = {w: sch.queue for w, sch in self.schedulers.items()}
+        self.queues: dict[str, DeadlineQueue[Job]] = {w: sch.queue for w, sch in self.schedulers.items()}
         self.lateness: dict[str, Lateness] = {w: sch.lateness for w, sch in self.schedulers.items()}
         """The learnt lateness per workload: the slack of its drops and of admission."""
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms,
@@ -266,28 +267,30 @@ class Simulator:
         for job in jobs:
             self._at(job.deadline, "expire", (workload, job))
 
-    def _fail(self, job: SimJob, reason: str, code: str = "deadline_exceeded") -> None:
-        job.done = True
-        request = self.requests[job.request]
+    def _fail(self, job: Job, reason: str, code: str = "deadline_exceeded") -> None:
+        job.state = DONE
+        request = self.requests[tag(job).request]
         if request.done:
             return
         request.done = True
         # as the gateway's request end: the other chunks leave the queue, sent work that missed is learnt
-        self.schedulers[ROUTE_WORKLOAD[self.records[job.request].route]].on_failed(request.jobs, reason, self.now)
+        index = tag(job).request
+        self.schedulers[ROUTE_WORKLOAD[self.records[index].route]].on_failed(request.jobs, reason, self.now)
         self.drops[reason] += 1
-        self.reasons[job.request] = reason
-        self._answer(job.request, code)
+        self.reasons[index] = reason
+        self._answer(index, code)
 
-    def _succeed(self, job: SimJob) -> None:
-        job.done = True
-        request = self.requests[job.request]
+    def _succeed(self, job: Job) -> None:
+        job.state = DONE
+        index = tag(job).request
+        request = self.requests[index]
         request.open_jobs -= 1
         if request.open_jobs == 0 and not request.done:
             request.done = True
-            workload = ROUTE_WORKLOAD[self.records[job.request].route]
+            workload = ROUTE_WORKLOAD[self.records[index].route]
             answered_at = self.now + (self._loop_lag_s() if self.settings.gateway_ms_per_request else 0.0)
             self.schedulers[workload].on_answer(request.jobs, answered_at)
-            self._answer(job.request, "ok", answered_at)
+            self._answer(index, "ok", answered_at)
 
     def _answer(self, index: int, code: str, at_s: float | None = None) -> None:
         """The client gets the answer the gateway gives at `at_s` (default: now) half the overhead later."""
@@ -297,14 +300,14 @@ class Simulator:
         result.status, result.outcome = STATUS[code], code
 
     # -- timers and answers ------------------------------------------------------------------------
-    def _on_expire(self, item: tuple[str, SimJob]) -> None:
+    def _on_expire(self, item: tuple[str, Job]) -> None:
         workload, job = item
         if job in self.queues[workload]:
             for expired in self.schedulers[workload].expire(max(self.now, job.deadline)):
                 self._fail(expired, DropReason.EXPIRED_IN_QUEUE)
 
-    def _on_overdue(self, job: SimJob) -> None:
-        if not job.done:
+    def _on_overdue(self, job: Job) -> None:
+        if job.state != DONE:
             self._fail(job, DropReason.WORKER_OVERDUE)
 
     def _on_wake(self, workload: str) -> None:
@@ -316,9 +319,9 @@ class Simulator:
         computed = [j for j in batch.jobs if j not in batch.expired]
         items = sum(j.batch_items for j in computed)
         for job in computed:
-            self.compute_ms[job.request] += batch.compute_ms * job.batch_items / items
+            self.compute_ms[tag(job).request] += batch.compute_ms * job.batch_items / items
         for job in batch.jobs:
-            if job.done:
+            if job.state == DONE:
                 continue
             if job in batch.expired:
                 self._fail(job, DropReason.EXPIRED_IN_WORKER)
@@ -340,7 +343,7 @@ class Simulator:
             if isinstance(decision, Batch):
                 self._send(decision.worker, workload, decision.jobs, decision.predicted_ms)
 
-    def _send(self, worker: SimWorker, workload: str, jobs: list[SimJob], predicted_ms: float) -> None:
+    def _send(self, worker: SimWorker, workload: str, jobs: list[Job], predicted_ms: float) -> None:
         """Send a batch the scheduler formed (out of its queue, resized for `worker`, its prediction recorded)."""
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
         bounds = self.settings.batch_bounds(workload)
