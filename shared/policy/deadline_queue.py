@@ -19,7 +19,7 @@ from typing import Generic, Protocol, TypeVar
 
 
 class Work(Protocol):
-    """What the policy reads of a queued job (gateway/job.py's Job; the simulator's jobs)."""
+    """What the policy reads of a queued job (shared/policy/job.py's Job; tests' stand-ins)."""
 
     deadline: float
     samples: int

@@ -21,7 +21,7 @@ SETTINGS = AdmissionSettings(max_queue_tokens=1000, margin_ms=1.0)
 
 @dataclass(eq=False)
 class FakeJob:
-    """The fields the policy reads, as gateway/job.py's Job has them."""
+    """The fields the policy reads, as shared/policy/job.py's Job has them."""
 
     deadline: float
     samples: int = 1
