@@ -80,7 +80,8 @@ def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBou
     if record.route == "generate":
         beams, prompt = record.shape(default_beam_width)
         key = (beams, record.max_new_tokens or 0, record.num_return_sequences or 1)
-        return [Job(str(index), "beam", deadline_s, [range(int(prompt))], beam_key=key, handle=SimTag(index))]
+        return [Job(str(index), "beam", deadline_s, [range(int(prompt))], beam_key=key, priority=record.priority,
+                    handle=SimTag(index))]
     lengths = record.sample_tokens or _lengths(record)
     common = record.common_prefix_tokens()
     if static_prefix_tokens and min(lengths) >= static_prefix_tokens:
@@ -92,7 +93,7 @@ def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBou
     cuts = whole.chunk_bounds(bounds.max_items_per_batch, bounds.max_tokens_per_batch)
     key = context_key(record.context, prefix_len) if record.context is not None and prefix_len else None
     jobs = [Job(str(index) if len(cuts) == 1 else chunk_id(str(index), k), "score", deadline_s, samples[start:end],
-                prefix_len=prefix_len, reuse=reuse, prefix_key=key, sizer=cached_size,
+                prefix_len=prefix_len, reuse=reuse, prefix_key=key, priority=record.priority, sizer=cached_size,
                 handle=SimTag(index, len(cuts) > 1)) for k, (start, end) in enumerate(cuts)]
     for job in jobs:
         tag(job).static_reused = job.work.reused_tokens

@@ -255,7 +255,8 @@ class Simulator:
             for job in jobs:
                 job.resize(self._by_name()[home].cache if home else None)
         scheduler, view, model = self.schedulers[workload], self._view(), self._admission_model(workload)
-        decision = scheduler.precheck(str(index), deadline, sum(j.batch_items for j in jobs), self.now, view, model)
+        decision = scheduler.precheck(str(index), deadline, sum(j.batch_items for j in jobs), self.now, view, model,
+                                      record.priority)
         if decision is None:
             decision = scheduler.submit(jobs, self.now, view, model)
         if isinstance(decision, Refusal):
