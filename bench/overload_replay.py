@@ -11,7 +11,10 @@ compute jitter, 2 ms per request and 1 ms per batch of overhead). Per load:
                                against the bound on each class alone (an upper bound for the class);
   admission_over_edf_late_drop in-time answers of the product over the ablation that drops the same
                                predicted-late work but never refuses early;
-  worker_idle_share            per window, the share of its span the one worker was not computing;
+  worker_idle_share            per window, the share of its span the one worker was not computing,
+                               beside the share in which no request was alive at all (arrived and
+                               not yet due: idle no scheduler could fill) and how many refusals were
+                               made while the worker was idle (the burst question: item 6);
   wasted_compute_share         compute spent on requests not answered in time, over all compute;
 and at 2x, `priority_high_share`: with a fifth of the requests (seeded) at priority 1, the in-time
 answers they get with the rest of the traffic over those they get alone (the same windows).
@@ -26,8 +29,10 @@ Prints one JSON object and writes bench/results/overload-replay-trace.json.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import json
+import math
 import random
 import statistics
 import time
@@ -42,6 +47,7 @@ from loadgen.service import ServiceModel
 from loadgen.simulator import SimSettings, Simulator
 from loadgen.trace import Trace, make_trace
 from shared.latency_model import LatencyModel
+from shared.policy.scheduler import DecisionLog
 
 COMMITTED = ROOT / "bench" / "results" / "overload-sim-trace.json"
 HIGH_SHARE = 0.2
@@ -56,9 +62,13 @@ def world(policy: str) -> SimSettings:
 
 
 def replay(trace: Trace, policy: str, service: ServiceModel) -> dict[str, Any]:
-    """In-time answers (all, per class, per priority), the worker's compute and the compute wasted."""
-    simulator = Simulator(world(policy), service)
+    """In-time answers (all, per class, per priority), the worker's compute and the compute wasted,
+    and how many refusals were made while the worker was idle."""
+    log = DecisionLog()
+    simulator = Simulator(world(policy), service, log=log)
     results = simulator.run(trace)
+    computing = sorted((start, end) for _, start, end in simulator.computing)
+    refusals = [entry[1] / 1e6 for entry in log.entries if entry[0] == "refuse"]
     good = [r.outcome == "ok" and r.latency_ms <= rec.deadline_ms for r, rec in zip(results, trace.records)]
     by_class: dict[str, int] = {}
     by_priority: dict[str, int] = {}
@@ -69,7 +79,25 @@ def replay(trace: Trace, policy: str, service: ServiceModel) -> dict[str, Any]:
     wasted_ms = sum(ms for index, ms in simulator.compute_ms.items() if not good[index])
     span_ms = max(rec.t_ms for rec in trace.records) or 1.0
     return {"in_time": sum(good), "by_class": by_class, "by_priority": by_priority, "compute_ms": compute_ms,
-            "wasted_ms": wasted_ms, "idle_share": max(0.0, 1.0 - compute_ms / (span_ms * world(policy).workers))}
+            "wasted_ms": wasted_ms, "idle_share": max(0.0, 1.0 - compute_ms / (span_ms * world(policy).workers)),
+            "refusals": len(refusals), "refused_while_idle": sum(not _inside(computing, t) for t in refusals)}
+
+
+def _inside(intervals: list[tuple[float, float]], t: float) -> bool:
+    """Whether `t` falls in one of the sorted, disjoint (start, end) intervals."""
+    k = bisect.bisect_right(intervals, (t, math.inf)) - 1
+    return k >= 0 and intervals[k][0] <= t < intervals[k][1]
+
+
+def nothing_alive_share(trace: Trace) -> float:
+    """The share of the window in which no request is alive (arrived, deadline not passed): time no
+    scheduler, clairvoyant or not, could fill with work that counts."""
+    span_ms, covered, end = max(r.t_ms for r in trace.records), 0.0, -math.inf
+    for start, due in sorted((r.t_ms, r.t_ms + r.deadline_ms) for r in trace.records):
+        due = min(due, span_ms)
+        if due > end:
+            covered, end = covered + due - max(start, end), due
+    return 1.0 - covered / span_ms if span_ms else 0.0
 
 
 def load_row(traces: list[Trace], service: ServiceModel) -> dict[str, Any]:
@@ -90,6 +118,8 @@ def load_row(traces: list[Trace], service: ServiceModel) -> dict[str, Any]:
         "admission_over_class_alone_bound": {c: round(admitted[c] / max(1, class_alone[c]), 3) for c in classes},
         "admission_over_edf_late_drop": round(served["admission"] / max(1, served["edf_late_drop"]), 3),
         "worker_idle_share_by_window": [round(r["idle_share"], 3) for r in rows["admission"]],
+        "nothing_alive_share_by_window": [round(nothing_alive_share(t), 3) for t in traces],
+        "refusals_made_while_worker_idle": [f"{r['refused_while_idle']}/{r['refusals']}" for r in rows["admission"]],
         "wasted_compute_share": round(sum(r["wasted_ms"] for r in rows["admission"]) / compute, 4) if compute else 0.0,
         "windows": [{"bound": b.served, **{p: rows[p][i]["in_time"] for p in POLICIES}}
                     for i, b in enumerate(bounds)],

@@ -188,6 +188,8 @@ class Simulator:
         """Trace index -> the worker compute its jobs took (each job's share of its batch, by items)."""
         self.batch_fill: list[float] = []
         """Per batch sent: its samples (score) or requests (beam) over what one batch may hold."""
+        self.computing: list[tuple[int, float, float]] = []
+        """Per batch sent: (worker index, start, end of its compute), simulated seconds."""
 
     def run(self, trace: Trace) -> list[RequestResult]:
         s = self.settings
@@ -351,6 +353,7 @@ class Simulator:
         self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_items_per_batch)
         speed = speed_at(self.speeds, self.now)
         worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
+        self.computing.append((worker.index, batch.started_at, batch.started_at + batch.compute_ms / 1000.0))
         self._at(batch.finish_at, "done", (worker, batch))
         grace_s = self.settings.worker_timeout_ms / 1000.0
         for job in jobs:
