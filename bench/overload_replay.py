@@ -78,9 +78,52 @@ def replay(trace: Trace, policy: str, service: ServiceModel) -> dict[str, Any]:
     compute_ms = sum(simulator.compute_ms.values())
     wasted_ms = sum(ms for index, ms in simulator.compute_ms.items() if not good[index])
     span_ms = max(rec.t_ms for rec in trace.records) or 1.0
+    idle_ms = sum(max(0.0, b - a) for a, b in _gaps(computing, span_ms / 1000.0)) * 1000.0
+    queued_idle_ms = _overlap_ms(_queued(log), _gaps(computing, span_ms / 1000.0))
     return {"in_time": sum(good), "by_class": by_class, "by_priority": by_priority, "compute_ms": compute_ms,
             "wasted_ms": wasted_ms, "idle_share": max(0.0, 1.0 - compute_ms / (span_ms * world(policy).workers)),
-            "refusals": len(refusals), "refused_while_idle": sum(not _inside(computing, t) for t in refusals)}
+            "refusals": len(refusals), "refused_while_idle": sum(not _inside(computing, t) for t in refusals),
+            "idle_with_work_queued_share": queued_idle_ms / idle_ms if idle_ms else 0.0}
+
+
+def _gaps(intervals: list[tuple[float, float]], end_s: float) -> list[tuple[float, float]]:
+    """The stretches of [0, end_s) outside the sorted, disjoint intervals (when the worker is idle)."""
+    gaps, at = [], 0.0
+    for start, stop in intervals:
+        if start > at:
+            gaps.append((at, min(start, end_s)))
+        at = max(at, stop)
+    return gaps + ([(at, end_s)] if at < end_s else [])
+
+
+def _queued(log: DecisionLog) -> list[tuple[float, float]]:
+    """When each admitted request had work queued: from its admission to its last batch or its drop."""
+    admitted: dict[str, float] = {}
+    left: dict[str, float] = {}
+    for kind, t_us, *what in log.entries:
+        if kind == "admit":
+            admitted[what[0]] = t_us / 1e6
+        elif kind == "batch":
+            for request in what[1]:
+                left[request] = t_us / 1e6
+        elif kind == "drop" and what[0] in admitted:
+            left[what[0]] = min(left.get(what[0], t_us / 1e6), t_us / 1e6)
+    return sorted((t, left.get(request, t)) for request, t in admitted.items())
+
+
+def _overlap_ms(spans: list[tuple[float, float]], gaps: list[tuple[float, float]]) -> float:
+    """Milliseconds of the gaps covered by at least one of the spans."""
+    merged: list[list[float]] = []
+    for start, stop in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        elif stop > start:
+            merged.append([start, stop])
+    total = 0.0
+    for start, stop in gaps:
+        for a, b in merged:
+            total += max(0.0, min(b, stop) - max(a, start))
+    return total * 1000.0
 
 
 def _inside(intervals: list[tuple[float, float]], t: float) -> bool:
@@ -120,6 +163,7 @@ def load_row(traces: list[Trace], service: ServiceModel) -> dict[str, Any]:
         "worker_idle_share_by_window": [round(r["idle_share"], 3) for r in rows["admission"]],
         "nothing_alive_share_by_window": [round(nothing_alive_share(t), 3) for t in traces],
         "refusals_made_while_worker_idle": [f"{r['refused_while_idle']}/{r['refusals']}" for r in rows["admission"]],
+        "idle_with_work_queued_share_by_window": [round(r["idle_with_work_queued_share"], 4) for r in rows["admission"]],
         "wasted_compute_share": round(sum(r["wasted_ms"] for r in rows["admission"]) / compute, 4) if compute else 0.0,
         "windows": [{"bound": b.served, **{p: rows[p][i]["in_time"] for p in POLICIES}}
                     for i, b in enumerate(bounds)],
