@@ -34,7 +34,6 @@ import dataclasses
 import json
 import math
 import random
-import statistics
 import time
 from typing import Any
 
