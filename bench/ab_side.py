@@ -44,11 +44,11 @@ def build_config(tree: Path, workload: str, checkpoint: str, dtype: str, threads
     worker = dataclasses.replace(config.worker, cpu_threads=threads)
     model = dataclasses.replace(config.model, path=checkpoint, dtype=dtype, **({"gemm": gemm} if gemm else {}))
     if workload == "beam":
-        bounds = dataclasses.replace(config.bounds, max_beam_width=100, max_new_tokens=4, max_prompt_tokens=512,
+        bounds = dataclasses.replace(config.build_bounds, max_beam_width=100, max_new_tokens=4, max_prompt_tokens=512,
                                      max_beam_requests_per_batch=4)
         return config.replace(model=model, bounds=bounds, worker=worker, score=ScoreConfig(enabled=False),
                               beam=BeamConfig(enabled=True))
-    bounds = dataclasses.replace(config.bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
+    bounds = dataclasses.replace(config.build_bounds, max_samples_per_batch=16, max_tokens_per_sample=512,
                                  max_tokens_per_batch=8192)
     return config.replace(model=model, bounds=bounds, worker=worker)
 

@@ -7,7 +7,11 @@ samples of 32–480 tokens, 4,285 in all), packed into one key pool as the scori
 q, k and v of the model's head shapes (Qwen2.5-0.5B: 14 query heads and 2 K/V heads of 64; Qwen3-0.6B: 16
 and 8 of 128). The sides:
 
-  ours        the operator on the pool, as a package calls it;
+  ours        the operator on the pool that a package calls here (worker/runtime/kernels.attention_kernel: in
+              bfloat16 on a CPU with AMX packed_attention_amx, q·k and p·v on AMX tiles; else
+              packed_attention), named in the result as ours_operator;
+  ours_avx512 in bfloat16 on a CPU with AMX, also packed_attention (AVX512-BF16 dot products): what ran
+              before the AMX operator, and what a CPU without AMX runs;
   sdpa        torch.nn.functional.scaled_dot_product_attention once per sample (is_causal, enable_gqa),
               each output copied into its rows of the pool's output: ATen's CPU flash-attention kernel,
               which computes no padding and nothing across samples;
@@ -16,21 +20,25 @@ and 8 of 128). The sides:
               float32 kernel on upcast q/k/v (compile/attention.kernel_dtype); skipped with --no-flex.
 
 Calls are interleaved (ours, sdpa, flex, ours, ...), the process's allocator set as a worker's
-(worker/runtime/allocator.py). of_peak = FLOPs / time / the dtype's matmul peak measured in the same run,
+(worker/runtime/allocator.py); each side's median, min and max ms are reported (a shared machine's load moves them: the
+spread says by how much), and its median process CPU time per call (cpu_ms: both threads' work, which other
+processes on the cores inflate less than the wall time). of_peak = FLOPs / median time / the dtype's matmul
+peak measured in the same run (before and after the timed calls, the larger),
 FLOPs as bench/harness/flops.py counts attention (4 · heads · head_dim · L² / 2 per causal sample: softmax,
 masking, the operator's repacking of k and v not counted). Parity: every side against attention computed
 in float64 from the same inputs; ours within FP32_ABS (float32) or within 1.5x SDPA's own error plus
 0.02 (bfloat16: bench/harness/parity.py's rule, SDPA in the place of transformers).
 
     .venv/bin/python bench/attention_op.py [--model qwen2.5-0.5b|qwen3-0.6b] [--dtype fp32|bf16] [--calls 30]
-        [--no-flex] [--quick]
+        [--no-flex] [--quick] [--machine-class amx]
 
-Last line JSON; bench/results/attention_op-<model>-<dtype>.json.
+Last line JSON; bench/results/attention_op-<model>-<dtype>[-<machine class>].json.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +98,8 @@ def sides(q, k, v, lengths: list[int], cu_seqlens, parents, rows: int, flex: boo
     kernels.build_library()
     pool = KeyPool.fitting(rows, len(parents), CPU_BLOCK)
     mask = pool_mask(pool, cu_seqlens, parents, rows, rows)
-    op = torch.ops.boundserve.packed_attention
+    operator = kernels.attention_kernel(q.dtype, q.device, q.shape[-1])
+    op = getattr(torch.ops.boundserve, operator)
     starts = cu_seqlens.tolist()
 
     def sdpa():
@@ -100,7 +109,10 @@ def sides(q, k, v, lengths: list[int], cu_seqlens, parents, rows: int, flex: boo
             out[s:s + n] = F.scaled_dot_product_attention(*heads, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
         return out
 
-    fns = {"ours": lambda: op(q, k, v, mask.table), "sdpa": sdpa}
+    fns = {"ours": lambda: op(q, k, v, mask.table)}
+    if operator == "packed_attention_amx":
+        fns["ours_avx512"] = lambda: torch.ops.boundserve.packed_attention(q, k, v, mask.table)
+    fns["sdpa"] = sdpa
     if flex:
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -125,9 +137,20 @@ def parity(outputs: dict, reference: torch.Tensor, dtype: torch.dtype) -> tuple[
         bound = FP32_ABS
     else:
         bound = BF16_FACTOR * errors["sdpa"] + BF16_ABS
-    checks = [{"check": "ours_vs_float64", "max_abs_diff": errors["ours"], "tolerance": bound,
-               "ok": errors["ours"] <= bound}]
+    checks = [{"check": f"{name}_vs_float64", "max_abs_diff": errors[name], "tolerance": bound,
+               "ok": errors[name] <= bound} for name in errors if name.startswith("ours")]
     return checks, errors
+
+
+def cpu_times(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Process CPU seconds (every thread's) per call of each fn, calls interleaved."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.process_time()
+            fn()
+            times[name].append(time.process_time() - start)
+    return times
 
 
 def main() -> None:
@@ -137,10 +160,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30, help="timed calls per side, interleaved")
     parser.add_argument("--no-flex", action="store_true", help="leave out FlexAttention (its compile takes minutes)")
     parser.add_argument("--quick", action="store_true", help=f"smoke test: {QUICK_SAMPLES} samples, 3 calls")
+    parser.add_argument("--machine-class", help="appended to the result file's name and recorded (e.g. amx)")
     args = parser.parse_args()
 
     from worker.runtime.allocator import keep_freed_memory
-    from worker.runtime.kernels import attention_applies
+    from worker.runtime.kernels import attention_applies, attention_kernel
 
     keep_freed_memory()
     _, shape, _ = MODELS[args.model]
@@ -160,16 +184,22 @@ def main() -> None:
 
     peak_shapes = ((2048, 2048, 2048), (4096, 896, 4096))
     peaks = [matmul_peaks(dtype, peak_shapes)]
+    repeats = 3 if args.quick else args.calls
     with timed_part():
-        times = interleaved_times(fns, repeats=3 if args.quick else args.calls)
+        times = interleaved_times(fns, repeats=repeats)
+        cpu = cpu_times(fns, repeats=max(3, repeats // 3))
     peaks.append(matmul_peaks(dtype, peak_shapes))
     peak = max(max(p.values()) for p in peaks)
     flops = 4 * hq * d * sum(n * n / 2 for n in lengths)  # bench/harness/flops.py's attention count
     ms = {name: 1e3 * median(t) for name, t in times.items()}
-    emit(f"attention_op-{args.model}-{args.dtype}", {
+    suffix = f"-{args.machine_class}" if args.machine_class else ""
+    emit(f"attention_op-{args.model}-{args.dtype}{suffix}", {
         "bench": "attention_op", "model": args.model, "dtype": args.dtype, "quick": args.quick,
+        "machine_class": args.machine_class, "ours_operator": attention_kernel(dtype, torch.device("cpu"), d),
         "heads": hq, "kv_heads": hkv, "head_dim": d, "sample_lengths": lengths, "tokens": tokens,
         "calls": len(times["ours"]), "median_ms": ms,
+        "spread_ms": {name: {"min": 1e3 * min(t), "max": 1e3 * max(t)} for name, t in times.items()},
+        "cpu_ms": {name: 1e3 * median(t) for name, t in cpu.items()},
         "of_peak": {name: flops / (t / 1e3) / peak for name, t in ms.items()},
         "speedup_vs": {name: t / ms["ours"] for name, t in ms.items() if name != "ours"},
         "gflop": flops / 1e9, "peak_gflops": peak / 1e9, "peak_gflops_by_library": peak_by_library(tuple(peaks)),

@@ -26,10 +26,15 @@ The other precisions, each our node on the same float32 checkpoint, timed beside
 Each reports (keys `bf16`, `int8`) its speed-up over our float32 node, over our bfloat16 node where the run has
 one, and over CTranslate2 (float32), single and at each side's best batching; how many of the returned top-k
 candidates differ from our float32 node's on the same prompts; and the largest difference of the best
-candidate's score. Neither is held to parity: a lower precision changes scores, and with them which beams survive.
+candidate's score. Each is held to parity on its best candidate only (a lower precision changes scores, and with
+them which beams survive): its score within parity.QUANTIZED_ABS of transformers' float32 score of the same
+sequence, and that sequence no worse than float32's best by more (bench/parity.top_beam_check); a run that misses
+it writes nothing.
 
     .venv/bin/python bench/beam_node.py [--model qwen2.5-0.5b|qwen3-0.6b] [--layers N] [--quick] [--no-ct2]
                                          [--bf16] [--int8 [--int8-base bf16|fp32] [--int8-budget NATS]]
+    .venv/bin/python bench/beam_node.py --runtime-constraints ...   (bench/beam_catalog.py: the catalogue as the
+        node's inputs against compiled in, and a 1M-item catalogue swap; its own options)
 """
 
 from __future__ import annotations
@@ -172,14 +177,21 @@ def row(output: dict, prompt: int):
 
 def checks(outputs: list[dict]) -> list[dict]:
     """Every output row against its prompt's reference; CTranslate2 within PEER_ABS, ours and
-    transformers' batched calls within IDENTICAL_ABS."""
+    transformers' batched calls within IDENTICAL_ABS; our node in another precision (a lower precision changes
+    scores, and with them which beams survive) on its best candidate within parity.QUANTIZED_ABS
+    (parity.top_beam_check; its output's "rescored": float32's score of each prompt's best sequence, rescored()),
+    so that no speed-up of it is reported without a parity check."""
     ref, found = references(outputs), []
     for o in outputs:
-        if o["name"] in VARIANT_NAMES:  # a lower precision changes scores: counted by changes(), not held to parity
-            continue
         for p in o["prompts"]:
             r = ref[p]
             if r is o:
+                continue
+            if o["name"] in VARIANT_NAMES:
+                i = o["prompts"].index(p)
+                found.append(parity.top_beam_check(f"{o['name']}[batch {len(o['prompts'])}] prompt {p} best vs "
+                                                   f"{r['name']}", o["value"][1][i:i + 1, 0], o["rescored"][i:i + 1],
+                                                   r["value"][1][r["prompts"].index(p)][None, 0], parity.QUANTIZED_ABS))
                 continue
             tolerance = PEER_ABS if "ct2" in (o["name"], r["name"]) else IDENTICAL_ABS
             tokens, scores, lens = row(o, p)
@@ -187,6 +199,17 @@ def checks(outputs: list[dict]) -> list[dict]:
             found.append(parity.beams_check(f"{o['name']}[batch {len(o['prompts'])}] prompt {p} vs {r['name']}",
                                             tokens, scores, lens, ref_tokens, ref_scores, tolerance))
     return found
+
+
+def rescored(outputs: list[dict], hf, prompts) -> list[dict]:
+    """The outputs, each of our node in another precision with "rescored": transformers' float32 score of each of
+    its prompts' best sequence [R] (bench/hf_baselines.rescore)."""
+    for o in outputs:
+        if o["name"] in VARIANT_NAMES:
+            tokens, _, lens = o["value"]
+            o["rescored"] = torch.tensor([hf_side.rescore(hf, prompts[p], tokens[i, 0, :int(lens[i, 0])])
+                                          for i, p in enumerate(o["prompts"])])
+    return outputs
 
 
 def changes(outputs: list[dict], name: str) -> dict:
@@ -330,7 +353,7 @@ def measure(contenders: Contenders, prompts, singles: int, spec) -> dict:
     clock.lap("batched")
     peak_after = matmul_peaks(torch.float32, peak_shapes)
     clock.lap("peak_after")
-    outputs = single_outputs + batched_outputs
+    outputs = rescored(single_outputs + batched_outputs, contenders.hf, prompts)
     return {"sides": summary(single_s, batched_s), "checks": checks(outputs), "unchecked_prompts": unchecked(outputs),
             "changes": {name: changes(outputs, name) for name in contenders.variants},
             "peaks": (peak_before, peak_after), "phase_seconds": clock.laps, "batched_skipped": skipped,
@@ -369,6 +392,9 @@ def report(args, spec, layers: int, length: int, m: dict) -> dict:
 
 
 def main() -> None:
+    if "--runtime-constraints" in sys.argv[1:]:
+        from bench.beam_catalog import main as runtime_constraints
+        return runtime_constraints([a for a in sys.argv[1:] if a != "--runtime-constraints"])
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -27,7 +27,8 @@ import torch
 
 from bench.harness import parity
 from bench.harness.common import MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, run_together, shaped_checkpoint, timed_part
-from bench.score_node import DTYPES, LABELS, SAMPLES, make_requests
+from bench.harness.common import FLOAT_DTYPES as DTYPES
+from bench.score_node import LABELS, SAMPLES, make_requests
 
 
 def build_node(checkpoint, dtype_name: str, threads: int, runners: int, name: str):

@@ -27,7 +27,7 @@ import time
 from bench.harness.provenance import ROOT, timed_part, write_result
 from gateway.worker_link import READY
 from gateway.worker_pool import WorkerPool
-from loadgen.stack import free_port
+from loadgen.processes import free_port
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
 TRANSPORTS = ("ipc", "tcp")

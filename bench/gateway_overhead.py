@@ -9,9 +9,13 @@ dedicated core could sustain: 1000 / that). Overhead = end-to-end latency - the 
 samples, measured right before the request (so the machine's drift cancels).
 Baseline in the same run: GET /healthz round trips (HTTP + client floor, no gateway work).
 
-    python bench/gateway_overhead.py [--quick] [--artifacts DIR]
+    python bench/gateway_overhead.py [--quick] [--artifacts DIR] [--telemetry-rounds N]
 
 Prints one JSON object as its last line and writes it to bench/results/gateway_overhead.json.
+With --telemetry-rounds N it measures instead the cost of tracing ([telemetry], gateway/telemetry.py):
+N rounds, each one run with tracing off and one with it on (exporting over OTLP/HTTP to a sink in
+this process that answers 200), their order alternating round by round so the machine's drift falls
+on both alike; it writes gateway_overhead-telemetry.json with every run and the spread per mode.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 
 from bench.harness.provenance import ROOT, write_result
 from loadgen.live import wait_ready
-from loadgen.stack import free_port
+from loadgen.processes import free_port
 from loadgen.standin_worker import standin_manifest
 from loadgen.stats import percentile as pct
 from shared.manifest import manifest_json
@@ -131,13 +135,15 @@ async def load(port: int, requests: list[bytes], concurrency: int, seconds: floa
     return done / (time.perf_counter() - start), errors
 
 
-def start_stack(folder: Path, port: int, offload_chars: int) -> list[subprocess.Popen]:
+def start_stack(folder: Path, port: int, offload_chars: int, traces_to: str | None = None) -> list[subprocess.Popen]:
+    """The stand-in worker and the gateway; `traces_to`: an OTLP/HTTP endpoint to trace to (else tracing off)."""
     endpoint = f"ipc://{folder}/worker"
     (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(1 << 20)))
+    telemetry = f'[telemetry]\nenabled = true\nendpoint = "{traces_to}"\n' if traces_to else ""
     (folder / "gw.toml").write_text(
         f'name = "bench"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
         f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n"
-        f"tokenize_offload_chars = {offload_chars}\n")
+        f"tokenize_offload_chars = {offload_chars}\n{telemetry}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint,
                                "--vocab-size", str(1 << 20)], cwd=ROOT, env=env)
@@ -199,26 +205,83 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--offload-chars", type=int, default=16384,
                         help="gateway.tokenize_offload_chars (0: every request is tokenized on a thread)")
+    parser.add_argument("--telemetry-rounds", type=int, default=0,
+                        help="measure tracing's cost instead: this many rounds of tracing off and on, interleaved")
     args = parser.parse_args()
+    if args.telemetry_rounds:
+        return telemetry_rounds(args)
+    result = run_once(args, None)
+    # the stand-in worker computes nothing; the gateway runs one event loop (tokenizing on it or, over
+    # tokenize_offload_chars, on its executor)
+    write_result("gateway_overhead" + ("-quick" if args.quick else ""), result, quick=args.quick,
+                 threads={"worker": None, "gateway_event_loop": 1})
+
+
+def run_once(args: argparse.Namespace, traces_to: str | None) -> dict:
+    """One measured gateway process (with tracing to `traces_to`, else off)."""
     with tempfile.TemporaryDirectory(prefix="bench-gw-") as scratch:
         folder = Path(scratch)
         source = tokenizer_folder(args.artifacts, folder)
         if source != folder:
             (folder / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
         port = free_port()
-        processes = start_stack(folder, port, args.offload_chars)
+        processes = start_stack(folder, port, args.offload_chars, traces_to)
         try:
-            result = asyncio.run(measure(args, port, folder, processes[0].pid))
+            return asyncio.run(measure(args, port, folder, processes[0].pid))
         finally:
             for process in processes:
                 process.terminate()
             for process in processes:
                 process.wait(timeout=15)
-    # the stand-in worker computes nothing; the gateway runs one event loop (tokenizing on it or, over
-    # tokenize_offload_chars, on its executor)
-    write_result("gateway_overhead" + ("-quick" if args.quick else ""), result, quick=args.quick,
-                 threads={"worker": None, "gateway_event_loop": 1})
 
+
+TELEMETRY_KEYS = ("overhead_p50_ms", "overhead_p99_ms", "end_to_end_p50_ms", "max_rps", "gateway_cpu_ms_per_request")
+
+
+def telemetry_rounds(args: argparse.Namespace) -> None:
+    """Tracing off and on, interleaved (off-on, then on-off, ...), with an OTLP/HTTP sink here."""
+    import http.server
+    import threading
+
+    received = []
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            received.append(len(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    traces_to = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
+    runs = []
+    try:
+        for round_ in range(args.telemetry_rounds):
+            for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+                result = run_once(args, traces_to if mode == "on" else None)
+                runs.append({"round": round_, "tracing": mode, **{k: result[k] for k in TELEMETRY_KEYS}})
+    finally:
+        sink.shutdown()
+    spread = {mode: {k: {"median": float(np.median([r[k] for r in runs if r["tracing"] == mode])),
+                         "min": min(r[k] for r in runs if r["tracing"] == mode),
+                         "max": max(r[k] for r in runs if r["tracing"] == mode)} for k in TELEMETRY_KEYS}
+              for mode in ("off", "on")}
+    result = {"bench": "gateway_overhead_telemetry", "rounds": args.telemetry_rounds, "runs": runs,
+              "spread": spread, "otlp_exports_received": len(received), "otlp_bytes_received": sum(received),
+              "on_minus_off_overhead_p50_ms": round(spread["on"]["overhead_p50_ms"]["median"]
+                                                    - spread["off"]["overhead_p50_ms"]["median"], 3),
+              "on_minus_off_cpu_ms_per_request": round(spread["on"]["gateway_cpu_ms_per_request"]["median"]
+                                                       - spread["off"]["gateway_cpu_ms_per_request"]["median"], 3),
+              "samples_per_request": 15, "concurrency": args.concurrency, "cpus": os.cpu_count(),
+              "note": "client, gateway, stand-in worker and OTLP sink share this machine's CPUs; other sessions "
+                      "load it too: compare the spreads, not single runs"}
+    write_result("gateway_overhead-telemetry" + ("-quick" if args.quick else ""), result, quick=args.quick,
+                 threads={"worker": None, "gateway_event_loop": 1})
 
 if __name__ == "__main__":
     main()

@@ -19,7 +19,8 @@ import torch
 
 from bench.harness import hf_baselines as hf_side
 from bench.harness.common import MODELS, SCORE_BOUNDS, bench_config, build_nodes, emit, interleaved_round, median, shaped_checkpoint
-from bench.score_node import DTYPES, LABELS, PAD_ID, SAMPLES, make_requests
+from bench.harness.common import FLOAT_DTYPES as DTYPES
+from bench.score_node import LABELS, PAD_ID, SAMPLES, make_requests
 
 BACKENDS = ("aten", "onednn")
 W, S, K, PROMPT_TOKENS = 100, 4, 4, 256

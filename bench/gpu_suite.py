@@ -2,8 +2,8 @@
 
 For each model: a random-weight checkpoint of the real shape (written by transformers), both nodes
 (score, beam) compiled for the device with configs/compose-gpu.toml, parity with transformers
-(label logits against float32 on the same weights, within transformers' own bf16 error; beam
-candidates against generate(num_beams=W)), no host sync inside either node's call (each enqueue run
+(label logits and the top beam against float32 on the same weights, within transformers' own bf16
+error; bench/parity.py), no host sync inside either node's call (each enqueue run
 under torch.cuda.set_sync_debug_mode("error")) and two lanes' streams overlapping (the time of two
 concurrent batches against one; bench/harness/gpu_checks.py), the scoring node against transformers
 careful and at its best (15 samples per request, executed MFU), the beam node (W = 100, S = 4,
@@ -16,8 +16,8 @@ scoring node compiled with `[model] fp8` against the bf16 node: speed and label-
     .venv/bin/python bench/gpu_suite.py --cpu-smoke     # the same steps on the CPU, 1 layer, small loads
 
 Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json), updated after every stage so a run
-cut short keeps what it measured; the last printed line is the JSON; exits non-zero when a parity
-check fails, a call syncs the host or a GPU-path check cannot run. Goodput = answers within the SLO
+cut short keeps what it measured; the last printed line is the JSON; exits non-zero when any stage
+crashes, a parity check (label logits or the top beam) fails or a call syncs the host. Goodput = answers within the SLO
 (70 ms, also each request's deadline) per second of the offered window, so it can never exceed the
 offered rate. Targets (the seed system on one H200, each one a perfect system meets): at 100
 scoring requests/s offered, >= 95 % of them answered within the SLO and their mean < 20 ms; the
@@ -42,6 +42,8 @@ from bench.harness.e2e_stack import Stack, run_load
 from bench.harness.gpu_checks import lane_overlap, no_host_sync
 from bench.harness.gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
+STAGES = ("parity", "no_host_sync", "lane_overlap", "score", "beam", "fp8", "fp8_node", "e2e")
+"""Every stage of a model's run, in order (--skip names them)."""
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 MAX_OFFERED_PER_S = 3000.0  # one asyncio client process; its send lag is reported beside each point
 
@@ -175,17 +177,23 @@ def run_model(key: str, s: Settings, peak: dict, result: dict, out_name: str, sk
              ("fp8", lambda: fp8_report(checkpoint, spec, s)),
              ("fp8_node", lambda: fp8_node_bench(nodes, spec, s, build(checkpoint, f"{key}-{layers}l-fp8", s, s.fp8_budget))),
              ("e2e", lambda: e2e(config, artifacts, s, spec.vocab_size, key, capacity()))]
+    run_stages(entry, steps, skip, lambda name: (stage(name), save(result, out_name)))
+    del hf, nodes
+    entry["targets"] = targets(entry, s)
+
+
+def run_stages(entry: dict, steps: list, skip: set[str], after_each=lambda name: None) -> None:
+    """Each (name, step) not skipped, its result under entry[name]. A stage that raises is recorded as
+    {"error", "trace"} and the next runs (one crash must not hide the others' figures); failures()
+    counts every such record, so a crashed stage fails the suite."""
     for name, step in steps:
         if name in skip:
             continue
         try:
             entry[name] = step()
-        except Exception as exc:  # one failing stage must not hide the others' figures
+        except Exception as exc:
             entry[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1500:]}
-        stage(name)
-        save(result, out_name)
-    del hf, nodes
-    entry["targets"] = targets(entry, s)
+        after_each(name)
 
 
 def reference_model(checkpoint, s: Settings):
@@ -205,17 +213,19 @@ def save(result: dict, name: str) -> None:
 
 
 def failures(result: dict) -> list[str]:
-    """Parity checks that failed, a host sync inside a call, a GPU-path check that could not run, and
-    any goodput above its offered rate (a counting error)."""
+    """Every stage that crashed, a parity check that failed (label logits or the top beam), a host sync
+    inside a call, and any goodput above its offered rate (a counting error)."""
     found = []
     for key, model in result["models"].items():
-        if model.get("parity", {}).get("ok") is False:
-            found.append(f"{key}: parity")
+        for stage in STAGES:
+            if isinstance(model.get(stage), dict) and "error" in model[stage]:
+                found.append(f"{key}: stage {stage} crashed ({model[stage]['error'].splitlines()[0][:200]})")
+        parity = model.get("parity", {})
+        if parity.get("ok") is False:
+            failed = [name for name in ("score", "beam") if isinstance(parity.get(name), dict) and not parity[name]["ok"]]
+            found.append(f"{key}: parity ({', '.join(failed) or 'ok false'})")
         if model.get("no_host_sync", {}).get("ok") is False:
             found.append(f"{key}: a host sync inside a node call")
-        for stage in ("no_host_sync", "lane_overlap"):
-            if "error" in model.get(stage, {}):
-                found.append(f"{key}: {stage} failed to run")
         for route, load in model.get("e2e", {}).items():
             if isinstance(load, dict):
                 found += [f"{key} {route}: goodput above offered" for p in load.get("points", [])
@@ -228,7 +238,7 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="run every step on the CPU with 1 layer and small loads")
     parser.add_argument("--layers", type=int, help="override the layer count (default: the real model's; 1 with --cpu-smoke)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--skip", default="", help="comma-separated stages to skip: parity,no_host_sync,lane_overlap,score,beam,fp8,fp8_node,e2e")
+    parser.add_argument("--skip", default="", help=f"comma-separated stages to skip: {','.join(STAGES)}")
     args = parser.parse_args()
     if not args.cpu_smoke and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu-smoke on a machine without a GPU")

@@ -42,7 +42,7 @@ SIDE = Path(__file__).resolve().parent / "ab_side.py"
 
 
 def tree_of(ref: str) -> tuple[str, Path]:
-    """(commit, a copy of what a side imports from it: compile/, shared/, configs/), exported once per
+    """(commit, a copy of what a side imports from it: compile/, worker/, shared/, configs/), exported once per
     commit with git archive into the temporary directory (outside bench/: the copy's sources must not
     count as this package's)."""
     commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True,
@@ -51,7 +51,7 @@ def tree_of(ref: str) -> tuple[str, Path]:
     if not (folder / "compile").is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile() as archive:
-            subprocess.run(["git", "archive", commit, "compile", "shared", "configs"], cwd=ROOT, stdout=archive,
+            subprocess.run(["git", "archive", commit, "compile", "worker", "shared", "configs"], cwd=ROOT, stdout=archive,
                            check=True)
             archive.seek(0)
             with tarfile.open(fileobj=archive) as tar:

@@ -2,7 +2,7 @@
 
 The tiny demo model compiled with configs/overload.toml, one real CPU worker (`python -m worker`,
 profiled before it serves) shared by one real gateway per policy (`python -m gateway`,
-loadgen/pinned_stack.py). Where the machine has two CPUs or more, the worker runs alone on the
+loadgen/stack.py). Where the machine has two CPUs or more, the worker runs alone on the
 last one with one thread, and the gateways and this client on the others, so a policy's refusals
 never take CPU from the model. Every policy serves with the same gateway code and settings except:
   admission       the product: refused at once (503) when the predicted finish where the request
@@ -53,7 +53,7 @@ from bench.harness import overload_load, overload_summary
 from bench.harness.overload_window import run_window
 from bench.harness.provenance import ROOT, write_result
 from loadgen.bodies import BodyFactory, BodyOptions
-from loadgen.pinned_stack import GatewayProcess, Pinning, SharedWorkers
+from loadgen.stack import GatewayProcess, Pinning, SharedWorkers
 from loadgen.prometheus import fetch_metrics, parse
 from shared.config import load_config
 

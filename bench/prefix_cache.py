@@ -14,19 +14,25 @@ its context exactly):
   zipf       requests over `contexts` contexts drawn by Zipf(1.0), `clients` at once
   unique     every request a new context (0 % reuse)
 Every request has a loose deadline, so goodput is the rate of answers (all in time; checked).
-Figures: speedup_vs_cache_off (session goodput, on / off); flop_bound (executed FLOPs off / on for
-the session requests as served, bench/harness/flops.py: a request whose answer counts its context as
-cached computed only its items); routing_hit_rate_ratio (zipf hit rate, on / one, from the
-workers' /metrics); zero_reuse_slowdown (unique seconds per request, on / off - 1);
-max_abs_diff_vs_uncached (session scores, on vs off).
+"on" and "off" run at once and take turns: `--rounds` rounds (on then off, then off then on, ...),
+each on fresh sessions and unique contexts (a new seed), so the machine's drift lands on both sides
+and every figure has a spread (bench/harness/rounds.py). Figures: speedup_vs_cache_off (per round:
+session seconds off / on; its verdict, and the speedup claimed, never above the FLOP bound and none
+within noise); flop_bound (executed FLOPs off / on for the session requests as served,
+bench/harness/flops.py: a request whose answer counts its context as cached computed only its
+items); zero_reuse_slowdown (per round: unique seconds on / off - 1, "within noise" when the rounds
+disagree on its sign); routing_hit_rate_ratio (zipf hit rate, on / one, from the workers' /metrics,
+after the rounds); max_abs_diff_vs_uncached (session scores, on vs off, every round). Parity: the
+session scores agree within PARITY_ABS, or nothing is written (bench/harness/provenance.py).
 
-    .venv/bin/python bench/prefix_cache.py [--quick] [--sessions N] [--zipf-requests N] [--clients N] [--build-only]
+    .venv/bin/python bench/prefix_cache.py [--quick] [--rounds N] [--sessions N] [--zipf-requests N] [--clients N] [--build-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
@@ -36,13 +42,18 @@ import aiohttp
 import numpy as np
 import torch
 
+from bench.harness import rounds as spreads
 from bench.harness.common import CACHE, QWEN25_05B, bench_config, build_artifacts, emit, shaped_checkpoint
 from bench.harness.flops import shared_score_flops
+from bench.harness.parity import FP32_ABS, close_check
 from loadgen.prometheus import parse
 from loadgen.stack import LocalStack, deployment_toml
 
 ITEMS, PAGES, LABELS = 15, 4, [9454, 2152]
 DEADLINE_MS = 600_000
+PARITY_ABS = FP32_ABS
+"""Session label logits with the cache on against off: the same float32 model, the cached rows computed once
+(summation order alone differs; measured ~5e-5 at 24 layers)."""
 
 
 def make_context(rng: np.random.Generator, vocab: int, low: int = 300, high: int = 500) -> list[int]:
@@ -106,22 +117,34 @@ def cache_counts(url: str) -> dict[str, float]:
             for name in ("hits", "misses", "insertions", "evictions", "hit_tokens")}
 
 
-def run_stack(name: str, config, artifacts: Path, jobs: dict[str, tuple[list, int]]) -> dict:
-    """Start a stack, run each workload (name -> (sessions, clients)) in order; seconds, answers and
-    the cache counters each added."""
+def open_stack(name: str, config, artifacts: Path) -> LocalStack:
+    """A stack of its own folder and config, not yet started (a context manager)."""
     folder = CACHE / "prefix_cache" / name
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "base.toml"
     config_path.write_text(deployment_toml(config))
-    out = {}
-    with LocalStack(config_path, artifacts, folder, startup_timeout_s=1800.0) as stack:
-        for workload, (sessions, clients) in jobs.items():
-            before = cache_counts(stack.url)
-            seconds, answers = asyncio.run(drive(stack.url, sessions, clients))
-            after = cache_counts(stack.url)
-            out[workload] = {"seconds": seconds, "answers": answers,
-                             "cache": {k: after[k] - before[k] for k in after}}
-    return out
+    return LocalStack(config_path, artifacts, folder, startup_timeout_s=1800.0)
+
+
+def run_job(url: str, sessions: list, clients: int) -> dict:
+    """One workload on a started stack: its seconds, answers and the cache counters it added."""
+    before = cache_counts(url)
+    seconds, answers = asyncio.run(drive(url, sessions, clients))
+    after = cache_counts(url)
+    return {"seconds": seconds, "answers": answers, "cache": {k: after[k] - before[k] for k in after}}
+
+
+def turns(names: list[str], rounds: int) -> list[list[str]]:
+    """The order the stacks run in, round by round: as given in even rounds, reversed in odd ones (A B, B A, ...),
+    so neither side always runs first, on a machine warmed (or loaded) by the other."""
+    return [names if r % 2 == 0 else names[::-1] for r in range(rounds)]
+
+
+def interleaved(urls: dict[str, str], work: list[dict], clients: int) -> list[dict[str, dict]]:
+    """Per round (its own work), the session then the unique workload on each stack in `turns` order:
+    round -> side -> workload -> run_job's result."""
+    return [{name: {w: run_job(urls[name], round_work[w], clients) for w in ("session", "unique")} for name in order}
+            for order, round_work in zip(turns(list(urls), len(work)), work)]
 
 
 def hit_rate(cache: dict[str, float]) -> float:
@@ -165,6 +188,11 @@ def scores(answers: list[list[dict]]) -> np.ndarray:
     return np.concatenate([np.asarray(a["scores"], dtype=np.float64).ravel() for pages in answers for a in pages])
 
 
+def all_scores(side: list[dict]) -> np.ndarray:
+    """Every round's session scores of one side, in round order."""
+    return np.concatenate([scores(r["session"]["answers"]) for r in side])
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke test: 2 layers, few requests (labelled quick)")
@@ -174,6 +202,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--zipf-requests", type=int, help="zipf requests (default 192; quick 16)")
     parser.add_argument("--unique", type=int, help="unique-context requests (default 96; quick 4)")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    parser.add_argument("--rounds", type=int, help="interleaved on/off rounds, each on fresh contexts (default 3; "
+                                                   "quick 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--build-only", action="store_true", help="compile the artifacts (cached) and stop, so that "
                                                                    "a quiet window times only the stacks")
@@ -200,35 +230,52 @@ def main() -> None:
     if args.build_only:
         print(f"artifacts in {artifacts}")
         return
-    work = workloads(args.seed, spec.vocab_size, sessions, contexts, zipf_requests, unique)
+    rounds = args.rounds or (2 if args.quick else 3)
+    work = [workloads(args.seed + r, spec.vocab_size, sessions, contexts, zipf_requests, unique) for r in range(rounds)]
     c = args.clients
-    on = run_stack("on", variant(config, 2, 256, threads), artifacts,
-                   {"session": (work["session"], c), "unique": (work["unique"], c), "zipf": (work["zipf"], c)})
-    off = run_stack("off", variant(config, 2, 0, threads), artifacts,
-                    {"session": (work["session"], c), "unique": (work["unique"], c)})
-    one = run_stack("one", variant(config, 1, 256, threads), artifacts, {"zipf": (work["zipf"], c)})
-    session_requests = sessions * PAGES
-    flops_off = session_flops(spec, work["session"])
+    with contextlib.ExitStack() as up:
+        urls = {name: up.enter_context(open_stack(name, variant(config, 2, mb, threads), artifacts)).url
+                for name, mb in (("on", 256), ("off", 0))}
+        by_round = interleaved(urls, work, c)
+        zipf_on = run_job(urls["on"], work[0]["zipf"], c)
+    with open_stack("one", variant(config, 1, 256, threads), artifacts) as one:
+        zipf_one = run_job(one.url, work[0]["zipf"], c)
     result = {
         "model": "qwen2.5-0.5b", "layers": layers, "dtype": "float32", "quick": quick, "threads_per_worker": threads,
         "clients": c, "sessions": sessions, "pages": PAGES, "items": ITEMS, "zipf_contexts": contexts,
-        "zipf_requests": zipf_requests, "unique_requests": unique,
-        "session_goodput_rps": {"on": session_requests / on["session"]["seconds"],
-                                "off": session_requests / off["session"]["seconds"]},
-        "speedup_vs_cache_off": off["session"]["seconds"] / on["session"]["seconds"],
-        "flop_bound": flops_off / session_flops(spec, work["session"], on["session"]["answers"]),
-        "session_hit_rate": hit_rate(on["session"]["cache"]),
-        "zipf_hit_rate": {"two_workers_routed": hit_rate(on["zipf"]["cache"]),
-                          "one_worker": hit_rate(one["zipf"]["cache"])},
-        "routing_hit_rate_ratio": hit_rate(on["zipf"]["cache"]) / max(1e-9, hit_rate(one["zipf"]["cache"])),
-        "zero_reuse_slowdown": on["unique"]["seconds"] / off["unique"]["seconds"] - 1.0,
-        "max_abs_diff_vs_uncached": float(np.abs(scores(on["session"]["answers"])
-                                                 - scores(off["session"]["answers"])).max()),
-        "cache_counters": {name: {w: s[w]["cache"] for w in s} for name, s in (("on", on), ("one", one))},
+        "zipf_requests": zipf_requests, "unique_requests": unique, "rounds": rounds,
+        **summary(spec, work, by_round, sessions * PAGES),
+        "zipf_hit_rate": {"two_workers_routed": hit_rate(zipf_on["cache"]), "one_worker": hit_rate(zipf_one["cache"])},
+        "routing_hit_rate_ratio": hit_rate(zipf_on["cache"]) / max(1e-9, hit_rate(zipf_one["cache"])),
+        "cache_counters": {"on": [r["on"]["session"]["cache"] for r in by_round], "on_zipf": zipf_on["cache"],
+                           "one_zipf": zipf_one["cache"]},
         "load_average_at_end": os.getloadavg(),
     }
     emit(f"prefix_cache-qwen2.5-0.5b-fp32-{layers}l{'-quick' if args.quick else ''}", result,
          threads={"per_worker": threads})
+
+
+def summary(spec, work: list[dict], by_round: list[dict], session_requests: int) -> dict:
+    """The rounds' figures: goodput, speedup against the FLOP bound, zero-reuse change (each with its spread),
+    and the parity check (on against off, session scores of every round; a failed one is never written)."""
+    on = [r["on"] for r in by_round]
+    off = [r["off"] for r in by_round]
+    bounds = [session_flops(spec, w["session"]) / session_flops(spec, w["session"], o["session"]["answers"])
+              for w, o in zip(work, on)]
+    check = close_check("session label logits, cache on vs off", torch.from_numpy(all_scores(on)),
+                        torch.from_numpy(all_scores(off)), PARITY_ABS)
+    return {
+        "session_goodput_rps": {name: spreads.spread([session_requests / r["session"]["seconds"] for r in side])
+                                for name, side in (("on", on), ("off", off))},
+        "speedup_vs_cache_off": spreads.speedup([b["session"]["seconds"] / a["session"]["seconds"]
+                                                 for a, b in zip(on, off)], min(bounds)),
+        "flop_bound": spreads.spread(bounds),
+        "session_hit_rate": spreads.spread([hit_rate(r["session"]["cache"]) for r in on]),
+        "zero_reuse_slowdown": spreads.change([a["unique"]["seconds"] / b["unique"]["seconds"] - 1.0
+                                               for a, b in zip(on, off)]),
+        "max_abs_diff_vs_uncached": check["max_abs_diff"],
+        "parity": [check],
+    }
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 Scoring: the compiled scoring node itself, built with kernel profiling (every generated CPU kernel
 reports itself to torch.profiler), one request profiled: time per family (attention = the
 FlexAttention kernels or our operator, gemm = the matmul library calls, other = the fused pointwise
-kernels, the block mask's construction, copies), each family's executed FLOPs (bench/harness/flops.py terms) over
-its time, and the node's time without profiling. Of three profiled calls the one with the fewest minor
+kernels, the block mask's construction, copies), each family's share of the profiled time and its executed FLOPs
+(bench/harness/flops.py terms) over its time against the peak, the kernels or operators each family ran (family_kernels:
+e.g. boundserve::packed_attention_amx, AMX tiles, or FlexAttention's template for attention), and the node's time
+without profiling. Of three profiled calls the one with the fewest minor
 page faults counts, its faults reported (profiled_call_minor_faults; compiled_profile says why). Every
 distinct matmul shape of the request is also timed alone on each matmul library (bench/harness/common.gemm_calls):
 what the library reaches on exactly those shapes.
@@ -20,6 +22,7 @@ beside the base precision against its peak.
 
     .venv/bin/python bench/profile_nodes.py [--model qwen2.5-0.5b] [--dtype fp32|bf16|int8] [--layers N]
                                             [--int8-base bf16|fp32] [--int8-budget NATS] [--no-beam]
+                                            [--machine-class amx]
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from bench.harness.common import (FLOAT_DTYPES, MODELS, add_int8_base, add_int8_
 from bench.harness.flops import _attention, _head, _kv, _q_o_mlp, score_flops
 
 FAMILIES = {  # kernel or operator name part -> family (self time, so nested events are not counted twice)
-    "attention": ("flex_attention", "boundserve::packed_attention"),  # FlexAttention or worker/runtime/kernels
+    # FlexAttention's template, or worker/runtime/kernels' packed_attention / packed_attention_amx
+    "attention": ("flex_attention", "boundserve::packed_attention"),
     "gemm_int8": ("qlinear",),  # before gemm: its op name holds "linear_pointwise" too
     "gemm": ("linear_pointwise", "addmm", "_mm", "bmm", "aten::mm", "aten::matmul"),
 }
@@ -47,6 +51,24 @@ def family_of(name: str) -> str:
 
 
 PROFILED_CALLS = 3
+KERNELS_PER_FAMILY = 4
+
+
+def family_kernels(events) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """From (name, self ms) pairs: ms per family, and per family the kernels or operators that ran it, the
+    KERNELS_PER_FAMILY with the most self time first ({"kernel", "ms"}): which attention ran (FlexAttention's
+    template or worker/runtime/kernels' operator, AMX or not), which GEMM library call, which fused kernels."""
+    totals: dict[str, float] = {}
+    by_kernel: dict[str, dict[str, float]] = {}
+    for name, ms in events:
+        family = family_of(name)
+        totals[family] = totals.get(family, 0.0) + ms
+        kernels = by_kernel.setdefault(family, {})
+        kernels[name] = kernels.get(name, 0.0) + ms
+    top = {family: [{"kernel": name, "ms": round(ms, 2)}
+                    for name, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:KERNELS_PER_FAMILY] if ms > 0]
+           for family, kernels in by_kernel.items()}
+    return totals, top
 
 
 def grow_heap_top() -> None:
@@ -63,9 +85,10 @@ def grow_heap_top() -> None:
         del block
 
 
-def compiled_profile(call) -> tuple[dict[str, float], int]:
-    """Self CPU ms per family for one call of a package built with kernel profiling, and the minor page
-    faults that call took: of PROFILED_CALLS profiled calls (after a warm-up), the one with the fewest.
+def compiled_profile(call) -> tuple[dict[str, float], int, dict[str, list[dict]]]:
+    """Self CPU ms per family for one call of a package built with kernel profiling, the minor page faults
+    that call took, and the kernels each family ran (family_kernels): of PROFILED_CALLS profiled calls (after
+    a warm-up), the one with the fewest faults.
 
     The profiler's records are small blocks allocated while the node runs. In a heap that keeps freed memory
     (worker/runtime/allocator.py) they land in the holes the node's large buffers left, those buffers no longer fit
@@ -77,7 +100,7 @@ def compiled_profile(call) -> tuple[dict[str, float], int]:
     from torch.profiler import profile
 
     call()
-    best: tuple[dict[str, float], int] | None = None
+    best: tuple[dict[str, float], int, dict[str, list[dict]]] | None = None
     for _ in range(PROFILED_CALLS):
         grow_heap_top()
         before = minor_faults()
@@ -85,11 +108,8 @@ def compiled_profile(call) -> tuple[dict[str, float], int]:
             call()
         faults = minor_faults() - before
         if best is None or faults < best[1]:
-            totals: dict[str, float] = {}
-            for event in prof.key_averages():
-                family = family_of(event.key)
-                totals[family] = totals.get(family, 0.0) + event.self_cpu_time_total / 1e3
-            best = totals, faults
+            totals, kernels = family_kernels((e.key, e.self_cpu_time_total / 1e3) for e in prof.key_averages())
+            best = totals, faults, kernels
     return best
 
 
@@ -165,7 +185,7 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
     ids, lens = torch.randint(0, spec.vocab_size, (sum(lengths),)), torch.tensor(lengths)
     dtype_name = str(dtype).removeprefix("torch.")
     profiled = profiled_node(checkpoint, dtype_name, name, quantize)
-    families, profiled_faults = compiled_profile(lambda: profiled(ids, lens, LABELS, 2))
+    families, profiled_faults, kernels = compiled_profile(lambda: profiled(ids, lens, LABELS, 2))
     node = build_node(checkpoint, dtype_name, name, quantize)  # the same node without profiling hooks
     node_ms = 1e3 * median(time_calls(lambda: node(ids, lens, LABELS, 2), repeats=3))
     t, b = sum(lengths), len(lengths)
@@ -183,6 +203,7 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
         "families_ms": {k: round(v, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
         "families_share": {k: round(v / total_ms, 3) for k, v in families.items()},
         "family_of_peak": {k: flops / (families[k] / 1e3) / peak for k, flops in rates.items() if families.get(k)},
+        "family_kernels": kernels,
         "gemm_shapes_alone": rows, "gemm_alone_ms": gemm_alone_ms,
         "gemm_alone_of_peak": {lib: gemm_flops / (ms / 1e3) / (int8_peak if "int8" in lib else peak)
                                for lib, ms in gemm_alone_ms.items()},
@@ -237,6 +258,7 @@ def parse_args() -> argparse.Namespace:
     add_int8_base(parser)
     add_int8_budget(parser)
     parser.add_argument("--no-beam", action="store_true")
+    parser.add_argument("--machine-class", help="appended to the result file's name and recorded (e.g. amx)")
     return settle_int8_base(parser, parser.parse_args())
 
 
@@ -257,6 +279,7 @@ def main() -> None:
     int8_peak = int8_peak_ops(peak_shapes, dtype) if int8 else None
     name = run_name(args, layers)  # as score_node names its builds: the same build folders
     result = {"bench": "profile_nodes", "model": args.model, "layers": layers, "dtype": args.dtype,
+              "machine_class": args.machine_class,
               "quick": layers != depth, "peak_gflops": peak / 1e9,
               **({"int8_base": args.int8_base, "int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget}
                  if int8 else {}),
@@ -266,7 +289,7 @@ def main() -> None:
         result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
     result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, peak_shapes)) / 1e9
     result["seconds"] = time.perf_counter() - start
-    emit(f"profile_nodes-{name}", result)
+    emit(f"profile_nodes-{name}" + (f"-{args.machine_class}" if args.machine_class else ""), result)
 
 
 if __name__ == "__main__":

@@ -14,17 +14,19 @@ before them one untimed round on the first request, whose faults are warm_up_min
               our float32 node uses on AVX-512 (bench/harness/hf_baselines.linears_on; on AVX2 alone ours runs MKL's,
               as hf_best does), at its own fastest micro-batch: its ratio is what the engine adds beyond
               the GEMM library;
-  ct2         CTranslate2 at the max_batch_size (and, for bf16 runs, the CPU compute type) that was
-              fastest in a sweep; float32 when we run float32 (it has no CPU bfloat16);
-  openvino    OpenVINO (bench/harness/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender) at
-              the run's precision, last position projected, at the micro-batch size that was fastest in
-              a sweep (openvino_setting says which).
+  ct2         CTranslate2 at the max_batch_size (and, for bf16 and int8 runs, the CPU compute type: every one
+              it offers, bench/harness/ct2_baseline.sweep_types) that was fastest in a sweep, among those
+              within the quantized bound; float32 when we run float32;
+  openvino    OpenVINO (bench/harness/openvino_baseline.py: Intel's CPU runtime, the strongest CPU contender)
+              at the run's precision (an int8 run: its own int8, NNCF's weight compression, at the base's
+              precision hint), last position projected, at the micro-batch size that was fastest in a sweep
+              (openvino_setting says which).
   ours_bf16   (--dtype int8) our node without int8 layers: --dtype int8 builds the model in --int8-base
   ours_fp32   (bf16 where oneDNN multiplies bfloat16 on this CPU, else fp32: on AVX2 alone bfloat16 runs
               aten's slow path and a user picks float32) with `[quantize] int8` (calibrated on random token ids,
               the default gate) and reports speedup_vs_bf16 or speedup_vs_fp32, the label log-prob drift of
               ours and of CTranslate2's int8 against transformers in float32 on the same inputs
-              (max_label_logprob_drift, ct2_max_label_logprob_drift); OpenVINO and transformers run the base.
+              (max_label_logprob_drift, ct2_max_label_logprob_drift); transformers runs the base.
 Their outputs are checked against each other (bench/harness/parity.py) and the run exits non-zero when one
 disagrees beyond its tolerance. executed_mfu = FLOPs our node executes (bench/harness/flops.py) / time /
 the best large-matmul rate of the dtype (torch.mm or oneDNN) measured in the same run, before and
@@ -56,6 +58,7 @@ from bench.harness.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clo
                           bench_config, build_nodes, emit, float_dtype_name, int8_report, interleaved_round,
                           matmul_peaks, minor_faults, model_gemm_shapes, peak_by_library, run_dtype, run_name,
                           run_quantize, settle_int8_base, shaped_checkpoint, timed_part)
+from bench.harness.ct2_baseline import sweep_types
 from bench.harness.flops import executed_mfu, score_flops
 from shared.manifest import read_manifest
 
@@ -139,7 +142,7 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     if ct2 is None:
         return micro_batch, None, report, {}
     rows = ct2.strings(request)
-    types = ("int8_float32", "int8", "float32") if reference is not None else ("float32",)
+    types = sweep_types(ct2.offered, reference is not None)
     ct2.score(types[0], rows[:2], 1)  # warm-up
     batch, report["ct2_max_batch_size_ms"], _ = sweep({b: (lambda b=b: ct2.score(types[0], rows, b))
                                                        for b in CT2_BATCH_SIZES}, give_up_factor=2.0)
@@ -152,11 +155,12 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     return micro_batch, (fastest_at_parity(report, outs, reference), batch), report, outs
 
 
-def pick_openvino_setting(openvino, dtype: torch.dtype, request) -> tuple[tuple[str, int], dict]:
-    """OpenVINO's precision (the run's) and its fastest micro-batch on the sweep's request (after a warm-up call)."""
-    from bench.harness.openvino_baseline import PRECISIONS
+def pick_openvino_setting(openvino, dtype: torch.dtype, request, int8: bool = False) -> tuple[tuple[str, int], dict]:
+    """OpenVINO's precision (the run's; an int8 run: its own int8 weights, NNCF, at the base's hint) and its fastest
+    micro-batch on the sweep's request (after a warm-up call)."""
+    from bench.harness.openvino_baseline import peer_precision
 
-    precision = PRECISIONS[dtype]
+    precision = peer_precision(dtype, int8)
     openvino.logits(precision, request[:2], 1)  # compiles the model for this precision
     fns = {m: (lambda m=m: openvino.logits(precision, request, m)) for m in OPENVINO_MICRO_BATCHES}
     micro_batch, table, _ = sweep(fns, give_up_factor=2.0)
@@ -187,8 +191,7 @@ def fastest_at_parity(report: dict, outs: dict, reference: torch.Tensor) -> str:
     """CTranslate2's fastest compute type whose outputs on the sweep's request pass their parity
     bound against the float32 reference (a quantized type that misses it computes something else:
     it is reported under ct2_compute_types_refused with its check, and not compared with)."""
-    refused = {t: parity.top1_check(f"ct2_{t}_top1_vs_fp32", *outs[t], reference, parity.QUANTIZED_ABS)
-               for t in outs if t != "float32"}
+    refused = {t: parity.quantized_check(f"ct2_{t}_top1_vs_fp32", *outs[t], reference) for t in outs if t != "float32"}
     report["ct2_compute_types_refused"] = {t: check for t, check in refused.items() if not check["ok"]}
     at_parity = [t for t in outs if t not in report["ct2_compute_types_refused"]]
     return min(at_parity, key=lambda t: report["ct2_compute_type_ms"][str(t)])
@@ -282,18 +285,24 @@ def reference_checks(out: dict, reference: torch.Tensor, ct2_type: str | None, c
     if "float32" in ct2_sweep:
         checks.append(parity.top1_check("ct2_float32_top1_vs_fp32", *ct2_sweep["float32"], reference, parity.FP32_ABS))
     if "ct2" in out and ct2_type != "float32":
-        checks.append(parity.top1_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference, parity.QUANTIZED_ABS))
+        checks.append(parity.quantized_check(f"ct2_{ct2_type}_top1_vs_fp32", *out["ct2"], reference))
     return checks
 
 
-def openvino_accuracy(out: dict, reference: torch.Tensor, dtype: torch.dtype) -> tuple[list[dict], dict | None]:
-    """Request 0's label logits of OpenVINO in a bf16 or int8 run (it runs the float base, `dtype`) against
-    transformers in float32 on the same weights, within the bf16 bound (bench/harness/parity.bf16_check): (checks to
-    assert, the check reported instead). On a bfloat16 base it is reported, not asserted ("ok" becomes
-    "within_bound"): a peer's bf16 less accurate than the bound is still the speed to beat. On a float32 base
-    (an int8 run) there is no bf16 error to allow: a miss is a broken comparison, asserted."""
+def openvino_accuracy(out: dict, reference: torch.Tensor, dtype: torch.dtype,
+                      int8: bool = False) -> tuple[list[dict], dict | None]:
+    """Request 0 of OpenVINO in a bf16 or int8 run against transformers in float32 on the same weights: (checks to
+    assert, the check reported instead). An int8 run's OpenVINO (its own int8 weights) is asserted within the bound
+    of every quantized contender, ours included (parity.quantized_check on its top-1). Else its label logits against
+    the bf16 bound (bench/harness/parity.bf16_check): on a bfloat16 base reported, not asserted ("ok" becomes
+    "within_bound"): a peer's bf16 less accurate than the bound is still the speed to beat."""
     if "openvino" not in out:
         return [], None
+    if int8:
+        logprobs = torch.log_softmax(out["openvino"].float(), dim=-1)
+        ids = logprobs.argmax(-1)
+        return [parity.quantized_check("openvino_int8_top1_vs_fp32", ids, logprobs.gather(1, ids[:, None])[:, 0],
+                                       reference)], None
     check = parity.bf16_check("openvino_label_logits_vs_fp32", out["openvino"][:, LABELS],
                               out["hf_careful"][:, LABELS], reference[:, LABELS])
     if dtype == torch.float32:
@@ -389,7 +398,8 @@ def measure(run: Run, requests) -> dict:
         onednn_micro_batch, sweeps["hf_best_onednn_micro_batch_ms"] = pick_onednn_micro_batch(run.hf, requests[0])
     openvino_setting = None
     if run.openvino is not None:
-        openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0])
+        openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0],
+                                                                                    run.args.dtype == "int8")
     clock.lap("warm_up_and_sweeps")
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
                             run.openvino, openvino_setting, run.float_node, float_dtype_name(run.args))
@@ -404,13 +414,12 @@ def measure(run: Run, requests) -> dict:
         checks = fp32_checks(outputs)
     else:
         checks = reference_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
-        asserted, openvino_reported = openvino_accuracy(outputs[0], reference, dtype)
+        asserted, openvino_reported = openvino_accuracy(outputs[0], reference, dtype, run.args.dtype == "int8")
         checks += asserted
     if run.args.dtype == "int8":
         drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
-        checks.append(parity.top1_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
-                                        outputs[0]["ours"].topk_logprobs[:, 0], reference,
-                                        parity.quantized_bound(run.quantized["limits"]["max_label_logprob_drift"])))
+        checks.append(parity.quantized_check("ours_int8_top1_vs_fp32", outputs[0]["ours"].topk_ids[:, 0],
+                                             outputs[0]["ours"].topk_logprobs[:, 0], reference))
     clock.lap("parity")
     return {"seconds": seconds, "by_round": timed.by_round, "faults_by_round": timed.faults_by_round,
             "warm_up_faults": timed.warm_up_faults, "micro_batch": micro_batch,

@@ -47,7 +47,7 @@ def enabled_workloads(config: DeploymentConfig) -> list[str]:
 
 def check_positions(config: DeploymentConfig, spec: ModelSpec) -> None:
     """Refuse bounds that would place a token past the model's positions (its RoPE table ends there)."""
-    bounds = config.bounds
+    bounds = config.build_bounds
     reach = [(bounds.max_tokens_per_sample, "bounds.max_tokens_per_sample")] if config.score.enabled else []
     if config.beam.enabled:
         reach.append((bounds.max_prompt_tokens + bounds.max_new_tokens,
@@ -81,6 +81,11 @@ def input_files(config: DeploymentConfig) -> dict[str, str | None]:
     return {"score.mlp_head.weights": head.weights if head and config.score.enabled else None,
             "beam.constraints": config.beam.constraints if config.beam.enabled else None,
             "quantize.calibration": config.quantize.calibration if config.quantize.int8 else None}
+
+
+RUN_TIME_FILES = ("beam.constraints",)
+"""Input files the build only checks (the catalogue must fit the compiled tables); the worker loads them
+and the artifacts do not depend on their content, so they are not in the build key."""
 
 
 def input_file(setting: str, path: str) -> Path:
@@ -156,10 +161,14 @@ def install(staging: Path, out: Path, stale: tuple[str, ...] = ()) -> None:
     os.replace(staging / MANIFEST, out / MANIFEST)
 
 
-def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False) -> Manifest:
+def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, kernel_profile: bool = False,
+          builders: dict[str, NodeBuilder] | None = None) -> Manifest:
     """Build every enabled node into out_dir; skip the work when the artifacts are up to date.
     Bad input is refused before any work (check_inputs); a failed build leaves out_dir as it was (staged).
-    kernel_profile: the CPU kernels report themselves to torch.profiler (bench/profile_nodes.py)."""
+    kernel_profile: the CPU kernels report themselves to torch.profiler (bench/profile_nodes.py).
+    builders: node builders replacing NODE_BUILDERS' by workload (a benchmark's variant of a node; what
+    they build is not in the build key: give such a build a folder of its own)."""
+    builders = NODE_BUILDERS | (builders or {})
     out = Path(out_dir)
     progress = Progress()
     model_dir = Path(config.model.path)
@@ -189,7 +198,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         for workload in workloads:
             progress.stage(f"exporting the {workload} node")
             use_gemm(model, gemms[workload])
-            module, program, facts = NODE_BUILDERS[workload](ctx)
+            module, program, facts = builders[workload](ctx)
             weights.update(module.state_dict())
             packings.append(packable(program))
             operators |= kernels_called(program)
@@ -214,7 +223,7 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
             "prepacked": combine(packings),  # weights the runtime packs at load (worker/runtime/packing.py)
             "machine": machine_facts(device),
             "cpu_threads": compiled_threads(config),
-            "bounds": asdict(config.bounds.resolved()),
+            "bounds": asdict(config.build_bounds.resolved()),
             "model": {**checkpoint.spec.to_dict(), "path": str(model_dir), "sha256": checkpoint.sha256},
             "nodes": nodes,
             "fp8": fp8,
@@ -292,7 +301,7 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
     relevant["beam"].pop("constraints")
     relevant["quantize"].pop("calibration")
     relevant["file_sha256"] = {setting: file_hash(input_file(setting, path)) if path else None
-                               for setting, path in input_files(config).items()}
+                               for setting, path in input_files(config).items() if setting not in RUN_TIME_FILES}
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())

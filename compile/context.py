@@ -23,7 +23,7 @@ class BuildContext:
     dtype: torch.dtype
     device: str
     beam: BeamInputs | None = None
-    """The beam node's generation rule and constraint tables, read once by check_inputs (None: beam off)."""
+    """The beam node's generation rule and catalogue table sizes, read once by check_inputs (None: beam off)."""
 
 
 # workload name -> builder returning (module whose state dict holds the node's weights, its export,

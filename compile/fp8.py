@@ -265,7 +265,11 @@ def fp8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict 
     if not scaled_mm_available(device.type):
         raise ValueError(f"model.fp8 = true needs torch._scaled_mm for float8_e4m3fn on {device}, which this "
                          "torch build or GPU lacks (CUDA needs compute capability 8.9+); set model.fp8 = false")
-    b, vocab = config.bounds, model.spec.vocab_size
+    if device.type == "cpu":
+        stage("warning: model.fp8 on a CPU: torch runs _scaled_mm there as a check of the FP8 package's numbers, "
+              "not fast (the demo model's scoring call took 86x float32's, on an AMX Xeon); quantize.int8 is "
+              "the CPU's quantization")
+    b, vocab = config.build_bounds, model.spec.vocab_size
     labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: b.max_labels]
     batches = random_calibration(vocab, 4, min(8, b.max_samples_per_batch), (4, min(128, b.max_tokens_per_sample)),
                                  labels, b.max_labels, str(device))

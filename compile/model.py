@@ -59,6 +59,18 @@ def visible_keys(cu_seqlens: torch.Tensor, parents: torch.Tensor, sample_segment
     return (segment_of_row[None, :, None] == members[:, None, :]).any(dim=-1)
 
 
+def with_token_rows(last, visible, token_rows, num_cached: int, cu_seqlens, parents):
+    """The last layer's query rows [B] and their visible keys [B, Tk] with the rows token_rows [P]
+    (of the computed tokens) appended: [B + P] and [B + P, Tk]. A token row sees the keys of its
+    segment's chain (visible_keys) at or before its own pool row; ancestors come first in the pool."""
+    pool_rows = token_rows + num_cached  # [P]
+    segments = torch.searchsorted(cu_seqlens[1:], pool_rows.to(cu_seqlens.dtype), right=True)  # [P]
+    keys = torch.arange(visible.shape[1], device=visible.device)
+    causal = keys[None, :] <= pool_rows[:, None]  # [P, Tk]
+    token_visible = visible_keys(cu_seqlens, parents, segments, visible.shape[1]) & causal
+    return torch.cat([last, token_rows]), torch.cat([visible, token_visible])
+
+
 def merge_partials(out_a, lse_a, out_b, lse_b):
     """Combine two partial softmax attentions over disjoint key sets: [..., D] outputs, [...] lse.
     Softmax over a concatenation splits exactly into its parts:
@@ -264,7 +276,7 @@ class Transformer(nn.Module):
         return x
 
     def last_hidden(self, input_ids, positions, mask: PoolMask, cu_seqlens, parents=None, sample_segments=None,
-                    static_kv=None, keep_rows=None):
+                    static_kv=None, keep_rows=None, token_rows=None):
         """Hidden state [B, H] (before the final norm) at every sample's last token only.
 
         Without `parents` every sample is its own segment (cu_seqlens [B+1] over input_ids). With
@@ -274,6 +286,9 @@ class Transformer(nn.Module):
         `mask` is the pool's mask (compile/attention.pool_mask of the same segments).
         keep_rows [R] (pool rows): also return every layer's keys and values at those rows,
         [layers, R, Hkv, D] each (a prefix's, for the worker's prefix cache).
+        token_rows [P] (rows of input_ids): the hidden states at those rows too, after the B last ones
+        ([B + P, H]), each row seeing its own segment's keys up to itself and its ancestors' (per-token
+        log-probs); the last layer computes B + P rows instead of B.
         """
         if parents is None:
             parents = torch.full_like(cu_seqlens[1:], -1, dtype=torch.int64)
@@ -291,6 +306,8 @@ class Transformer(nn.Module):
         num_cached = 0 if static_kv is None else static_kv[0].shape[1]  # rows before the batch's own
         last = cu_seqlens.index_select(0, sample_segments + 1).long() - 1 - num_cached  # [B]
         visible = visible_keys(cu_seqlens, parents, sample_segments, num_cached + input_ids.shape[0])
+        if token_rows is not None:
+            last, visible = with_token_rows(last, visible, token_rows, num_cached, cu_seqlens, parents)
         if keep_rows is None:
             return self.layers[-1].forward_last(x, cos, sin, last, visible, cached[-1])
         out, k, v = self.layers[-1].forward_last_kv(x, cos, sin, last, visible, cached[-1])

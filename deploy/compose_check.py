@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from deploy.compose_project import ComposeProject
 from deploy.docker_host import Clients, Daemon, ensure_clients
 from deploy.images import Images, build_args, planned_builds, port_variables, pulled_images
 from deploy.steps import StepFailed, Steps
+from loadgen.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -61,11 +61,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--pip-conf {args.pip_conf}: no such file")
     return args
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def compose_variables(raw_text: str, raw: dict, models_dir: Path) -> dict[str, str]:

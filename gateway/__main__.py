@@ -24,7 +24,7 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import GATEWAY, make_app
-from gateway.logs import setup_logging
+from gateway.logs import gateway_logging
 from gateway.wiring import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
 from gateway.tokenizer import RequestTokenizer
@@ -48,7 +48,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    setup_logging()
+    with gateway_logging():
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; 2 when the start is refused."""
     try:
         config = load_config(args.config)
         gw = dataclasses.replace(config.gateway, host=args.host or config.gateway.host,
@@ -63,13 +68,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) -> Settings:
     """What the app serves with; refuses to spawn CPU workers that would refuse the artifacts (and be
-    restarted over and over), and says which configured bounds the compiled ones override."""
+    restarted over and over), and a config whose [bounds] differ from the compiled ones."""
     manifest = read_manifest(artifacts)
     if spawn_workers and "cpu" in config.worker.devices and (problem := threads_difference(manifest, config)):
         raise ConfigError(f"{artifacts}: {problem}")
     if differences := bounds_differences(manifest, config):
-        log.warning("the config's [bounds] differ from what the artifacts in %s were compiled for; the compiled "
-                    "bounds are served (rebuild to change them): %s", artifacts, "; ".join(differences))
+        raise ConfigError(f"the config's [bounds] differ from what the artifacts in {artifacts} were compiled for: "
+                          f"{'; '.join(differences)}; rebuild them (python -m compile), or leave [bounds] out of the "
+                          "config to serve the compiled bounds")
     token = None
     if config.gateway.auth_token_env:
         token = os.environ.get(config.gateway.auth_token_env)

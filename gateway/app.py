@@ -1,6 +1,8 @@
 """The aiohttp application factory, used alike by `python -m gateway`, the tests and the benchmarks.
 
-Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json.
+Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json; the
+de-facto standard ones: POST /v1/rerank, /v2/rerank (Cohere, Jina), /rerank (text-embeddings-inference),
+POST /v1/embeddings, POST /v1/completions and GET /v1/models (OpenAI).
 One middleware gives every request its id, checks the bearer token, turns every error into the
 JSON of gateway/errors.py and writes one JSON log line per request.
 """
@@ -22,16 +24,22 @@ import orjson
 from aiohttp import web
 
 from gateway.api.deadline import budget_ms, header_budget_ms
-from gateway.api.priority import resolve_priority
+from gateway.api.priority import PRIORITY_HEADER, resolve_priority
 from gateway.errors import ApiError, error_response
 from gateway.api.generate import parse_generate
+from gateway.api.completions import parse_completions
+from gateway.completions import CompletionService
 from gateway.api.answers import Health, Ready, WorkerState, encode_json
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import drop_reason
 from gateway.api.openapi import openapi_document
 from gateway.api.body import read_body
 from gateway.api.score import parse_score
+from gateway.api import rerank as rerank_api
+from gateway.api.reranking import TRUNCATED_HEADER, rerank, served_model
+from gateway.api.embeddings import embed, model_list, parse_embeddings
 from gateway.limits import Limits
+from gateway.catalog_admin import parse_update
 from gateway.wiring import Gateway, Settings
 from shared.config import GatewayConfig
 
@@ -41,6 +49,7 @@ SETTINGS = web.AppKey("settings", Settings)
 REQUEST_ID = web.RequestKey("request_id", str)
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+WORK_PATHS_OUTSIDE_V1 = frozenset({"/v2/rerank", "/rerank"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -53,10 +62,17 @@ def make_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/score", score)
     app.router.add_post("/v1/generate", generate)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/rerank", rerank_v1)
+    app.router.add_post("/v2/rerank", rerank_v2)
+    app.router.add_post("/rerank", rerank_tei)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_post("/admin/constraints", admin_constraints)
     return app
 
 
@@ -106,7 +122,7 @@ def _account(request: web.Request, gateway: Gateway, status: int, error: ApiErro
     elapsed_ms = (time.monotonic() - started) * 1000.0
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
     code = "ok" if error is None else error.code
-    work = request.path.startswith("/v1/")
+    work = (request.path.startswith("/v1/") or request.path in WORK_PATHS_OUTSIDE_V1) and request.path != "/v1/models"
     drop = drop_reason(code, error.drop_reason) if work and error is not None else None
     gateway.metrics.count_request(route, code, drop)
     if work:
@@ -119,6 +135,9 @@ def _account(request: web.Request, gateway: Gateway, status: int, error: ApiErro
 
 def _authorize(request: web.Request) -> None:
     token = request.app[SETTINGS].auth_token
+    if token is None and request.path.startswith("/admin/"):
+        raise ApiError("forbidden", "admin routes need a bearer token: set gateway.auth_token_env in the config and "
+                                    "that variable in the gateway's environment")
     if token is None or request.path in OPEN_PATHS:
         return
     given = request.headers.get("Authorization", "")
@@ -172,36 +191,65 @@ class WorkRoute:
     parse: Callable[[bytes, Limits], Any]
     """Body -> the route's typed request (gateway/api/); every refusal an ApiError."""
     default_deadline_ms: Callable[[GatewayConfig], int]
-    run: Callable[[Gateway, Any, str, float, int], Awaitable[Any]]
-    """(gateway, request, wire id, deadline on the pool's clock, priority) -> the answer Struct."""
+    run: Callable[..., Awaitable[Any]]
+    """(gateway, request, wire id, deadline on the pool's clock[, priority]) -> the answer Struct."""
     names_answer: Callable[[Any], bool] = lambda spec: True  # noqa: E731
     """Whether the answer carries the request id as `id` (SGLang's schema has no such field)."""
+    takes_priority: bool = False
+    """Whether `run` takes the request's priority (gateway/api/priority.py) as its fifth argument; a route
+    that does not refuses a priority with 400 rather than ignore it."""
 
 
 async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
     headers and body, the body read within it, parse, run, answer."""
     gateway = request.app[GATEWAY]
-    with _accepting(gateway) as arrived:
+    clock, telemetry = gateway.pool.clock, gateway.telemetry
+    with _accepting(gateway) as arrived, telemetry.request(request.method, request.path, request.headers,
+                                                           arrived, clock) as trace:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
         spec = route.parse(await _read_body(request, header_ms), gateway.limits)
         budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
-        priority = resolve_priority(spec.priority, request.headers, gateway.limits.min_priority,
-                                    gateway.limits.max_priority)
-        answer = await route.run(gateway, spec, gateway.wire_id(request[REQUEST_ID]), arrived + budget / 1000.0,
-                                 priority)
-    if route.names_answer(spec):
-        answer.id = request[REQUEST_ID]
-    return _json(answer)
+        wire_id = gateway.wire_id(request[REQUEST_ID])
+        if trace is not None:  # tracing on (gateway/telemetry.py)
+            trace.span("receive", arrived, clock())
+            telemetry.bind(wire_id, trace)
+        answer = await route.run(gateway, spec, wire_id, arrived + budget / 1000.0,
+                                 *_priority(route, spec, request, gateway.limits))
+        answered = clock()
+        if route.names_answer(spec):
+            answer.id = request[REQUEST_ID]
+        response = _json(answer)
+        if trace is not None:
+            trace.span("answer", answered, clock())
+    return response
+
+
+def _priority(route: WorkRoute, spec: Any, request: web.Request, limits: Limits) -> tuple[int, ...]:
+    """The request's priority as `route.run`'s fifth argument, or nothing for a route that takes none
+    (there a priority given is refused: never silently ignored)."""
+    if route.takes_priority:
+        return (resolve_priority(spec.priority, request.headers, limits.min_priority, limits.max_priority),)
+    if PRIORITY_HEADER in request.headers:
+        raise ApiError("invalid_request", f"header {PRIORITY_HEADER}: {request.path} does not take a priority yet "
+                                          "(/v1/score and /v1/generate do); send the request without it")
+    return ()
 
 
 SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
-                  lambda gateway, spec, wire_id, deadline, priority: gateway.scoring.score(spec, wire_id, deadline,
-                                                                                           priority),
-                  names_answer=lambda spec: spec.dialect != "sglang")
+                  lambda gateway, spec, wire_id, deadline, priority: gateway.scoring.score(
+                      spec, wire_id, deadline, priority=priority),
+                  names_answer=lambda spec: spec.dialect != "sglang", takes_priority=True)
 GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
                      lambda gateway, spec, wire_id, deadline, priority: gateway.generation.generate(
-                         spec, wire_id, deadline, priority))
+                         spec, wire_id, deadline, priority), takes_priority=True)
+
+
+COMPLETIONS = WorkRoute(
+    parse_completions, lambda config: max(config.score_deadline_ms, config.generate_deadline_ms),
+    lambda gateway, spec, wire_id, deadline: CompletionService(gateway.scoring, gateway.generation,
+                                                               gateway.settings.tokenizer).complete(
+        spec, served_model(gateway, spec.model), wire_id, deadline))
 
 
 async def score(request: web.Request) -> web.Response:
@@ -210,6 +258,46 @@ async def score(request: web.Request) -> web.Response:
 
 async def generate(request: web.Request) -> web.Response:
     return await serve_work(request, GENERATE)
+
+
+async def completions(request: web.Request) -> web.Response:
+    return await serve_work(request, COMPLETIONS)
+
+
+async def _serve_rerank(request: web.Request, shape: rerank_api.Shape) -> web.Response:
+    """A rerank route: the score route's skeleton and defaults; the documents cut (with truncate) are named
+    in a header on every shape (TEI's answer is a bare list)."""
+    truncated: list[int] = []
+    route = WorkRoute(rerank_api.parser(shape), lambda config: config.score_deadline_ms,
+                      lambda gateway, spec, wire_id, deadline: rerank(gateway, spec, wire_id, deadline, truncated),
+                      names_answer=lambda spec: spec.shape != "tei")
+    response = await serve_work(request, route)
+    if truncated:
+        response.headers[TRUNCATED_HEADER] = ",".join(str(i) for i in sorted(truncated))
+    return response
+
+
+async def rerank_v1(request: web.Request) -> web.Response:
+    return await _serve_rerank(request, "cohere-v1")
+
+
+async def rerank_v2(request: web.Request) -> web.Response:
+    return await _serve_rerank(request, "cohere-v2")
+
+
+async def rerank_tei(request: web.Request) -> web.Response:
+    return await _serve_rerank(request, "tei")
+
+
+EMBEDDINGS = WorkRoute(parse_embeddings, lambda config: config.score_deadline_ms, embed, names_answer=lambda spec: False)
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    return await serve_work(request, EMBEDDINGS)
+
+
+async def models(request: web.Request) -> web.Response:
+    return _json(model_list(request.app[SETTINGS]))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -229,6 +317,13 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[GATEWAY].metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+async def admin_constraints(request: web.Request) -> web.Response:
+    """A new catalogue version on every ready worker (gateway/catalog_admin.py)."""
+    gateway = request.app[GATEWAY]
+    update = parse_update(await _read_body(request, None))
+    return _json(await gateway.catalogs.update(update))
 
 
 async def openapi(request: web.Request) -> web.Response:

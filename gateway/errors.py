@@ -16,6 +16,7 @@ from aiohttp import web
 ERRORS: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "a field is missing, of the wrong type or out of range"),
     "unauthorized": (401, "missing or wrong bearer token"),
+    "forbidden": (403, "an admin route on a gateway that has no bearer token configured (gateway.auth_token_env)"),
     "not_found": (404, "no such route"),
     "method_not_allowed": (405, "the route exists but not for this method"),
     "body_timeout": (408, "the body did not arrive before the request's deadline; nothing was computed"),
@@ -30,6 +31,8 @@ ERRORS: dict[str, tuple[int, str]] = {
     "worker_lost": (503, "the worker computing this request stopped answering"),
     "worker_error": (503, "the worker refused or failed the batch holding this request"),
     "draining": (503, "the gateway is shutting down and takes no new work"),
+    "catalog_update_failed": (502, "a worker refused or did not answer a catalogue update; it keeps its current "
+                                   "version"),
     "batcher_stopped": (503, "the gateway's batching loop for this workload stopped; its log says why"),
     "deadline_exceeded": (504, "the deadline passed before the answer was ready; the work was dropped"),
 }

@@ -37,7 +37,7 @@ class Limits:
     def of(cls, config: DeploymentConfig, manifest: Manifest, vocab_size: int) -> Limits:
         """Bounds come from the manifest (what the packages accept; a manifest without them: the
         config's), the rest from config."""
-        score, bounds = manifest.node_table().score, manifest.bounds or config.bounds
+        score, bounds = manifest.node_table().score, manifest.bounds or config.build_bounds
         return cls(
             vocab_size=vocab_size,
             bounds=bounds,

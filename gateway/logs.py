@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
-from shared.logs import setup_logging as setup_json_logging
+from shared.logs import json_logging
 
 
-def setup_logging(level: int = logging.INFO) -> None:
-    setup_json_logging(level, passthrough=frozenset({"gateway.access"}))
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # the gateway writes its own access lines
+def gateway_logging(level: int = logging.INFO) -> contextlib.AbstractContextManager[None]:
+    """JSON lines while inside; aiohttp's own access lines off (the gateway writes its own)."""
+    return json_logging(level, passthrough=frozenset({"gateway.access"}), levels={"aiohttp.access": logging.WARNING})

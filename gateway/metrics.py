@@ -28,6 +28,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                PlatformCollector, ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gateway.telemetry import stage_ended
 from gateway.worker_link import Answered
 from shared import protocol
 from shared.policy import DropReason
@@ -188,6 +189,7 @@ class Metrics:
     def observe_stage(self, stage: str, ms: float) -> None:
         """Time one request spent in `stage`, in milliseconds (kept in seconds)."""
         self._stage[stage].observe(ms / 1000.0)
+        stage_ended(stage, ms)  # a span of the request's trace, when tracing is on
 
     def observe_batch(self, workload: str, fill: float) -> None:
         self._fill[workload].observe(fill)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,8 @@ from gateway.api.score import ScoreSpec
 from gateway.tokenizer import RequestTokenizer
 from shared.bounds import score_problem
 from shared.request_ids import chunk_id
-from shared.work import Reuse, WorkSize
+from shared.protocol import ScoreResult
+from shared.work import NO_REUSE, Reuse, WorkSize
 
 
 class ScoreService:
@@ -53,15 +55,17 @@ class ScoreService:
         self._loop = asyncio.get_running_loop()
 
     async def score(self, spec: ScoreSpec, request_id: str, deadline: float,
-                    priority: int = 0) -> ScoreAnswer | SglangScoreAnswer:
+                    answer: Callable[[list[list[int]], list[ScoreResult]], Any] | None = None,
+                    priority: int = 0) -> ScoreAnswer | SglangScoreAnswer | Any:
+        """The answer to `spec`; with `answer`, answer(token ids per sample, the jobs' results in order) in
+        place of /v1/score's (another route's shape: gateway/completions.py)."""
         self._active += 1
         try:
-            return await self._score(spec, request_id, deadline, priority)
+            return await self._score(spec, request_id, deadline, answer, priority)
         finally:
             self._active -= 1
 
-    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float,
-                     priority: int) -> ScoreAnswer | SglangScoreAnswer:
+    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float, answer=None, priority: int = 0):
         budget_ms = (deadline - self._loop.time()) * 1000.0
         self._admission.precheck(self._batcher, request_id, deadline, self._loop.time(), len(spec.samples), priority)
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
@@ -78,6 +82,8 @@ class ScoreService:
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.work.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)
+        if answer is not None:
+            return answer(token_ids, results)
         return _answer(spec, label_ids, arrays, (prompt_tokens, cached_tokens), request_id, self._tokenizer)
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
@@ -92,15 +98,17 @@ class ScoreService:
     def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
               deadline: float, priority: int) -> list[Job]:
         limits, bounds = self._limits, self._limits.bounds
-        prefix_len = sharing.shared_prefix_len(token_ids, limits.sharing)
+        tokens_asked = spec.prompt_logprobs is not None  # per-token log-probs: every sample whole, nothing reused
+        prefix_len = 0 if tokens_asked else sharing.shared_prefix_len(token_ids, limits.sharing)
         chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
         jobs = [
             new_job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
-                prefix_len=prefix_len, reuse=limits.static_prefix, priority=priority)
+                prefix_len=prefix_len, prompt_logprobs=spec.prompt_logprobs, reuse=limits.static_prefix,
+                priority=priority)
             for k, chunk in enumerate(chunks)
         ]
-        reuse = self._reuse_for(jobs[0].prefix_key)  # every chunk carries the same prefix
+        reuse = NO_REUSE if tokens_asked else self._reuse_for(jobs[0].prefix_key)  # every chunk: the same prefix
         for job in jobs:
             job.resize(reuse)
         return jobs

@@ -89,9 +89,26 @@ class RequestTokenizer:
             self._label_cache[label] = encoding.ids[0]
         return encoding.ids[0]
 
+    def cut(self, text: str, tokens: int, keep_end: bool = False) -> tuple[str, int]:
+        """`text` cut at a token boundary to its first `tokens` tokens (`keep_end`: its last), and the
+        tokens it had, encoded alone without special tokens (the rerank routes' truncation)."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        count = len(encoding.ids)
+        if count <= tokens:
+            return text, count
+        if tokens <= 0:
+            return "", count
+        if keep_end:
+            return text[encoding.offsets[count - tokens][0]:], count
+        return text[: encoding.offsets[tokens - 1][1]], count
+
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary entry of each id (for top-k answers)."""
         return [self._tokenizer.id_to_token(int(i)) or "" for i in ids]
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each id decoded alone, special tokens kept (OpenAI's logprobs `tokens`): one call for all."""
+        return self._tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)
 
     def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
         return self._tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=True)

@@ -10,11 +10,13 @@ from typing import Any
 
 from gateway.admission import Admission
 from gateway.batcher import Batcher
+from gateway.catalog_admin import CATALOG_UPDATE_TIMEOUT_S, CatalogAdmin
 from gateway.generation import GenerateService
 from gateway.limits import Limits
 from gateway.loop_lag import LoopLagWatch
 from gateway.metrics import Metrics
 from gateway.scoring import ScoreService
+from gateway.telemetry import OFF, Telemetry
 from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
 from shared.bounds import batch_bounds
@@ -43,6 +45,8 @@ class Settings:
     manifest: Manifest
     tokenizer: RequestTokenizer
     auth_token: str | None = None
+    span_exporter: Any = None
+    """An OpenTelemetry span exporter to trace to instead of [telemetry]'s OTLP endpoint (tests)."""
 
 
 @dataclass
@@ -65,6 +69,10 @@ class Gateway:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     lag_watch: LoopLagWatch | None = None
     _wire_ids: Any = field(default_factory=lambda: itertools.count(1))
+    telemetry: Any = OFF
+    """gateway/telemetry.py's Telemetry ([telemetry] enabled), else OFF."""
+    catalogs: CatalogAdmin | None = None
+    """POST /admin/constraints: catalogue updates sent to the workers."""
 
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
@@ -82,7 +90,12 @@ class Gateway:
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
                              gw.tokenize_offload_chars, pool.expected_reuse)
         generate = GenerateService(settings.tokenizer, limits, batchers["beam"], admission, metrics)
-        gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor)
+        telemetry = Telemetry.of(config.telemetry, settings.span_exporter)
+        for link in pool.links:
+            link.telemetry = telemetry
+        catalogs = CatalogAdmin(lambda: pool.links, CATALOG_UPDATE_TIMEOUT_S)
+        gateway = cls(settings, limits, metrics, pool, batchers, admission, score, generate, executor,
+                      telemetry=telemetry, catalogs=catalogs)
         gateway._register_gauges()
         return gateway
 
@@ -114,6 +127,7 @@ class Gateway:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.pool.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.telemetry.shutdown()
 
     def wire_id(self, request_id: str) -> str:
         """A protocol-unique id that still shows the caller's id (callers may reuse theirs)."""

@@ -28,6 +28,7 @@ from shared import protocol
 from shared.bounds import batch_capacity
 from shared.policy import DropReason, busy_ms
 from shared.work import NO_REUSE, HeldPrefixes, StaticPrefix
+from gateway.telemetry import OFF, Telemetry, _Off
 
 log = logging.getLogger("gateway.worker")
 CONNECTING, READY, DRAINING, LOST, STALLED = "connecting", "ready", "draining", "lost", "stalled"
@@ -66,6 +67,9 @@ class InFlight:
 class WorkerLink:
     """One worker as the gateway sees it: state, latency models, batches in flight."""
 
+    telemetry: Telemetry | _Off = OFF
+    """The gateway's tracing (gateway/wiring.py sets it); OFF: the hooks below are skipped."""
+
     def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
                  on_change: Callable[[], None], on_answer: Callable[[Answered], None] = lambda answer: None,
                  static: StaticPrefix = NO_REUSE) -> None:
@@ -85,6 +89,8 @@ class WorkerLink:
         self.reuse: HeldPrefixes = HeldPrefixes(static=static)
         """Which leading tokens a request sent here need not compute: the static prefix and the
         prefixes its latest heartbeat said its cache holds (the cost model's view of this worker)."""
+        self.on_catalog_state: Callable[[protocol.CatalogState], None] = lambda state: None
+        """Where the worker's answers to catalogue updates go (gateway/catalog_admin.py)."""
         self._clock = clock
         self._on_change = on_change
         self._on_answer = on_answer
@@ -149,14 +155,18 @@ class WorkerLink:
     def send_batch(self, batch_id: int, workload: str, jobs: list[Job], predicted_ms: float) -> bool:
         """Send jobs as one batch; False (nothing sent) when the socket would block."""
         now = self._clock()
+        parents = self._trace_sent(batch_id, jobs, predicted_ms, now) if self.telemetry.enabled else None
         if workload == "score":
-            message = protocol.ScoreBatch(batch_id, "int32", tuple(_score_request(j, now) for j in jobs))
+            message = protocol.ScoreBatch(batch_id, "int32", tuple(
+                _score_request(j, now, parents[i] if parents else "") for i, j in enumerate(jobs)))
         else:
             beams, steps, k = jobs[0].beam_key  # type: ignore[misc]
-            requests = tuple(protocol.BeamRequest(j.request_id, _remaining_ms(j, now), protocol.pack_ids(j.token_ids[0]))
-                             for j in jobs)
+            requests = tuple(protocol.BeamRequest(j.request_id, _remaining_ms(j, now), protocol.pack_ids(j.token_ids[0]),
+                                                  parents[i] if parents else "") for i, j in enumerate(jobs))
             message = protocol.BeamBatch(batch_id, "int32", beams, steps, k, requests)
         if not self._send(message):
+            if parents:
+                self._trace_unsent(jobs, now)
             return False
         items = sum(j.batch_items for j in jobs)
         tokens = sum(j.latency_tokens for j in jobs)
@@ -165,6 +175,21 @@ class WorkerLink:
         for job in jobs:
             job.state = SENT
         return True
+
+    def _trace_sent(self, batch_id: int, jobs: list[Job], predicted_ms: float, now: float) -> list[str]:
+        """Each job's batch span started (gateway/telemetry.py); their traceparents, for the wire."""
+        size = (len(jobs), sum(j.batch_items for j in jobs), sum(j.tokens for j in jobs))
+        parents = []
+        for job in jobs:
+            trace = self.telemetry.trace_of(job.request_id)
+            parents.append(trace.batch_sent(job, batch_id, size, predicted_ms, self.endpoint, now) if trace else "")
+        return parents
+
+    def _trace_unsent(self, jobs: list[Job], now: float) -> None:
+        for job in jobs:
+            trace = self.telemetry.trace_of(job.request_id)
+            if trace is not None:
+                trace.batch_unsent(job.request_id, now)
 
     def _send(self, message: protocol.Message) -> bool:
         if self._socket is None:
@@ -177,6 +202,10 @@ class WorkerLink:
             sent.add_done_callback(_consume)
             return True
         return sent.exception() is None  # zmq.Again: no connected worker, or its queue is full
+
+    def send_control(self, message: protocol.Message) -> bool:
+        """Send a message that is not a batch (a catalogue update); False when it could not be queued."""
+        return self._send(message)
 
     # ---- receiving -----------------------------------------------------------------------------
 
@@ -222,6 +251,12 @@ class WorkerLink:
         if model is not None and message.compute_ms > 0:
             model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms)
         dropped_ms = _share_compute(batch, message)
+        if self.telemetry.enabled:
+            for result in message.results:
+                trace, job = self.telemetry.trace_of(result.request_id), batch.jobs.get(result.request_id)
+                if trace is not None and job is not None:
+                    trace.batch_answered(job, message.queue_ms, message.compute_ms, str(result.status),
+                                         self.answered_at)
         for result in message.results:
             job = batch.jobs.pop(result.request_id, None)
             if job is None:
@@ -316,10 +351,11 @@ def _remaining_ms(job: Job, now: float) -> float:
     return (job.deadline - now) * 1000.0
 
 
-def _score_request(job: Job, now: float) -> protocol.ScoreRequest:
+def _score_request(job: Job, now: float, traceparent: str = "") -> protocol.ScoreRequest:
     flat, suffix_lens = wire_ids(job)  # a shared prefix once, then each sample's suffix
     return protocol.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(), suffix_lens, job.label_ids,
-                          job.top_k, job.return_hidden, job.prefix_len)
+                          job.top_k, job.return_hidden, job.prefix_len, traceparent,
+                          job.prompt_logprobs)
 
 
 _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
@@ -329,4 +365,5 @@ _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
     protocol.Heartbeat: WorkerLink._on_heartbeat,
     protocol.Error: WorkerLink._on_error,
     protocol.Goodbye: WorkerLink._on_goodbye,
+    protocol.CatalogState: lambda link, state: link.on_catalog_state(state),
 }

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import shlex
-import signal
 import subprocess
 import tempfile
 import time
@@ -33,6 +31,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from loadgen.bodies import BodyFactory
+from loadgen.processes import stop
 from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.result import RequestResult
 from loadgen.trace import Trace
@@ -123,17 +122,3 @@ async def wait_ready(url: str, timeout_s: float, processes: Sequence[subprocess.
                 pass
             await asyncio.sleep(0.1)
     raise TimeoutError(f"gateway at {url} not ready after {timeout_s:.0f} s")
-
-
-def stop(process: subprocess.Popen, timeout_s: float) -> None:
-    """SIGTERM the process group, then SIGKILL it if it lingers."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        pass

@@ -134,7 +134,7 @@ class SimSettings:
         if manifest is not None:
             world = {"prefix_cache_tokens": cache_tokens(config.score.prefix_cache_mb, manifest), **world}
         g = config.gateway
-        return cls(bounds=config.bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
+        return cls(bounds=config.build_bounds, min_shared_prefix_tokens=config.score.min_shared_prefix_tokens,
                    max_batch_wait_ms=g.max_batch_wait_ms, max_queue_tokens=g.max_queue_tokens,
                    admission_margin_ms=g.admission_margin_ms, admission=g.admission,
                    drop_predicted_late=g.drop_predicted_late, shed_by_cost=g.shed_by_cost, queue_order=g.queue_order,

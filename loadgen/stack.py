@@ -1,4 +1,10 @@
-"""A local boundserve stack for live checks: `python -m gateway --spawn-workers` started and owned here.
+"""Local boundserve stacks for live checks, benchmarks and tests, started and owned here.
+
+`LocalStack`: `python -m gateway --spawn-workers`, the deployment as a user runs it. `SharedWorkers` and
+`GatewayProcess`: the config's workers started once as processes of their own and several gateways on
+them, each with its own [gateway] settings, for comparing gateway policies on one machine; with a
+`Pinning` the workers are confined to CPUs of their own (os.sched_setaffinity) and the gateways and the
+client driving them to the rest, so that refusals and sends never take CPU from the model.
 
 The deployment config is the user's, written again (tomli-w) with the gateway on a free local port
 and each worker on its own ipc endpoint in a scratch folder, so a check never collides with a
@@ -10,7 +16,8 @@ batch cost.
 from __future__ import annotations
 
 import asyncio
-import socket
+import json
+import os
 import subprocess
 import sys
 import time
@@ -19,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 
-from loadgen.live import stop, wait_ready
+from loadgen.live import wait_ready
+from loadgen.processes import free_port, spawn, stop, tail
 from loadgen.service import ServiceModel, load_service_model
 from loadgen.tuner import apply_knobs, config_toml
 from shared.config import DeploymentConfig
@@ -61,10 +70,9 @@ class LocalStack:
     def start(self) -> LocalStack:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(config_toml(self.raw_config))
-        with open(self.log_path, "wb") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "--config", str(self.config_path), "--artifacts",
-                 str(self.artifacts), "--spawn-workers"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.log_path.write_bytes(b"")
+        self._process = spawn([sys.executable, "-m", "gateway", "--config", str(self.config_path), "--artifacts",
+                               str(self.artifacts), "--spawn-workers"], self.log_path)
         try:
             asyncio.run(wait_ready(self.url, self.startup_timeout_s, (self._process,)))
             self._wait_profiles()
@@ -98,7 +106,7 @@ class LocalStack:
         self.stop()
 
     def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+        return tail(self.log_path, chars)
 
     def reported_model(self) -> ServiceModel:
         """The latency model the workers reported (their last profile events)."""
@@ -122,11 +130,6 @@ def _without_none(value: Any) -> Any:
     return value
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def local_config(raw: dict[str, Any], folder: Path, port: int) -> dict[str, Any]:
     """The config on 127.0.0.1:port, its workers on endpoints in `folder`, no access log."""
@@ -139,3 +142,135 @@ def local_config(raw: dict[str, Any], folder: Path, port: int) -> dict[str, Any]
     out["gateway"] = {**out.get("gateway", {}), "host": "127.0.0.1", "port": port, "access_log": False}
     return out
 
+
+@dataclass(frozen=True)
+class Pinning:
+    """Which CPUs the workers run on, and which the gateways (and the client driving them)."""
+
+    worker_cpus: frozenset[int]
+    gateway_cpus: frozenset[int]
+
+    @classmethod
+    def split(cls, workers: int = 1) -> Pinning | None:
+        """The last `workers` CPUs this process may use for the workers (one each), the rest for the
+        gateways and the client; None when that leaves the gateways none."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) <= workers:
+            return None
+        return cls(frozenset(cpus[-workers:]), frozenset(cpus[:-workers]))
+
+    def pin_caller(self) -> None:
+        """Confine the calling process (the client) to the gateways' CPUs."""
+        os.sched_setaffinity(0, self.gateway_cpus)
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {"worker_cpus": sorted(self.worker_cpus), "gateway_and_client_cpus": sorted(self.gateway_cpus)}
+
+
+class SharedWorkers:
+    """The config's workers, each a `python -m worker` process of its own (on the worker CPUs)."""
+
+    def __init__(self, config_path: str | Path, artifacts: str | Path, folder: str | Path,
+                 pinning: Pinning | None = None, startup_timeout_s: float = 300.0) -> None:
+        self.folder = Path(folder)
+        self.artifacts = Path(artifacts)
+        self.pinning = pinning
+        self.startup_timeout_s = startup_timeout_s
+        self.raw_config = local_config(tomllib.loads(Path(config_path).read_text()), self.folder, 0)
+        self.config_path = self.folder / "workers.toml"
+        self.processes: list[subprocess.Popen] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.raw_config["worker"]["endpoints"])
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    def start(self) -> SharedWorkers:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_toml(self.raw_config))
+        cpus = self.pinning.worker_cpus if self.pinning else None
+        for index in range(self.count):
+            log_path = self.folder / f"worker-{index}.log"
+            log_path.write_bytes(b"")
+            self.processes.append(spawn([sys.executable, "-m", "worker", "--config", str(self.config_path),
+                                         "--artifacts", str(self.artifacts), "--index", str(index),
+                                         "--profile-cache", "none"], log_path, cpus))
+        return self
+
+    def stop(self) -> None:
+        for process in self.processes:
+            stop(process, 30.0)
+        self.processes = []
+
+    def __enter__(self) -> SharedWorkers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class GatewayProcess:
+    """One `python -m gateway` on the shared workers, with its own [gateway] settings (`knobs`)."""
+
+    def __init__(self, workers: SharedWorkers, name: str, knobs: dict[str, Any]) -> None:
+        self.workers = workers
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        raw = apply_knobs(workers.raw_config, knobs)
+        raw["gateway"] = {**raw["gateway"], "port": self.port}
+        self.config_path = workers.folder / f"gateway-{name}.toml"
+        self.log_path = workers.folder / f"gateway-{name}.log"
+        self.config_text = config_toml(raw)
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "the gateway is not running"
+        return self._process.pid
+
+    def start(self) -> GatewayProcess:
+        self.config_path.write_text(self.config_text)
+        cpus = self.workers.pinning.gateway_cpus if self.workers.pinning else None
+        self.log_path.write_bytes(b"")
+        self._process = spawn([sys.executable, "-m", "gateway", "--config", str(self.config_path),
+                               "--artifacts", str(self.workers.artifacts)], self.log_path, cpus)
+        return self
+
+    async def ready(self) -> None:
+        """Until /readyz says every worker is ready (they profile before they serve: minutes on a busy machine)."""
+        end = time.monotonic() + self.workers.startup_timeout_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+            while time.monotonic() < end:
+                if self._process is None or self._process.poll() is not None:
+                    raise RuntimeError(f"gateway {self.name} exited; its log:\n{self.log_tail()}")
+                if _all_ready(await _readyz(session, self.url), self.workers.count):
+                    return
+                await asyncio.sleep(0.2)
+        raise TimeoutError(f"gateway {self.name} had not every worker ready after "
+                           f"{self.workers.startup_timeout_s:.0f} s; its log:\n{self.log_tail()}\n"
+                           f"workers' logs in {self.workers.folder}")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            stop(self._process, 30.0)
+            self._process = None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return tail(self.log_path, chars)
+
+
+async def _readyz(session: aiohttp.ClientSession, url: str) -> dict | None:
+    try:
+        async with session.get(url + "/readyz") as response:
+            return json.loads(await response.read()) if response.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+        return None
+
+
+def _all_ready(answer: dict | None, workers: int) -> bool:
+    states = [w.get("state") for w in (answer or {}).get("workers", [])]
+    return len(states) == workers and all(state == "ready" for state in states)

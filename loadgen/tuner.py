@@ -100,9 +100,14 @@ def check_knobs(knobs: Mapping[str, Any], base: DeploymentConfig, source: str) -
         else:
             raise ValueError(f"{source}: {name!r} is not a setting; known: {', '.join(TUNABLE)}")
     try:
-        base.replace(**{name: dataclasses.replace(getattr(base, name), **keys) for name, keys in sections.items()})
+        base.replace(**{name: dataclasses.replace(_section(base, name), **keys) for name, keys in sections.items()})
     except ConfigError as exc:
         raise ValueError(f"{source}: {exc}") from None
+
+
+def _section(config: DeploymentConfig, name: str) -> Any:
+    """A config's section, [bounds] as a build would take it where the config leaves it out."""
+    return config.build_bounds if name == "bounds" else getattr(config, name)
 
 
 def score_candidate(knobs: dict[str, Any], results: list[RequestResult], slo_ms: float,

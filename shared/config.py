@@ -14,6 +14,8 @@ msgspec ignores keys a dataclass does not declare, so unknown keys are refused b
 from __future__ import annotations
 
 import dataclasses
+import math
+import string
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -56,9 +58,10 @@ class ModelConfig:
     otherwise, but for the beam node's float32 on AVX2 alone (there MKL's sgemm beat prepacked oneDNN
     on the scoring node's thousands of rows and lost on the beam node's hundreds)."""
     fp8: bool = False
-    """Selective FP8 for GPU builds (compile/fp8.py): linear layers chosen at build time by measured accuracy
-    loss run torch._scaled_mm in float8 e4m3 with offline scales. Off by default; refused on a CPU, where
-    [quantize] int8 is the quantization."""
+    """Selective FP8 (compile/fp8.py): linear layers chosen at build time by measured accuracy loss run
+    torch._scaled_mm in float8 e4m3 with offline scales; for GPUs (CUDA, compute capability 8.9+). Off by
+    default. A CPU build is accepted, to check an FP8 package's numbers without a GPU: torch runs _scaled_mm on
+    the CPU too, but slowly (the build warns); [quantize] int8 is the CPU's fast quantization."""
     fp8_max_prob_change: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
     """FP8 budget: largest change of any label probability allowed on the calibration set."""
 
@@ -89,6 +92,35 @@ class QuantizeConfig:
     """Gate: share of samples whose most likely next token is unchanged."""
     min_rank_agreement: Share = 0.95
     """Gate: share of the pairs of items within a request kept in the same order by the first label."""
+
+    def validate(self) -> None:
+        """Refuse limits that switch the gate off (each named, with its ceiling or floor and why)."""
+        for name, ceiling in GATE_MAX_NATS.items():
+            value = getattr(self, name)
+            if value > ceiling:
+                raise ConfigError(f"quantize.{name} = {value:g} nats switches the int8 gate off: at most {ceiling:g} "
+                                  f"(a label's probability changed {math.exp(ceiling):.1f}x; a wrong model misses by "
+                                  f"several nats), default {getattr(QuantizeConfig, name):g}")
+        for name, floor in GATE_MIN_SHARES.items():
+            value = getattr(self, name)
+            if value < floor:
+                raise ConfigError(f"quantize.{name} = {value:g} switches the int8 gate off: at least {floor:g} (below, "
+                                  f"most samples or pairs may change), default {getattr(QuantizeConfig, name):g}")
+
+    def looser_than_defaults(self) -> list[str]:
+        """Each gate limit or budget looser than its default, as a line for the build's warnings."""
+        looser = [name for name in GATE_MAX_NATS if getattr(self, name) > getattr(QuantizeConfig, name)]
+        looser += [name for name in GATE_MIN_SHARES if getattr(self, name) < getattr(QuantizeConfig, name)]
+        return [f"quantize.{name} = {getattr(self, name):g} is looser than the default "
+                f"{getattr(QuantizeConfig, name):g}" for name in looser]
+
+
+GATE_MAX_NATS = {"selection_max_drift": 2.0, "max_label_logprob_drift": 2.0, "mean_label_logprob_drift": 1.0}
+"""Ceilings of the int8 budget and gate's drifts (nats): beyond them the gate no longer tells a quantized model
+from a broken one (bench/parity.py: a wrong model misses a top-1 log-probability by several nats)."""
+GATE_MIN_SHARES = {"min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
+"""Floors of the gate's agreements: below half, a model that changes most answers (or orders most pairs of a
+request's items otherwise than the float model does) would pass."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +176,29 @@ class BeamConfig:
 
     enabled: bool = True
     constraints: str | None = None
-    """Optional file of valid output sequences (constrained decoding for generative retrieval)."""
+    """Optional catalogue the worker loads at start as the "default" one (constrained decoding for
+    generative retrieval): a sequences file (token ids per line, or a .npy padded with -1) or a trie
+    file (`python -m shared.catalog convert`). Data, not code: the worker swaps catalogues without a
+    rebuild, within the two bounds below."""
+    max_catalog_nodes: Annotated[int, Meta(ge=0, le=(1 << 31) - 2)] = 0
+    """Trie nodes of every loaded catalogue together that the beam node's tables hold (compiled; its
+    inputs have this many rows + 1). 0: no constrained decoding. A catalogue set beyond it is refused."""
+    max_catalog_fanout: NonNegative = 0
+    """Most children of any trie node (compiled: the edges scanned per beam and step; the node's work
+    grows with it). Semantic ids with codebooks of C codes need C."""
+
+    def validate(self) -> None:
+        nodes, fanout = self.max_catalog_nodes, self.max_catalog_fanout
+        if (nodes > 0) != (fanout > 0):
+            raise ConfigError(f"beam.max_catalog_nodes = {nodes} and beam.max_catalog_fanout = {fanout}: set both "
+                              "(constrained decoding) or neither")
+        if nodes == 1:
+            raise ConfigError("beam.max_catalog_nodes = 1 holds only a root: a catalogue needs at least 2 nodes")
+        if self.constraints and not nodes:
+            raise ConfigError(f"beam.constraints = {self.constraints!r} needs beam.max_catalog_nodes and "
+                              "beam.max_catalog_fanout, the catalogue table sizes compiled into the beam node "
+                              "(`python -m shared.catalog convert` prints a catalogue's nodes and fan-out; "
+                              "leave room for the catalogues to come)")
 
 
 @dataclass(frozen=True)
@@ -264,19 +318,96 @@ class GatewayConfig:
                                   f"{self.max_deadline_ms}: a route's default deadline must be one a request may ask for")
 
 
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+    "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+"""The Qwen3-Reranker recipe's prompt (its model card: system message, instruction, query, document,
+then an empty thinking block), as one str.format template; the answer is the next token, "yes" or "no"."""
+
+
+@dataclass(frozen=True)
+class RerankConfig:
+    """The rerank routes (/v1/rerank, /v2/rerank, /rerank): a generative reranker. Each document is
+    scored as `template` with its {query} and {document} filled in; its relevance is the probability of
+    the first label at the prompt's last token: P(yes) under the whole vocabulary with one label, or
+    P(yes) / (P(yes) + P(no)) with two. With the query before the document, every document's prompt
+    starts with the same tokens, which the scoring path computes once per batch (gateway/sharing.py)."""
+
+    template: str = QWEN3_RERANKER_TEMPLATE
+    """A str.format template with exactly the fields {query} and {document} (a literal brace doubled)."""
+    labels: tuple[str, ...] = ("yes", "no")
+    """The relevant label, then optionally the irrelevant one; each one token of the checkpoint's tokenizer."""
+
+    def validate(self) -> None:
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None}
+            self.template.format_map({"query": "", "document": ""})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"rerank.template may only use {{query}} and {{document}} (a literal brace doubled: "
+                              f"{{{{ }}}}): {exc}") from None
+        if fields != {"query", "document"}:
+            raise ConfigError(f"rerank.template must use both {{query}} and {{document}}; it uses "
+                              f"{sorted(fields) or 'no field'}")
+        if not 1 <= len(self.labels) <= 2 or len(set(self.labels)) != len(self.labels):
+            raise ConfigError(f"rerank.labels must be one label (relevant) or two distinct ones (relevant, irrelevant); "
+                              f"got {list(self.labels)}")
+
+
+@dataclass(frozen=True)
+class EmbeddingsConfig:
+    """/v1/embeddings: the final-norm hidden state the scoring node returns for each input."""
+
+    pooling: Literal["last", "mean"] = "last"
+    """last: the hidden state at the last token (transformers' last_hidden_state[:, -1]). mean is
+    refused: the compiled scoring node returns only each sample's last position (compile/score/module.py),
+    so a mean over the tokens is not something it can provide."""
+
+    def validate(self) -> None:
+        if self.pooling == "mean":
+            raise ConfigError("embeddings.pooling = \"mean\" is not available: the compiled scoring node returns the "
+                              "hidden state at each sample's last token only (compile/score/module.py), not every "
+                              "token's; use \"last\"")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """OpenTelemetry traces of the gateway's requests (gateway/telemetry.py), exported over OTLP/HTTP.
+    Off by default; off, no span is made and nothing is imported."""
+
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    """The OTLP/HTTP traces endpoint (protobuf), e.g. an OpenTelemetry Collector's or Jaeger's port 4318."""
+    service_name: Annotated[str, Meta(min_length=1)] = "boundserve-gateway"
+    export_timeout_ms: Annotated[int, Meta(ge=10, le=60_000)] = 2000
+    max_queue_spans: Annotated[int, Meta(ge=16, le=1 << 20)] = 8192
+    """Spans held for export; beyond it new spans are dropped (the batch exporter counts them), never the serving."""
+
+    def validate(self) -> None:
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"telemetry.endpoint {self.endpoint!r} must be an http:// or https:// URL (OTLP/HTTP)")
+
+
 @dataclass(frozen=True)
 class DeploymentConfig:
     """One deployment: the model, its bounds, the workloads and the processes that serve them."""
 
     name: str = "demo"
     model: ModelConfig = field(default_factory=ModelConfig)
-    bounds: Bounds = field(default_factory=Bounds)
-    """[bounds]: shared/bounds.py declares them (compiled into the packages, checked everywhere)."""
+    bounds: Bounds | None = None
+    """[bounds]: shared/bounds.py declares them. The build compiles them into the packages (the defaults
+    where the table is left out: `build_bounds`); at run time the compiled bounds are the only ones, and a
+    gateway or worker refuses a config whose [bounds] differ from them (leave [bounds] out to serve
+    whatever the artifacts were compiled for)."""
     score: ScoreConfig = field(default_factory=ScoreConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -296,11 +427,13 @@ class DeploymentConfig:
         if self.quantize.int8 and self.model.device != "cpu":
             raise ConfigError(f"quantize.int8 = true is for CPU builds (oneDNN's int8 GEMMs); model.device is "
                               f"{self.model.device!r}: GPUs quantize with model.fp8 = true")
-        if self.model.fp8 and self.model.device == "cpu":
-            raise ConfigError("model.fp8 = true is for GPU builds (torch._scaled_mm on CUDA, compute capability "
-                              "8.9+); a CPU has no float8 GEMM: set quantize.int8 = true for oneDNN's int8 GEMMs")
         if self.quantize.int8 and self.model.fp8:
             raise ConfigError("quantize.int8 and model.fp8 are both true: choose one quantization")
+
+    @property
+    def build_bounds(self) -> Bounds:
+        """The bounds a build compiles: [bounds] as declared, the defaults where it is left out."""
+        return self.bounds if self.bounds is not None else Bounds()
 
     def replace(self, **sections: typing.Any) -> DeploymentConfig:
         """A copy with whole sections or fields replaced, decoded and validated again (types and

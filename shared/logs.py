@@ -9,8 +9,10 @@ are declared in shared/events.py and written with `EventLog.emit`; any other rec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -42,13 +44,33 @@ class JsonLines(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
-def setup_logging(level: int = logging.INFO, passthrough: frozenset[str] = frozenset()) -> None:
-    """Every logger of this process writes JSON lines to stderr."""
+@contextlib.contextmanager
+def json_logging(level: int = logging.INFO, passthrough: frozenset[str] = frozenset(),
+                 levels: dict[str, int] | None = None) -> Iterator[None]:
+    """While inside, every logger of this process writes JSON lines to stderr (and each logger named in
+    `levels` logs at that level); on leaving, the root logger's handlers and every level are as they were.
+
+    A process's main() runs inside it. A main() called in a test (the CLI's refusals are tested in-process)
+    leaves no handler behind on that test's captured stderr, which pytest closes when the test ends: such a
+    handler turned a later test's log record (an event loop's warning at garbage collection, say) into
+    "--- Logging error ---" and a traceback on whatever test was running then.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines(passthrough))
     root = logging.getLogger()
+    loggers = [root] + [logging.getLogger(name) for name in levels or {}]
+    saved_handlers, saved_levels = root.handlers[:], [logger.level for logger in loggers]
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name, named_level in (levels or {}).items():
+        logging.getLogger(name).setLevel(named_level)
+    try:
+        yield
+    finally:
+        root.handlers[:] = saved_handlers
+        for logger, saved in zip(loggers, saved_levels):
+            logger.setLevel(saved)
+        handler.close()
 
 
 class EventLog:

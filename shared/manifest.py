@@ -85,7 +85,7 @@ class ScoreNodeFacts(NodeFacts):
 
 
 class BeamNodeFacts(NodeFacts):
-    """The beam node: the generation config it was compiled under and its constraint set."""
+    """The beam node: the generation config it was compiled under and its catalogue table sizes."""
 
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
@@ -96,9 +96,11 @@ class BeamNodeFacts(NodeFacts):
     early_stopping: bool | str = False
     repetition_penalty: float = 1.0
     constrained: bool = False
-    valid_sequences: int | None = None
-    fan_out: int | None = None
-    prefix_nodes: int | None = None
+    """The node takes catalogue tables as inputs (compile/beam/module.py's CATALOG_INPUT_NAMES)."""
+    max_catalog_nodes: int = 0
+    """Trie nodes its tables hold, every loaded catalogue together ([beam] max_catalog_nodes)."""
+    max_catalog_fanout: int = 0
+    """Most children of any trie node it scans ([beam] max_catalog_fanout)."""
 
 
 class NodeTable(Fact, omit_defaults=True):
@@ -199,9 +201,10 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def bounds_differences(manifest: Manifest, config: DeploymentConfig) -> list[str]:
     """Each bound of `config` that differs from what the packages were compiled for, in words (empty:
-    they agree, or the manifest records no bounds). The compiled bounds are the ones served: gateway and
-    worker say so at start rather than let an edited [bounds] seem to take effect without a rebuild."""
-    if manifest.bounds is None:
+    they agree, the config leaves [bounds] out, or the manifest records no bounds). The compiled bounds are
+    the only ones at run time: gateway and worker refuse a config that says otherwise, rather than let an
+    edited [bounds] seem to take effect without a rebuild."""
+    if manifest.bounds is None or config.bounds is None:
         return []
     wanted = config.bounds.resolved()
     return [f"bounds.{f.name} = {getattr(wanted, f.name)}, compiled for {getattr(manifest.bounds, f.name)}"

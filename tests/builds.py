@@ -12,6 +12,7 @@ import contextvars
 import dataclasses
 import fcntl
 import logging
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,40 @@ def kernel_checkpoint(make) -> Path:
 @suite_build(compile_s=190)
 def bf16_kernel_artifacts(make: Make, folder: Path) -> Path:
     """kernel_checkpoint compiled in bfloat16 with both nodes: their attention (the beam node's prefill)
-    is worker/runtime/kernels' operator on a CPU with AVX512-BF16 and no AMX (worker/runtime/kernels.attention_applies),
-    FlexAttention's elsewhere."""
+    is worker/runtime/kernels' operator on a CPU with AVX512-BF16 (packed_attention_amx where it has AMX:
+    worker/runtime/kernels.attention_kernel), FlexAttention's elsewhere."""
     from shared.config import BeamConfig, ScoreConfig
 
     return build_artifacts(kernel_checkpoint(make), "demo-hd32-bf16", model={"dtype": "bfloat16"},
                            score=ScoreConfig(enabled=True), beam=BeamConfig(enabled=True))
+
+
+def semantic_ids(seed: int, count: int, length: int, alphabet=range(3, 60)) -> list[list[int]]:
+    """`count` random id sequences of `length` tokens (generative retrieval's item ids), duplicates possible."""
+    rng = random.Random(seed)
+    return [[rng.choice(alphabet) for _ in range(length)] for _ in range(count)]
+
+
+def write_sequences(path: Path, valid: list[list[int]]) -> Path:
+    """A sequences file of `valid` (one id list per line), as `[beam] constraints` reads it."""
+    path.write_text("\n".join(" ".join(map(str, s)) for s in valid))
+    return path
+
+
+VALID = semantic_ids(1, 300, 3) + semantic_ids(2, 20, 2)
+"""The constrained build's first catalogue (3 and 2 tokens), loaded at start ([beam] constraints)."""
+CATALOG_BOUNDS = {"max_catalog_nodes": 2048, "max_catalog_fanout": 64}
+"""constrained_beam_artifacts' table sizes: room for two catalogues like VALID."""
+
+
+@suite_build(compile_s=150)
+def constrained_beam_artifacts(make: Make, folder: Path) -> Path:
+    """demo_checkpoint's beam node alone, taking catalogue tables of CATALOG_BOUNDS' size as inputs, unrolled
+    for 3 new tokens (the longest valid sequence; test.toml's 4 would unroll one more step, ~1/4 more
+    compile time). Its config names VALID as the catalogue to load at start (the build only checks it fits)."""
+    from shared.config import BeamConfig, ScoreConfig
+
+    file = write_sequences(folder / "valid.txt", VALID)
+    return build_artifacts(demo(make), "beam-constrained", score=ScoreConfig(enabled=False),
+                           beam=BeamConfig(enabled=True, constraints=str(file), **CATALOG_BOUNDS),
+                           bounds={"max_new_tokens": 3})

@@ -25,6 +25,7 @@ from tests.builds import (  # noqa: F401 (the registered builds are session fixt
     beam_artifacts,
     bf16_artifacts,
     bf16_kernel_artifacts,
+    constrained_beam_artifacts,
     demo,
     demo_artifacts,
     int8_artifacts,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.bounds import Bounds
 from shared.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,12 @@ def test_shipped_configs_are_valid(path):
     ({"worker": {"devices": ["cuda:0"]}}, "worker.devices \\['cuda:0'\\] do not match model.device = 'cpu'"),
     ({"model": {"device": "cuda"}}, "worker.devices \\['cpu'\\] do not match model.device = 'cuda'"),
     ({"gateway": {"score_deadline_ms": 100_000}}, "gateway.score_deadline_ms = 100000 is over gateway.max_deadline_ms"),
+    ({"beam": {"constraints": "items.txt"}}, "beam.constraints = 'items.txt' needs beam.max_catalog_nodes and "
+                                             "beam.max_catalog_fanout"),
+    ({"beam": {"max_catalog_nodes": 1000}}, "beam.max_catalog_nodes = 1000 and beam.max_catalog_fanout = 0: set both"),
+    ({"beam": {"max_catalog_nodes": 1, "max_catalog_fanout": 4}}, "beam.max_catalog_nodes = 1 holds only a root"),
+    ({"beam": {"max_catalog_nodes": -5}}, "beam.max_catalog_nodes = -5 must be an integer between 0 and 2147483646"),
+    ({"beam": {"max_catalog_fanout": "8"}}, "beam.max_catalog_fanout = \"8\" must be an integer"),
 ])
 def test_bad_values_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -79,6 +86,14 @@ def test_replace_checks_ranges_and_cross_field_rules_again():
     config = parse_config({})
     assert config.replace(gateway=dataclasses.replace(config.gateway, port=9)).gateway.port == 9
     with pytest.raises(ConfigError, match="bounds.max_beam_width = 0 must be an integer between 1 and 400"):
-        config.replace(bounds=dataclasses.replace(config.bounds, max_beam_width=0))
+        config.replace(bounds=dataclasses.replace(config.build_bounds, max_beam_width=0))
     with pytest.raises(ConfigError, match="must not exceed bounds.max_tokens_per_batch"):
-        config.replace(bounds=dataclasses.replace(config.bounds, max_tokens_per_batch=8))
+        config.replace(bounds=dataclasses.replace(config.build_bounds, max_tokens_per_batch=8))
+
+
+def test_bounds_left_out_are_none_and_the_build_takes_the_defaults():
+    """Leaving [bounds] out means 'serve what the artifacts were compiled for' (not a declared set of
+    defaults a serving process would compare with the manifest); a build compiles the defaults."""
+    config = parse_config({})
+    assert config.bounds is None and config.build_bounds == Bounds()
+    assert parse_config({"bounds": {"max_labels": 3}}).build_bounds.max_labels == 3

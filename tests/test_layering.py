@@ -361,3 +361,12 @@ def test_every_bound_has_one_name():
 def test_the_retired_name_check_can_fail():
     tree = ast.parse('b = BatchBounds(max_jobs=1)\nx.max_batch_tokens\nDim("token_blocks")\n')
     assert _retired_in(tree) == {"max_jobs", "max_batch_tokens", "token_blocks"}
+
+
+def test_the_protocol_module_keeps_its_name():
+    """`from shared import protocol`, never an alias: a reader greps one word for every use of the wire."""
+    offenders = [f"{name}:{node.lineno}" for name, tree in _code_files(skip="") +
+                 [(str(p.relative_to(ROOT)), ast.parse(p.read_text())) for p in _test_files()]
+                 for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "shared"
+                 for alias in node.names if alias.name == "protocol" and alias.asname not in (None, "protocol")]
+    assert not offenders, "the protocol module imported under another name:\n" + "\n".join(offenders)

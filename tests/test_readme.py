@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from pathlib import Path
 
 from gateway.errors import ERRORS, SENT
@@ -35,11 +36,13 @@ def test_the_errors_table_is_the_gateways_table():
 
 def test_every_configuration_key_the_readme_names_is_declared():
     rows = [line for line in section("## Configuration").splitlines() if re.match(r"\| `\[\w+\]`", line)]
-    sections = {f.name: f for f in dataclasses.fields(DeploymentConfig) if f.default_factory is not dataclasses.MISSING}
+    hints = typing.get_type_hints(DeploymentConfig)
+    sections = {name: table for name, hint in hints.items()  # a table, or an optional one ([bounds])
+                for table in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(table)}
     assert {re.match(r"\| `\[(\w+)\]`", row)[1] for row in rows} == set(sections)
     for row in rows:
         name = re.match(r"\| `\[(\w+)\]`", row)[1]
-        declared = {f.name for f in dataclasses.fields(sections[name].default_factory())}
+        declared = {f.name for f in dataclasses.fields(sections[name])}
         named = set(re.findall(r"`([a-z_0-9]+)`", row.split("|")[2]))
         values = {"auto", "float32", "bfloat16", "float16", "cpu", "cuda", "aten", "onednn", "weights", "layer_sizes",
                   "activation"}  # choices of a key, and [score] mlp_head's own keys

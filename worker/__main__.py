@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from shared.config import ConfigError, load_config
 from shared.events import Standby
+from shared.logs import json_logging
 from worker.logs import JsonLog
 
 
@@ -39,8 +41,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    with json_logging(logging.DEBUG if args.debug else logging.INFO):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start (or stand by for an assignment), serve until stopped; 2 when the start is refused."""
     worker_id = args.worker_id or f"worker-{os.getpid()}"
-    log = JsonLog(worker_id, debug=args.debug)
+    log = JsonLog(worker_id)
     stop = {"requested": False, "server": None}
 
     def on_signal(signum, frame):

@@ -37,6 +37,9 @@ def _score_request_problem(req: ScoreRequest, token_dtype: str, bounds: Bounds, 
     problem = score_problem(bounds, req.work().shape(len(req.label_ids), req.top_k))
     if problem:
         return problem.message("the request")
+    if req.prompt_logprobs is not None and req.prompt_logprobs > bounds.max_top_k:
+        return (f"prompt_logprobs {req.prompt_logprobs} is more than the {bounds.max_top_k} top tokens per position "
+                "the deployment is compiled for (bounds.max_top_k)")
     if req.label_ids and max(req.label_ids) >= vocab_size:
         return outside_vocabulary("label token id", vocab_size)
     if len(set(req.label_ids)) != len(req.label_ids):

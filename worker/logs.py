@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
-from shared.logs import EventLog, setup_logging
+from shared.logs import EventLog
 
 
 class JsonLog(EventLog):
-    """Writes {"ts", "level", "logger": "worker", "event", "worker": <id>, **fields} lines to stderr."""
+    """Writes {"ts", "level", "logger": "worker", "event", "worker": <id>, **fields} lines through the process's
+    logging (worker/__main__.py writes them to stderr, shared.logs.json_logging)."""
 
-    def __init__(self, worker_id: str, debug: bool = False) -> None:
-        setup_logging(logging.DEBUG if debug else logging.INFO)
+    def __init__(self, worker_id: str) -> None:
         super().__init__("worker", worker=worker_id)
         self.worker_id = worker_id

@@ -5,7 +5,8 @@ request (its shared prefix, possibly empty, then its samples' suffixes), the uni
 label ids, the largest top_k; each request then gets its own rows, its own label columns
 (label_probs renormalised over its own labels when the union differs), its own first top_k columns
 and the node's count of its tokens that were reused rather than computed (cached_tokens: the static
-prefix's and the prefix cache's).
+prefix's and the prefix cache's). A request with prompt_logprobs gets its per-token log-probs too (its
+group computed whole: it reads no cached rows) and its first prompt_logprobs top tokens per position.
 
 With a prefix cache (worker/prefix_cache.py), before the call plan_batch picks per request the
 longest held prefix of its shared prefix (read by the node as cached rows, not computed) and whether
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 import torch
 
@@ -29,6 +31,7 @@ from shared.protocol import (FLOAT32, INT32, BeamBatch, BeamResult, ErrorCode, S
 from shared.request_ids import is_chunk
 from shared.work import StaticPrefix
 from worker.bounds_check import BatchRefused
+from worker.catalog_store import Catalog, CatalogStore, UnknownCatalog
 from worker.lanes import Lane
 from worker.prefix_cache import GroupPlan, PrefixCache, plan_batch
 
@@ -76,7 +79,8 @@ class ScoreRunner:
                 pending = self.node.launch(input_ids, sample_lens, torch.tensor(labels, dtype=torch.int64), top_k,
                                            prefix_lens=prefix_lens, group_sizes=group_sizes, staging=lane.staging,
                                            hits=[None if p.hit is None else (p.hit.keys, p.hit.values) for p in plans],
-                                           keep=[g for g, p in enumerate(plans) if p.insert])
+                                           keep=[g for g, p in enumerate(plans) if p.insert],
+                                           token_groups=[g for g, r in enumerate(requests) if r.prompt_logprobs is not None])
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
         out = pending.result()
@@ -95,6 +99,8 @@ class ScoreRunner:
             cols = [column[t] for t in request.label_ids]
             results[index] = self._result(request, rows, cols, cols == list(range(len(labels))), arrays,
                                           int(cached[group]))
+            if group in out.token_logprobs:
+                results[index] = _with_tokens(results[index], out.token_logprobs[group], request.prompt_logprobs)
         return results
 
     def _plan(self, requests, prefixes: list[tuple[int, ...]]) -> list[GroupPlan]:
@@ -102,8 +108,10 @@ class ScoreRunner:
         if self.cache is None:
             return [GroupPlan(None, False)] * len(requests)
         with self.cache.lock:
-            return plan_batch(self.cache, prefixes, [min(r.sample_lens) > 0 for r in requests],
-                              [is_chunk(r.request_id) for r in requests], self.static)
+            plans = plan_batch(self.cache, prefixes, [min(r.sample_lens) > 0 for r in requests],
+                               [is_chunk(r.request_id) for r in requests], self.static)
+        # per-token log-probs need every token computed: such a request reads no cached rows
+        return [GroupPlan(None, p.insert) if r.prompt_logprobs is not None else p for p, r in zip(plans, requests)]
 
     def _insert(self, prefixes: list[tuple[int, ...]], kept: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Hold the kept prefixes' keys/values [layers, P, Hkv, D] (copied: the outputs are the call's)."""
@@ -137,29 +145,67 @@ class ScoreRunner:
         )
 
 
-class BeamRunner:
-    """Runs the live requests of a BeamBatch as one call of the beam node."""
+def _with_tokens(result: ScoreResult, tokens, top_n: int) -> ScoreResult:
+    """`result` with a request's per-token log-probs (worker/runtime/score_node.TokenLogprobs: [P], [P, K])
+    and their first top_n columns."""
+    return msgspec.structs.replace(result, token_logprobs=_f32(tokens.logprobs.numpy()),
+                                   token_topk_ids=_i32(tokens.topk_ids[:, :top_n].numpy()),
+                                   token_topk_logprobs=_f32(tokens.topk_logprobs[:, :top_n].numpy()))
 
-    def __init__(self, node) -> None:
+
+class BeamRunner:
+    """Runs the live requests of a BeamBatch as one call of the beam node; a constrained node's call
+    runs on the catalogue current when the batch starts (worker/catalog_store.py), which its results name."""
+
+    def __init__(self, node, catalogs: CatalogStore | None = None) -> None:
         self.node = node
+        self.catalogs = catalogs
 
     def run(self, batch: BeamBatch, live: Sequence[int], lane: Lane) -> dict[int, BeamResult]:
+        catalog = self.catalogs.current() if self.catalogs is not None else None  # this batch's, whatever swaps
+        refused = self._unknown_catalogs(batch, live, catalog)
+        live = [i for i in live if i not in refused]
+        if not live:
+            return refused
         requests = [batch.requests[i] for i in live]
         prompts = [unpack_ids(r.prompt_ids, batch.token_dtype) for r in requests]
         prompt_ids = lane.stage_tokens(prompts)  # [T]
         prompt_lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64)  # [R]
+        inputs = None if catalog is None else catalog.node_inputs([r.catalog for r in requests])
         try:
             with lane.enqueueing():
                 pending = self.node.launch(prompt_ids, prompt_lens, batch.num_beams, batch.max_new_tokens,
-                                           batch.num_return_sequences, staging=lane.staging)
+                                           batch.num_return_sequences, staging=lane.staging, catalog=inputs)
         except BoundsError as exc:
             raise BatchRefused(ErrorCode.OUT_OF_BOUNDS, str(exc)) from None
         out = pending.result()  # host tensors
         sequences = out.sequences.numpy()  # [R, k, S]
         scores = out.scores.numpy()  # [R, k]
         lengths = out.lengths.numpy()  # [R, k]
-        return {
+        version = 0 if catalog is None else catalog.version
+        return refused | {
             index: BeamResult(request_id=r.request_id, status=Status.OK, sequences=_i32(sequences[j]),
-                              scores=_f32(scores[j]), lengths=_i32(lengths[j]))
+                              scores=_f32(scores[j]), lengths=_i32(lengths[j]), catalog_version=version)
             for j, (index, r) in enumerate(zip(live, requests))
         }
+
+    def _unknown_catalogs(self, batch: BeamBatch, live: Sequence[int],
+                          catalog: Catalog | None) -> dict[int, BeamResult]:
+        """Error results for the requests that name a catalogue this batch cannot decode them in."""
+        refused = {}
+        for i in live:
+            request = batch.requests[i]
+            if why := self._catalog_problem(request.catalog, catalog):
+                refused[i] = BeamResult(request_id=request.request_id, status=Status.ERROR, error=why)
+        return refused
+
+    def _catalog_problem(self, name: str, catalog: Catalog | None) -> str | None:
+        if self.catalogs is None:
+            return f"catalogue {name!r}: this worker's beam node is unconstrained" if name else None
+        if catalog is None:
+            return "no catalogue is loaded yet"
+        try:
+            catalog.root(name)
+        except UnknownCatalog as exc:
+            return str(exc)
+        return None

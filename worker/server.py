@@ -18,10 +18,12 @@ import zmq
 
 from shared.config import WorkerConfig
 from shared.events import Serving
-from shared.protocol import (PROTOCOL_VERSION, BeamBatch, DecodeLimits, Error, ErrorCode, Goodbye, Heartbeat,
-                             Hello, PrefixCacheReport, ProtocolError, Ready, ScoreBatch, Shutdown, decode, encode,
-                             peek_batch_id)
+from shared.protocol import (PROTOCOL_VERSION, BeamBatch, CatalogSwap, DecodeLimits, Error, ErrorCode, Goodbye,
+                             Heartbeat, Hello, PrefixCacheReport, ProtocolError, Ready, ScoreBatch, Shutdown, decode,
+                             encode, peek_batch_id)
 from worker.batch_queue import BatchQueue, PendingBatch
+from worker.catalog_admin import CatalogAdmin
+from worker.catalog_store import CatalogStore
 from worker.bounds_check import BatchRefused
 from worker.logs import JsonLog
 from worker.prefix_cache import PrefixCache
@@ -47,7 +49,7 @@ class WorkerServer:
 
     def __init__(self, endpoint: str, config: WorkerConfig, ready: Ready, workloads: Workloads,
                  pool_factory: PoolFactory, log: JsonLog, refit_factory: RefitFactory | None = None,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, catalogs: CatalogStore | None = None) -> None:
         self.endpoint, self.config, self.ready, self.log = endpoint, config, ready, log
         self.prefix_cache = prefix_cache  # reported in every heartbeat (the compute lanes fill it)
         self.workloads = workloads  # what each batch type is checked, computed and answered with
@@ -59,8 +61,10 @@ class WorkerServer:
         self.peers: dict[bytes, str] = {}  # ROUTER identity -> gateway id
         self.stop_requested = False
         self.draining = False
+        self.catalog_admin = CatalogAdmin(catalogs, log)  # CatalogSwap: swapped on a thread, answered via the outbox
+        self.outbox: tuple[zmq.Context, str] | None = None  # where threads send replies; set in run()
         self.handlers = {Hello: self.on_hello, ScoreBatch: self.on_batch, BeamBatch: self.on_batch,
-                         Shutdown: self.on_shutdown, Goodbye: self.on_goodbye}
+                         Shutdown: self.on_shutdown, Goodbye: self.on_goodbye, CatalogSwap: self.on_catalog_swap}
 
     def request_stop(self) -> None:
         """Ask the loop to drain and return (safe from a signal handler)."""
@@ -78,6 +82,7 @@ class WorkerServer:
         pull = context.socket(zmq.PULL)
         pull.bind(outbox)
         pool = self.pool_factory(self.queue, self.stats, context, outbox)
+        self.outbox = (context, outbox)
         try:
             try:
                 router.bind(self.endpoint)
@@ -93,6 +98,7 @@ class WorkerServer:
             if refit is not None:
                 refit.join(REFIT_JOIN_S)
             pool.stop()
+            self.catalog_admin.join(REFIT_JOIN_S)
             self._forward_replies(router, pull, block_ms=0)
             self.log.info("stopped", counters=msgspec.structs.asdict(self.stats.counters()))
             return 0
@@ -209,6 +215,14 @@ class WorkerServer:
         self.request_stop()
         if not self.draining:  # at once, so batches behind it in this turn are refused
             self._begin_drain(router)
+
+    def on_catalog_swap(self, router: zmq.Socket, peer: bytes, message: CatalogSwap, now: float) -> None:
+        if peer not in self.peers:  # only a gateway this worker knows may change what it serves
+            self.stats.add(errors=1)
+            self._send(router, peer, Error(code=ErrorCode.HELLO_REQUIRED,
+                                           message="send Hello before CatalogSwap (this worker does not know you)"))
+            return
+        self.catalog_admin.start_swap(peer, message, *self.outbox)
 
     def on_goodbye(self, router: zmq.Socket, peer: bytes, message: Goodbye, now: float) -> None:
         self.peers.pop(peer, None)

@@ -24,6 +24,8 @@ from shared.config import DeploymentConfig, WorkerConfig
 from shared.events import Profiled, ProfileReused
 from shared.manifest import Manifest, bounds_differences, threads_difference
 from shared.protocol import PROTOCOL_VERSION, Ready
+from shared.catalog import DEFAULT_CATALOG
+from worker.catalog_store import CatalogStore
 from worker.compute import ComputePool
 from worker import profile_cache
 from worker.lanes import lane_count, make_lanes, spare_lane
@@ -47,8 +49,9 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     built = read_manifest(Path(artifacts))
     if device == "cpu" and (problem := threads_difference(built, config)):
         raise ArtifactMismatch(problem)
-    if differences := bounds_differences(built, config):  # the compiled bounds are the ones served
-        log.warning("bounds_differ", artifacts=str(artifacts), differences=differences)
+    if differences := bounds_differences(built, config):  # the compiled bounds are the only ones at run time
+        raise ArtifactMismatch(f"the config's [bounds] differ from what {artifacts} was compiled for: "
+                               f"{'; '.join(differences)}; rebuild, or leave [bounds] out of the config")
     if device == "cpu":
         torch.set_num_threads(config.worker.cpu_threads)  # every lane's calls run on this many
         if not keep_freed_memory():  # else every call faults its buffers in again (worker/runtime/allocator.py)
@@ -65,8 +68,9 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
                     reason="the score package was built before the prefix cache (no hit inputs): rebuild it to cache")
         cache_mb = 0
     prefix_cache = PrefixCache(cache_mb << 20, bytes.fromhex(manifest.build_key))  # budget 0: off, reported so
+    catalogs = load_catalogs(manifest, config, device, log)
     workloads = workloads_of(ScoreRunner(nodes.score, prefix_cache) if nodes.score is not None else None,
-                             BeamRunner(nodes.beam) if nodes.beam is not None else None, compiled, vocab_size)
+                             BeamRunner(nodes.beam, catalogs) if nodes.beam is not None else None, compiled, vocab_size)
     limit = resident_limit(config.worker.resident_limit_mb) if device == "cpu" else None  # worker/memory.py
     log.info("loaded", artifacts=str(artifacts), device=device, lanes=len(lanes), workloads=list(workloads.names()),
              prefix_cache_mb=cache_mb, resident_limit_mb=limit and limit // MIB)
@@ -81,7 +85,23 @@ def build_server(config: DeploymentConfig, artifacts: str | Path, device: str, e
     )
     resident = ResidentLimit(limit, log) if limit is not None else None
     pool_factory = functools.partial(ComputePool, lanes, workloads, log, resident=resident)
-    return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory, prefix_cache)
+    return WorkerServer(endpoint, config.worker, ready, workloads, pool_factory, log, refit_factory, prefix_cache,
+                        catalogs)
+
+
+def load_catalogs(manifest: Manifest, config: DeploymentConfig, device: str, log: JsonLog) -> CatalogStore | None:
+    """The catalogue store of a constrained beam node, `[beam] constraints` loaded as its default catalogue
+    (None: an unconstrained node). The node needs a catalogue from its first call (the profile's too)."""
+    catalogs = CatalogStore.for_manifest(manifest, device)
+    if catalogs is None:
+        return None
+    if not config.beam.constraints:
+        raise ValueError("the beam node was built to decode constrained (beam.max_catalog_nodes = "
+                         f"{catalogs.bounds.max_nodes}): set beam.constraints to the catalogue to load at start")
+    summary = catalogs.update({DEFAULT_CATALOG: config.beam.constraints})  # ValueError names the file or bound
+    log.info("catalog_loaded", version=summary.version, items=summary.items, nodes=summary.nodes,
+             max_nodes=summary.max_nodes, load_s=round(summary.load_s, 3))
+    return catalogs
 
 
 def _profiles(plans: dict[str, Plan], lanes: list, bounds: Bounds, config: WorkerConfig, cache: Path | None,

@@ -168,7 +168,7 @@ def bench_config(checkpoint: Path, dtype: str, workloads: tuple[str, ...] | None
                                 **({"gemm": gemm} if gemm else {}),
                                 **({"fp8": True, "fp8_max_prob_change": fp8_budget} if fp8_budget is not None else {}))
     worker = dataclasses.replace(config.worker, endpoints=config.worker.endpoints[:1], devices=(node_device(device),))
-    config = config.replace(model=model, bounds=dataclasses.replace(config.bounds, **bounds), worker=worker,
+    config = config.replace(model=model, bounds=dataclasses.replace(config.build_bounds, **bounds), worker=worker,
                             quantize=quantize or QuantizeConfig())
     if workloads is not None:
         config = config.replace(score=dataclasses.replace(config.score, enabled="score" in workloads),

@@ -6,8 +6,10 @@ with our top-1 (return_logits_vocab would project every prompt position: not the
 Beam search is its own (beam_size=W, num_hypotheses=k). It takes token strings: inputs are turned
 into strings before any timing, as our node gets its tensors ready-made.
 
-CTranslate2 runs float32, int8_float32 or int8 on a CPU (no bfloat16); `max_batch_size` makes it
-sort the batch by length and run chunks of that many examples.
+CTranslate2 offers float32, int8, int8_float32, int8_bfloat16, int16 and bfloat16 compute types on a CPU
+(those this build and CPU support: get_supported_compute_types); a run below float32 sweeps every one offered
+and takes the fastest that passes parity (bench/score_node.py). `max_batch_size` makes it sort the batch by
+length and run chunks of that many examples.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch
 
 from bench.harness.common import CACHE
 
-CPU_COMPUTE_TYPES = ("float32", "int8_float32", "int8")
+CPU_COMPUTE_TYPES = ("int8_float32", "int8", "int8_bfloat16", "int16", "bfloat16", "float32")
+"""Every CPU compute type CTranslate2 has, in the order swept (the first sets the batch size)."""
 SCORE_ROWS = 2
 """Rows per score_batch call in label_logprobs (its memory: see there)."""
 
@@ -31,6 +34,14 @@ def require_ctranslate2():
         raise SystemExit("ctranslate2 is not installed: `make bench` installs the bench extra "
                          "(.venv/bin/pip install -e '.[bench]'), or pass --no-ct2") from exc
     return ctranslate2
+
+
+def sweep_types(offered: set[str] | frozenset[str], below_float32: bool) -> tuple[str, ...]:
+    """The compute types a run sweeps: float32 alone for a float32 run; else every type of CPU_COMPUTE_TYPES that
+    CTranslate2 offers on this machine (`offered`), float32 included (it checks the converted model strictly)."""
+    if not below_float32:
+        return ("float32",)
+    return tuple(t for t in CPU_COMPUTE_TYPES if t in offered)
 
 
 class Ct2Model:
@@ -45,6 +56,7 @@ class Ct2Model:
         self.vocabulary = json.loads((self.folder / "vocabulary.json").read_text())
         self.threads = threads
         self.generators: dict[str, object] = {}
+        self.offered = frozenset(self.ct2.get_supported_compute_types("cpu"))
 
     def _set_bos(self) -> None:
         """Llama configs without a BOS token convert to a null bos_token, which the loader refuses;

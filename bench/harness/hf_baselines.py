@@ -73,6 +73,16 @@ def beams(model, prompts: list[torch.Tensor], pad_id: int, num_beams: int, steps
     return tokens.reshape(len(prompts), k, steps), out.sequences_scores.float().reshape(len(prompts), k)
 
 
+def rescore(model, prompt: torch.Tensor, sequence: torch.Tensor) -> float:
+    """The model's score of `sequence` [n] after `prompt` [L], as generate() ranks beams (length_penalty 1): the sum
+    of the new tokens' log-probabilities over their count."""
+    prompt, sequence = prompt.cpu(), sequence.cpu()
+    with torch.inference_mode():
+        logits = model(torch.cat([prompt, sequence])[None].to(model.device)).logits[0].float().cpu()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)  # [n, V]: the distributions the tokens drew from
+    return float(logprobs.gather(1, sequence[:, None]).sum()) / len(sequence)
+
+
 @contextlib.contextmanager
 def linears_on(model, backend: GemmBackend) -> Iterator[None]:
     """While inside, every nn.Linear of `model` (the vocabulary projection too) multiplies with

@@ -8,6 +8,10 @@ padding (transformers careful's batch) gives NaN logits in OpenVINO: a padding q
 0/0, and the NaN it writes into its value row reaches the real tokens through a zero attention weight (0 * NaN);
 right padding leaves every padding query a real key to see and no real token ever sees a padding one.
 
+OpenVINO's own int8, the int8 peer of an int8 run: NNCF's weight compression (`nncf.compress_weights`, INT8_ASYM:
+every linear's weights int8 per output channel with a zero point, activations in the inference precision), applied
+once to the converted model and cached as its own IR; precision "int8-f32" or "int8-bf16" runs it at that hint.
+
 Settings: `INFERENCE_PRECISION_HINT` follows the run's dtype (on a CPU with AVX512_BF16 OpenVINO's default is bf16,
 so a float32 run must ask for f32), `INFERENCE_NUM_THREADS` = the run's threads, `PERFORMANCE_HINT` = LATENCY (one
 stream: one request at a time, as every contender runs). The bench sweeps the micro-batch size (samples sorted by
@@ -26,6 +30,22 @@ from bench.harness.common import CACHE
 from bench.harness.hf_baselines import length_sorted_chunks
 
 PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16"}
+INT8 = "int8-"
+"""A precision's prefix for the NNCF-compressed model: "int8-f32" is int8 weights at the f32 hint."""
+
+
+def peer_precision(dtype: torch.dtype, int8: bool) -> str:
+    """OpenVINO's precision for a run in `dtype` (an int8 run: its base), int8 weights for an int8 run."""
+    return (INT8 if int8 else "") + PRECISIONS[dtype]
+
+
+def require_nncf():
+    try:
+        import nncf
+    except ImportError as exc:
+        raise SystemExit("nncf is not installed (OpenVINO's int8 for --dtype int8): `make bench` installs the bench "
+                         "extra (.venv/bin/pip install -e '.[bench]'), or pass --no-openvino") from exc
+    return nncf
 
 
 def require_openvino():
@@ -93,11 +113,23 @@ class OpenVinoModel:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.ov.save_model(converted, str(self.folder / "model.xml"), compress_to_fp16=False)
 
+    def int8_model(self):
+        """The converted model with NNCF's int8 weight compression (INT8_ASYM), cached beside the float IR."""
+        path = self.folder / "model-int8-weights.xml"
+        if not path.is_file():
+            nncf = require_nncf()
+            compressed = nncf.compress_weights(self.core.read_model(str(self.folder / "model.xml")),
+                                               mode=nncf.CompressWeightsMode.INT8_ASYM)
+            self.ov.save_model(compressed, str(path), compress_to_fp16=False)
+        return self.core.read_model(str(path))
+
     def request(self, precision: str):
-        """An infer request of the model compiled at `precision` ("f32" or "bf16")."""
+        """An infer request of the model compiled at `precision`: "f32" or "bf16", or "int8-f32" / "int8-bf16" for the
+        int8-weight model at that hint."""
         if precision not in self.requests:
-            compiled = self.core.compile_model(self.model, "CPU", {
-                "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": self.threads,
+            model = self.int8_model() if precision.startswith(INT8) else self.model
+            compiled = self.core.compile_model(model, "CPU", {
+                "INFERENCE_PRECISION_HINT": precision.removeprefix(INT8), "INFERENCE_NUM_THREADS": self.threads,
                 "PERFORMANCE_HINT": "LATENCY"})
             self.requests[precision] = compiled.create_infer_request()
         return self.requests[precision]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench.harness.provenance import ROOT
 from loadgen.live import wait_ready
-from loadgen.stack import deployment_toml, free_port
+from loadgen.stack import deployment_toml
+from loadgen.processes import free_port
 from shared.events import BatchDone, Profiled, read_events
 from shared.request_ids import client_id
 

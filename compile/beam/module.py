@@ -9,8 +9,12 @@ Exported inputs (T packed prompt tokens, R requests, L = longest prompt, W beams
     beam_slots   [W] int64    only its length matters: the beam width W of this call (1..max)
     num_steps    [] int64     the request's max_new_tokens (1..S); later compiled steps change nothing
     early_all    [] bool      early_stopping is True (forced for W = 1, where generate() is greedy)
-With constrained decoding the prefix tables are buffers of `constraint` (constants of the package,
-stored in the shared weights file), not inputs.
+With constrained decoding (built with [beam] max_catalog_nodes > 0) six more inputs follow, the
+catalogue as data (compile/beam/processors.py; shared/catalog/layout.py lays the tables out), so a
+new catalogue runs on the same package:
+    catalog_root [R] int64    the root row of the catalogue each request names
+    child_start  [N+2] int32, edge_token [N+1] int32, edge_child [N+1] int32, edge_ends [N+1] bool,
+    terminal [N+1] bool       N = max_catalog_nodes, fixed sizes (row N is the dead end)
 Outputs: tokens [R, W, S] int64, scores [R, W] float32, lengths [R, W] int64: every request's
 finished hypotheses, best first (transformers' sequences / sequences_scores order).
 
@@ -36,21 +40,24 @@ from torch.export import Dim
 from compile.attention import KeyPool, pool_mask
 from worker.runtime.layout import CPU_BLOCK, block_for, padded
 from compile.beam.decode import decode, prompt_kv, reorder_suffix
-from compile.beam.processors import PrefixConstraint, RepetitionPenalty
+from compile.beam.processors import TABLE_NAMES, PrefixConstraint, PrefixTables, RepetitionPenalty, build_tables
 from compile.beam.search import BeamRule, beam_step, heuristic_divisor, initial_state, select_state
 from compile.context import BuildContext
 from compile.model import Transformer, last_token_index, prefill
+from shared.catalog import CatalogBounds
 
 
 INPUT_NAMES = (
     "prompt_ids", "positions", "cu_seqlens", "prompt_index", "prompt_valid", "beam_slots", "num_steps", "early_all",
 )
+CATALOG_INPUT_NAMES = ("catalog_root", *TABLE_NAMES)
+"""The constrained node's inputs after INPUT_NAMES."""
 
 
 class BeamModule(nn.Module):
     """Transformer + beam loop; the `model` attribute name is shared with the scoring node."""
 
-    def __init__(self, model: Transformer, rule: BeamRule, max_steps: int, constraint: nn.Module | None = None,
+    def __init__(self, model: Transformer, rule: BeamRule, max_steps: int, constraint: PrefixConstraint | None = None,
                  pool: KeyPool | None = None):
         super().__init__()
         self.model = model
@@ -61,8 +68,10 @@ class BeamModule(nn.Module):
         self.penalty = RepetitionPenalty(rule.repetition_penalty) if rule.repetition_penalty != 1.0 else None
 
     def forward(self, prompt_ids, positions, cu_seqlens, prompt_index, prompt_valid, beam_slots, num_steps,
-                early_all):
+                early_all, catalog_root=None, child_start=None, edge_token=None, edge_child=None, edge_ends=None,
+                terminal=None):
         model, rule = self.model, self.rule
+        tables = PrefixTables(child_start, edge_token, edge_child, edge_ends, terminal)
         r, w = prompt_index.shape[0], beam_slots.shape[0]
         t = prompt_ids.shape[0]
         pool = self.pool or KeyPool.fitting(t, r + 1, CPU_BLOCK)
@@ -74,7 +83,7 @@ class BeamModule(nn.Module):
         prompt = (prompt_kv(keys, prompt_index), prompt_kv(values, prompt_index), prompt_valid)
         prompt_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # [R]
         state = initial_state(r, w, self.max_steps, rule.pad_id, prompt_ids.device)
-        nodes = None if self.constraint is None else self.constraint.start(r, prompt_ids.device)
+        nodes = None if self.constraint is None else self.constraint.start(catalog_root)  # [R, 1]
         seen = None if self.penalty is None else self.penalty.prompt_seen(prompt_ids, cu_seqlens, r, logits.shape[-1])
         is_greedy = torch.ones_like(beam_slots).sum() == 1  # bool []: a tensor, so W stays dynamic
         suffix = None
@@ -85,11 +94,11 @@ class BeamModule(nn.Module):
                 logits, suffix = decode(model, tokens, pos, prompt, suffix)  # [R, W, V]
             log_probs = self._log_probs(logits, seen, state.running_tokens, step, is_greedy)
             if nodes is not None:
-                log_probs = self.constraint.mask(log_probs, nodes, step, num_steps)
+                log_probs = self.constraint.mask(tables, log_probs, nodes, step, num_steps)
             divisor = heuristic_divisor(rule, step, num_steps)
             new, parent = beam_step(state, log_probs, step, w, rule, num_steps == step, early_all, divisor)
             if nodes is not None:
-                nodes = self.constraint.advance(nodes, parent, new.running_tokens[:, :, step - 1])
+                nodes = self.constraint.advance(tables, nodes, parent, new.running_tokens[:, :, step - 1])
             state = select_state(num_steps >= step, new, state)
             if suffix is not None and step < self.max_steps:
                 suffix = reorder_suffix(suffix, parent)
@@ -106,9 +115,11 @@ class BeamModule(nn.Module):
         return torch.where(is_greedy, greedy, beam)
 
 
-def example_inputs(vocab_size: int, block: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+def example_inputs(vocab_size: int, block: int, device: str = "cpu",
+                   catalog: CatalogBounds | None = None) -> tuple[torch.Tensor, ...]:
     """Two prompts (3 and 5 tokens), four beams, used to trace the node; the tokens padded to two
-    blocks (a block count of 1 would be specialised)."""
+    blocks (a block count of 1 would be specialised). With `catalog`: both requests at the root of
+    a one-sequence catalogue in tables of the compiled size (their values do not shape the trace)."""
     lens = [3, 5]
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     ids = (torch.arange(2 * block, dtype=torch.int64) * 7 + 3) % vocab_size
@@ -118,11 +129,17 @@ def example_inputs(vocab_size: int, block: int, device: str = "cpu") -> tuple[to
     slots = torch.zeros(4, dtype=torch.int64)
     num_steps = torch.tensor(2, dtype=torch.int64)
     early = torch.tensor(False)
-    return tuple(t.to(device) for t in (ids, positions, cu, index, valid, slots, num_steps, early))
+    tables = ()
+    if catalog is not None:
+        roots = torch.zeros(2, dtype=torch.int64)
+        tables = (roots, *build_tables([[3 % vocab_size]], vocab_size, 1, catalog.max_nodes, catalog.max_fanout))
+    return tuple(t.to(device) for t in (ids, positions, cu, index, valid, slots, num_steps, early, *tables))
 
 
-def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, block: int) -> tuple:
-    """Tokens (whole blocks), requests, prompt length and beam width are dynamic.
+def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, block: int,
+                   constrained: bool = False) -> tuple:
+    """Tokens (whole blocks), requests, prompt length and beam width are dynamic; the catalogue's
+    tables (constrained) have the fixed compiled size, its roots one per request.
 
     Each range reaches past the example's size (2 requests, 4 beams, 5 tokens, 2 blocks) even when
     the deployment's bound is smaller, or export would specialise it; the runtime refuses anything
@@ -135,6 +152,8 @@ def dynamic_shapes(max_prompt_tokens: int, max_requests: int, max_beams: int, bl
     beams = Dim("beams", min=1, max=max_beams)
     shapes = ({0: tokens}, {0: tokens}, {0: requests + 1}, {0: requests, 1: length}, {0: requests, 1: length},
               {0: beams}, None, None)
+    if constrained:
+        shapes += ({0: requests}, *[None] * len(TABLE_NAMES))
     return shapes
 
 
@@ -152,12 +171,16 @@ def blocks_per_batch(max_prompt_tokens: int, max_requests: int, block: int) -> i
 
 
 def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: int, max_beams: int,
-                     device: str = "cpu") -> torch.export.ExportedProgram:
-    """torch.export the node with the dynamic dimensions above (its key pool sized for them)."""
+                     device: str = "cpu", catalog: CatalogBounds | None = None) -> torch.export.ExportedProgram:
+    """torch.export the node with the dynamic dimensions above (its key pool sized for them); a
+    constrained module (module.constraint) takes catalogue tables of `catalog`'s size."""
+    if (module.constraint is None) != (catalog is None):
+        raise ValueError("a constrained beam module is exported with its catalogue bounds, "
+                         "an unconstrained one without")
     module.pool = module.pool or beam_pool(max_prompt_tokens, max_requests, device)
     block = module.pool.block
-    args = example_inputs(module.model.spec.vocab_size, block, device)
-    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams, block)
+    args = example_inputs(module.model.spec.vocab_size, block, device, catalog)
+    shapes = dynamic_shapes(max_prompt_tokens, max_requests, max_beams, block, catalog is not None)
     with torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
@@ -165,22 +188,22 @@ def export_beam_node(module: BeamModule, max_prompt_tokens: int, max_requests: i
 def build(ctx: BuildContext) -> tuple[nn.Module, torch.export.ExportedProgram, dict]:
     """Node builder: the beam node of ctx's checkpoint under ctx.config's bounds."""
 
-    bounds = ctx.config.bounds
+    bounds = ctx.config.build_bounds
     inputs = ctx.beam
     assert inputs is not None, "the beam node is built only with [beam] enabled, whose inputs check_inputs read"
-    rule, constraint, facts = inputs.rule, None, {}
-    if inputs.tables is not None:
-        constraint = PrefixConstraint(inputs.tables, rule.eos_ids)
-        facts = {"valid_sequences": inputs.valid_sequences, "fan_out": constraint.fan_out,
-                 "prefix_nodes": int(constraint.terminal.numel())}
+    rule, catalog = inputs.rule, inputs.catalog
+    constraint = None if catalog is None else PrefixConstraint(catalog.max_fanout, rule.eos_ids)
     pool = beam_pool(bounds.max_prompt_tokens, bounds.max_beam_requests_per_batch, ctx.device)
     module = BeamModule(ctx.model, rule, bounds.max_new_tokens, constraint, pool).to(ctx.device)
     program = export_beam_node(module, bounds.max_prompt_tokens, bounds.max_beam_requests_per_batch,
-                               bounds.max_beam_width, ctx.device)
+                               bounds.max_beam_width, ctx.device, catalog)
     facts = {
-        "inputs": list(INPUT_NAMES), "outputs": ["tokens", "scores", "lengths"], "max_steps": bounds.max_new_tokens,
+        "inputs": list(INPUT_NAMES) + (list(CATALOG_INPUT_NAMES) if catalog else []),
+        "outputs": ["tokens", "scores", "lengths"], "max_steps": bounds.max_new_tokens,
         "eos_ids": list(rule.eos_ids), "pad_id": rule.pad_id, "length_penalty": rule.length_penalty,
         "early_stopping": rule.early_stopping, "repetition_penalty": rule.repetition_penalty,
-        "constrained": constraint is not None, "attention_block": pool.block, **facts,
+        "constrained": catalog is not None, "attention_block": pool.block,
+        "max_catalog_nodes": catalog.max_nodes if catalog else 0,
+        "max_catalog_fanout": catalog.max_fanout if catalog else 0,
     }
     return module, program, facts

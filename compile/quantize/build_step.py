@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from compile.fp8 import candidate_linears, pack_batch, random_calibration, swap
-from compile.quantize.gate import GateLimits, check, figures
+from compile.quantize.gate import GateLimits, QuantizationRefused, check, figures
 from compile.quantize.int8 import Int8Linear, activation_max
 from compile.quantize.select import select
 
@@ -46,7 +46,7 @@ def read_calibration(path: Path, max_tokens: int, vocab_size: int) -> list[torch
 
 def calibration_batches(config, vocab_size: int, labels: list[int], device: str) -> tuple[list[tuple], str]:
     """The scoring batches to calibrate and gate on, and where they came from (for the manifest)."""
-    b, q = config.bounds, config.quantize
+    b, q = config.build_bounds, config.quantize
     per_batch = min(BATCH_SAMPLES, b.max_samples_per_batch)
     if not q.calibration:
         batches = random_calibration(vocab_size, RANDOM_BATCHES, per_batch, (4, min(128, b.max_tokens_per_sample)),
@@ -81,13 +81,20 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
     from compile.score.module import ScoreModule
 
     device, vocab = str(next(model.parameters()).device), model.spec.vocab_size
-    labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: config.bounds.max_labels]
+    labels = [vocab // 4, vocab // 2, 3 * vocab // 4][: config.build_bounds.max_labels]
     batches, source = calibration_batches(config, vocab, labels, device)
+    notes = warnings(q)
+    for note in notes:
+        stage(f"warning: {note}")
     choose, held_out = batches[0::2], batches[1::2]
     score_module = ScoreModule(model, 1).eval()
     stage(f"int8: ranking {len(candidate_linears(model))} linear layers on {len(choose)} calibration batches "
           f"(budget: label log-probs change <= {q.selection_max_drift} nats)")
     selection = select(model, scorer(score_module, choose), Int8Linear, q.selection_max_drift)
+    if not selection.chosen:
+        raise QuantizationRefused(f"no linear layer fits the int8 selection budget (quantize.selection_max_drift = "
+                                  f"{q.selection_max_drift:g} nats): the build would be labelled int8 and run float. "
+                                  "Raise the budget, or set quantize.int8 = false")
     reference = scorer(score_module, held_out)()
     beams = beam_searcher(config, model, held_out) if config.beam.enabled else None
     beam_reference = beams() if beams else None
@@ -109,7 +116,17 @@ def int8_for_build(config, model: nn.Module, stage=lambda message: None) -> dict
             "calibration": source, "selection": {"max_drift": selection.max_drift,
                                                  "mean_drift": selection.mean_drift, "budget": selection.budget,
                                                  "probes": selection.probes},
-            "gate": gate.to_dict(), "beam_candidates_changed": beam_changes, "limits": limits}
+            "gate": gate.to_dict(), "beam_candidates_changed": beam_changes, "limits": limits, "warnings": notes}
+
+
+def warnings(q) -> list[str]:
+    """What the build says before it quantizes: a gate looser than the defaults, a calibration on random ids."""
+    notes = [f"{line}: the int8 gate accepts more change than boundserve's defaults"
+             for line in q.looser_than_defaults()]
+    if not q.calibration:
+        notes.append("quantize.calibration is empty: the layers are chosen and gated on random token ids, which "
+                     "say little about the deployment's own texts; give a file of its tokenized samples")
+    return notes
 
 
 def beam_searcher(config, model: nn.Module, batches: list[tuple]):
@@ -119,7 +136,7 @@ def beam_searcher(config, model: nn.Module, batches: list[tuple]):
     from compile.beam.module import BeamModule
     from worker.runtime.beam_node import BeamNode
 
-    b = config.bounds
+    b = config.build_bounds
     width, steps = min(4, b.max_beam_width), min(4, b.max_new_tokens)
     rule = beam_rule(read_generation_config(config.model.path))
     node = BeamNode(BeamModule(model, rule, steps), b.resolved(), model.spec.vocab_size,

@@ -14,7 +14,7 @@ from compile.score.heads import MlpHead
 from worker.runtime.layout import lay_out
 from compile.context import BuildContext
 from compile.score.module import ScoreModule
-from worker.runtime.score_inputs import OUTPUT_NAMES, PREFIX_KV_OUTPUTS, pack_inputs
+from worker.runtime.score_inputs import OUTPUT_NAMES, PREFIX_KV_OUTPUTS, TOKEN_OUTPUTS, pack_inputs, unused_token_rows
 from shared.bounds import Bounds
 from shared.config import MlpHeadConfig
 from shared.prefix import stable_prefix_ids, template_header
@@ -28,11 +28,11 @@ def build(ctx: BuildContext) -> tuple[torch.nn.Module, torch.export.ExportedProg
     static_ids = static_prefix_ids(ctx.config.score.prompt_template, Path(ctx.config.model.path))
     block = block_for(ctx.device)
     static_kv = static_prefix_kv(ctx.model, static_ids, ctx.device, block) if static_ids else None
-    pool = key_pool(ctx.config.bounds, len(static_ids), block)
-    module = ScoreModule(ctx.model, ctx.config.bounds.max_top_k, head, static_kv, pool).to(ctx.device)
-    outputs = OUTPUT_NAMES + (("head",) if head is not None else ()) + PREFIX_KV_OUTPUTS
+    pool = key_pool(ctx.config.build_bounds, len(static_ids), block)
+    module = ScoreModule(ctx.model, ctx.config.build_bounds.max_top_k, head, static_kv, pool).to(ctx.device)
+    outputs = OUTPUT_NAMES + (("head",) if head is not None else ()) + TOKEN_OUTPUTS + PREFIX_KV_OUTPUTS
     facts = {"outputs": list(outputs), "static_prefix_ids": static_ids, "attention_block": block}
-    return module, export_score_node(module, ctx.config.bounds, ctx.device, static_ids), facts
+    return module, export_score_node(module, ctx.config.build_bounds, ctx.device, static_ids), facts
 
 
 def key_pool(bounds: Bounds, static_len: int, block: int) -> KeyPool:
@@ -85,7 +85,7 @@ def example_inputs(bounds: Bounds, model: Transformer, static_ids: list[int], bl
     """A small valid batch used to trace the node: a (block + 4)-token prefix whose first block + 2
     tokens are a prefix-cache hit, shared by suffixes of 2 and block + 3 tokens, its rows kept, so
     that computed tokens, hit rows and kept rows each fill two blocks (a count of 1 would be
-    specialised)."""
+    specialised), and 3 token rows for per-token log-probs (2 would look like the unused rows' count)."""
     spec = model.spec
     prefix_len, hit = block + 4, block + 2
     ids = torch.arange(prefix_len + block + 5, dtype=torch.int64) % spec.vocab_size
@@ -94,20 +94,30 @@ def example_inputs(bounds: Bounds, model: Transformer, static_ids: list[int], bl
     label_ids = torch.zeros(2, dtype=torch.int64)
     rows = torch.zeros(spec.num_layers, layout.hit_rows, spec.num_kv_heads, spec.head_dim, dtype=model.embed.weight.dtype)
     keep = torch.cat([layout.rows_of_prefix(0), torch.zeros(padded(prefix_len, block) - prefix_len, dtype=torch.int64)])
-    args = (*pack_inputs(ids, None, label_ids, bounds.max_labels, layout), rows, rows.clone(), keep)
+    token_rows = torch.tensor([0, 1, block + 2], dtype=torch.int64)
+    args = (*pack_inputs(ids, None, label_ids, bounds.max_labels, layout), rows, rows.clone(), keep,
+            token_rows, ids[token_rows + 1])
     return tuple(t.to(device) for t in args)
 
 
 def dynamic_shapes(bounds: Bounds, block: int) -> tuple:
-    """Tokens, hit rows and kept rows (whole blocks: the layout pads them), segments and samples are dynamic."""
+    """Tokens, hit rows and kept rows (whole blocks: the layout pads them), segments, samples and token
+    rows (at most a batch's tokens: max_token_rows) are dynamic."""
     most = blocks_per_batch(bounds, block)
     tokens = block * Dim("row_blocks", min=1, max=most)
     hit_rows = block * Dim("hit_blocks", min=1, max=most)
     kept_rows = block * Dim("kept_blocks", min=1, max=most)
     segments = Dim("segments", min=2, max=max_segments(bounds))
     samples = Dim("samples", min=2, max=bounds.max_samples_per_batch)
+    token_rows = Dim("token_rows", min=len(unused_token_rows()), max=max_token_rows(bounds))
     return ({0: tokens}, {0: tokens}, {0: segments + 1}, {0: segments}, {0: samples}, None, None,
-            {1: hit_rows}, {1: hit_rows}, {0: kept_rows})
+            {1: hit_rows}, {1: hit_rows}, {0: kept_rows}, {0: token_rows}, {0: token_rows})
+
+
+def max_token_rows(bounds: Bounds) -> int:
+    """The most token rows of a call: one per computed token of a batch (worker/runtime/score_inputs.py
+    refuses more, naming max_tokens_per_batch)."""
+    return bounds.max_tokens_per_batch
 
 
 def export_score_node(module: ScoreModule, bounds: Bounds, device: str = "cpu",

@@ -43,6 +43,13 @@ def topk_head(logprobs: torch.Tensor, k: int):
     return ids, values
 
 
+def token_heads(logprobs: torch.Tensor, targets: torch.Tensor, k: int):
+    """Per-token prompt log-probs from the log-probabilities [P, V] at P token rows: each row's
+    target's [P], and its top-k ids [P, K] int64 and values [P, K]."""
+    chosen = logprobs.gather(1, targets[:, None])[:, 0]  # [P]
+    return (chosen, *topk_head(logprobs, k))
+
+
 class MlpHead(nn.Module):
     """A small user-supplied classifier on the last-token hidden state: Linear (act Linear)*."""
 

@@ -14,9 +14,14 @@ worker/runtime/layout.py for how a batch becomes segments):
                                  cache), after the static rows in the pool; at least one block, zero
                                  rows (a segment nobody reads) when the batch has no hit
     keep_rows       [R] int64    key-pool rows to return (at least one block, padded with row 0)
+    token_rows      [P] int64    rows of input_ids whose next-token log-probs are returned (per-token
+                                 prompt log-probs); P >= 2, two rows of 0 when nobody asks
+    token_targets   [P] int64    the token each of those rows predicts (the sample's next token)
 Outputs, all float32 but the ids: label_logits, label_logprobs, label_probs [B, N], topk_ids [B, K]
 int64, topk_logprobs [B, K], hidden [B, H] (after the final norm), with an MLP head head [B, C], then
-prefix_k, prefix_v [layers, R, Hkv, D]: the keep_rows' keys/values, what the worker's cache inserts.
+token_logprobs [P] (each target's log-prob), token_topk_ids [P, K] int64, token_topk_logprobs [P, K],
+then prefix_k, prefix_v [layers, R, Hkv, D]: the keep_rows' keys/values, what the worker's cache inserts.
+The token rows cost the last layer and the output projection P more rows: B + 2 rows when nobody asks.
 The static prefix's keys/values are buffers (static_k, static_v [layers, C, Hkv, D]) computed once at
 build time and stored with the weights.
 """
@@ -29,7 +34,7 @@ from torch import nn
 from compile.attention import KeyPool, pool_mask
 from worker.runtime.layout import CPU_BLOCK
 from compile.model import Transformer
-from compile.score.heads import MlpHead, label_heads, topk_head
+from compile.score.heads import MlpHead, label_heads, token_heads, topk_head
 
 """The outputs of a package compiled to take and return prefix-cache rows (after the head, if any)."""
 
@@ -50,7 +55,7 @@ class ScoreModule(nn.Module):
             self.register_buffer("static_v", static_kv[1])
 
     def forward(self, input_ids, positions, cu_seqlens, parents, sample_segments, label_ids, label_mask,
-                hit_k=None, hit_v=None, keep_rows=None):
+                hit_k=None, hit_v=None, keep_rows=None, token_rows=None, token_targets=None):
         """hit_k/hit_v [layers, Layout.hit_rows, Hkv, D]: cached prefix rows of earlier requests, placed
         after the static prefix's (worker/runtime/layout.py: lay_out's hits). keep_rows [R] int64: key-pool
         rows whose keys/values are returned too, as the last two outputs prefix_k, prefix_v
@@ -62,10 +67,15 @@ class ScoreModule(nn.Module):
         pool = self.pool or KeyPool.fitting(num_keys, parents.shape[0], CPU_BLOCK)
         mask = pool_mask(pool, cu_seqlens, parents, num_tokens, num_keys)  # once, for every layer
         last = self.model.last_hidden(input_ids, positions, mask, cu_seqlens, parents, sample_segments,
-                                      static_kv, keep_rows)  # [B, H] (and the kept rows' keys/values)
+                                      static_kv, keep_rows, token_rows)  # [B (+ P), H] (and the kept rows' keys/values)
         kept = ()
         if keep_rows is not None:
             last, *kept = last
+        tokens = ()
+        if token_rows is not None:
+            num_samples = sample_segments.shape[0]
+            last, rows = last[:num_samples], last[num_samples:]  # [B, H], [P, H]
+            tokens = token_heads(torch.log_softmax(self.model.logits(rows), dim=-1), token_targets, self.max_top_k)
         normed = self.model.norm(last)
         logits = self.model.logits(last)  # [B, V] float32; only B rows ever projected
         logprobs = torch.log_softmax(logits, dim=-1)  # [B, V], shared by the label and top-k heads
@@ -73,7 +83,7 @@ class ScoreModule(nn.Module):
                    normed.float())
         if self.mlp_head is not None:
             outputs = (*outputs, self.mlp_head(normed))
-        return (*outputs, *kept)
+        return (*outputs, *tokens, *kept)
 
 
 def cached_rows(static_kv, hit_kv):

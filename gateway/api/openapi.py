@@ -12,8 +12,10 @@ from gateway.api.rules import schema_of
 from gateway.api.deadline import ENVOY_HEADER
 from gateway.errors import ERRORS, SENT, ErrorAnswer
 from gateway.api.answers import ANSWERS
+from gateway.api.completions import CompletionAnswer, completion_request
 from gateway.api.priority import PRIORITY_HEADER
 from gateway.api.types import PRIORITY_HELP, request_types
+from gateway.api.compat_openapi import compat_paths
 from gateway.limits import Limits
 
 REF = "#/components/schemas/{name}"
@@ -25,13 +27,14 @@ ERROR_STATUSES = tuple(sorted({status for status, _ in SENT_ERRORS.values()}))
 
 def openapi_document(limits: Limits) -> dict[str, Any]:
     types = request_types(limits)
+    completion = completion_request(limits)
     schemas, components = msgspec.json.schema_components(
-        [types.score, types.sglang_score, types.generate, ErrorAnswer, *ANSWERS, dict[str, Any], str],
-        ref_template=REF)
-    for struct in types.structs:  # rules across fields, declared with the types (gateway/api/rules.py)
+        [types.score, types.sglang_score, types.generate, ErrorAnswer, *ANSWERS, dict[str, Any], str,
+         completion, CompletionAnswer], ref_template=REF)
+    for struct in (*types.structs, completion):  # rules across fields, declared with the types (gateway/api/rules.py)
         components[struct.__name__].update(schema_of(struct.RULES))
     (score, sglang, generate, error, score_answer, sglang_answer, generate_answer, health, ready, document,
-     text) = schemas
+     text, completion_body, completion_answer) = schemas
     headers = [{"name": name, "in": "header", "required": False, "description": DEADLINE_HEADER_SAYS + extra,
                 "schema": {"type": "integer", "minimum": least, "maximum": limits.max_deadline_ms}}
                for name, least, extra in (("X-Deadline-Ms", 1, ""),
@@ -40,6 +43,7 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                     "description": PRIORITY_HELP + " The body's priority field, if given, must be the same.",
                     "schema": {"type": "integer", "minimum": limits.min_priority, "maximum": limits.max_priority}})
     errors = _errors(error)
+    paths = compat_paths(limits, components, headers, errors)
     return {
         "openapi": "3.1.0",
         "info": {"title": "boundserve gateway", "version": "1",
@@ -51,10 +55,14 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                                {"anyOf": [score_answer, sglang_answer]}, headers, errors),
             "/v1/generate": _post("Bounded beam search: the best continuations of a prompt.", generate,
                                   generate_answer, headers, errors),
+            "/v1/completions": _post("OpenAI's legacy completions, never sampled: echo + logprobs + max_tokens 0 "
+                                     "scores every prompt token; max_tokens 1 adds the greedy token; above, n of "
+                                     "best_of beams.", completion_body, completion_answer, headers, errors),
             "/healthz": _get("The process is alive.", health, errors, []),
             "/readyz": _get("At least one worker is ready.", ready, errors, [503]),
             "/metrics": _get_text("Prometheus metrics.", text, errors),
             "/openapi.json": _get("This document.", document, errors, []),
+            **paths,
         },
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

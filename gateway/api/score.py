@@ -40,6 +40,8 @@ class ScoreSpec:
     dialect: str
     """boundserve | sglang: which response shape to answer with."""
     model: str | None = None
+    prompt_logprobs: int | None = None
+    """Per-token prompt log-probs with this many top tokens per position (None: not asked; /v1/completions)."""
     priority: int | None = None
     """The body's priority (None: not given)."""
 
@@ -122,4 +124,4 @@ def _sglang(body: Any, limits: Limits) -> ScoreSpec:
     output = "probs" if body.apply_softmax else "vocab_probs"
     model = "default" if body.model is None else body.model
     return ScoreSpec([join(item) for item in items], None, body.label_token_ids, output, 0, body.deadline_ms,
-                     "sglang", model, body.priority)
+                     "sglang", model, priority=body.priority)

@@ -51,6 +51,8 @@ class Job:
     """beam: (num_beams, max_new_tokens, num_return_sequences); batches share one key."""
     prefix_len: int = 0
     """score: the first prefix_len ids of every sample are the same and are sent and computed once."""
+    prompt_logprobs: int | None = None
+    """score: per-token prompt log-probs with this many top tokens per position (None: not asked)."""
     reuse: Any = NO_REUSE
     """Where leading tokens' keys/values already exist: a shared/work Reuse (the gateway: the static
     prefix and the held prefixes of the worker it is expected on), or what `sizer` reads."""

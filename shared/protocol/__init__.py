@@ -7,9 +7,10 @@ a Ready that leaves one out is refused, naming it). The worker binds a
 ROUTER socket, gateways connect DEALER sockets, so on the worker side a peer identity frame comes first.
 
 Conversation:
-  gateway -> worker: Hello (version check), ScoreBatch, BeamBatch, Shutdown, Goodbye
+  gateway -> worker: Hello (version check), ScoreBatch, BeamBatch, Shutdown, Goodbye, CatalogSwap
   worker -> gateway: Ready (answers Hello), ScoreResults, BeamResults, Heartbeat (to every known
-                     gateway), Error (a batch or frame that could not be served), Goodbye (leaving)
+                     gateway), Error (a batch or frame that could not be served), Goodbye (leaving),
+                     CatalogState (answers CatalogSwap)
 
 Deadlines are relative budgets in milliseconds remaining when the message is sent; the receiver
 converts them to its own monotonic clock. Token ids and tensors are raw little-endian bytes:
@@ -22,15 +23,17 @@ Import from here (`from shared import protocol`); the two modules are how it is 
 """
 
 from shared.protocol.codec import DEFAULT_LIMITS, DecodeLimits, ProtocolError, decode, encode, peek_batch_id
-from shared.protocol.messages import (FLOAT32, INT32, MAX_ID_CHARS, MAX_ITEMS, MESSAGE_TYPES, PROTOCOL_VERSION,
-                                      TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResult, BeamResults, Error,
+from shared.protocol.messages import (FLOAT32, INT32, MAX_CATALOG_NAME_CHARS, MAX_ID_CHARS, MAX_ITEMS, MESSAGE_TYPES, PROTOCOL_VERSION,
+                                      TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResult, BeamResults, CatalogState,
+                                      CatalogSwap, Error,
                                       ErrorCode, Goodbye, Heartbeat, Hello, Message, PrefixCacheReport, Ready, Record,
                                       ResultStatus, ScoreBatch, ScoreRequest, ScoreResult, ScoreResults, Shutdown,
                                       Status, WorkerCounters, pack_ids, unpack_ids)
 
 __all__ = [
-    "DEFAULT_LIMITS", "FLOAT32", "INT32", "MAX_ID_CHARS", "MAX_ITEMS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
-    "TOKEN_DTYPES", "BeamBatch", "BeamRequest", "BeamResult", "BeamResults", "DecodeLimits", "Error", "ErrorCode",
+    "DEFAULT_LIMITS", "FLOAT32", "INT32", "MAX_CATALOG_NAME_CHARS", "MAX_ID_CHARS", "MAX_ITEMS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
+    "TOKEN_DTYPES", "BeamBatch", "BeamRequest", "BeamResult", "BeamResults", "CatalogState", "CatalogSwap",
+    "DecodeLimits", "Error", "ErrorCode",
     "Goodbye", "Heartbeat", "Hello", "Message", "PrefixCacheReport", "ProtocolError", "Ready", "Record", "ResultStatus", "ScoreBatch",
     "ScoreRequest", "ScoreResult", "ScoreResults", "Shutdown", "Status", "WorkerCounters", "decode", "encode",
     "pack_ids", "peek_batch_id", "unpack_ids",

@@ -20,7 +20,8 @@ from msgspec import Meta
 
 from shared.bounds import Bounds
 from shared.decode_errors import MISSING, Style, locate
-from shared.protocol.messages import (MESSAGE_TYPES, TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResults, Message,
+from shared.protocol.messages import (MESSAGE_TYPES, TOKEN_DTYPES, BeamBatch, BeamRequest, BeamResults, CatalogSwap,
+                                      Message,
                                       Ready, Record, ScoreBatch, ScoreRequest, ScoreResults)
 
 
@@ -209,7 +210,15 @@ def _check_every_bound(body: bytes) -> None:
                                     "artifacts were compiled with, none taken by default")
 
 
+def _check_catalog_swap(swap: CatalogSwap) -> None:
+    _require(bool(swap.load or swap.unload), "load", "empty: name a catalogue to load or unload")
+    both = sorted(set(swap.load) & set(swap.unload))
+    _require(not both, "unload", f"{', '.join(map(repr, both))} both loaded and unloaded")
+    _require(len(set(swap.unload)) == len(swap.unload), "unload", "a catalogue named twice")
+
+
 _CHECKS: dict[type, Callable[[Any], None]] = {
+    CatalogSwap: _check_catalog_swap,
     ScoreBatch: _check_score_batch,
     BeamBatch: _check_beam_batch,
     ScoreResults: _check_results,

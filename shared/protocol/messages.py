@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -16,15 +16,20 @@ from shared.bounds import Bounds
 from shared.latency_model import LatencyModel
 from shared.work import WorkSize
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 9
 """3: msgspec codec; Ready.latency values travel as maps {alpha, beta, gamma, delta}.
 4: Ready.bounds is a Bounds (every bound present); Ready and Heartbeat lose the fields no gateway read.
 5: a Ready that leaves out a bound is refused, naming it (4 took the Bounds default in its place).
-6: Heartbeat.prefix_cache: what the worker's prefix cache holds and its counters."""
+6: Heartbeat.prefix_cache: what the worker's prefix cache holds and its counters.
+7: ScoreRequest.traceparent and BeamRequest.traceparent: the request's W3C trace context (may be empty).
+8: BeamRequest.catalog names the catalogue a constrained request is decoded in; BeamResult.catalog_version
+   says which version of the worker's catalogues served it; CatalogSwap / CatalogState load catalogues.
+9: ScoreRequest.prompt_logprobs asks for per-token prompt log-probs, ScoreResult.token_* carry them."""
 TOKEN_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 FLOAT32 = np.dtype("<f4")
 INT32 = np.dtype("<i4")
 MAX_ID_CHARS = 256
+MAX_CATALOG_NAME_CHARS = 64
 MAX_ITEMS = 1 << 16
 """Longest array a message may hold (requests, samples, label ids, results)."""
 
@@ -34,6 +39,8 @@ NonNegative = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
 TokenIds = Annotated[tuple[NonNegative, ...], Meta(max_length=MAX_ITEMS)]
 TokenDtype = Literal[tuple(TOKEN_DTYPES)]
+TraceParent = Annotated[str, Meta(pattern=r"^(|[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})$")]
+"""A W3C traceparent (version-trace id-span id-flags, lower-case hex), or empty: not traced."""
 
 
 class Record(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True, gc=False):
@@ -116,6 +123,13 @@ class ScoreRequest(Record):
     """The first prefix_len ids of input_ids are the samples' shared prefix, computed once; then
     sample_lens are the suffix lengths (0 allowed: that sample is the prefix) and sample i is
     prefix + suffix i. 0 = no shared prefix: every sample is whole and has >= 1 token."""
+    traceparent: TraceParent = ""
+    """The trace context of the gateway's span for this request's batch (gateway/telemetry.py), so work
+    on the worker can be placed in the request's trace; empty when tracing is off."""
+    prompt_logprobs: NonNegative | None = None
+    """None: none. n: per-token prompt log-probs (ScoreResult.token_*): at every position of every
+    sample but its last, the log-prob of the sample's next token and the n most likely (n <= the
+    bound max_top_k). Every token of such a request is computed: no static prefix or cache reused."""
 
     def work(self) -> WorkSize:
         """What this request sends (shared/work.py); which tokens the node reuses is the node's to find."""
@@ -131,12 +145,17 @@ class ScoreBatch(Record):
     requests: Annotated[tuple[ScoreRequest, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
 
 
-class ScoreResult(Record):
-    """One request's answer. Arrays are float32 / int32 little-endian, row-major [samples, ...]."""
+class RequestAnswer(Record):
+    """What every request's answer starts with (ScoreResult, BeamResult add their arrays after it)."""
 
     request_id: str
     status: ResultStatus
     error: str = ""
+
+
+class ScoreResult(RequestAnswer):
+    """One request's answer. Arrays are float32 / int32 little-endian, row-major [samples, ...]."""
+
     num_samples: int = 0
     label_logits: bytes = b""  # float32 [S, N]
     label_logprobs: bytes = b""  # float32 [S, N]
@@ -148,6 +167,9 @@ class ScoreResult(Record):
     cached_tokens: NonNegative = 0
     """Tokens of this request whose keys/values were reused rather than computed (a shared prefix
     after its first use, the deployment's static prefix): submitted tokens - computed tokens."""
+    token_logprobs: bytes = b""  # float32 [P]: P = sum over samples of (tokens - 1), only with prompt_logprobs
+    token_topk_ids: bytes = b""  # int32 [P, n]
+    token_topk_logprobs: bytes = b""  # float32 [P, n]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The non-empty arrays, shaped [num_samples, -1]."""
@@ -158,6 +180,16 @@ class ScoreResult(Record):
                 out[name] = np.frombuffer(raw, dtype).reshape(self.num_samples, -1)
         return out
 
+    def token_arrays(self) -> dict[str, np.ndarray]:
+        """The per-token prompt log-probs: token_logprobs [P], token_topk_ids and token_topk_logprobs
+        [P, n]; each sample's L - 1 positions in turn (empty dict when not asked for)."""
+        if not self.token_logprobs:
+            return {}
+        logprobs = np.frombuffer(self.token_logprobs, FLOAT32)
+        return {"token_logprobs": logprobs,
+                "token_topk_ids": np.frombuffer(self.token_topk_ids, INT32).reshape(len(logprobs), -1),
+                "token_topk_logprobs": np.frombuffer(self.token_topk_logprobs, FLOAT32).reshape(len(logprobs), -1)}
+
 
 _SCORE_ARRAYS = {
     "label_logits": FLOAT32, "label_logprobs": FLOAT32, "label_probs": FLOAT32,
@@ -165,16 +197,24 @@ _SCORE_ARRAYS = {
 }
 
 
-class ScoreResults(Record):
-    """Worker -> gateway: one ScoreResult per request of a ScoreBatch, in the same order."""
+AnswerT = TypeVar("AnswerT", bound=RequestAnswer)
 
-    TYPE: ClassVar[int] = 4
+
+class BatchAnswer(Record, Generic[AnswerT]):
+    """Worker -> gateway: one answer per request of a batch, in the same order, and what the batch cost."""
+
     batch_id: int
-    results: Annotated[tuple[ScoreResult, ...], Meta(max_length=MAX_ITEMS)]
+    results: Annotated[tuple[AnswerT, ...], Meta(max_length=MAX_ITEMS)]
     queue_ms: float
     """Time the batch waited in the worker before compute."""
     compute_ms: float
     """Time of the model call (0 when every request expired)."""
+
+
+class ScoreResults(BatchAnswer[ScoreResult]):
+    """The answer to a ScoreBatch."""
+
+    TYPE: ClassVar[int] = 4
 
 
 class BeamRequest(Record):
@@ -184,6 +224,11 @@ class BeamRequest(Record):
     deadline_ms: float
     prompt_ids: bytes
     """Little-endian in the batch's token_dtype."""
+    traceparent: TraceParent = ""
+    """As ScoreRequest.traceparent."""
+    catalog: Annotated[str, Meta(max_length=MAX_CATALOG_NAME_CHARS)] = ""
+    """The loaded catalogue (e.g. a market) a constrained node decodes it in; "": the default one.
+    A name the worker has not loaded gets this request alone an error result."""
 
 
 class BeamBatch(Record):
@@ -199,15 +244,14 @@ class BeamBatch(Record):
     requests: Annotated[tuple[BeamRequest, ...], Meta(min_length=1, max_length=MAX_ITEMS)]
 
 
-class BeamResult(Record):
+class BeamResult(RequestAnswer):
     """One request's best k continuations: int32 [k, S] tokens (pad after EOS), float32 [k] scores."""
 
-    request_id: str
-    status: ResultStatus
-    error: str = ""
     sequences: bytes = b""  # int32 [k, S], new tokens only
     scores: bytes = b""  # float32 [k]
     lengths: bytes = b""  # int32 [k], new tokens per candidate
+    catalog_version: NonNegative = 0
+    """The version of the worker's catalogues that served it (worker/catalog_store.py); 0: unconstrained."""
 
     def arrays(self, num_return_sequences: int) -> dict[str, np.ndarray]:
         """sequences [k, S], scores [k], lengths [k] (empty dict unless status is ok)."""
@@ -221,14 +265,10 @@ class BeamResult(Record):
         }
 
 
-class BeamResults(Record):
-    """Worker -> gateway: one BeamResult per request of a BeamBatch, in the same order."""
+class BeamResults(BatchAnswer[BeamResult]):
+    """The answer to a BeamBatch."""
 
     TYPE: ClassVar[int] = 6
-    batch_id: int
-    results: Annotated[tuple[BeamResult, ...], Meta(max_length=MAX_ITEMS)]
-    queue_ms: float
-    compute_ms: float
 
 
 class WorkerCounters(Record):
@@ -296,10 +336,44 @@ class Goodbye(Record):
     reason: str = ""
 
 
-Message = Hello | Ready | ScoreBatch | ScoreResults | BeamBatch | BeamResults | Heartbeat | Error | Shutdown | Goodbye
+CatalogName = Annotated[str, Meta(min_length=1, max_length=MAX_CATALOG_NAME_CHARS)]
+
+
+class CatalogSwap(Record):
+    """Gateway -> worker: load catalogues from files the worker can read, as one new version (the
+    others stay loaded), or unload some; answered by CatalogState. The current version serves until
+    the new one is complete; a batch runs on the version current when it starts."""
+
+    TYPE: ClassVar[int] = 11
+    request_id: RequestId
+    """Echoed in the answer."""
+    load: Annotated[dict[CatalogName, Annotated[str, Meta(min_length=1, max_length=4096)]], Meta(max_length=1024)] = {}
+    """Catalogue name -> path of its trie file (.npz) or sequences file, on the worker's file system."""
+    unload: Annotated[tuple[CatalogName, ...], Meta(max_length=1024)] = ()
+
+
+class CatalogState(Record):
+    """Worker -> gateway: the answer to a CatalogSwap: the version now current and what it holds, or
+    why nothing changed (error: a bad file, a set beyond the compiled tables, an unconstrained node)."""
+
+    TYPE: ClassVar[int] = 12
+    request_id: str
+    version: NonNegative
+    """The current version after the swap (unchanged when error is set)."""
+    items: dict[str, NonNegative] = {}
+    """Valid sequences per loaded catalogue."""
+    nodes: NonNegative = 0
+    """Trie nodes of all of them together, of max_nodes compiled into the beam node."""
+    max_nodes: NonNegative = 0
+    load_s: float = 0.0
+    error: str = ""
+
+
+Message = (Hello | Ready | ScoreBatch | ScoreResults | BeamBatch | BeamResults | Heartbeat | Error | Shutdown | Goodbye
+           | CatalogSwap | CatalogState)
 MESSAGE_TYPES: dict[int, type] = {
     cls.TYPE: cls for cls in (Hello, Ready, ScoreBatch, ScoreResults, BeamBatch, BeamResults,
-                              Heartbeat, Error, Shutdown, Goodbye)
+                              Heartbeat, Error, Shutdown, Goodbye, CatalogSwap, CatalogState)
 }
 
 

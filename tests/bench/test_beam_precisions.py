@@ -1,6 +1,7 @@
-"""bench/beam_node.py's other precisions (--bf16, --int8): named in the result file, kept out of the float32 parity
-checks, reported against our float32 node and CTranslate2 with the candidates they change. And the int8 sanity bound
-of bench/harness/parity.py, widened to a build's own gate (bench/shared_prefix.py, bench/score_node.py)."""
+"""bench/beam_node.py's other precisions (--bf16, --int8): named in the result file, held to the quantized bound on
+their best candidate, reported against our float32 node and CTranslate2 with the candidates they change. And the int8
+sanity bound of bench/harness/parity.py, one for every quantized contender (bench/shared_prefix.py,
+bench/score_node.py)."""
 
 from __future__ import annotations
 
@@ -42,12 +43,17 @@ def test_changes_count_candidates_missing_from_the_float32_node_and_the_best_sco
     assert beam_node.changes(FP32 + [batched], "ours_bf16")["candidates_changed"] == 0
 
 
-def test_other_precisions_are_not_held_to_the_float32_parity_checks():
-    changed = output("ours_int8", [0, 1], [[[9, 9], [9, 9]], [[9, 9], [9, 9]]], [[-9.0, -9.0], [-9.0, -9.0]])
+def test_other_precisions_are_held_to_the_quantized_bound_on_their_best_candidate():
     hf = output("hf", [0], [[[1, 2], [3, 4]]], [[-1.0, -2.0]])
+    changed = output("ours_int8", [0], [[[9, 9], [9, 9]]], [[-1.0, -1.0]]) | {"rescored": torch.tensor([-9.0])}
+    changed["value"] = (*changed["value"][:2], torch.tensor([[2, 2]]))
     found = beam_node.checks(FP32 + [changed, hf])
-    assert [c["check"] for c in found] == ["ours[batch 2] prompt 0 vs hf"]
-    assert parity.all_ok(found)
+    assert [c["check"] for c in found] == ["ours[batch 2] prompt 0 vs hf", "ours_int8[batch 1] prompt 0 best vs hf"]
+    assert not found[1]["ok"] and found[1]["bound"] == 1.0  # float32 scores its beam 8 nats worse than its own best
+    assert found[1]["score_error_vs_fp32_rescored"] == 8.0
+    other = output("ours_bf16", [0], [[[5, 5], [1, 2]]], [[-0.9, -1.0]]) | {"rescored": torch.tensor([-0.95])}
+    other["value"] = (*other["value"][:2], torch.tensor([[2, 2]]))  # another beam, better than float32's best
+    assert parity.all_ok(beam_node.checks(FP32 + [other, hf]))
 
 
 def test_a_precision_is_reported_against_our_float32_and_bfloat16_nodes_and_ctranslate2():
@@ -66,10 +72,14 @@ def test_a_precision_is_reported_against_our_float32_and_bfloat16_nodes_and_ctra
     assert [int8[f"speedup_vs_{peer}_{how}"] for peer in ("bf16", "ct2") for how in ("single", "batched")] == [None] * 4
 
 
-def test_the_int8_sanity_bound_widens_to_the_gate_a_build_was_asked_for():
-    assert parity.quantized_bound(0.25) == parity.QUANTIZED_ABS  # the default gate: the fixed bound
-    assert parity.quantized_bound(None) == parity.QUANTIZED_ABS
-    assert parity.quantized_bound(2.0) == 2.0  # --int8-budget 1: gated at 2 nats
+def test_ours_in_int8_is_held_to_the_one_quantized_bound_whatever_its_gate():
+    reference = torch.zeros(2, 100)  # uniform: every token's log-prob is -log(100)
+    logprob = float(torch.log_softmax(reference, -1)[0, 0])
+    ids = torch.zeros(2, dtype=torch.int64)
+    assert parity.quantized_check("ours_int8", ids, torch.full((2,), logprob - 0.5), reference)["ok"]
+    # a build gated at 2 nats (--int8-budget 1) was held to 2 here, CTranslate2's int8 to 1: now both to 1
+    assert not parity.quantized_check("ours_int8", ids, torch.full((2,), logprob - 1.5), reference)["ok"]
+    assert not hasattr(parity, "quantized_bound")
 
 
 def scoring(label_logits: torch.Tensor, top1_id: int, top1_logprob: float) -> SimpleNamespace:

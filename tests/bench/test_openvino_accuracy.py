@@ -53,3 +53,20 @@ def test_without_openvino_there_is_nothing_to_check():
     out, reference = outputs(0.1, 0.1)
     del out["openvino"]
     assert score_node.openvino_accuracy(out, reference, torch.bfloat16) == ([], None)
+
+
+def test_an_int8_run_takes_openvinos_own_int8_and_holds_it_to_the_quantized_bound():
+    """An int8 run's OpenVINO peer is its int8 (NNCF weights, at the base's hint), asserted like every quantized
+    contender: its top-1 log-probability within parity.QUANTIZED_ABS of the float32 reference's."""
+    from bench.harness.openvino_baseline import peer_precision
+
+    assert peer_precision(torch.bfloat16, int8=True) == "int8-bf16" and peer_precision(torch.float32, True) == "int8-f32"
+    assert peer_precision(torch.bfloat16, int8=False) == "bf16"
+    reference = torch.zeros(2, VOCAB)
+    for shift, ok in ((0.3, True), (1.5, False)):
+        near = reference.clone()
+        near[:, 7] = shift  # token 7 on top, its log-prob `shift`-ish above the reference's for that token
+        asserted, reported = score_node.openvino_accuracy({"openvino": near, "hf_careful": reference}, reference,
+                                                          torch.bfloat16, int8=True)
+        assert reported is None and [c["check"] for c in asserted] == ["openvino_int8_top1_vs_fp32"]
+        assert asserted[0]["ok"] is ok and asserted[0]["tolerance"] == 1.0

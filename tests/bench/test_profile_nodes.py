@@ -8,7 +8,7 @@ import torch
 
 from bench.harness.common import gemm_libraries, matmul_peaks
 from bench import profile_nodes
-from bench.profile_nodes import family_of, gemm_table, int8_kernel, random_int8_kernel
+from bench.profile_nodes import family_kernels, family_of, gemm_table, int8_kernel, random_int8_kernel
 from compile.linear import onednn_bf16
 from compile.quantize.int8 import Int8Linear
 
@@ -17,6 +17,19 @@ def test_int8_gemms_are_their_own_family_and_float_ones_stay_gemm():
     assert family_of("onednn::qlinear_pointwise") == "gemm_int8"
     assert family_of("mkldnn::_linear_pointwise") == "gemm"
     assert family_of("cpp_fused_mul_silu_0") == "other"
+
+
+def test_each_family_names_the_kernels_that_ran_it_most_time_first():
+    """Which attention ran is in the profile: worker/runtime/kernels' AMX operator counts as attention and is named."""
+    events = [("boundserve::packed_attention_amx", 5.0), ("mkldnn::_linear_pointwise", 7.0),
+              ("cpp_fused_mul_silu_0", 1.0), ("cpp_fused_add_rms_1", 2.0), ("mkldnn::_linear_pointwise", 1.5)]
+    totals, kernels = family_kernels(events)
+    assert totals == {"attention": 5.0, "gemm": 8.5, "other": 3.0}
+    assert kernels["attention"] == [{"kernel": "boundserve::packed_attention_amx", "ms": 5.0}]
+    assert kernels["gemm"] == [{"kernel": "mkldnn::_linear_pointwise", "ms": 8.5}]
+    assert [k["kernel"] for k in kernels["other"]] == ["cpp_fused_add_rms_1", "cpp_fused_mul_silu_0"]
+    many = [(f"cpp_fused_{i}", float(i)) for i in range(10)]
+    assert [k["ms"] for k in family_kernels(many)[1]["other"]] == [9.0, 8.0, 7.0, 6.0][:profile_nodes.KERNELS_PER_FAMILY]
 
 
 def test_the_int8_kernel_alone_is_the_int8_layers_kernel():
@@ -69,7 +82,8 @@ def test_the_profiled_call_with_the_fewest_faults_counts(monkeypatch):
             return torch.mm(a, a)
         return a + a
 
-    families, faults = profile_nodes.compiled_profile(call)
+    families, faults, kernels = profile_nodes.compiled_profile(call)
     assert len(calls) == 1 + profile_nodes.PROFILED_CALLS
     assert "gemm" not in families and families["other"] > 0
+    assert "aten::add" in [k["kernel"] for k in kernels["other"]] and "gemm" not in kernels
     assert 0 <= faults < (64 << 20) // 4096 // 2

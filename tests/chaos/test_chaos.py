@@ -28,7 +28,8 @@ import pytest
 
 from tests.chaos.barrage import BAD_BODIES, is_error_body, send_bad, stalled_client
 from tests.chaos.openloop import OpenLoop
-from tests.deploy.stack import ROOT, free_port, start, stop, tail
+from loadgen.processes import free_port, stop_all, tail
+from tests.deploy.stack import ROOT, start
 
 pytestmark = pytest.mark.slow  # needs the compiled test artifacts (built once per machine, cached)
 RATE_PER_S, DEADLINE_MS, WORKER_TIMEOUT_MS = 40, 1500, 500
@@ -126,7 +127,7 @@ async def test_chaos(demo_artifacts, tmp_path):
             await loader
             stalled[1].close()
     finally:
-        stop([gateway])
+        stop_all([gateway])
     report(load, marks, resumed_pid == pids[w1])
     bound_s = WORKER_TIMEOUT_MS / 1000.0 + DETECTION_MARGIN_S
     assert marks["kill_seen"] - marks["kill"] <= bound_s, marks

@@ -16,6 +16,9 @@ from compile.build import build, build_key, checkpoint_hash
 from shared.config import load_config
 from tests.builds import ROOT
 
+CATALOG_LINES = "max_catalog_nodes = 4096\nmax_catalog_fanout = 64"
+"""[beam] table bounds that a constraints file needs beside it."""
+
 TEST_TOML = (ROOT / "configs/test.toml").read_text()
 
 
@@ -127,14 +130,14 @@ def test_a_bad_constraints_file_is_refused_before_the_build(demo_checkpoint, tmp
                                                             message):
     file = tmp_path / "constraints.txt"
     file.write_text(lines)
-    config = config_file(tmp_path, beam=f"enabled = true\nconstraints = '{file}'")
+    config = config_file(tmp_path, beam=f"enabled = true\nconstraints = '{file}'\n{CATALOG_LINES}")
     status, err = compile_cli(capsys, demo_checkpoint, tmp_path / "out", config)
     assert status == 2 and "compile: error: beam.constraints " + message.format(file=file) in err
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("beam,extra,setting", [
-    ("enabled = true\nconstraints = 'nope.txt'", "", "beam.constraints = 'nope.txt'"),
+    (f"enabled = true\nconstraints = 'nope.txt'\n{CATALOG_LINES}", "", "beam.constraints = 'nope.txt'"),
     ("enabled = false", "[quantize]\nint8 = true\ncalibration = 'nonexistent.txt'\n",
      "quantize.calibration = 'nonexistent.txt'"),
     ("enabled = false", "[score.mlp_head]\nweights = 'head.safetensors'\nlayer_sizes = [64, 2]\n",
@@ -150,11 +153,37 @@ def test_a_missing_file_of_an_enabled_feature_is_refused_naming_the_setting(demo
 def test_a_disabled_features_file_is_not_read(demo_checkpoint, tmp_path):
     """beam.constraints with the beam node off, quantize.calibration with int8 off: neither file is read,
     nor counted in the build key (whether such a setting should be refused is shared/config.py's call)."""
-    plain = load_config(config_file(tmp_path))
-    named = load_config(config_file(tmp_path, beam="enabled = false\nconstraints = 'nope.txt'",
+    plain = load_config(config_file(tmp_path, beam=f"enabled = false\n{CATALOG_LINES}"))
+    named = load_config(config_file(tmp_path, beam=f"enabled = false\nconstraints = 'nope.txt'\n{CATALOG_LINES}",
                                     extra="[quantize]\nint8 = false\ncalibration = 'nonexistent.txt'\n"))
     sha = checkpoint_hash(demo_checkpoint)
     assert build_key(named, sha) == build_key(plain, sha)
+
+
+def test_a_catalogue_beyond_the_table_bounds_is_refused_before_the_build_naming_the_bound(
+        demo_checkpoint, tmp_path, capsys, no_work):
+    file = tmp_path / "items.txt"
+    file.write_text("\n".join(f"{a} {b}" for a in range(3, 13) for b in range(3, 13)))  # 111 nodes, fan-out 10
+    for bounds, message in [("max_catalog_nodes = 110\nmax_catalog_fanout = 64", "the catalogues hold 111 trie nodes together "
+                             "('default' 111), more than beam.max_catalog_nodes = 110"),
+                            ("max_catalog_nodes = 4096\nmax_catalog_fanout = 9", "'default' has a node with 10 "
+                             "children, more than beam.max_catalog_fanout = 9")]:
+        config = config_file(tmp_path, beam=f"enabled = true\nconstraints = '{file}'\n{bounds}")
+        status, err = compile_cli(capsys, demo_checkpoint, tmp_path / "out", config)
+        assert status == 2 and f"compile: error: beam.constraints = '{file}': " in err and message in err
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_catalogues_content_is_not_in_the_build_key_its_table_bounds_are(demo_checkpoint, tmp_path):
+    """A new catalogue runs on the same artifacts (the worker loads it); other table bounds are another build."""
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("3 4 5\n")
+    second.write_text("6 7\n8\n")
+    sha = checkpoint_hash(demo_checkpoint)
+    keys = [build_key(load_config(config_file(tmp_path, beam=f"enabled = true\nconstraints = '{path}'\n{lines}")), sha)
+            for path, lines in [(first, CATALOG_LINES), (second, CATALOG_LINES),
+                                (first, "max_catalog_nodes = 4097\nmax_catalog_fanout = 64")]]
+    assert keys[0] == keys[1] != keys[2]
 
 
 def test_a_failed_build_leaves_the_artifacts_folder_as_it_was(demo_checkpoint, tmp_path, monkeypatch):

@@ -1,12 +1,13 @@
-"""The offline prefix tables and the tensor mask equal a brute-force reading of the valid set."""
+"""The prefix tables as node inputs and the tensor mask equal a brute-force reading of the valid set,
+for one catalogue and for several packed into one table set (each request at its own root)."""
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
-from compile.beam.processors import PrefixConstraint, build_tables, read_sequences
+from compile.beam.processors import PrefixConstraint, PrefixTables, build_tables
+from shared.catalog import CatalogBounds, build_trie, pack
 
 VOCAB = 12
 EOS = (11,)
@@ -26,65 +27,62 @@ def brute_allowed(valid, prefix, last_step):
     return allowed
 
 
-def node_of(constraint, prefix):
+def node_of(constraint, tables, prefix, root=0):
     """Walk the tables with `advance`, one token at a time, as the beam node does."""
-    nodes = constraint.start(1, "cpu")
+    nodes = constraint.start(torch.tensor([root]))
     for token in prefix:
-        nodes = constraint.advance(nodes, torch.zeros(1, 1, dtype=torch.int64), torch.tensor([[token]]))
+        nodes = constraint.advance(tables, nodes, torch.zeros(1, 1, dtype=torch.int64), torch.tensor([[token]]))
     return nodes
+
+
+def prefixes_of(valid, seed):
+    prefixes = {tuple(s[:i]) for s in valid for i in range(len(s) + 1)}
+    rng = random.Random(seed)
+    return prefixes | {tuple(rng.randrange(0, 6) for _ in range(rng.randint(1, 3))) for _ in range(20)}  # mostly invalid
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_mask_equals_brute_force(seed):
     valid = random_set(seed)
-    constraint = PrefixConstraint(build_tables(valid, VOCAB, 4), EOS)
-    prefixes = {tuple(s[:i]) for s in valid for i in range(len(s) + 1)}
-    rng = random.Random(seed)
-    prefixes |= {tuple(rng.randrange(0, 6) for _ in range(rng.randint(1, 3))) for _ in range(20)}  # mostly invalid
-    for prefix in sorted(prefixes):
-        nodes = node_of(constraint, list(prefix))
+    tables = build_tables(valid, VOCAB, 4, max_nodes=200, max_fanout=8)  # padded past the set's own size
+    constraint = PrefixConstraint(8, EOS)
+    for prefix in sorted(prefixes_of(valid, seed)):
+        nodes = node_of(constraint, tables, list(prefix))
         for last in (False, True):
-            got = constraint.allowed(nodes, VOCAB, torch.tensor(last))[0, 0]
+            got = constraint.allowed(tables, nodes, VOCAB, torch.tensor(last))[0, 0]
             want = brute_allowed(valid, list(prefix), last)
             assert set(torch.nonzero(got).flatten().tolist()) == want, (prefix, last)
 
 
+def test_catalogues_packed_together_each_answer_from_its_own_root():
+    sets = {name: random_set(seed) for seed, name in enumerate(("de", "fr", "us"))}
+    packed = pack({name: build_trie(valid, VOCAB, 4) for name, valid in sets.items()}, CatalogBounds(400, 6))
+    tables = PrefixTables.from_numpy(packed.arrays())
+    constraint = PrefixConstraint(6, EOS)
+    assert packed.roots["de"] == 0 and len(set(packed.roots.values())) == 3
+    for seed, (name, valid) in enumerate(sets.items()):
+        for prefix in sorted(prefixes_of(valid, seed)):
+            nodes = node_of(constraint, tables, list(prefix), packed.roots[name])
+            for last in (False, True):
+                got = constraint.allowed(tables, nodes, VOCAB, torch.tensor(last))[0, 0]
+                assert set(torch.nonzero(got).flatten().tolist()) == brute_allowed(valid, list(prefix), last)
+
+
 def test_mask_sets_minus_inf_and_keeps_allowed_values():
     valid = [[1, 2], [1, 3], [4]]
-    constraint = PrefixConstraint(build_tables(valid, VOCAB, 2), EOS)
+    tables = build_tables(valid, VOCAB, 2)
+    constraint = PrefixConstraint(2, EOS)
     log_probs = torch.randn(1, 2, VOCAB)
-    nodes = torch.cat([node_of(constraint, []), node_of(constraint, [1])], dim=1)  # [1, 2]
-    masked = constraint.mask(log_probs, nodes, 1, torch.tensor(2))
+    nodes = torch.cat([node_of(constraint, tables, []), node_of(constraint, tables, [1])], dim=1)  # [1, 2]
+    masked = constraint.mask(tables, log_probs, nodes, 1, torch.tensor(2))
     assert torch.isfinite(masked[0, 0]).nonzero().flatten().tolist() == [1, 4]
     assert torch.isfinite(masked[0, 1]).nonzero().flatten().tolist() == [2, 3]
     assert torch.equal(masked[0, 0, [1, 4]], log_probs[0, 0, [1, 4]])
 
 
-def test_tables_are_compact_and_csr_shaped():
-    valid = random_set(0, count=200, max_len=4)
-    tables = build_tables(valid, VOCAB, 4)
-    unique_prefixes = {tuple(s[:i]) for s in valid for i in range(1, len(s) + 1)}
-    assert tables["edge_token"].numel() == len(unique_prefixes)  # one edge per distinct non-empty prefix
-    assert tables["terminal"].sum() == len({tuple(s) for s in valid})
-    assert tables["child_start"].dtype == torch.int32 and bool((tables["child_start"].diff() >= 0).all())
-
-
-def test_read_sequences_text_and_npy(tmp_path):
-    text = tmp_path / "valid.txt"
-    text.write_text("# semantic ids\n1 2 3\n4,5\n\n6\n")
-    assert read_sequences(text) == [[1, 2, 3], [4, 5], [6]]
-    array = tmp_path / "valid.npy"
-    np.save(array, np.array([[1, 2, 3], [4, 5, -1]]))
-    assert read_sequences(array) == [[1, 2, 3], [4, 5]]
-    text.write_text("1 2 x\n")
-    with pytest.raises(ValueError, match="valid.txt:1"):
-        read_sequences(text)
-
-
-def test_bad_sets_are_refused():
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        build_tables([[1, 2, 3]], VOCAB, 2)
-    with pytest.raises(ValueError, match="vocabulary"):
-        build_tables([[1, 99]], VOCAB, 4)
-    with pytest.raises(ValueError, match="empty"):
-        build_tables([], VOCAB, 4)
+def test_a_token_off_the_tree_leads_to_the_dead_end_which_allows_nothing():
+    tables = build_tables([[1, 2]], VOCAB, 2, max_nodes=10, max_fanout=2)
+    constraint = PrefixConstraint(2, EOS)
+    nodes = node_of(constraint, tables, [5])
+    assert int(nodes) == tables.terminal.numel() - 1
+    assert not constraint.allowed(tables, nodes, VOCAB, torch.tensor(False)).any()

@@ -130,7 +130,7 @@ def test_a_model_that_fails_the_gate_is_refused_with_its_figures_and_nothing_is_
 
     with pytest.raises(QuantizationRefused, match=r"misses the \[quantize\] gate on 2 held-out requests .*"
                                                   r"max label log-prob drift [0-9.e-]+ nats > 0\.0"):
-        build_int8(demo_checkpoint, "demo-int8-refused", selection_max_drift=10.0, max_label_logprob_drift=0.0)
+        build_int8(demo_checkpoint, "demo-int8-refused", selection_max_drift=2.0, max_label_logprob_drift=0.0)
     assert not (CACHE / "artifacts/demo-int8-refused" / MANIFEST).exists()
 
 

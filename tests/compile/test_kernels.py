@@ -11,6 +11,7 @@ from worker.runtime import kernels
 from worker.runtime.artifacts import file_hash, load_kernels, read_manifest
 from compile.build import is_up_to_date
 from compile.attention import KeyPool, eager_attention, pool_mask
+from compile.checkpoint import read_spec
 from worker.runtime.layout import CPU_BLOCK
 from worker.runtime.machine import ArtifactMismatch
 from worker.runtime.loader import load_nodes
@@ -23,6 +24,31 @@ from tests.compile.test_attention import random_pool
 bf16_cpu = pytest.mark.skipif(not torch.cpu._is_avx512_bf16_supported(), reason="the CPU has no AVX512-BF16")
 CPU = torch.device("cpu")
 LABELS = torch.tensor([0, 5, 17, 300, 1023])
+
+
+def why_flex_attention(dtype: torch.dtype, head_dim: int) -> str:
+    """Why a package of this dtype and head size runs FlexAttention here instead of the C++ kernel."""
+    if not torch.cpu._is_avx512_bf16_supported():
+        return "the CPU has no AVX512-BF16 (an AVX2 machine, say), which the kernel library is compiled for"
+    if head_dim % 16:
+        return f"heads {head_dim} wide, not a multiple of 16"
+    if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
+        return "bfloat16 on a CPU with AMX, where FlexAttention's bfloat16 kernel multiplies on the tiles"
+    return f"attention_applies({dtype}, cpu, {head_dim}) is false"
+
+
+def kernel_build(request, fixture: str, dtype: torch.dtype, head_dim: int):
+    """The compiled build `fixture` where its packages call the C++ kernel: skipped, naming why, where they would
+    run FlexAttention (a test of the kernel must not pass on another kernel); the operator its manifest names is
+    recorded as the test's "attention_kernel" property (junit XML) and printed (pytest -rA)."""
+    if not kernels.attention_applies(dtype, CPU, head_dim):
+        pytest.skip(f"the C++ attention kernel does not apply, FlexAttention would run: {why_flex_attention(dtype, head_dim)}")
+    value = request.getfixturevalue(fixture)
+    library = read_manifest(value[1] if isinstance(value, tuple) else value).kernels
+    assert library is not None, f"attention_applies({dtype}, cpu, {head_dim}) but {fixture} calls no kernel"
+    request.node.user_properties.append(("attention_kernel", ", ".join(library.operators)))
+    print(f"attention kernel exercised: {', '.join(library.operators)}")
+    return value
 
 
 @pytest.fixture(scope="module")
@@ -120,22 +146,24 @@ def test_kernel_refuses_what_it_cannot_run(operator):
 
 
 def test_bfloat16_artifacts_carry_the_library_their_packages_call(bf16_kernel_artifacts, bf16_artifacts):
-    """Where the kernel applies, the build copies its library into the folder and names the operator;
-    elsewhere (here: heads 24 wide) the packages call none and the folder has no library."""
+    """Where a kernel applies, the build copies its library into the folder and names the operator the
+    packages call; elsewhere (here: heads 24 wide) the packages call none and the folder has no library."""
     manifest = load_nodes(bf16_kernel_artifacts).manifest
     library = manifest.kernels
-    if kernels.attention_applies(torch.bfloat16, CPU, manifest.model.head_dim):
-        assert library is not None and library.operators == ("boundserve::packed_attention",)
+    operator = kernels.attention_kernel(torch.bfloat16, CPU, manifest.model.head_dim)  # on AMX: packed_attention_amx
+    if operator is not None:
+        assert library is not None and library.operators == (f"boundserve::{operator}",)
         assert file_hash(bf16_kernel_artifacts / library.file) == library.sha256
     else:
         assert library is None and not (bf16_kernel_artifacts / kernels.LIBRARY).exists()
     assert load_nodes(bf16_artifacts).manifest.kernels is None and not (bf16_artifacts / kernels.LIBRARY).exists()
 
 
-def test_kernel_package_error_is_no_worse_than_transformers_bf16(checkpoint_factory, bf16_kernel_artifacts):
+def test_kernel_package_error_is_no_worse_than_transformers_bf16(checkpoint_factory, request):
     """The bound of tests/compile/test_score_node.py's bf16 test (1.5x transformers' own bf16 error + 0.02),
     on a batch with a shared prefix (a segment with a parent) and samples one token long."""
     checkpoint = kernel_checkpoint(checkpoint_factory)
+    bf16_kernel_artifacts = kernel_build(request, "bf16_kernel_artifacts", torch.bfloat16, read_spec(checkpoint).head_dim)
     node = load_nodes(bf16_kernel_artifacts).score
     lengths = [64, 7, 33, 1, 20]
     samples = random_batch(node.vocab_size, lengths, 5)
@@ -153,11 +181,12 @@ def test_kernel_package_error_is_no_worse_than_transformers_bf16(checkpoint_fact
     assert (shared.label_logits - reference[:, LABELS]).abs().max().item() <= 1.5 * hf_error + 0.02
 
 
-def test_kernel_beam_node_finds_beams_as_good_as_transformers_float32(checkpoint_factory, bf16_kernel_artifacts):
+def test_kernel_beam_node_finds_beams_as_good_as_transformers_float32(checkpoint_factory, request):
     """The beam node's prompts go through the kernel in its prefill. Which candidates bf16 returns may
     differ from float32's on near ties, so the check is on the best candidate's score: ours (bf16)
     within twice transformers' own bf16 deviation from its float32 best, plus 0.05 nats."""
     checkpoint = kernel_checkpoint(checkpoint_factory)
+    bf16_kernel_artifacts = kernel_build(request, "bf16_kernel_artifacts", torch.bfloat16, read_spec(checkpoint).head_dim)
     nodes = load_nodes(bf16_kernel_artifacts)
     eos = nodes.manifest.node_table().beam.eos_ids
     hf32, hf16 = load_hf(checkpoint), load_hf(checkpoint, torch.bfloat16)
@@ -187,14 +216,13 @@ def test_a_library_that_does_not_match_its_hash_is_refused(tmp_path):
         load_kernels(tmp_path, KernelLibrary(file=kernels.LIBRARY, sha256="0" * 64))
 
 
-def test_float32_package_matches_transformers_over_shared_prefixes(llama_artifacts):
-    """llama_artifacts (float32, heads 16 wide) call the operator where it applies, FlexAttention elsewhere
-    (test_score_node checks the same build on unshared samples); here samples under shared prefixes, whose
+def test_float32_package_matches_transformers_over_shared_prefixes(request):
+    """llama_artifacts (float32, heads 16 wide) call the operator where it applies (skipped, named, elsewhere;
+    test_score_node checks the same build on unshared samples); here samples under shared prefixes, whose
     keys sit in parent segments, within test_score_node's float32 tolerance of transformers."""
-    checkpoint, folder = llama_artifacts
+    checkpoint, folder = kernel_build(request, "llama_artifacts", torch.float32, 16)  # llama: hidden 64, 4 heads
     nodes = load_nodes(folder)
-    applies = kernels.attention_applies(torch.float32, CPU, nodes.manifest.model.head_dim)
-    assert (nodes.manifest.kernels is not None) == applies
+    assert nodes.manifest.model.head_dim == 16
     hf = load_hf(checkpoint)
     groups = [random_batch(nodes.score.vocab_size, lengths, seed) for seed, lengths in enumerate([[30, 9, 33, 1],
                                                                                                  [17, 5, 40]])]

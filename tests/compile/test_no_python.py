@@ -63,12 +63,12 @@ def test_scoring_package_runs_without_the_project(artifacts, request, tmp_path):
     node = nodes.score
     prefix, *suffixes = random_batch(node.vocab_size, [4, 5, 50, 17], 0)  # one shared prefix, three samples
     ids = torch.cat([prefix, *suffixes])
-    inputs, _ = node.package_inputs(ids, torch.tensor([len(s) for s in suffixes]), LABELS, torch.tensor([len(prefix)]),
+    inputs, *_ = node.package_inputs(ids, torch.tensor([len(s) for s in suffixes]), LABELS, torch.tensor([len(prefix)]),
                                     torch.tensor([3]), keep=[0])  # the prefix's keys/values returned too
     with torch.inference_mode():
         outputs = node.package(*inputs)
     library = nodes.manifest.kernels.file if nodes.manifest.kernels else None
-    assert "same outputs 8" in run_bare(folder, "score.pt2", inputs, outputs, tmp_path, library)
+    assert "same outputs 11" in run_bare(folder, "score.pt2", inputs, outputs, tmp_path, library)  # 6 + 3 token + 2 kv
 
 
 def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):

@@ -8,15 +8,13 @@ argv that runs the same thing outside a container.
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from loadgen.stack import free_port
+from loadgen.processes import spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -96,30 +94,6 @@ def module_argv(command: list[str], replace: dict[str, str]) -> list[str]:
 
 
 def start(argv: list[str], log_path: Path) -> subprocess.Popen:
-    """A child process in the repository root, stdout and stderr to log_path."""
-    log = open(log_path, "ab")
-    try:
-        return subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    finally:
-        log.close()
-
-
-def stop(processes: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
-    """SIGTERM every still-running process (they drain), SIGKILL what is left after the timeout."""
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    end = time.monotonic() + timeout_s
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "<no log>"
+    """A child process in the repository root, stdout and stderr to log_path (loadgen/processes.spawn;
+    not a session of its own: `stop` signals it alone, as an orchestrator signals one container)."""
+    return spawn(argv, log_path, cwd=ROOT, group=False)

@@ -191,7 +191,8 @@ def test_the_images_install_every_source_file_the_build_reads():
     import tomllib
 
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"].get("package-data", {})
-    sources = sorted(p for package in ("compile", "worker", "shared") for p in (ROOT / package).rglob("*.cpp"))
+    sources = sorted(p for package in ("compile", "worker", "shared") for pattern in ("*.cpp", "*.h")
+                     for p in (ROOT / package).rglob(pattern))
     assert sources, "worker/runtime/kernels has C++ sources"
     for path in sources:
         package, relative = path.relative_to(ROOT).parts[0], path.relative_to(ROOT / path.relative_to(ROOT).parts[0])

@@ -1,7 +1,8 @@
-"""Selective FP8 (compile/fp8.py) on the CPU: the layer, the ranking, the budget, the swap.
+"""Selective FP8 (compile/fp8.py) on the CPU: the layer, the ranking, the budget, the swap, and a compiled package.
 
 torch 2.13 runs torch._scaled_mm for float8_e4m3fn on the CPU, so the real operator is checked
-against the quantise-dequantise simulation and against the float linear it replaces.
+against the quantise-dequantise simulation and against the float linear it replaces, and a package
+built with `[model] fp8` is compiled here and checked against the eager model.
 """
 
 from __future__ import annotations
@@ -85,10 +86,47 @@ def test_apply_reproduces_the_measured_change_and_simulation_agrees(score_module
         apply_fp8(fp8_module.model, type(plan)(["lm_head"], {}, [], 0, 0, ""))
 
 
-def test_model_fp8_on_a_cpu_build_is_refused_pointing_to_int8():
-    """A CPU has no float8 GEMM (the compiled FP8 node is checked on CUDA by bench/gpu_suite.py's fp8_node stage)."""
+@pytest.mark.slow
+def test_a_compiled_fp8_package_on_the_cpu_is_the_eager_fp8_model(demo_checkpoint):
+    """`[model] fp8` built for the CPU (torch runs _scaled_mm there), its scoring package against the eager model
+    with the same layers and scales, on requests the build never saw. Bound 1e-3 on label probabilities: only
+    the compiled kernels' summation order and fused quantisation differ (measured 6e-5); the FP8 layers change
+    the float model's probabilities by far more (measured 0.06), so a package that ran float would fail."""
+    from compile.checkpoint import load_checkpoint
+    from compile.fp8 import Fp8Plan, pack_batch
+    from compile.model import build_model
+    from worker.runtime.loader import load_nodes
+    from compile.score.module import ScoreModule
+    from tests.builds import build_artifacts
+
+    artifacts = build_artifacts(demo_checkpoint, "demo-fp8", model={"fp8": True, "fp8_max_prob_change": 0.05})
+    nodes = load_nodes(artifacts)
+    node, facts = nodes.score, nodes.manifest.fp8
+    assert facts["layers"] and facts["mode"] == "torch._scaled_mm on cpu" and facts["max_label_prob_change"] <= 0.05
+    loaded = load_checkpoint(demo_checkpoint, "float32")
+    plan = Fp8Plan(facts["layers"], facts["input_absmax"], [], 0, 0, "")
+    fp8 = ScoreModule(apply_fp8(build_model(loaded.spec, loaded.state_dict, torch.float32), plan), 8).eval()
+    plain = ScoreModule(build_model(loaded.spec, loaded.state_dict, torch.float32), 8).eval()
+    vocab = node.vocab_size
+    labels, lengths = [vocab // 4, vocab // 2, 3 * vocab // 4], [7, 30, 64, 12, 50, 3, 21, 40]
+    to_eager, to_float = 0.0, 0.0
+    for seed in range(100, 104):
+        generator = torch.Generator().manual_seed(seed)
+        samples = [torch.randint(0, vocab, (n,), generator=generator) for n in lengths]
+        got = node(torch.cat(samples), torch.tensor(lengths), torch.tensor(labels), top_k=1).label_probs
+        batch = [pack_batch(samples, labels, 8)]  # label slots past the three given are padding
+        eager_fp8, eager_float = label_probs(fp8, batch)[0][:, :3], label_probs(plain, batch)[0][:, :3]
+        to_eager = max(to_eager, float((got - eager_fp8).abs().max()))
+        to_float = max(to_float, float((got - eager_float).abs().max()))
+    assert to_eager <= 1e-3 < to_float, (to_eager, to_float)
+
+
+def test_model_fp8_is_accepted_on_a_cpu_and_refused_beside_int8():
+    """A CPU build may use FP8 (torch's _scaled_mm runs there: how the FP8 package is checked without a GPU);
+    int8 and FP8 at once are refused."""
     from shared.config import ConfigError, parse_config
 
-    with pytest.raises(ConfigError, match=r"model\.fp8 = true is for GPU builds.*quantize\.int8 = true"):
-        parse_config({"model": {"fp8": True, "device": "cpu"}})
+    assert parse_config({"model": {"fp8": True, "device": "cpu"}}).model.fp8
     assert parse_config({"model": {"fp8": True, "device": "cuda"}, "worker": {"devices": ["cuda:0"]}}).model.fp8
+    with pytest.raises(ConfigError, match=r"quantize\.int8 and model\.fp8 are both true"):
+        parse_config({"model": {"fp8": True, "device": "cpu"}, "quantize": {"int8": True}})

@@ -19,7 +19,8 @@ import urllib.request
 import pytest
 
 from loadgen import live
-from tests.deploy.stack import ROOT, free_port, load_compose, module_argv, start, stop, tail
+from loadgen.processes import free_port, stop_all, tail
+from tests.deploy.stack import ROOT, load_compose, module_argv, start
 
 pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once, cached)
 READY_TIMEOUT_S = 240.0
@@ -81,5 +82,5 @@ def test_compose_commands_serve_a_request_outside_containers(demo_artifacts, tmp
         assert status == 200, body
         assert len(body["scores"]) == 2 and all(abs(sum(row) - 1.0) < 1e-4 for row in body["scores"])
     finally:
-        stop(processes)
+        stop_all(processes)
     assert [p.returncode for p in processes] == [0, 0], "\n".join(tail(log) for log in logs)

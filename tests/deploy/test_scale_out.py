@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.stack import ROOT, free_port, start, stop, tail
+from loadgen.processes import free_port, stop_all, tail
+from tests.deploy.stack import ROOT, start
 
 pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once, cached)
 READY_TIMEOUT_S = 240.0
@@ -118,8 +119,8 @@ async def test_two_gateways_share_workers_and_survive_a_worker_restart(demo_arti
             for url in urls:  # both gateways serve after the restart
                 assert await one_request(session, url) == (200, "ok")
     finally:
-        stop([processes[2], processes[3]])
-        stop([processes[0], processes[1]])
+        stop_all([processes[2], processes[3]])
+        stop_all([processes[0], processes[1]])
     counts = collections.Counter((status, code) for _, _, status, code in outcomes)
     print(f"scale-out outcomes (status, code): {dict(counts)}")
     unexpected = {k: n for k, n in counts.items() if k[0] != 200 and k[1] not in ALLOWED_ERRORS.get(k[0], ())}

@@ -23,7 +23,7 @@ from schemathesis.checks import content_type_conformance, response_schema_confor
 from loadgen.live import wait_ready
 from loadgen.standin_worker import standin_manifest
 from shared.manifest import manifest_json
-from loadgen.stack import free_port
+from loadgen.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_CODES = {"deadline_unmeetable", "deadline_exceeded"}

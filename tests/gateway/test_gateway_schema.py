@@ -27,6 +27,7 @@ from jsonschema import Draft202012Validator
 
 from gateway.api.rules import schema_of
 from gateway.errors import ApiError
+from gateway.api.completions import completion_request
 from gateway.api.generate import parse_generate
 from gateway.api.types import MAX_TEXT_CHARS, request_types
 from gateway.limits import Limits
@@ -86,6 +87,8 @@ class Contract:
         """Which type the parser decodes `body` as (it tells the /v1/score shapes apart by key)."""
         if label == "POST /v1/generate":
             return "GenerateRequest"
+        if label == "POST /v1/completions":
+            return "CompletionRequest"
         is_sglang = isinstance(body, dict) and "items" in body and "samples" not in body
         return "SglangScoreRequest" if is_sglang else "ScoreRequest"
 
@@ -353,18 +356,30 @@ RULE_BREAKERS = {
     "not_above:num_return_sequences,beam_width": (
         "/v1/generate", {"prompt": "x", "num_return_sequences": 5},
         "$.num_return_sequences = 5 must not exceed $.beam_width = 4 (its default)"),
+    "one_kind:prompt": ("/v1/completions", {"prompt": ["a", [1]]}, "$.prompt mixes strings, token ids"),
+    "greedy:temperature,top_p,max_tokens": ("/v1/completions", {"prompt": "x", "max_tokens": 1, "temperature": 0.5},
+                                            "$.temperature = 0.5: this gateway does not sample"),
+    "not_above:n,best_of": ("/v1/completions", {"prompt": "x", "max_tokens": 2, "n": 3, "best_of": 2},
+                            "$.n = 3 must not exceed $.best_of = 2"),
+    "one_answer:n,best_of,max_tokens": ("/v1/completions", {"prompt": "x", "max_tokens": 0, "n": 2},
+                                        "with max_tokens 0: a prompt scored without generating has one answer"),
+    **{f"unsupported:{field}": ("/v1/completions", {"prompt": "x", field: value}, f"$.{field} = ")
+       for field, value in (("stream", True), ("stream_options", {"include_usage": True}), ("stop", ["\n"]),
+                            ("suffix", "s"), ("logit_bias", {"1": 2.0}), ("presence_penalty", 1.0),
+                            ("frequency_penalty", 1.0))},
 }
 
 
 async def test_the_served_document_states_every_rule_and_each_broken_rule_gets_its_own_400(stack):
     response = await stack.client.get("/openapi.json")
     schemas = (await response.json())["components"]["schemas"]
-    documented = {}
-    for name, schema in schemas.items():
-        for rule in schema.get("x-rules", []):
-            documented[rule["rule"]] = name
     types = request_types(stack.gateway.limits)
-    declared = {rule.name: struct for struct in types.structs for rule in struct.RULES}
+    structs = (*types.structs, completion_request(stack.gateway.limits))
+    documented = {}  # the other standard routes' rules: tests/gateway/test_api_openapi.py
+    for name, schema in schemas.items():
+        for rule in schema.get("x-rules", []) if name in {struct.__name__ for struct in structs} else ():
+            documented[rule["rule"]] = name
+    declared = {rule.name: struct for struct in structs for rule in struct.RULES}
     assert set(documented) == set(declared) == set(RULE_BREAKERS)
     for name, struct in declared.items():  # in JSON Schema too, wherever JSON Schema can say it
         rule = next(r for r in struct.RULES if r.name == name)

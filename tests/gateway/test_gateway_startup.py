@@ -67,18 +67,26 @@ def test_spawning_cpu_workers_for_another_thread_count_is_refused(tmp_path, toke
     assert "cannot start" in said and "compiled for 2 CPU thread(s) per call but [worker] cpu_threads = 1" in said
 
 
-def test_configured_bounds_other_than_the_compiled_are_named_at_start(tmp_path, tokenizer_dir, request_tokenizer,
-                                                                      capfd):
-    """The packages accept what they were compiled for: that is served, and the gateway says which
-    configured bounds it overrides, instead of letting an edited [bounds] seem to take effect."""
+def test_configured_bounds_other_than_the_compiled_are_refused_naming_both(tmp_path, tokenizer_dir,
+                                                                           request_tokenizer, capfd):
+    """At run time the compiled bounds are the only ones: a config whose [bounds] say otherwise is refused
+    with both values named, instead of letting an edited [bounds] seem to take effect without a rebuild."""
     folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
     compiled = STANDIN_BOUNDS.max_labels
-    settings = _settings(load_config(config(tmp_path, compiled + 1)), folder, spawn_workers=False)
-    served = Limits.of(settings.config, settings.manifest, request_tokenizer.vocab_size)
-    assert served.bounds.max_labels == compiled
+    assert gateway_main(["--config", config(tmp_path, compiled + 1), "--artifacts", str(folder)]) == 2
     said = refusal(capfd)
-    assert "the compiled bounds are served" in said
-    assert f"bounds.max_labels = {compiled + 1}, compiled for {compiled}" in said
+    assert f"bounds.max_labels = {compiled + 1}, compiled for {compiled}" in said, said
+    assert "leave [bounds] out" in said
+
+
+def test_a_config_without_bounds_serves_the_compiled_ones(tmp_path, tokenizer_dir, request_tokenizer):
+    folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer)
+    path = tmp_path / "no-bounds.toml"
+    path.write_text(CONFIG.replace("[bounds]\n{bounds}\n", "").format(threads=2, port=0))
+    settings = _settings(load_config(path), folder, spawn_workers=False)
+    assert settings.config.bounds is None
+    served = Limits.of(settings.config, settings.manifest, request_tokenizer.vocab_size)
+    assert served.bounds == settings.manifest.bounds
 
 
 def test_a_port_already_taken_is_refused_in_one_line(tmp_path, tokenizer_dir, request_tokenizer, capfd):

@@ -12,9 +12,10 @@ import pytest
 
 from loadgen.__main__ import main
 from loadgen.bodies import BodyFactory
-from loadgen.live import LiveEvaluator, LiveOptions, candidate_config, stop, wait_ready
+from loadgen.live import LiveEvaluator, LiveOptions, candidate_config, wait_ready
+from loadgen.processes import stop
 from loadgen.replayer import ReplayOptions
-from loadgen.stack import free_port
+from loadgen.processes import free_port
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import write_trace
 from loadgen.tuner import grid, recommended_config, tune

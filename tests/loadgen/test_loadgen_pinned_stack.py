@@ -9,7 +9,7 @@ import os
 import aiohttp
 import pytest
 
-from loadgen.pinned_stack import GatewayProcess, Pinning, SharedWorkers
+from loadgen.stack import GatewayProcess, Pinning, SharedWorkers
 
 pytestmark = pytest.mark.slow  # the compiled demo artifacts, and real worker and gateway processes
 

@@ -15,12 +15,15 @@ def _emitted(tmp_path, *events):
     logger = logging.getLogger("test-events")
     logger.handlers[:], logger.propagate = [handler], False
     logger.setLevel(logging.INFO)
-    log = EventLog("test-events", worker="w7")
-    log.info("loaded", workload="score", alpha=5.0)  # an event for people, not declared
-    for event in events:
-        log.emit(event)
-    logger.warning("batch_done lookalike")  # a plain message naming a tag
-    handler.close()
+    try:
+        log = EventLog("test-events", worker="w7")
+        log.info("loaded", workload="score", alpha=5.0)  # an event for people, not declared
+        for event in events:
+            log.emit(event)
+        logger.warning("batch_done lookalike")  # a plain message naming a tag
+    finally:  # no handler left behind for a later test
+        logger.handlers[:], logger.propagate = [], True
+        handler.close()
     return path
 
 

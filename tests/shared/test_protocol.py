@@ -24,7 +24,9 @@ def score_batch(token_dtype="int32"):
         requests=(
             protocol.ScoreRequest("r1", 12.5, ids, (2, 4), (10, 11), 3, True),
             protocol.ScoreRequest("r2", -1.0, ids[: 2 * np.dtype(token_dtype).itemsize], (2,), (), 0),
-            protocol.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3),  # prefix 1 2 3
+            protocol.ScoreRequest("r3", 5.0, ids, (0, 2, 1), (10,), 0, False, prefix_len=3,  # prefix 1 2 3
+                                  traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            protocol.ScoreRequest("r4", 5.0, ids, (6,), (), 1, prompt_logprobs=2),  # per-token log-probs
         ),
     )
 
@@ -52,19 +54,31 @@ EXAMPLES = [
                           hidden=f32(2, 8), cached_tokens=7),
             protocol.ScoreResult("r2", protocol.Status.EXPIRED),
             protocol.ScoreResult("r3", protocol.Status.ERROR, error="sample 0 has 900 tokens > 512"),
+            protocol.ScoreResult("r4", protocol.Status.OK, num_samples=1, topk_ids=np.zeros((1, 1), "<i4").tobytes(),
+                                 topk_logprobs=f32(1, 1), token_logprobs=f32(5),
+                                 token_topk_ids=np.arange(10, dtype="<i4").tobytes(), token_topk_logprobs=f32(5, 2)),
         ),
         queue_ms=0.1, compute_ms=3.0,
     ),
     protocol.BeamBatch(
         batch_id=9, token_dtype="int64", num_beams=4, max_new_tokens=3, num_return_sequences=2,
-        requests=(protocol.BeamRequest("b1", 50.0, protocol.pack_ids([5, 6, 7], "int64")),),
+        requests=(protocol.BeamRequest("b1", 50.0, protocol.pack_ids([5, 6, 7], "int64"),
+                                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+                  protocol.BeamRequest("b2", 50.0, protocol.pack_ids([5], "int64"), catalog="de")),
     ),
     protocol.BeamResults(
         batch_id=9,
         results=(protocol.BeamResult("b1", protocol.Status.OK, sequences=np.zeros((2, 3), "<i4").tobytes(),
-                              scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes()),),
+                              scores=f32(2), lengths=np.full(2, 3, "<i4").tobytes(), catalog_version=3),
+                 protocol.BeamResult("b2", protocol.Status.ERROR, error="catalogue 'de' is not loaded (loaded: default)")),
         queue_ms=0.0, compute_ms=1.5,
     ),
+    protocol.CatalogSwap(request_id="admin-1", load={"default": "/catalogs/items.npz", "de": "/catalogs/de.txt"},
+                  unload=("fr",)),
+    protocol.CatalogState(request_id="admin-1", version=4, items={"default": 1_000_000, "de": 2}, nodes=2_132_704,
+                   max_nodes=4_000_000, load_s=0.21),
+    protocol.CatalogState(request_id="admin-2", version=4, error="catalogue 'de' has a node with 70 children, more than "
+                                                          "beam.max_catalog_fanout = 64"),
     protocol.Heartbeat(worker_id="w0", queue_depth=1, in_flight=2, draining=False,
                 counters=protocol.WorkerCounters(batches_computed=4, requests_expired=2)),
     protocol.Error(code=protocol.ErrorCode.OVERLOADED, message="queue full (8 batches)", batch_id=7),
@@ -91,6 +105,10 @@ def test_arrays_helpers():
     assert arrays["label_logits"].shape == (2, 2) and arrays["hidden"].shape == (2, 8)
     assert arrays["topk_ids"].dtype == np.int32 and "head" not in arrays
     assert results[1].arrays() == {}
+    assert results[0].token_arrays() == {}
+    tokens = results[3].token_arrays()
+    assert tokens["token_logprobs"].shape == (5,) and tokens["token_topk_ids"].shape == (5, 2)
+    assert tokens["token_topk_ids"][4].tolist() == [8, 9] and tokens["token_topk_logprobs"].dtype == np.float32
     beam = EXAMPLES[6].results[0].arrays(num_return_sequences=2)
     assert beam["sequences"].shape == (2, 3) and list(beam["lengths"]) == [3, 3]
     ids = protocol.unpack_ids(protocol.pack_ids([1, 2**31 - 1], "int32"), "int32")
@@ -119,7 +137,7 @@ BAD = [
     ([b"\x03", body(1, "int16", [["r", 1.0, b"\x00\x00", [1], [], 0, False, 0]])], "token_dtype"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00\x00\x00", [1], [], 0, False, 0]])], "whole number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0]])], "sum 1 != 2"),
-    ([b"\x03", body(1, "int32", [])], "requests = \\[\\] must be a non-empty list of arrays of its 8 fields request_id"),
+    ([b"\x03", body(1, "int32", [])], "requests = \\[\\] must be a non-empty list of arrays of its 10 fields request_id"),
     ([b"\x03", body(1, "int32", [["r", float("nan"), b"\x00" * 4, [1], [], 0, False, 0]])], "requests\\[0\\].deadline_ms: expected a finite number"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 4, [1], [], 0, False, 0]] * 2)], "duplicate"),
     ([b"\x05", body(1, "int32", 2, 3, 5, [["r", 1.0, b"\x00" * 4]])], "num_return_sequences"),
@@ -128,7 +146,8 @@ BAD = [
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [0, 2], [], 0, False, 0]])], ">= 1 token"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [-1, 1], [], 0, False, 2]])], "sample_lens\\[0\\] = -1 must be an integer of at least 0"),
     ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 12, [0, 1], [], 0, False, 1]])], "prefix_len 1 \\+ sum 1 != 3"),
-    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, 0]])], "requests\\[0\\] = .* must be an array of its 8 fields .* \\(the first 6 required\\)"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "", 0, 0]])], "requests\\[0\\] = .* must be an array of its 10 fields .* \\(the first 6 required\\)"),
+    ([b"\x03", body(1, "int32", [["r", 1.0, b"\x00" * 8, [1], [], 0, False, 0, "00-xyz"]])], "requests\\[0\\].traceparent = \"00-xyz\" must be"),
     ([b"\x04", body(1, [["r", "ok", "", 0, b"", b"", b"", b"", b"", b"", b"", -2]], 0.0, 1.0)], "cached_tokens"),
     ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_top_k": "5"}, {}, {})], "bounds.max_top_k = \"5\" must be an integer"),
     ([b"\x02", body(2, "w", "cpu", 1, [], {**BOUNDS_MAP, "max_samples_per_batch": 1}, {}, {})], "bounds.max_samples_per_batch = 1 must be an integer of at least 2"),
@@ -145,6 +164,12 @@ BAD = [
     ([b"\x02", body(3, "w", "cpu", 1, [], BOUNDS_MAP, {}, {"score": {"alpha": 1.0}})], "missing required field latency\\[...\\].beta \\(a number\\)"),
     ([b"\x01", b"\x91" * 5000], "invalid Hello"),
     ([b"\x01", body(protocol.PROTOCOL_VERSION, "G" * 257)], "gateway_id = \"GGG.* must be a string between 1 and 256"),
+    ([b"\x05", body(1, "int32", 2, 3, 1, [["r", 1.0, b"\x00" * 4, "", "m" * 65]])], "requests\\[0\\].catalog = \"mmm.* must be a string of at most 64"),
+    ([b"\x06", body(1, [["r", "ok", "", b"", b"", b"", -1]], 0.0, 1.0)], "results\\[0\\].catalog_version = -1 must be an integer of at least 0"),
+    ([b"\x0b", body("a", {}, [])], "invalid CatalogSwap at load: empty"),
+    ([b"\x0b", body("a", {"de": "/x.npz"}, ["de"])], "invalid CatalogSwap at unload: 'de' both loaded and unloaded"),
+    ([b"\x0b", body("a", {"": "/x.npz"}, [])], "invalid CatalogSwap"),
+    ([b"\x0b", body("a", {"de": ""}, [])], "invalid CatalogSwap: load\\[...\\] must be a string between 1 and 4096"),
 ]
 
 
@@ -187,7 +212,8 @@ def test_wire_layout_is_an_array_of_fields_in_declaration_order():
     batch = score_batch("int32")
     decoded = msgpack.unpackb(protocol.encode(batch)[1])
     assert decoded[:2] == [7, "int32"]
-    assert decoded[2][2] == ["r3", 5.0, batch.requests[2].input_ids, [0, 2, 1], [10], 0, False, 3]
+    assert decoded[2][2] == ["r3", 5.0, batch.requests[2].input_ids, [0, 2, 1], [10], 0, False, 3,
+                             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None]
 
 
 def test_trailing_fields_with_defaults_may_be_left_out():

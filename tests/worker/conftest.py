@@ -31,10 +31,14 @@ profile_repeats = 1
 
 
 def write_config(folder: Path, endpoint: str, queued: int = 4, prefix_cache_mb: int | None = None,
-                 worker_lines: str = "") -> Path:
+                 worker_lines: str = "", beam_lines: str | None = None) -> Path:
     """configs/test.toml with its [worker] section replaced (short profile, fast heartbeats, plus
-    worker_lines) and, when given, [score] prefix_cache_mb set."""
+    worker_lines), when given [score] prefix_cache_mb set and its [beam] section's lines replaced, and
+    without [bounds]: a worker serves what its artifacts were compiled for (some test builds narrow a bound)."""
     text = (ROOT / "configs" / "test.toml").read_text()
+    text = re.sub(r"(?ms)^\[bounds\]\n.*?(?=^\[|\Z)", "", text)
+    if beam_lines is not None:
+        text = re.sub(r"(?ms)^\[beam\]\n.*?(?=^\[|\Z)", f"[beam]\n{beam_lines}\n\n", text)
     text = re.sub(r"(?ms)^\[worker\].*?(?=^\[|\Z)", "", text)
     if prefix_cache_mb is not None:
         text = re.sub(r"(?m)^prefix_cache_mb = .*\n", "", text)
@@ -115,9 +119,9 @@ class WorkerProcess:
     """A `python -m worker` subprocess; its JSON-lines log goes to a file."""
 
     def __init__(self, artifacts: Path, folder: Path, queued: int = 4, prefix_cache_mb: int | None = None,
-                 worker_lines: str = "") -> None:
+                 worker_lines: str = "", beam_lines: str | None = None) -> None:
         self.endpoint = f"ipc://{folder}/worker.sock"
-        self.config = write_config(folder, self.endpoint, queued, prefix_cache_mb, worker_lines)
+        self.config = write_config(folder, self.endpoint, queued, prefix_cache_mb, worker_lines, beam_lines)
         self.log_path = folder / "worker.log"
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(

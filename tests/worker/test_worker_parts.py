@@ -48,6 +48,16 @@ def test_score_requests_out_of_bounds_are_refused_alone():
     assert rejected[7] == "a label token id is given twice: it would share its probability with itself"
 
 
+def test_prompt_logprobs_over_the_compiled_top_k_are_refused_alone():
+    asks = lambda rid, n: protocol.ScoreRequest(rid, 100.0, protocol.pack_ids([1] * 4), (4,), (), 0,  # noqa: E731
+                                                prompt_logprobs=n)
+    rejected = check_score_batch(sbatch(asks("fits", BOUNDS.max_top_k), asks("over", BOUNDS.max_top_k + 1)),
+                                 BOUNDS, VOCAB)
+    assert list(rejected) == [1]
+    assert rejected[1] == ("prompt_logprobs 6 is more than the 5 top tokens per position the deployment is compiled "
+                           "for (bounds.max_top_k)")
+
+
 @pytest.mark.parametrize("requests,what", [
     ([sreq(f"r{i}", [64]) for i in range(5)], "tokens"),
     ([sreq(f"r{i}", [1, 1, 1]) for i in range(3)], "samples"),

@@ -57,8 +57,9 @@ class BeamNode:
     """Run beam search for a batch of prompts: __call__(prompt_ids, prompt_lens, W, S, k) -> BeamOutput."""
 
     def __init__(self, run: Callable, bounds: Bounds, vocab_size: int, early_stopping: bool | str, pad_id: int,
-                 device: str = "cpu", block: int = CPU_BLOCK, threads: int | None = None):
+                 device: str = "cpu", block: int = CPU_BLOCK, threads: int | None = None, constrained: bool = False):
         self._run = run  # the loaded AOTI package (or the eager BeamModule)
+        self.constrained = constrained  # takes a catalogue with every call (compile/beam/module.py)
         self.block = block  # the package's attention block: the packed prompts are padded to it
         self.threads = threads  # the CPU threads the package was compiled for (None: unchecked)
         self.bounds = bounds
@@ -73,22 +74,30 @@ class BeamNode:
         facts = manifest.node_table().beam
         threads = manifest.cpu_threads if torch.device(device).type == "cpu" else None
         return cls(package, manifest.bounds, manifest.model.vocab_size, facts.early_stopping, facts.pad_id, device,
-                   facts.attention_block, threads)
+                   facts.attention_block, threads, facts.constrained)
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
-                 num_return_sequences: int) -> BeamOutput:
-        return self.launch(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences).result()
+                 num_return_sequences: int, catalog: tuple[torch.Tensor, ...] | None = None) -> BeamOutput:
+        return self.launch(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences,
+                           catalog=catalog).result()
 
     def launch(self, prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, num_beams: int, max_new_tokens: int,
-               num_return_sequences: int, staging: Staging | None = None) -> Pending:
-        """Enqueue the call (see worker/runtime/transfer.py); Pending.result() builds the BeamOutput."""
+               num_return_sequences: int, staging: Staging | None = None,
+               catalog: tuple[torch.Tensor, ...] | None = None) -> Pending:
+        """Enqueue the call (see worker/runtime/transfer.py); Pending.result() builds the BeamOutput. A
+        constrained node takes `catalog`: each request's root row [R] int64 (host), then the five tables,
+        already on the node's device (worker/catalog_store.py's Catalog.node_inputs)."""
         self.check(prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences)
+        self.check_catalog(catalog, prompt_lens.numel())
         check_threads(self.threads, torch.get_num_threads())
         early_all = self.early_stopping is True or num_beams == 1
         args = node_inputs(prompt_ids, prompt_lens, num_beams, max_new_tokens, early_all, self.block)
         staging = staging or Staging(str(self.device))
+        tables = ()
+        if catalog is not None:
+            args, tables = (*args, catalog[0].to(torch.int64)), catalog[1:]
         with torch.inference_mode():
-            outputs = self._run(*staging.to_device(args))
+            outputs = self._run(*staging.to_device(args), *tables)
             return staging.to_host(list(outputs), lambda host: self._output(host, num_return_sequences, max_new_tokens))
 
     def _output(self, outputs: list[torch.Tensor], k: int, s: int) -> BeamOutput:
@@ -99,6 +108,16 @@ class BeamNode:
         scores, lens = scores.masked_fill(missing, float("-inf")), lens.masked_fill(missing, 0)
         after_end = torch.arange(s)[None, None, :] >= lens[:, :, None]
         return BeamOutput(tokens.masked_fill(after_end, self.pad_id), scores, lens)
+
+    def check_catalog(self, catalog: tuple[torch.Tensor, ...] | None, num_requests: int) -> None:
+        """A constrained node needs a catalogue with one root per request; an unconstrained one takes none."""
+        if self.constrained and catalog is None:
+            raise BoundsError("this beam node decodes constrained: it needs a catalogue (none is loaded)")
+        if not self.constrained and catalog is not None:
+            raise BoundsError("this beam node was built without catalogue tables ([beam] max_catalog_nodes = 0)")
+        if catalog is not None and catalog[0].shape != (num_requests,):
+            raise BoundsError(f"the catalogue roots have shape {list(catalog[0].shape)}, not one per request "
+                              f"({num_requests})")
 
     def check(self, prompt_ids, prompt_lens, num_beams, max_new_tokens, num_return_sequences) -> None:
         """Raise BoundsError naming the first bound (shared/bounds.py) or consistency rule the request breaks."""

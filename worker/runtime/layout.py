@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.work import StaticPrefix, WorkSize
+from shared.work import NO_REUSE, StaticPrefix, WorkSize
 
 
 # Rows per block on a CPU: the masked waste of partial blocks shrinks with the block, the per-block
@@ -103,7 +103,7 @@ class _Builder:
 
 def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[int], group_sizes: list[int],
             static_ids: torch.Tensor, block: int = CPU_BLOCK, hits: list[int] | None = None,
-            min_hit_rows: int = 0) -> Layout:
+            min_hit_rows: int = 0, computed_groups: frozenset[int] = frozenset()) -> Layout:
     """Lay out groups of (prefix, suffixes) over the static prefix `static_ids` [C] (may be empty),
     padded to the attention block of the package (the manifest's `attention_block`).
 
@@ -112,12 +112,16 @@ def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[i
     whole prefix only when every sample of the group goes on after it (its last token is computed).
     min_hit_rows: the fewest hit rows laid out (a package compiled with hit inputs always takes at
     least a block of them; rows beyond the hits' are a segment nobody reads).
+    computed_groups: groups whose every token is computed, the static prefix not reused (per-token
+    log-probs need each token's own hidden state); they take no hit.
 
     input_ids [sum(prefix_lens) + sum(sample_lens)]: per group its prefix ids, then its suffixes.
     The caller has checked the sizes (ScoreNode.check); this only arranges them.
     """
     static = StaticPrefix(tuple(static_ids.tolist()))
     hits = hits or [0] * len(prefix_lens)
+    if any(hits[g] for g in computed_groups):
+        raise ValueError("a group whose every token is computed cannot read a prefix-cache hit")
     builder, cached, cursor, sample = _Builder(len(static.ids), block, hits, min_hit_rows), [], 0, 0
     for group, (prefix_len, size) in enumerate(zip(prefix_lens, group_sizes)):
         prefix = input_ids[cursor: cursor + prefix_len]
@@ -127,12 +131,12 @@ def lay_out(input_ids: torch.Tensor, sample_lens: list[int], prefix_lens: list[i
         if hits[group]:
             reused = _hit_group(builder, prefix, suffixes, hits[group], builder.hit_segments[group])
         elif prefix_len:
-            reused = _shared_group(builder, prefix, suffixes, static)
+            reused = _shared_group(builder, prefix, suffixes, NO_REUSE if group in computed_groups else static)
         else:
             reused = 0
             builder.prefix_rows.append(())
             for ids in suffixes:
-                reuse = _extends_static(ids, static)
+                reuse = 0 if group in computed_groups else _extends_static(ids, static)
                 builder.sample_segments.append(builder.segment(ids[reuse:], reuse, 0 if reuse else -1))
                 reused += reuse
         cached.append(WorkSize(prefix_len, tuple(suffix_lens), reused).cached_tokens)

@@ -11,6 +11,17 @@ kernel, which ran at 0.24 of the float32 peak in the Qwen2.5-0.5B node (44.7 ms 
 machine): the operator alone on that layer's shapes (14 query heads, 2 K/V heads of 64, 15 causal samples
 of 285 tokens; median of 30 calls) took 15.9 ms, 0.61 of the peak; on Qwen3-0.6B's, 39.2 ms (0.56).
 
+`packed_attention_amx.cpp`: the same attention in bfloat16 with q·k and p·v on AMX tiles (the same packed k
+and v, intervals and online softmax in float32), for bfloat16 where the CPU has AMX, which ran
+FlexAttention's own bfloat16 kernel before (at 0.058 of the bf16 peak in the Qwen2.5-0.5B scoring node). The
+operator alone on the node's shapes (bench/attention_op.py: 15 causal samples, 4,285 tokens; 2 threads, an
+Intel Xeon with AMX shared with other work, load 1.3-2.6 on its 2 cores, 15 interleaved calls): 2.63x
+FlexAttention's bfloat16 kernel on Qwen2.5-0.5B's heads (14 and 2 of 64) and 2.20x on Qwen3-0.6B's (16 and 8
+of 128) by median wall time, 2.5x / 2.2x by CPU time, 2.7x / 2.4x packed_attention in bfloat16 there; 0.146 /
+0.097 of the bf16 peak measured in the same runs (955 / 1,455 GFLOP/s), FlexAttention's 0.056 / 0.044. On
+Qwen3's shapes in one thread, 8.9 of its 31.8 ms of CPU are the work around the tiles' products (q copied
+in, the output stored, k and v repacked); the rest the products and the softmax's vector work.
+
 The build compiles the library (torch.utils.cpp_extension: a C++ compiler and ninja, which the
 compile step has anyway) and copies it into the artifacts folder, named in the manifest with its
 hash; the runtime loads that file before the packages, so serving needs no compiler. A package calls
@@ -22,6 +33,7 @@ would have the same names).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -33,14 +45,21 @@ import torch
 
 from worker.runtime.files import file_hash
 
-__all__ = ["LIBRARY", "KernelMismatch", "attention_applies", "build_library", "load_library"]
+__all__ = ["LIBRARY", "OPERATORS", "KernelMismatch", "attention_applies", "attention_kernel", "build_library",
+           "load_library"]
 
 LIBRARY = "boundserve_kernels.so"
 """The library's file name in an artifacts folder."""
 
-SOURCES = (Path(__file__).parent / "packed_attention.cpp",)
-FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")
-"""-fopenmp: at::parallel_for is a header template; compiled without it, it runs on one thread."""
+OPERATORS = ("packed_attention", "packed_attention_amx")
+"""The library's operators (namespace boundserve), one signature: (q, k, v, intervals) -> out like q."""
+
+SOURCES = tuple(Path(__file__).parent / name for name in ("packed_attention.cpp", "packed_attention_amx.cpp"))
+FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma",
+         "-mamx-tile", "-mamx-bf16")
+"""-fopenmp: at::parallel_for is a header template; compiled without it, it runs on one thread. The AMX flags
+let packed_attention_amx.cpp use the tile intrinsics; compilers emit AMX instructions only where code asks for
+them, so the library loads and the other operator runs on a CPU without AMX."""
 
 _lock = threading.Lock()
 _loaded: str | None = None  # sha256 of the library this process loaded
@@ -51,14 +70,29 @@ class KernelMismatch(RuntimeError):
     """A kernel library that cannot be loaded into this process."""
 
 
-def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether a package's attention runs the kernel: a CPU with AVX512-BF16 (the library is compiled for
-    it), heads a multiple of 16 wide, and float32, or bfloat16 where the CPU has no AMX (with AMX,
-    FlexAttention's own bfloat16 kernel multiplies on its tiles). Float32 was measured on a CPU without
-    AMX only; FlexAttention's float32 kernel, which it replaces, is the same code with or without."""
+def attention_kernel(dtype: torch.dtype, device: torch.device, head_dim: int) -> str | None:
+    """The operator (of OPERATORS) a package's attention runs, or None for FlexAttention's kernel. Only on a
+    CPU with AVX512-BF16 (the library is compiled for it) and heads a multiple of 16 wide:
+    - bfloat16 where the CPU has AMX and Linux lets this process use it, heads a multiple of 32 wide (an AMX
+      tile row's 32 bfloat16): packed_attention_amx, q·k and p·v on the tiles; narrower heads keep
+      FlexAttention's bfloat16 kernel, which also multiplies on the tiles there;
+    - bfloat16 where the CPU has no AMX, and float32 on any: packed_attention (AVX512-BF16 dot products, or
+      FMAs). Float32 was measured on a CPU without AMX only; FlexAttention's float32 kernel, which it
+      replaces, is the same code with or without."""
     if device.type != "cpu" or head_dim % 16 or not torch.cpu._is_avx512_bf16_supported():
-        return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and not torch.cpu._is_amx_tile_supported())
+        return None
+    if dtype == torch.float32:
+        return "packed_attention"
+    if dtype != torch.bfloat16:
+        return None
+    if not torch.cpu._is_amx_tile_supported():
+        return "packed_attention"
+    return "packed_attention_amx" if head_dim % 32 == 0 and torch.cpu._init_amx() else None
+
+
+def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether a package's attention runs one of the library's operators (attention_kernel)."""
+    return attention_kernel(dtype, device, head_dim) is not None
 
 
 def build_library(out: Path | None = None) -> Path:
@@ -79,11 +113,18 @@ def build_library(out: Path | None = None) -> Path:
 def _compile() -> Path:
     """The compiled library's path. cpp_extension's `load` also loads what it built, from its own path:
     it runs in a child process, so that this one loads a library only through `load_library` (the same
-    library loaded from a second path would register its operators twice)."""
+    library loaded from a second path would register its operators twice).
+
+    The build folder is named by the sources' and flags' hash: cpp_extension versions a name only within
+    one process, so two checkouts with different sources built the same name into one folder, and a
+    process could load the other checkout's library (seen: an operator missing from it)."""
     script = ("import sys, json; from torch.utils.cpp_extension import load; a = json.loads(sys.argv[1]); "
-              "print(load(name='boundserve_kernels', sources=a['sources'], extra_cflags=a['flags'], "
+              "print(load(name=a['name'], sources=a['sources'], extra_cflags=a['flags'], "
               "extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False))")
-    args = json.dumps({"sources": [str(s) for s in SOURCES], "flags": list(FLAGS)})
+    sources = sorted(SOURCES) + sorted(Path(__file__).parent.glob("*.h"))
+    key = hashlib.sha256(json.dumps([[s.name, s.read_text()] for s in sources] + [list(FLAGS)]).encode())
+    args = json.dumps({"name": f"boundserve_kernels_{key.hexdigest()[:16]}", "sources": [str(s) for s in SOURCES],
+                       "flags": list(FLAGS)})
     done = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"compiling the boundserve kernels ({', '.join(s.name for s in SOURCES)}) failed; "
@@ -104,7 +145,8 @@ def load_library(path: Path, digest: str | None = None) -> None:
             raise KernelMismatch(f"{path}: this process already runs another build of the boundserve kernels "
                                  f"(sha256 {_loaded[:12]}); one process serves artifacts of one kernel build")
         torch.ops.load_library(str(path))
-        torch.library.register_fake("boundserve::packed_attention")(_packed_attention_shape)
+        for operator in OPERATORS:
+            torch.library.register_fake(f"boundserve::{operator}")(_packed_attention_shape)
         _loaded = digest
 
 

@@ -1,0 +1,72 @@
+"""bench/gpu_suite.py fails when it should: on any crashed stage, and on a top beam off float32's."""
+
+import pytest
+import torch
+
+from bench.gpu_suite import STAGES, failures, run_stages
+from bench.harness.parity import bf16_beams_check
+
+
+def crashed(stage: str) -> dict:
+    """One model's entry as the stage loop records a stage that raised (the shape of
+    gpu_suite_cpu_smoke.json's fp8_node before FP8 compiled on a CPU)."""
+    return {"parity": {"ok": True}, stage: {"error": "ConfigError: model.fp8 = true is for GPU builds", "trace": "..."}}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_recorded_as_crashed_fails_the_suite_naming_it(stage):
+    found = failures({"models": {"qwen3-0.6b": crashed(stage)}})
+    assert len(found) == 1 and f"stage {stage} crashed (ConfigError: model.fp8" in found[0]
+
+
+def test_a_stage_forced_to_raise_is_recorded_the_next_stage_still_runs_and_the_suite_fails():
+    def boom():
+        raise RuntimeError("forced: the fp8 node did not compile")
+
+    entry, ran = {}, []
+    steps = [("parity", lambda: {"ok": True}), ("fp8_node", boom), ("e2e", lambda: {}), ("score", boom)]
+    run_stages(entry, steps, skip={"score"}, after_each=ran.append)
+    assert ran == ["parity", "fp8_node", "e2e"] and "score" not in entry
+    assert entry["fp8_node"]["error"] == "RuntimeError: forced: the fp8 node did not compile"
+    assert "boom" in entry["fp8_node"]["trace"]
+    assert failures({"models": {"m": entry}}) == ["m: stage fp8_node crashed (RuntimeError: forced: the fp8 node "
+                                                  "did not compile)"]
+
+
+def test_stages_that_ran_clean_are_no_failure():
+    entry = {"parity": {"ok": True, "score": {"ok": True}, "beam": {"ok": True}}, "no_host_sync": {"ok": True},
+             "fp8_node": {"speedup": 1.2}, "e2e": {"/v1/score": {"points": [{"goodput_per_s": 9.0, "offered_per_s": 10.0}]}}}
+    assert failures({"models": {"m": entry}}) == []
+
+
+def test_a_top_beam_off_float32_fails_parity_naming_the_beam():
+    entry = {"parity": {"ok": False, "score": {"ok": True}, "beam": {"ok": False}}}
+    assert failures({"models": {"m": entry}}) == ["m: parity (beam)"]
+
+
+def test_the_best_beam_is_held_to_float32s_score_of_its_sequence_and_its_best_within_the_bf16_bound():
+    ref_best, hf_bf16_best = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01])  # bf16's own error 0.04
+    found = bf16_beams_check("b", torch.tensor([-1.05, -1.90]), torch.tensor([-1.02, -1.92]), hf_bf16_best, ref_best)
+    assert found["bound"] == pytest.approx(0.08) and found["ok"]  # prompt 1: another beam, better than float32's
+    assert found["score_error_vs_fp32_rescored"] == pytest.approx(0.03)
+    assert found["shortfall_vs_fp32_best"] == pytest.approx(0.02)
+
+
+def test_a_best_beam_scored_wrong_or_worse_than_float32s_by_more_than_the_bound_fails():
+    ref_best, hf_bf16_best = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01])
+    misscored = bf16_beams_check("b", torch.tensor([-1.0, -1.5]), torch.tensor([-1.0, -2.0]), hf_bf16_best, ref_best)
+    assert not misscored["ok"] and misscored["score_error_vs_fp32_rescored"] == pytest.approx(0.5)
+    worse = bf16_beams_check("b", torch.tensor([-1.3, -2.0]), torch.tensor([-1.3, -2.0]), hf_bf16_best, ref_best)
+    assert not worse["ok"] and worse["shortfall_vs_fp32_best"] == pytest.approx(0.3)
+
+
+def test_rescoring_a_sequence_gives_the_score_generate_ranked_it_by(demo_checkpoint):
+    """The float32 score the beam check compares with is generate()'s own: its best beam, rescored, scores the same."""
+    from bench.harness import hf_baselines
+    from tests.compile.reference import load_hf, random_batch
+
+    hf = load_hf(demo_checkpoint)
+    prompt = random_batch(1024, [9], seed=4)[0]
+    tokens, scores = hf_baselines.beams(hf, [prompt], 0, 4, 3, 2)
+    for j in range(2):
+        assert hf_baselines.rescore(hf, prompt, tokens[0, j]) == pytest.approx(float(scores[0, j]), abs=1e-4)
