@@ -1,16 +1,14 @@
-"""Deadline-ordered micro-batching: the async shell around shared/policy's batch plan and drops.
+"""Deadline-ordered micro-batching: the asyncio shell around one workload's Scheduler (shared/policy).
 
-One Batcher per workload. Its loop asks the pool for the least-loaded worker with a free slot, and
-the policy what to do with the head of the queue (`dispatch`): hold the batch while that worker is
-predicted busy for longer than `max_batch_wait_ms` plus the event loop's present lag (the timer
-that sends it fires late by as much: `Lateness.lead_ms`; a worker's answer wakes the loop, so a
-wrong prediction costs no idle time), or send it, answering the jobs that cannot finish in time 504
-instead (predicted late, before any compute). Its `lateness` learns how late answers come against
-the finish predicted when their batch was sent, beyond the event loop's present lag (sampled by
-gateway/loop_lag.py): the slack of those drops. A job whose deadline
-passes while queued is answered 504 at once by its own timer (`take_expired`) and never sent. If the
-loop ever ends (cancelled, or failing step after step), it logs why and answers every job it holds
-503 at once, and so every later submit.
+The scheduler owns the queue, the learnt lateness and every decision (admit or refuse, route, hold,
+drop predicted-late work, shed, the batch and the finish predicted for it); this shell keeps only
+what is asyncio's and the sockets': each queued job's expiry timer (a job whose deadline passes
+while queued is answered 504 at once and never sent), the timer that looks again after a Hold (the
+hold is the worker predicted busy for longer than `max_batch_wait_ms` plus the event loop's present
+lag: a worker's answer wakes the loop, so a wrong prediction costs no idle time), each sent job's
+overdue timer (504 worker_overdue at its deadline plus the grace), the futures, and the send. If
+the loop ever ends (cancelled, or failing step after step), it logs why and answers every job it
+holds 503 at once, and so every later submit.
 """
 
 from __future__ import annotations
@@ -19,12 +17,12 @@ import asyncio
 import logging
 
 from gateway.errors import ApiError
-from gateway.job import Job
+from gateway.job import QUEUED, Job, fail, timer_of
 from gateway.metrics import Metrics
 from gateway.worker_link import WorkerLink
 from gateway.worker_pool import WorkerPool
-from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, Prediction, Send, FinishEstimate, take_expired
-from shared.policy.routing import dispatch_routed
+from shared.policy import BatchBounds, DeadlineQueue, DropReason, Hold, Lateness
+from shared.policy.scheduler import Batch, Drops, Scheduler
 
 __all__ = ["BatchBounds", "Batcher"]
 log = logging.getLogger("gateway.batcher")
@@ -34,28 +32,28 @@ MAX_FAILED_STEPS = 20
 
 
 class Batcher:
-    """The queue and batching loop of one workload."""
+    """The timers, futures and sends of one workload's scheduler."""
 
-    def __init__(self, workload: str, pool: WorkerPool, bounds: BatchBounds, max_wait_ms: float,
-                 answer_grace_ms: float, metrics: Metrics, drop_late: bool = True, margin_ms: float = 0.0,
-                 order: str = "deadline", shed_by_cost: bool = False) -> None:
-        self.workload = workload
-        self.bounds = bounds
-        self.queue: DeadlineQueue[Job] = DeadlineQueue(order)
+    def __init__(self, scheduler: Scheduler[Job, WorkerLink], pool: WorkerPool, answer_grace_ms: float,
+                 metrics: Metrics) -> None:
+        self.scheduler = scheduler
+        self.workload = scheduler.workload
+        self.bounds = scheduler.settings.bounds
         self.stopped = ""
         """Why the loop ended ("" while it runs)."""
         self._pool = pool
-        self._max_wait_ms = max_wait_ms
-        self._drop_late = drop_late
-        self._shed_by_cost = shed_by_cost
-        self.lateness = Lateness()
-        """How much later than predicted at send its requests are answered (learnt): the slack of its
-        drops and of admission's refusals."""
-        self._margin_ms = margin_ms
         self._grace_s = answer_grace_ms / 1000.0
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+
+    @property
+    def queue(self) -> DeadlineQueue[Job]:
+        return self.scheduler.queue
+
+    @property
+    def lateness(self) -> Lateness:
+        return self.scheduler.lateness
 
     def now(self) -> float:
         return self._loop.time()
@@ -71,45 +69,41 @@ class Batcher:
     def wake(self) -> None:
         self._wake.set()
 
-    def submit(self, job: Job) -> None:
-        """Queue a job; its expiry timer answers 504 if it is still here at its deadline."""
-        if self.stopped:
-            job.fail(self._stopped_error())
-            return
-        job.enqueued_at = self._loop.time()
-        self.queue.push(job)
-        job.expiry = self._loop.call_at(job.deadline, self._expire, job)
+    def queued(self, jobs: list[Job]) -> None:
+        """The scheduler queued `jobs`: each one's expiry timer answers 504 if it is still queued at its
+        deadline; the loop looks at the queue."""
+        for job in jobs:
+            timer_of(job).timer = self._loop.call_at(job.deadline, self._expire, job)
         self._wake.set()
 
-    def learn(self, jobs: list[Job], answered_at: float) -> None:
-        """A request was answered: how late against the finish predicted when its jobs were sent."""
+    def requeue_returned(self, jobs: list[Job]) -> None:
+        """Jobs a draining worker refused uncomputed (one batch, one workload): their overdue timers
+        cancelled, queued again for another worker, with their expiry timers."""
         for job in jobs:
-            if job.dispatched is not None:
-                self.lateness.observe(job.dispatched, answered_at)
-
-    def learn_missed(self, jobs: list[Job], deadline: float) -> None:
-        """A request's sent work missed its deadline (expired in the worker, or overdue): it would
-        have been answered no earlier than the deadline."""
-        for job in jobs:
-            if job.dispatched is not None:
-                self.lateness.observe_missed(job.dispatched, deadline)
+            waiting = timer_of(job)
+            if waiting.timer is not None:
+                waiting.timer.cancel()
+                waiting.timer = None
+            job.state = QUEUED
+        self.scheduler.requeue(jobs)
+        self.queued(jobs)
 
     def abandon(self, job: Job, error: ApiError) -> None:
         """Answer a job of a request that failed (a sibling chunk failed) with `error`: taken out of the
         queue if still there; if already sent, its answer will find it done (its compute is wasted)."""
         self.queue.remove(job)
-        job.fail(error)
+        fail(job, error)
 
     def _expire(self, job: Job) -> None:
         # a timer may fire a hair before its time: the job's own deadline has passed by definition
-        for expired in take_expired(self.queue, max(self._loop.time(), job.deadline)):
-            expired.fail(ApiError("deadline_exceeded", "the deadline passed while the request waited in the "
+        for expired in self.scheduler.expire(max(self._loop.time(), job.deadline)):
+            fail(expired, ApiError("deadline_exceeded", "the deadline passed while the request waited in the "
                                                        "queue; it was never sent to a worker",
                                   drop_reason=DropReason.EXPIRED_IN_QUEUE))
 
     def _overdue(self, job: Job) -> None:
-        job.expiry = None
-        job.fail(ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
+        timer_of(job).timer = None
+        fail(job, ApiError("deadline_exceeded", f"the worker did not answer within {self._grace_s * 1000:.0f} ms "
                                                "after the deadline", drop_reason=DropReason.WORKER_OVERDUE))
 
     async def run(self) -> None:
@@ -148,51 +142,40 @@ class Batcher:
                 timer.cancel()
 
     def _step(self) -> float | None:
-        """Send one batch if it is time; else seconds until it will be (None: wait for a wake-up)."""
-        if not self.queue:
-            return None
-        now = self._loop.time()
+        """Act on one decision of the scheduler; seconds until it should be asked again (None: wait
+        for a wake-up: the pool's when a slot frees or a worker becomes ready, a submit's)."""
         workers = self._pool.serving(self.workload)
-        decision = dispatch_routed(self.queue, self.workload, self.bounds, workers, lambda link: link.latency_models[
-            self.workload], now, self._pool.max_inflight_batches, self._pool.recent,
-            self.lateness.lead_ms(self._max_wait_ms, now),
-            self._drop_late, self.lateness.slack_ms(self._margin_ms, now), self._shed_by_cost)
+        decision = self.scheduler.step(self._loop.time(), workers, lambda link: link.latency_models[self.workload],
+                                       self._pool.recent)
         if decision is None:
-            return None  # the pool wakes us when a slot frees or a worker becomes ready, a submit when a job comes
+            return None
         if isinstance(decision, Hold):
             return decision.wait_ms / 1000.0
-        link, plan = decision
-        self._send(link, plan, now)
+        self._drop_late(decision.jobs if isinstance(decision, Drops) else decision.dropped)
+        if isinstance(decision, Batch):
+            self._send(decision)
         return 0.0
 
-    def _send(self, link: WorkerLink, plan: Send[Job], now: float) -> None:
-        for job in plan.late:
-            self.queue.remove(job)
-            job.fail(ApiError("deadline_exceeded", "the request is predicted to finish past its deadline behind the "
+    def _drop_late(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            fail(job, ApiError("deadline_exceeded", "the request is predicted to finish past its deadline behind the "
                                                    "worker's work in flight; it was dropped before any compute",
                               drop_reason=DropReason.PREDICTED_LATE))
-        if not plan.live:
-            return
-        for job in plan.live:  # sized for where they run: out of the queue first (it keeps totals)
-            self.queue.remove(job)
-            job.resize(link.reuse)
-        timing = FinishEstimate(link.latency_models[self.workload], now, link.busy_ms(now))
-        items, computed = sum(j.batch_items for j in plan.live), sum(j.latency_tokens for j in plan.live)
-        predicted_ms = timing.predict_ms(items, computed)
-        dispatched = Prediction(link.busy_ms(now), predicted_ms, 0.0, timing.finish_at(items, computed))
-        if not link.send_batch(self._pool.next_batch_id(), self.workload, plan.live, predicted_ms):
-            for job in plan.live:
-                self.queue.push(job)  # they stay queued for another worker
+
+    def _send(self, batch: Batch[Job, WorkerLink]) -> None:
+        link = batch.worker
+        if not link.send_batch(self._pool.next_batch_id(), self.workload, batch.jobs, batch.predicted_ms):
+            self.scheduler.requeue(batch.jobs)  # they stay queued for another worker
             link.declare_lost("its socket is disconnected")
             return
         now = self._loop.time()
-        for job in plan.live:
-            job.dispatched = dispatched
+        for job in batch.jobs:
             self._metrics.observe_stage("queue", (now - job.enqueued_at) * 1000.0)
-            if job.expiry is not None:
-                job.expiry.cancel()
-            job.expiry = self._loop.call_at(job.deadline + self._grace_s, self._overdue, job)
-        used = sum(j.samples for j in plan.live) if self.workload == "score" else len(plan.live)
+            waiting = timer_of(job)
+            if waiting.timer is not None:
+                waiting.timer.cancel()
+            waiting.timer = self._loop.call_at(job.deadline + self._grace_s, self._overdue, job)
+        used = sum(j.samples for j in batch.jobs) if self.workload == "score" else len(batch.jobs)
         self._metrics.observe_batch(self.workload, used / self.bounds.max_items_per_batch)
 
     def _abandon(self, why: str, expected: bool) -> None:
@@ -204,8 +187,8 @@ class Batcher:
                 len(jobs))
         for job in jobs:
             self.queue.remove(job)
-            job.fail(self._stopped_error())
+            fail(job, self.stopped_error())
 
-    def _stopped_error(self) -> ApiError:
+    def stopped_error(self) -> ApiError:
         return ApiError("batcher_stopped", f"the gateway's {self.workload} batching loop stopped ({self.stopped}); "
                                            "nothing was computed for this request")

@@ -9,7 +9,7 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.api.generate import GenerateSpec
 from gateway.api.answers import Candidate, GenerateAnswer, GenerateUsage
-from gateway.job import Job
+from gateway.job import new_job
 from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
@@ -30,10 +30,10 @@ class GenerateService:
         self._end = RequestEnd(batcher, metrics)
         self._loop = asyncio.get_running_loop()
 
-    async def generate(self, spec: GenerateSpec, request_id: str, deadline: float) -> GenerateAnswer:
+    async def generate(self, spec: GenerateSpec, request_id: str, deadline: float, priority: int = 0) -> GenerateAnswer:
         started = self._loop.time()
         offered = self._metrics.demand.arrive(started, "beam", spec.beam_width, (deadline - started) * 1000.0)
-        self._admission.precheck(self._batcher, deadline, started, spec.beam_width)
+        self._admission.precheck(self._batcher, request_id, deadline, started, spec.beam_width, priority)
         prompt = self._tokenizer.encode([spec.prompt])[0]
         offered.tokens_per_item = len(prompt)
         now = self._loop.time()
@@ -45,11 +45,10 @@ class GenerateService:
         if not prompt:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
-        job = Job(request_id, "beam", deadline, [prompt], beam_key=key)
-        self._admission.admit(self._batcher, [job], now)
+        job = new_job(request_id, "beam", deadline, [prompt], beam_key=key, priority=priority)
+        self._admission.submit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        self._batcher.submit(job)
-        (result,) = await self._end.results([job])
+        (result,) = await self._end.results([job], (deadline - started) * 1000.0)
         return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
 
     def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> GenerateAnswer:

@@ -29,6 +29,9 @@ class Limits:
     has_head: bool
     prompt_template: str | None
     constraints: str | None
+    min_priority: int = 0
+    max_priority: int = 0
+    """The priorities a request may give ([gateway] min_priority, max_priority)."""
 
     @classmethod
     def of(cls, config: DeploymentConfig, manifest: Manifest, vocab_size: int) -> Limits:
@@ -47,6 +50,8 @@ class Limits:
             has_head=config.score.mlp_head is not None,
             prompt_template=config.score.prompt_template,
             constraints=config.beam.constraints,
+            min_priority=config.gateway.min_priority,
+            max_priority=config.gateway.max_priority,
         )
 
     def limit(self, name: str) -> int:

@@ -42,6 +42,14 @@ STAGES = ("admission", "tokenize", "queue", "worker", "total")
 WORKLOADS = ("score", "beam")
 DROP_REASONS = tuple(DropReason)
 WASTE_REASONS = ("late", "dropped")
+DEADLINE_CLASSES_MS = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 30_000)
+"""Upper bounds of the deadline classes goodput is counted by: a request is in the smallest class at or
+above its budget (as left when its service began), "+Inf" beyond the last."""
+
+
+def deadline_class(budget_ms: float) -> str:
+    """The label of the deadline class of a request with `budget_ms` (DEADLINE_CLASSES_MS)."""
+    return next((str(bound) for bound in DEADLINE_CLASSES_MS if budget_ms <= bound), "+Inf")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # `*_created` series (one timestamp per labelled counter) double the page for nothing a dashboard uses
@@ -146,6 +154,11 @@ class Metrics:
                            "its deadline (in_time) or after it (late): the in-time rate is the goodput.",
                            ("workload", "timing"), registry=r)
         self._answered = {(w, t): answered.labels(w, t) for w in WORKLOADS for t in ("in_time", "late")}
+        self.answered_by_class = Counter(
+            "boundserve_answered_by_class", "Requests answered with a result, by priority, deadline class (the "
+            "smallest of " + ", ".join(map(str, DEADLINE_CLASSES_MS)) + " ms at or above the request's budget, "
+            "else +Inf) and whether by the deadline (in_time) or after it (late): each class's in-time rate is "
+            "its goodput.", ("workload", "priority", "deadline_class", "timing"), registry=r)
         self._compute = {w: compute.labels(w) for w in WORKLOADS}
         self._wasted = {(w, why): wasted.labels(w, why) for w in WORKLOADS for why in WASTE_REASONS}
         self._predicted = {w: predicted.labels(w) for w in WORKLOADS}
@@ -199,9 +212,13 @@ class Metrics:
         if answer.dropped_ms:
             self.count_wasted(answer.workload, "dropped", answer.dropped_ms)
 
-    def count_answer(self, workload: str, in_time: bool) -> None:
-        """A request answered with a result, by its deadline or after it."""
-        self._answered[(workload, "in_time" if in_time else "late")].inc()
+    def count_answer(self, workload: str, in_time: bool, priority: int = 0, budget_ms: float | None = None) -> None:
+        """A request answered with a result, by its deadline or after it; by its priority and deadline
+        class when its budget is given."""
+        timing = "in_time" if in_time else "late"
+        self._answered[(workload, timing)].inc()
+        if budget_ms is not None:
+            self.answered_by_class.labels(workload, str(priority), deadline_class(budget_ms), timing).inc()
 
     def count_wasted(self, workload: str, reason: str, compute_ms: float) -> None:
         """Compute spent on a request whose answer was not delivered in time (reason: late, dropped)."""

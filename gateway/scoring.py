@@ -22,7 +22,7 @@ from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.api.answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
-from gateway.job import Job
+from gateway.job import Job, new_job
 from gateway.request_end import RequestEnd
 from gateway.limits import Limits
 from gateway.metrics import Metrics
@@ -55,20 +55,21 @@ class ScoreService:
         self._loop = asyncio.get_running_loop()
 
     async def score(self, spec: ScoreSpec, request_id: str, deadline: float,
-                    answer: Callable[[list[list[int]], list[ScoreResult]], Any] | None = None
-                    ) -> ScoreAnswer | SglangScoreAnswer | Any:
+                    answer: Callable[[list[list[int]], list[ScoreResult]], Any] | None = None,
+                    priority: int = 0) -> ScoreAnswer | SglangScoreAnswer | Any:
         """The answer to `spec`; with `answer`, answer(token ids per sample, the jobs' results in order) in
         place of /v1/score's (another route's shape: gateway/completions.py)."""
         self._active += 1
         try:
-            return await self._score(spec, request_id, deadline, answer)
+            return await self._score(spec, request_id, deadline, answer, priority)
         finally:
             self._active -= 1
 
-    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float, answer=None):
+    async def _score(self, spec: ScoreSpec, request_id: str, deadline: float, answer=None, priority: int = 0):
         arrived = self._loop.time()
-        offered = self._metrics.demand.arrive(arrived, "score", len(spec.samples), (deadline - arrived) * 1000.0)
-        self._admission.precheck(self._batcher, deadline, arrived, len(spec.samples))
+        budget_ms = (deadline - arrived) * 1000.0
+        offered = self._metrics.demand.arrive(arrived, "score", len(spec.samples), budget_ms)
+        self._admission.precheck(self._batcher, request_id, deadline, arrived, len(spec.samples), priority)
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._loop.time()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
@@ -76,13 +77,11 @@ class ScoreService:
         now = self._loop.time()
         self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
         self._check_lengths(token_ids)
-        jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline)
+        jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline, priority)
         offered.tokens_per_item = sum(j.latency_tokens for j in jobs) / sum(j.batch_items for j in jobs)
-        self._admission.admit(self._batcher, jobs, now)
+        self._admission.submit(self._batcher, jobs, now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        for job in jobs:
-            self._batcher.submit(job)
-        results = await self._end.results(jobs)
+        results = await self._end.results(jobs, budget_ms)
         arrays = _join([r.arrays() for r in results])
         prompt_tokens, cached_tokens = sum(j.work.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)
@@ -100,15 +99,16 @@ class ScoreService:
                 raise ApiError("invalid_request", f"sample {i} tokenizes to no tokens; every sample needs one")
 
     def _jobs(self, request_id: str, token_ids: list[list[int]], label_ids: tuple[int, ...], spec: ScoreSpec,
-              deadline: float) -> list[Job]:
+              deadline: float, priority: int) -> list[Job]:
         limits, bounds = self._limits, self._limits.bounds
         tokens_asked = spec.prompt_logprobs is not None  # per-token log-probs: every sample whole, nothing reused
         prefix_len = 0 if tokens_asked else sharing.shared_prefix_len(token_ids, limits.sharing)
         chunks = sharing.chunks(token_ids, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
         jobs = [
-            Job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
+            new_job(request_id if len(chunks) == 1 else chunk_id(request_id, k), "score", deadline, chunk,
                 label_ids=label_ids, top_k=spec.top_k, return_hidden=spec.output == "embedding",
-                prefix_len=prefix_len, reuse=limits.static_prefix, prompt_logprobs=spec.prompt_logprobs)
+                prefix_len=prefix_len, prompt_logprobs=spec.prompt_logprobs, reuse=limits.static_prefix,
+                priority=priority)
             for k, chunk in enumerate(chunks)
         ]
         reuse = NO_REUSE if tokens_asked else self._reuse_for(jobs[0].prefix_key)  # every chunk: the same prefix

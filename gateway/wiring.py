@@ -22,8 +22,20 @@ from gateway.tokenizer import RequestTokenizer
 from gateway.worker_pool import WorkerPool
 from shared.bounds import batch_bounds
 from shared import request_ids
-from shared.config import DeploymentConfig
+from shared.config import DeploymentConfig, GatewayConfig
+from shared.policy import AdmissionSettings, BatchBounds, QueueOrder
+from shared.policy.scheduler import DecisionLog, Scheduler, SchedulerSettings
 from shared.manifest import Manifest
+
+
+def scheduler(workload: str, bounds: BatchBounds, gw: GatewayConfig, log: DecisionLog | None = None) -> Scheduler:
+    """One workload's scheduler under the [gateway] settings; jobs are logged by their caller's request id."""
+    settings = SchedulerSettings(bounds, AdmissionSettings(gw.max_queue_tokens, gw.admission_margin_ms, gw.admission,
+                                                           gw.shed_by_cost),
+                                 gw.max_batch_wait_ms, gw.max_inflight_batches_per_worker, gw.drop_predicted_late,
+                                 QueueOrder(gw.queue_order))
+    return Scheduler(workload, settings, lambda job: request_ids.client_id(job.request_id), lambda link: link.reuse,
+                     log)
 
 
 @dataclass(frozen=True)
@@ -74,10 +86,8 @@ class Gateway:
         pool = WorkerPool(config.worker.endpoints if discovery is None else (), gw.worker_timeout_ms,
                           gw.max_inflight_batches_per_worker, metrics.observe_answer, limits.static_prefix, discovery)
         bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
-        admission = Admission(pool, gw.max_queue_tokens, gw.admission_margin_ms, gw.admission, gw.shed_by_cost)
-        batchers = {w: Batcher(w, pool, b, gw.max_batch_wait_ms, gw.worker_timeout_ms, metrics, gw.drop_predicted_late,
-                               gw.admission_margin_ms, gw.queue_order, gw.shed_by_cost)
-                    for w, b in bounds.items()}
+        admission = Admission(pool)
+        batchers = {w: Batcher(scheduler(w, b, gw), pool, gw.worker_timeout_ms, metrics) for w, b in bounds.items()}
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
                              gw.tokenize_offload_chars, pool.expected_reuse)
@@ -107,7 +117,7 @@ class Gateway:
     async def start(self) -> None:
         for batcher in self.batchers.values():
             self.pool.on_change(batcher.wake)
-        self.pool.on_returned(lambda job: self.batchers[job.workload].submit(job))
+        self.pool.on_returned(lambda jobs: self.batchers[jobs[0].workload].requeue_returned(jobs))
         await self.pool.start()
         self.tasks += [asyncio.create_task(b.run(), name=f"batcher {w}") for w, b in self.batchers.items()]
         self.lag_watch = LoopLagWatch([b.lateness.lag for b in self.batchers.values()])

@@ -23,12 +23,12 @@ import zmq
 import zmq.asyncio
 
 from gateway.errors import ApiError
-from gateway.job import DONE, SENT, Job
+from gateway.job import DONE, SENT, Job, fail, finish, wire_ids
 from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
 from shared import protocol
 from shared.bounds import batch_capacity
-from shared.policy import busy_ms
+from shared.policy import DropReason, busy_ms
 from shared.work import NO_REUSE, HeldPrefixes, StaticPrefix
 from gateway.telemetry import OFF, Telemetry, _Off
 
@@ -266,14 +266,15 @@ class WorkerLink:
             if job is None:
                 continue
             if result.status == protocol.Status.OK:
-                job.finish(result)
+                finish(job, result)
             elif result.status == protocol.Status.EXPIRED:
-                job.fail(ApiError("deadline_exceeded", "the deadline passed before the worker could start "
-                                                       "this request; it was dropped uncomputed"))
+                fail(job, ApiError("deadline_exceeded", "the deadline passed before the worker could start "
+                                                       "this request; it was dropped uncomputed",
+                                  drop_reason=DropReason.EXPIRED_IN_WORKER))
             else:
-                job.fail(ApiError("worker_error", f"the worker refused this request: {result.error}"))
+                fail(job, ApiError("worker_error", f"the worker refused this request: {result.error}"))
         for job in batch.jobs.values():
-            job.fail(ApiError("worker_error", "the worker answered the batch without this request"))
+            fail(job, ApiError("worker_error", "the worker answered the batch without this request"))
         self._on_answer(Answered(batch.workload, round_trip_ms, service_ms, batch.predicted_ms, message.compute_ms,
                                  dropped_ms))
         self._on_change()
@@ -302,7 +303,7 @@ class WorkerLink:
             self._on_change()
             return
         for job in batch.jobs.values():
-            job.fail(ApiError("worker_error", f"the worker refused the batch ({error.code}): {error.message}"))
+            fail(job, ApiError("worker_error", f"the worker refused the batch ({error.code}): {error.message}"))
         self._on_change()
 
     def _on_goodbye(self, goodbye: protocol.Goodbye) -> None:
@@ -335,8 +336,8 @@ class WorkerLink:
         batches, self.in_flight = self.in_flight, {}
         for batch in batches.values():
             for job in batch.jobs.values():
-                job.fail(ApiError("worker_lost", f"worker {self.endpoint} stopped answering ({why}) while "
-                                                 "computing this request"))
+                fail(job, ApiError("worker_lost", f"worker {self.endpoint} stopped answering ({why}) while "
+                                                 "computing this request", drop_reason=DropReason.WORKER_LOST))
         log.warning("worker %s %s: %s (%d batches failed)", self.endpoint, state, why, len(batches))
         self._on_change()
 
@@ -365,7 +366,7 @@ def _remaining_ms(job: Job, now: float) -> float:
 
 
 def _score_request(job: Job, now: float, traceparent: str = "") -> protocol.ScoreRequest:
-    flat, suffix_lens = job.wire_ids()  # a shared prefix once, then each sample's suffix
+    flat, suffix_lens = wire_ids(job)  # a shared prefix once, then each sample's suffix
     return protocol.ScoreRequest(job.request_id, _remaining_ms(job, now), flat.tobytes(), suffix_lens, job.label_ids,
                           job.top_k, job.return_hidden, job.prefix_len, traceparent,
                           job.prompt_logprobs)

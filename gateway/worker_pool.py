@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from shared.latency_correction import CorrectedModel
 from gateway.discovery import DnsDiscovery
-from gateway.job import DONE, QUEUED, Job
+from gateway.job import DONE, Job
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, Answered, WorkerLink
 from shared.policy import least_busy
@@ -59,7 +59,7 @@ class WorkerPool:
         self._looked_again: dict[WorkerLink, float] = {}
         """The loss (its out_of_service_since) each link last asked discovery to look again for."""
         self._listeners: list[Callable[[], None]] = []
-        self._requeue: Callable[[Job], None] = lambda job: None
+        self._requeue: Callable[[list[Job]], None] = lambda jobs: None
         self._batch_ids = itertools.count(1)
         self._context: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -73,19 +73,14 @@ class WorkerPool:
         for listener in self._listeners:
             listener()
 
-    def on_returned(self, requeue: Callable[[Job], None]) -> None:
-        """Queue again, with `requeue`, each job a draining worker gave back uncomputed."""
+    def on_returned(self, requeue: Callable[[list[Job]], None]) -> None:
+        """Queue again, with `requeue`, the jobs a draining worker gave back uncomputed."""
         self._requeue = requeue
 
     def _returned(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            if job.state == DONE:  # answered meanwhile (a sibling chunk failed, the client left)
-                continue
-            if job.expiry is not None:  # the timer of a sent job (overdue); the queue sets its own
-                job.expiry.cancel()
-                job.expiry = None
-            job.state, job.dispatched = QUEUED, None
-            self._requeue(job)
+        live = [job for job in jobs if job.state != DONE]  # not answered meanwhile (a sibling failed, the client left)
+        if live:
+            self._requeue(live)
 
     def _link(self, endpoint: str) -> WorkerLink:
         return WorkerLink(endpoint, self.gateway_id, self._loop.time, self._changed, self._on_answer, self.static,

@@ -63,6 +63,8 @@ class BodyFactory:
         deadline = record.deadline_ms if record.deadline_ms is not None else self.options.deadline_ms
         if deadline is not None and "deadline_ms" not in body:
             body["deadline_ms"] = int(round(deadline))
+        if record.priority and "priority" not in body:
+            body["priority"] = record.priority
         return body
 
     def input_of(self, length: int, rng: random.Random) -> Any:

@@ -1,7 +1,6 @@
 """What the simulator puts around the gateway's policy: jobs cut from trace records, and workers.
 
-Jobs have the fields the policy reads (shared/policy's Work), answered by a WorkSize as the
-gateway's are (gateway/job.py): a score request shares the prefix its trace record names by the
+Jobs are the gateway's own type (shared/policy/job.py), sized by a WorkSize as the gateway's are: a score request shares the prefix its trace record names by the
 gateway's rule (shared/prefix.SharingRule), is cut into chunks by the same rule
 (WorkSize.chunk_bounds) and reuses the deployment's static prefix as the gateway's jobs do
 (shared/work.StaticPrefix); beam B = beams, one job per request. A record's context id is its
@@ -22,47 +21,46 @@ from shared.latency_correction import CorrectedModel
 from loadgen.service import ServiceFn
 from loadgen.trace import TraceRecord
 from shared.latency_model import LatencyModel
-from shared.policy import BatchBounds, Prediction, busy_ms
+from shared.policy import BatchBounds, busy_ms
+from shared.policy.job import Job
 from shared.prefix import NEVER_SHARE, SharingRule
 from shared.prefix import prefix_key
-from shared.work import StaticPrefix, WorkSize, counted_by_work
+from shared.request_ids import chunk_id
+from shared.work import StaticPrefix, WorkSize
 from loadgen.prefix_model import PrefixCacheModel
 
 ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
 
 
-@counted_by_work
-@dataclass(eq=False)
-class SimJob:
-    """One queued unit of a request (shared/policy's Work)."""
+@dataclass
+class SimTag:
+    """What the simulator keeps with a job (shared/policy/job.py's Job, the one job type), in its `handle`."""
 
     request: int
     """Index of the trace record."""
-    deadline: float
-    """Absolute, simulated seconds."""
-    work: WorkSize
-    """What it sends and computes; the policy's counts are its answers (shared/work.counted_by_work)."""
-    label_ids: tuple[int, ...] = ()
-    beam_key: tuple[int, int, int] | None = None
-    done: bool = False
-    """Answered (computed, or failed): a late answer from a worker changes nothing."""
-    dispatched: Prediction | None = None
-    """The finish the batcher predicted when it sent the job."""
-    prefix_key: int | None = None
-    """Its record's context as routing's key (None: no context id, or nothing shared)."""
     split: bool = False
     """Its request was cut into several jobs (a worker's cache inserts their prefix at once)."""
     static_reused: int = 0
     """Tokens the static prefix alone saves it (what it reuses on a worker whose cache misses)."""
 
-    def resize(self, cache: PrefixCacheModel | None) -> None:
-        """Size it for a worker whose cache is `cache` (never while queued: the queue keeps totals)."""
-        held = cache.holds(self.prefix_key) if cache is not None and self.prefix_key is not None else 0
-        if held and not all(self.work.suffix_lens):
-            held = 0  # a sample ending with the prefix computes its last token: the model holds whole prefixes
-        reused = max(held, self.static_reused)
-        if reused != self.work.reused_tokens:
-            self.work = WorkSize(self.work.prefix_len, self.work.suffix_lens, reused)
+
+def tag(job: Job) -> SimTag:
+    return job.handle
+
+
+def cached_size(job: Job, reuse: StaticPrefix | PrefixCacheModel | None) -> WorkSize:
+    """A simulated job's size: by the static prefix when it is made (as the gateway's), then on a
+    worker whose modelled cache is `reuse` (None: none): the whole shared prefix when the cache holds
+    its context (a sample ending with the prefix computes its last token: the model holds whole
+    prefixes), else what the static prefix saves."""
+    if isinstance(reuse, StaticPrefix):
+        return WorkSize.of(job.token_ids, job.prefix_len, reuse)
+    work = job.work
+    held = reuse.holds(job.prefix_key) if reuse is not None and job.prefix_key is not None else 0
+    if held and not all(work.suffix_lens):
+        held = 0
+    reused = max(held, tag(job).static_reused)
+    return work if reused == work.reused_tokens else WorkSize(work.prefix_len, work.suffix_lens, reused)
 
 
 def context_key(context: int, prefix_tokens: int) -> int:
@@ -71,7 +69,7 @@ def context_key(context: int, prefix_tokens: int) -> int:
 
 
 def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBounds, default_beam_width: int,
-            sharing: SharingRule = NEVER_SHARE, static_prefix_tokens: int = 0) -> list[SimJob]:
+            sharing: SharingRule = NEVER_SHARE, static_prefix_tokens: int = 0) -> list[Job]:
     """The jobs the gateway would queue for this record, on a deployment whose score node holds a
     static prefix of `static_prefix_tokens` tokens (0: none).
 
@@ -82,7 +80,8 @@ def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBou
     if record.route == "generate":
         beams, prompt = record.shape(default_beam_width)
         key = (beams, record.max_new_tokens or 0, record.num_return_sequences or 1)
-        return [SimJob(index, deadline_s, WorkSize.prompt(int(prompt), beams), beam_key=key)]
+        return [Job(str(index), "beam", deadline_s, [range(int(prompt))], beam_key=key, priority=record.priority,
+                    handle=SimTag(index))]
     lengths = record.sample_tokens or _lengths(record)
     common = record.common_prefix_tokens()
     if static_prefix_tokens and min(lengths) >= static_prefix_tokens:
@@ -93,10 +92,11 @@ def jobs_of(index: int, record: TraceRecord, deadline_s: float, bounds: BatchBou
     whole = WorkSize.of(samples, prefix_len)
     cuts = whole.chunk_bounds(bounds.max_items_per_batch, bounds.max_tokens_per_batch)
     key = context_key(record.context, prefix_len) if record.context is not None and prefix_len else None
-    jobs = [SimJob(index, deadline_s, WorkSize.of(samples[start:end], prefix_len, reuse), prefix_key=key,
-                   split=len(cuts) > 1) for start, end in cuts]
+    jobs = [Job(str(index) if len(cuts) == 1 else chunk_id(str(index), k), "score", deadline_s, samples[start:end],
+                prefix_len=prefix_len, reuse=reuse, prefix_key=key, priority=record.priority, sizer=cached_size,
+                handle=SimTag(index, len(cuts) > 1)) for k, (start, end) in enumerate(cuts)]
     for job in jobs:
-        job.static_reused = job.work.reused_tokens
+        tag(job).static_reused = job.work.reused_tokens
     return jobs
 
 
@@ -111,10 +111,10 @@ class SimBatch:
 
     batch_id: int
     workload: str
-    jobs: list[SimJob]
+    jobs: list[Job]
     sent_at: float
     predicted_ms: float
-    expired: list[SimJob] = field(default_factory=list)
+    expired: list[Job] = field(default_factory=list)
     """Members whose deadline had passed when the batch started: dropped uncomputed."""
     started_at: float = 0.0
     compute_ms: float = 0.0
@@ -151,7 +151,7 @@ class SimWorker:
         if self.cache is not None:
             for job in live:  # its prefix is read (a hit) or computed, then maybe inserted
                 if job.prefix_key is not None and all(job.work.suffix_lens):
-                    self.cache.serve(job.prefix_key, job.work.prefix_len, job.split)
+                    self.cache.serve(job.prefix_key, job.work.prefix_len, tag(job).split)
         items = sum(j.batch_items for j in live)
         batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
         if jitter is not None:

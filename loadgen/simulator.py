@@ -1,8 +1,10 @@
 """Offline discrete-event replay of a trace through the gateway's own scheduling policy.
 
-Every decision comes from the functions the gateway calls (shared/policy): precheck and admit
-with probes and learnt lateness, the deadline-ordered queue, dispatch (hold, send, predicted-late
-drops) and take_expired; predictions come from the gateway's CorrectedModel (shared/latency_correction.py),
+Every decision and every state change around it is made by the object the gateway drives, one
+Scheduler per workload (shared/policy/scheduler.py: precheck and admit with probes and learnt
+lateness, the deadline-ordered queue, routing, holds, predicted-late drops and shedding, the batch
+resized for its worker with its prediction, expiry, what answers and drops teach); this module
+keeps only an event heap and a fake clock around it. Predictions come from the gateway's CorrectedModel (shared/latency_correction.py),
 fed each simulated batch as the gateway feeds it the workers' answers. Only the world around the
 gateway is simulated (loadgen/sim_world.py):
   clients   a request reaches the gateway request_overhead_ms / 2 after its scheduled time and its
@@ -38,13 +40,15 @@ from shared.manifest import Manifest
 from shared.prefix import SharingRule
 from loadgen.result import RequestResult
 from loadgen.service import ServiceFn
-from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimJob, SimWorker, Speed, initial_model, jobs_of,
+from loadgen.sim_world import (ROUTE_WORKLOAD, Jitter, SimBatch, SimWorker, Speed, initial_model, jobs_of, tag,
                                speed_at)
 from loadgen.trace import Trace
 from loadgen.prefix_model import PrefixCacheModel
-from shared.policy import (SENT_AND_MISSED, AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold,
-                           Lateness, PoolView, Prediction, Refusal, admit, precheck, take_expired)
-from shared.policy.routing import Placement, RecentHolders, dispatch_routed
+from shared.policy import AdmissionSettings, BatchBounds, DeadlineQueue, DropReason, Hold, Lateness, PoolView, \
+    Prediction, QueueOrder, Refusal
+from shared.policy.routing import Placement, RecentHolders
+from shared.policy.job import DONE, Job
+from shared.policy.scheduler import Batch, DecisionLog, Drops, Scheduler, SchedulerSettings
 
 STATUS = {"ok": 200, "queue_full": 429, "deadline_unmeetable": 503, "deadline_exceeded": 504}
 WORKLOAD_ROUTE = {w: r for r, w in ROUTE_WORKLOAD.items()}
@@ -157,7 +161,7 @@ KNOBS = tuple(f.name for f in dataclasses.fields(SimSettings) if f.name != "boun
 
 @dataclass
 class _Request:
-    jobs: list[SimJob]
+    jobs: list[Job]
     open_jobs: int
     prediction: Prediction
     done: bool = False
@@ -167,8 +171,10 @@ class Simulator:
     """Runs a trace through the policy above; `run` returns one RequestResult per record."""
 
     def __init__(self, settings: SimSettings, service: ServiceFn, profile: ServiceFn | None = None,
-                 speeds: list[Speed] | None = None) -> None:
+                 speeds: list[Speed] | None = None, log: DecisionLog | None = None) -> None:
         self.settings = settings
+        self.log = log
+        """When given, every scheduler decision is logged in it (the gateway's can keep the same log)."""
         self.service = service
         self.profile = profile or service
         """What the workers report at start-up, where the gateway's predictions start (default: the
@@ -182,16 +188,23 @@ class Simulator:
         """Trace index -> the worker compute its jobs took (each job's share of its batch, by items)."""
         self.batch_fill: list[float] = []
         """Per batch sent: its samples (score) or requests (beam) over what one batch may hold."""
+        self.computing: list[tuple[int, float, float]] = []
+        """Per batch sent: (worker index, start, end of its compute), simulated seconds."""
 
     def run(self, trace: Trace) -> list[RequestResult]:
         s = self.settings
         self.now, self.records, self._ids = 0.0, trace.records, itertools.count(1)
         self.results = [RequestResult(i, r.route, r.t_ms, sent_ms=r.t_ms) for i, r in enumerate(trace.records)]
         self.requests: dict[int, _Request] = {}
-        self.queues = {w: DeadlineQueue(s.queue_order) for w in WORKLOAD_ROUTE}
-        self.lateness = {w: Lateness() for w in WORKLOAD_ROUTE}
-        """The batcher's learnt lateness per workload: the slack of its drops and of admission."""
-        self.admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission, s.shed_by_cost)
+        admission = AdmissionSettings(s.max_queue_tokens, s.admission_margin_ms, s.admission, s.shed_by_cost)
+        self.schedulers = {w: Scheduler(w, SchedulerSettings(s.batch_bounds(w), admission, s.max_batch_wait_ms,
+                                                             s.max_inflight_batches, s.drop_predicted_late,
+                                                             QueueOrder(s.queue_order)),
+                                        lambda job: str(tag(job).request), lambda worker: worker.cache, self.log)
+                           for w in WORKLOAD_ROUTE}
+        self.queues: dict[str, DeadlineQueue[Job]] = {w: sch.queue for w, sch in self.schedulers.items()}
+        self.lateness: dict[str, Lateness] = {w: sch.lateness for w, sch in self.schedulers.items()}
+        """The learnt lateness per workload: the slack of its drops and of admission."""
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms,
                                   cache=PrefixCacheModel(s.prefix_cache_tokens) if s.prefix_cache_tokens else None)
                         for i in range(s.workers)]
@@ -243,11 +256,11 @@ class Simulator:
             home = self._placement().home(jobs[0].prefix_key)
             for job in jobs:
                 job.resize(self._by_name()[home].cache if home else None)
-        queue, view, model = self.queues[workload], self._view(), self._admission_model(workload)
-        decision = precheck(queue, view, model, deadline, self.now, self.admission, self.lateness[workload],
-                            sum(j.batch_items for j in jobs))
+        scheduler, view, model = self.schedulers[workload], self._view(), self._admission_model(workload)
+        decision = scheduler.precheck(str(index), deadline, sum(j.batch_items for j in jobs), self.now, view, model,
+                                      record.priority)
         if decision is None:
-            decision = admit(jobs, queue, view, model, self.now, self.admission, self.lateness[workload])
+            decision = scheduler.submit(jobs, self.now, view, model)
         if isinstance(decision, Refusal):
             self.drops[decision.reason] += 1
             self.reasons[index] = decision.reason
@@ -255,39 +268,32 @@ class Simulator:
             return
         self.requests[index] = _Request(jobs, len(jobs), decision)
         for job in jobs:
-            queue.push(job)
             self._at(job.deadline, "expire", (workload, job))
 
-    def _fail(self, job: SimJob, reason: str, code: str = "deadline_exceeded") -> None:
-        job.done = True
-        request = self.requests[job.request]
+    def _fail(self, job: Job, reason: str, code: str = "deadline_exceeded") -> None:
+        job.state = DONE
+        request = self.requests[tag(job).request]
         if request.done:
             return
         request.done = True
-        if reason in SENT_AND_MISSED:  # as the gateway's request end: it would have come no earlier
-            deadline = min(j.deadline for j in request.jobs)
-            lateness = self.lateness[ROUTE_WORKLOAD[self.records[job.request].route]]
-            for sent in request.jobs:
-                if sent.dispatched is not None:
-                    lateness.observe_missed(sent.dispatched, deadline)
+        # as the gateway's request end: the other chunks leave the queue, sent work that missed is learnt
+        index = tag(job).request
+        self.schedulers[ROUTE_WORKLOAD[self.records[index].route]].on_failed(request.jobs, reason, self.now)
         self.drops[reason] += 1
-        self.reasons[job.request] = reason
-        for sibling in request.jobs:  # the gateway's wait_all: the other chunks are cancelled
-            self.queues[ROUTE_WORKLOAD[self.records[job.request].route]].remove(sibling)
-        self._answer(job.request, code)
+        self.reasons[index] = reason
+        self._answer(index, code)
 
-    def _succeed(self, job: SimJob) -> None:
-        job.done = True
-        request = self.requests[job.request]
+    def _succeed(self, job: Job) -> None:
+        job.state = DONE
+        index = tag(job).request
+        request = self.requests[index]
         request.open_jobs -= 1
         if request.open_jobs == 0 and not request.done:
             request.done = True
-            workload = ROUTE_WORKLOAD[self.records[job.request].route]
+            workload = ROUTE_WORKLOAD[self.records[index].route]
             answered_at = self.now + (self._loop_lag_s() if self.settings.gateway_ms_per_request else 0.0)
-            for sibling in request.jobs:
-                if sibling.dispatched is not None:
-                    self.lateness[workload].observe(sibling.dispatched, answered_at)
-            self._answer(job.request, "ok", answered_at)
+            self.schedulers[workload].on_answer(request.jobs, answered_at)
+            self._answer(index, "ok", answered_at)
 
     def _answer(self, index: int, code: str, at_s: float | None = None) -> None:
         """The client gets the answer the gateway gives at `at_s` (default: now) half the overhead later."""
@@ -297,14 +303,14 @@ class Simulator:
         result.status, result.outcome = STATUS[code], code
 
     # -- timers and answers ------------------------------------------------------------------------
-    def _on_expire(self, item: tuple[str, SimJob]) -> None:
+    def _on_expire(self, item: tuple[str, Job]) -> None:
         workload, job = item
         if job in self.queues[workload]:
-            for expired in take_expired(self.queues[workload], max(self.now, job.deadline)):
+            for expired in self.schedulers[workload].expire(max(self.now, job.deadline)):
                 self._fail(expired, DropReason.EXPIRED_IN_QUEUE)
 
-    def _on_overdue(self, job: SimJob) -> None:
-        if not job.done:
+    def _on_overdue(self, job: Job) -> None:
+        if job.state != DONE:
             self._fail(job, DropReason.WORKER_OVERDUE)
 
     def _on_wake(self, workload: str) -> None:
@@ -316,9 +322,9 @@ class Simulator:
         computed = [j for j in batch.jobs if j not in batch.expired]
         items = sum(j.batch_items for j in computed)
         for job in computed:
-            self.compute_ms[job.request] += batch.compute_ms * job.batch_items / items
+            self.compute_ms[tag(job).request] += batch.compute_ms * job.batch_items / items
         for job in batch.jobs:
-            if job.done:
+            if job.state == DONE:
                 continue
             if job in batch.expired:
                 self._fail(job, DropReason.EXPIRED_IN_WORKER)
@@ -327,42 +333,27 @@ class Simulator:
 
     # -- the batcher -------------------------------------------------------------------------------
     def _dispatch(self, workload: str) -> None:
-        queue = self.queues[workload]
-        while queue:
-            decision = dispatch_routed(queue, workload, self.settings.batch_bounds(workload), self._by_name(),
-                                       lambda w: w.models[workload], self.now, self.settings.max_inflight_batches,
-                                       self.recent,
-                                       self.lateness[workload].lead_ms(self.settings.max_batch_wait_ms, self.now),
-                                       self.settings.drop_predicted_late,
-                                       self.lateness[workload].slack_ms(self.settings.admission_margin_ms, self.now),
-                                       self.settings.shed_by_cost)
+        scheduler = self.schedulers[workload]
+        while True:
+            decision = scheduler.step(self.now, self._by_name(), lambda w: w.models[workload], self.recent)
             if decision is None:
-                return  # an answer (a freed slot) triggers the next look
+                return  # an answer (a freed slot) or an arrival triggers the next look
             if isinstance(decision, Hold):
                 self._wake(workload, self.now + decision.wait_ms / 1000.0)
                 return
-            worker, plan = decision
-            for job in plan.late:
-                queue.remove(job)
+            for job in decision.jobs if isinstance(decision, Drops) else decision.dropped:
                 self._fail(job, DropReason.PREDICTED_LATE)
-            if plan.live:
-                dispatched = Prediction(worker.busy_ms(self.now), plan.predicted_ms, 0.0, plan.finish_at)
-                for job in plan.live:
-                    job.dispatched = dispatched
-                self._send(worker, workload, plan.live, plan.predicted_ms)
+            if isinstance(decision, Batch):
+                self._send(decision.worker, workload, decision.jobs, decision.predicted_ms)
 
-    def _send(self, worker: SimWorker, workload: str, jobs: list[SimJob], predicted_ms: float) -> None:
-        for job in jobs:
-            self.queues[workload].remove(job)
-            job.resize(worker.cache)
-        if worker.cache is not None:  # predicted for what this worker will compute, as the gateway does
-            items = sum(j.batch_items for j in jobs)
-            predicted_ms = worker.models[workload].predict_ms(items, sum(j.latency_tokens for j in jobs) / items)
+    def _send(self, worker: SimWorker, workload: str, jobs: list[Job], predicted_ms: float) -> None:
+        """Send a batch the scheduler formed (out of its queue, resized for `worker`, its prediction recorded)."""
         batch = SimBatch(next(self._ids), workload, jobs, self.now, predicted_ms)
         bounds = self.settings.batch_bounds(workload)
         self.batch_fill.append((sum(j.samples for j in jobs) if workload == "score" else len(jobs)) / bounds.max_items_per_batch)
         speed = speed_at(self.speeds, self.now)
         worker.run(batch, WORKLOAD_ROUTE[workload], speed.service, speed.jitter)
+        self.computing.append((worker.index, batch.started_at, batch.started_at + batch.compute_ms / 1000.0))
         self._at(batch.finish_at, "done", (worker, batch))
         grace_s = self.settings.worker_timeout_ms / 1000.0
         for job in jobs:

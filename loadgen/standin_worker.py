@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import sys
 import threading
@@ -78,6 +79,9 @@ class StandInWorker:
     """When set, stops answering and heartbeating (a hung worker)."""
     refuse: str = ""
     """When set, answers every batch with an Error of this code (a worker that cannot serve)."""
+    expire: bool = False
+    """When set, answers every request `expired` (a worker that found each past its deadline when
+    its batch started), its compute 0."""
     static_prefix_ids: tuple[int, ...] = ()
     """The deployment's static prefix this worker announces and does not count as computed."""
     requests: list[protocol.ScoreRequest] = field(default_factory=list)
@@ -88,6 +92,13 @@ class StandInWorker:
     prefix_cache: PrefixCacheModel | None = None
     """When given, a modelled prefix cache (loadgen/prefix_model.py): shared prefixes are inserted on
     their second sighting, a hit is counted as cached tokens and its heartbeats report what it holds."""
+    manual: bool = False
+    """When set, no batch is answered by itself: each is kept in `received` (arrival order) until the
+    test calls `release` for it with the service it decides (a worker whose times a virtual-time test
+    sets: tests/gateway/test_gateway_simulator_decisions.py)."""
+    received: list[protocol.ScoreBatch] = field(default_factory=list)
+    _manual_peers: list[bytes] = field(default_factory=list)
+    _releases: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     spin: bool = False
     """Compute by spinning with the GIL held, as a CPU worker's compiled call does (own process only)."""
     drain_ack_timeout_ms: float = 2000.0
@@ -110,6 +121,11 @@ class StandInWorker:
         assert self._thread is not None
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    def release(self, index: int, compute_ms: float, queue_ms: float, expired: frozenset[str] = frozenset()) -> None:
+        """Answer the `index`-th batch received (manual mode): the requests named in `expired` as found
+        expired at its start, the rest computed, reporting `compute_ms` and `queue_ms` (its wait here)."""
+        self._releases.put((index, compute_ms, queue_ms, expired))
 
     def stop(self) -> None:
         self._stop.set()
@@ -137,6 +153,8 @@ class StandInWorker:
                     peer, *frames = sock.recv_multipart()
                     if not self.silent:
                         self._handle(sock, peer, frames, peers)
+                while not self._releases.empty():
+                    self._answer_released(sock, *self._releases.get())
                 if self._held and self.gate is not None and self.gate.is_set():
                     for frames in self._held:
                         sock.send_multipart(frames)
@@ -168,6 +186,10 @@ class StandInWorker:
                                    message.batch_id)
         elif isinstance(message, (protocol.ScoreBatch, protocol.BeamBatch)) and self.refuse:
             reply = protocol.Error(self.refuse, "the stand-in was told to refuse", message.batch_id)
+        elif isinstance(message, protocol.ScoreBatch) and self.manual:
+            self._manual_peers.append(peer)
+            self.received.append(message)  # after its peer: a reader that sees it can release it
+            return
         elif isinstance(message, protocol.ScoreBatch):
             reply = self._score(message)
         elif isinstance(message, protocol.BeamBatch):
@@ -178,6 +200,15 @@ class StandInWorker:
             self._held.append([peer, *protocol.encode(reply)])
             return
         sock.send_multipart([peer, *protocol.encode(reply)])
+
+    def _answer_released(self, sock: zmq.Socket, index: int, compute_ms: float, queue_ms: float,
+                         expired: frozenset[str]) -> None:
+        batch = self.received[index]
+        results = tuple(protocol.ScoreResult(req.request_id, protocol.Status.EXPIRED) if req.request_id in expired
+                        else self._score_one(req, batch.token_dtype) for req in batch.requests)
+        self.seen_request_ids.extend(req.request_id for req in batch.requests)
+        answer = protocol.ScoreResults(batch.batch_id, results, queue_ms, compute_ms)
+        sock.send_multipart([self._manual_peers[index], *protocol.encode(answer)])
 
     def _ready(self) -> protocol.Ready:
         return protocol.Ready(protocol.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"),
@@ -202,7 +233,7 @@ class StandInWorker:
         return protocol.ScoreResults(batch.batch_id, tuple(results), 0.0, compute_ms)
 
     def _score_one(self, req: protocol.ScoreRequest, dtype: str) -> protocol.ScoreResult:
-        if req.deadline_ms <= 0:
+        if req.deadline_ms <= 0 or self.expire:
             return protocol.ScoreResult(req.request_id, protocol.Status.EXPIRED)
         flat = protocol.unpack_ids(req.input_ids, dtype).tolist()
         prefix, start, suffixes = flat[: req.prefix_len], req.prefix_len, []
@@ -232,7 +263,7 @@ class StandInWorker:
         results = []
         for req in batch.requests:
             self.seen_request_ids.append(req.request_id)
-            if req.deadline_ms <= 0:
+            if req.deadline_ms <= 0 or self.expire:
                 results.append(protocol.BeamResult(req.request_id, protocol.Status.EXPIRED))
                 continue
             prompt = protocol.unpack_ids(req.prompt_ids, batch.token_dtype).tolist()

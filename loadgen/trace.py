@@ -60,6 +60,8 @@ class TraceRecord:
     context: int | None = None
     """score: which context the shared prefix is; records with the same context (and prefix_tokens)
     send the same prefix tokens (loadgen/bodies.py), as repeated contexts of one user or query."""
+    priority: int = 0
+    """The request's priority (larger is more important; the gateway's `priority` field)."""
 
     def shape(self, default_beam_width: int = 1) -> tuple[int, float]:
         """(B, L) for the latency model: score B = samples, L = mean tokens per sample;
@@ -96,6 +98,8 @@ class TraceRecord:
             out["prompt_tokens"] = self.prompt_tokens
         if self.prefix_tokens:
             out["prefix_tokens"] = self.prefix_tokens
+        if self.priority:
+            out["priority"] = self.priority
         return out
 
 
@@ -169,7 +173,7 @@ def parse_record(raw: Any) -> TraceRecord:
         raise TraceError(f"a trace line must be a JSON object, got {type(raw).__name__}")
     known = {"t_ms", "route", "sample_tokens", "samples", "tokens_per_sample", "prompt_tokens",
              "beam_width", "max_new_tokens", "num_return_sequences", "deadline_ms", "body",
-             "group", "output_tokens", "prefix_tokens", "context"}
+             "group", "output_tokens", "prefix_tokens", "context", "priority"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise TraceError(f"unknown field(s) {unknown}; known: {sorted(known)}")
@@ -198,8 +202,15 @@ def parse_record(raw: Any) -> TraceRecord:
         num_return_sequences=_int(raw, "num_return_sequences"),
         deadline_ms=_deadline(raw), body=body,
         group=_int(raw, "group", low=0), output_tokens=_int(raw, "output_tokens", low=0), prefix_tokens=prefix,
-        context=context,
+        context=context, priority=_priority(raw),
     )
+
+
+def _priority(raw: dict[str, Any]) -> int:
+    value = raw.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"priority must be an integer, got {value!r}")
+    return value
 
 
 def _sample_tokens(raw: dict[str, Any]) -> tuple[int, ...]:

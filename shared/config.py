@@ -367,11 +367,19 @@ class GatewayConfig:
     request is predicted in time it changes nothing. The largest requests are the first shed under
     overload: they are served with the room the cheaper ones leave (docs/design/scheduling.md). False:
     deadline order alone decides what is given up."""
+    min_priority: int = -10
+    """Smallest `priority` a request may give (body field or X-Priority header); below it: 400."""
+    max_priority: int = 10
+    """Largest `priority` a request may give; above it: 400. Larger is more important: under
+    overload the lower priorities are refused or shed first; a request without one has 0."""
     queue_order: Literal["deadline", "arrival"] = "deadline"
     """Serving order of the queue: deadline (earliest deadline first) or arrival (first come, first
     served; for baselines). Either way a request expires (504) when its deadline passes in the queue."""
 
     def validate(self) -> None:
+        if not self.min_priority <= 0 <= self.max_priority:
+            raise ConfigError(f"gateway.min_priority = {self.min_priority} and gateway.max_priority = "
+                              f"{self.max_priority} must hold 0, the priority of a request that gives none")
         for name in ("score_deadline_ms", "generate_deadline_ms"):
             if getattr(self, name) > self.max_deadline_ms:
                 raise ConfigError(f"gateway.{name} = {getattr(self, name)} is over gateway.max_deadline_ms = "

@@ -182,7 +182,7 @@ POLICY_COUNTS = {"samples": "samples", "tokens": "sent_tokens", "batch_items": "
 
 def counted_by_work(cls: type) -> type:
     """Class decorator: a job class holding `work: WorkSize` answers shared/policy's counts from it
-    (gateway/job.py's Job and the simulator's SimJob), so neither keeps counts of its own."""
+    (shared/policy/job.py's Job, the gateway's and the simulator's), so no one keeps counts of its own."""
     for name, answer in POLICY_COUNTS.items():
         setattr(cls, name, property(lambda self, answer=answer: getattr(self.work, answer),
                                     doc=f"work.{answer} (shared/work.py)"))

@@ -13,7 +13,8 @@ from gateway.api.deadline import ENVOY_HEADER
 from gateway.errors import ERRORS, SENT, ErrorAnswer
 from gateway.api.answers import ANSWERS
 from gateway.api.completions import CompletionAnswer, completion_request
-from gateway.api.types import request_types
+from gateway.api.priority import PRIORITY_HEADER
+from gateway.api.types import PRIORITY_HELP, request_types
 from gateway.api.compat_openapi import compat_paths
 from gateway.limits import Limits
 
@@ -38,6 +39,9 @@ def openapi_document(limits: Limits) -> dict[str, Any]:
                 "schema": {"type": "integer", "minimum": least, "maximum": limits.max_deadline_ms}}
                for name, least, extra in (("X-Deadline-Ms", 1, ""),
                                           (ENVOY_HEADER, 0, " Envoy's 0 means no timeout: the others decide."))]
+    headers.append({"name": PRIORITY_HEADER, "in": "header", "required": False,
+                    "description": PRIORITY_HELP + " The body's priority field, if given, must be the same.",
+                    "schema": {"type": "integer", "minimum": limits.min_priority, "maximum": limits.max_priority}})
     errors = _errors(error)
     paths = compat_paths(limits, components, headers, errors)
     return {

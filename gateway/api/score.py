@@ -42,6 +42,8 @@ class ScoreSpec:
     model: str | None = None
     prompt_logprobs: int | None = None
     """Per-token prompt log-probs with this many top tokens per position (None: not asked; /v1/completions)."""
+    priority: int | None = None
+    """The body's priority (None: not given)."""
 
 
 class _Shape(msgspec.Struct):
@@ -96,7 +98,7 @@ def _ours(body: Any, limits: Limits) -> ScoreSpec:
     labels = body.labels if output in LABEL_OUTPUTS else None
     label_ids = body.label_token_ids if output in LABEL_OUTPUTS and body.label_token_ids is not None else []
     top_k = (body.top_k or min(5, limits.bounds.max_top_k)) if output == "topk" else 0
-    return ScoreSpec(samples, labels, label_ids, output, top_k, body.deadline_ms, "boundserve")
+    return ScoreSpec(samples, labels, label_ids, output, top_k, body.deadline_ms, "boundserve", priority=body.priority)
 
 
 def _sample(item: Any, query: str, limits: Limits) -> str | list[int]:
@@ -122,4 +124,4 @@ def _sglang(body: Any, limits: Limits) -> ScoreSpec:
     output = "probs" if body.apply_softmax else "vocab_probs"
     model = "default" if body.model is None else body.model
     return ScoreSpec([join(item) for item in items], None, body.label_token_ids, output, 0, body.deadline_ms,
-                     "sglang", model)
+                     "sglang", model, priority=body.priority)

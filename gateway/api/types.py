@@ -39,6 +39,9 @@ LABELLED = When("output", LABEL_OUTPUTS, DEFAULT_OUTPUT)
 """The outputs read at label tokens, which need labels (or their ids)."""
 DEFAULT_BEAM_WIDTH = 4
 """beam_width when a request leaves it out (or the compiled bound, if smaller)."""
+PRIORITY_HELP = ("Larger is more important: under overload lower priorities are refused or shed first; "
+                 "within a priority, deadlines order the queue. X-Priority also sets it (they must agree). "
+                 "Default 0.")
 DEADLINE_HELP = ("Budget in ms from arrival; X-Deadline-Ms and x-envoy-expected-rq-timeout-ms also count "
                  "(the smallest wins), else the route default.")
 
@@ -77,6 +80,7 @@ class _Fields:
         self.token_id = Annotated[int, Meta(ge=0, le=limits.vocab_size - 1, extra={"noun": "token id"})]
         self.text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
         self.deadline = Annotated[int, Meta(ge=1, le=limits.max_deadline_ms, description=DEADLINE_HELP)]
+        self.priority = Annotated[int, Meta(ge=limits.min_priority, le=limits.max_priority, description=PRIORITY_HELP)]
         self.label_ids = Annotated[list[self.token_id], Meta(min_length=1, description="Label token ids."),
                                    self.bound("max_labels", "label_token_ids holds {count} ids; at most {bound} "
                                                             "are compiled")]
@@ -133,6 +137,7 @@ def _score_request(f: _Fields) -> tuple[type[Struct], type[Struct]]:
         query: Annotated[f.text, Meta(description="Fills {query} of the prompt template, else prefixes each "
                                                   "text.")] | None = None
         deadline_ms: f.deadline | None = None
+        priority: f.priority | None = None
 
     return SampleObject, ScoreRequest
 
@@ -157,6 +162,7 @@ def _sglang_score_request(f: _Fields) -> type[Struct]:
             "Echoed in the answer (default 'default'); this gateway serves one model and does not route "
             "on it."))] | None = None
         deadline_ms: f.deadline | None = None
+        priority: f.priority | None = None
 
     return SglangScoreRequest
 
@@ -180,5 +186,6 @@ def _generate_request(f: _Fields, constraint_set: str | None) -> type[Struct]:
         num_return_sequences: f.count("max_beam_width", "beams") = None
         constraints: constraint = None
         deadline_ms: f.deadline | None = None
+        priority: f.priority | None = None
 
     return GenerateRequest

@@ -1,4 +1,8 @@
-"""The scheduling policy the gateway serves with and the simulator replays: one set of functions.
+"""The scheduling policy the gateway serves with and the simulator replays: one object, pure functions.
+
+scheduler.py's Scheduler (one per workload) owns the queue, the learnt lateness and every state change
+(submit, step, expire, on_answer, on_failed), over job.py's Job, the one job type; the gateway and the
+simulator both drive it. The decisions it makes are the functions below.
 
 Pure: no I/O, no asyncio, no clock of its own. Callers pass the queue, the time (`now_s`, seconds
 on their own monotonic clock, the clock deadlines are kept on) and the predictions (a cost model,

@@ -162,10 +162,11 @@ def _done_ms(pool: PoolView, model: CostModel, items: int, tokens: int) -> float
 
 
 def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, margin_ms: float,
-          deadline: float, items_new: int = 0, tokens_new: int = 0) -> float:
+          deadline: float, items_new: int = 0, tokens_new: int = 0, priority: int = 0) -> float:
     """Predicted ms until `items_new`/`tokens_new` of new work with `deadline` is served where it would
-    run: the soonest-free worker's work in flight, then the queued jobs served before it (those due no
-    later in deadline order; all of them in arrival order) in full batches shared by the ready
+    run: the soonest-free worker's work in flight, then the queued jobs served before it (those of a
+    larger `priority`, and of its own those due no later in deadline order, all of them in arrival
+    order) in full batches shared by the ready
     workers, then itself. The queue is walked as the batcher will serve it: a job predicted to
     finish past its deadline (+ `margin_ms`) will be dropped before compute and takes no time. The
     jobs it is served before are not counted: it delays them, and those it makes late are dropped
@@ -174,7 +175,7 @@ def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, 
     free_ms, workers, backlog_ms = pool.soonest_free_ms, max(1, pool.ready_workers), model.backlog_ms
     now_ms = now_s * 1000.0 + margin_ms
     kept_items = kept_tokens = 0
-    for job in queue.ahead_of(deadline):  # hot: a pass per admission, so plain arithmetic
+    for job in queue.ahead_of(deadline, priority):  # hot: a pass per admission, so plain arithmetic
         items, tokens = kept_items + job.batch_items, kept_tokens + job.latency_tokens
         if free_ms + backlog_ms(items, tokens) / workers <= job.deadline * 1000.0 - now_ms:
             kept_items, kept_tokens = items, tokens
@@ -182,14 +183,15 @@ def place(queue: DeadlineQueue, pool: PoolView, model: CostModel, now_s: float, 
 
 
 def precheck(queue: DeadlineQueue, pool: PoolView, model: CostModel, deadline_s: float, now_s: float,
-             settings: AdmissionSettings, lateness: Lateness, items: int = 0) -> Refusal | None:
-    """Refuse before any tokenizing when the predicted wait where the request would run, plus the
-    least its `items` (samples, or beams) can take (one token each), already misses the deadline."""
+             settings: AdmissionSettings, lateness: Lateness, items: int = 0, priority: int = 0) -> Refusal | None:
+    """Refuse before any tokenizing when the predicted wait where the request would run (at its
+    `priority`), plus the least its `items` (samples, or beams) can take (one token each), already
+    misses the deadline."""
     if not settings.refuse_early:
         return None
     budget_ms = (deadline_s - now_s) * 1000.0
     slack_ms = lateness.slack_ms(settings.margin_ms, now_s)
-    least = [_Least(deadline_s, items)]
+    least = [_Least(deadline_s, items, priority)]
     least_ms, shed = _walk(least, queue, pool, model, now_s, settings, slack_ms)
     if is_probe(model, queue, pool, least_ms + settings.margin_ms <= budget_ms):
         return None
@@ -242,12 +244,12 @@ def _walk(jobs: Sequence[Work], queue: DeadlineQueue, pool: PoolView, model: Cos
     queued job that costs more than ADMIT_SHED_GAIN x as much per answer, even one whose own finish
     where it runs misses its deadline, and is refused otherwise (the queued work keeps its place).
     The batcher sheds by the same walk."""
-    deadline = min(j.deadline for j in jobs)
+    deadline, priority = min(j.deadline for j in jobs), jobs[0].priority
     if not settings.shed_by_cost:
         return place(queue, pool, model, now_s, settings.margin_ms, deadline, sum(j.batch_items for j in jobs),
-                     sum(j.latency_tokens for j in jobs)), False
+                     sum(j.latency_tokens for j in jobs), priority), False
     reached = {id(job): 0.0 for job in jobs}
-    shed = shed_costliest(queue.in_order_with(jobs, deadline), model, pool.soonest_free_ms,
+    shed = shed_costliest(queue.in_order_with(jobs, deadline, priority), model, pool.soonest_free_ms,
                           max(1, pool.ready_workers), now_s * 1000.0 + slack_ms, reached, ADMIT_SHED_GAIN)
     return max(reached.values()), any(id(job) in shed for job in jobs)
 
@@ -258,6 +260,7 @@ class _Least:
 
     deadline: float
     batch_items: int
+    priority: int = 0
     label_ids: tuple[int, ...] = ()
     beam_key: None = None
 

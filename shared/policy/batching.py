@@ -96,9 +96,11 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
     (ms on the caller's clock: `now_ms` carries the slack): the costliest per answer first, not the
     latest in the order (Moore and Hodgson's rule for the most jobs in time on one machine).
 
-    Walking the order, a job that would finish past its deadline sheds the kept job that costs the
-    most predicted ms alone (ties: the latest in the order), if that one costs more than `gain` x
-    its own and shedding it brings it in time; else it is shed itself (so where every job costs the
+    Walking the order, a job that would finish past its deadline sheds a kept job of a lower priority
+    (the lowest first, the costliest of it) if shedding that brings it in time, else the kept job of
+    its own priority that costs the most predicted ms alone (ties: the latest in the order), if that
+    one costs more than `gain` x its own and shedding it brings it in time; else it is shed itself,
+    and a job of a larger priority is never shed for it (so where every job costs the
     same this sheds exactly the jobs a walk that skips late ones skips; one late job never sheds
     more than one other, and a job late even alone sheds nothing but itself). Nothing is shed while
     every job is in time. Admission passes a `gain` above 1 (ADMIT_SHED_GAIN: admission.py).
@@ -110,7 +112,7 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
     A large request's fate, plainly: under overload it is the first shed, and is served only with
     the room the cheaper ones leave (docs/design/scheduling.md, "Shedding by cost")."""
     in_time: list[W] = []  # the jobs kept before the first late one (their costs are read only then)
-    kept: list[tuple[float, int, W]] | None = None  # then a heap, costliest (then latest) first
+    kept: list[tuple[int, float, int, W]] | None = None  # then a heap: lowest priority, then costliest, then latest
     shed: set[int] = set()
     items = tokens = 0
     for position, job in enumerate(jobs):  # hot: a pass per admission and per batch, so plain arithmetic
@@ -122,19 +124,21 @@ def shed_costliest(jobs: Iterable[W], model: CostModel, free_ms: float, workers:
             if kept is None:
                 in_time.append(job)
             else:
-                heapq.heappush(kept, (-model.backlog_ms(job.batch_items, job.latency_tokens), -position, job))
+                heapq.heappush(kept, (job.priority, -model.backlog_ms(job.batch_items, job.latency_tokens), -position,
+                                      job))
             continue
         if kept is None:
-            kept = [(-model.backlog_ms(j.batch_items, j.latency_tokens), -p, j) for p, j in enumerate(in_time)]
+            kept = [(j.priority, -model.backlog_ms(j.batch_items, j.latency_tokens), -p, j)
+                    for p, j in enumerate(in_time)]
             heapq.heapify(kept)
         cost = model.backlog_ms(job.batch_items, job.latency_tokens)
-        if kept and -kept[0][0] > gain * cost:
-            costliest = kept[0][2]
+        if kept and (kept[0][0] < job.priority or (kept[0][0] == job.priority and -kept[0][1] > gain * cost)):
+            costliest = kept[0][3]
             less_items, less_tokens = items - costliest.batch_items, tokens - costliest.latency_tokens
             if (less_ms := free_ms + model.backlog_ms(less_items, less_tokens) / workers) <= due_ms:
                 if reached is not None and id(job) in reached:
                     reached[id(job)] = less_ms
-                heapq.heapreplace(kept, (-cost, -position, job))
+                heapq.heapreplace(kept, (job.priority, -cost, -position, job))
                 shed.add(id(costliest))
                 items, tokens = less_items, less_tokens
                 continue

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from gateway.job import Job
+from gateway.job import new_job, wire_ids
 from shared import protocol
 from shared.config import ScoreConfig
 from shared.work import StaticPrefix
@@ -249,8 +249,8 @@ async def test_job_tokens_and_wire_layout_agree_with_the_workers_count():
         static = tuple(rng.integers(0, 6, size=int(rng.integers(0, 3))).tolist())
         if rng.random() < 0.5:  # often the samples' own first tokens: the prefix may start with, or be, it
             static = tuple(samples[0][: int(rng.integers(1, 4))])
-        job = Job("r", "score", 0.0, samples, prefix_len=prefix_len, reuse=StaticPrefix(static))
-        flat, suffix_lens = job.wire_ids()
+        job = new_job("r", "score", 0.0, samples, prefix_len=prefix_len, reuse=StaticPrefix(static))
+        flat, suffix_lens = wire_ids(job)
         request = protocol.ScoreRequest("r", 1.0, flat.tobytes(), suffix_lens, (), 0, False, prefix_len)
         assert wire_samples(protocol.decode(protocol.encode(protocol.ScoreBatch(1, "int32", (request,)))).requests[0]) == samples
         suffixes = [s[prefix_len:] for s in samples]

@@ -19,7 +19,7 @@ async def test_shed_by_cost_is_on_by_default_and_a_hopeless_request_is_refused_b
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, latency=slow, delay_ms=50).start()
     stack = await start_stack(request_tokenizer, [worker], **setting)
     try:
-        assert stack.gateway.admission.settings.shed_by_cost is setting.get("shed_by_cost", True)
+        assert stack.gateway.batchers["score"].scheduler.settings.admission.shed_by_cost is setting.get("shed_by_cost", True)
         for _ in range(3):  # measured batches confirm the profile
             assert (await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 5000}))[0] == 200
         status, body, _ = await stack.post("/v1/score", {"samples": ["x"], "labels": ["yes"], "deadline_ms": 10},

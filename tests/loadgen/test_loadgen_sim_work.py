@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway import sharing
-from gateway.job import Job
+from gateway.job import new_job
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.sim_world import jobs_of
 from loadgen.simulator import SimSettings, simulate
@@ -28,7 +28,7 @@ def _gateway_jobs(samples, settings: SimSettings, static_ids: tuple[int, ...] = 
     chunks = sharing.chunks(samples, prefix_len, bounds.max_samples_per_batch, bounds.max_tokens_per_batch)
 
     async def make():
-        return [Job("r", "score", 0.0, chunk, prefix_len=prefix_len, reuse=StaticPrefix(static_ids))
+        return [new_job("r", "score", 0.0, chunk, prefix_len=prefix_len, reuse=StaticPrefix(static_ids))
                 for chunk in chunks]
     return asyncio.run(make())
 

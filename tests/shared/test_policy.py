@@ -21,13 +21,14 @@ SETTINGS = AdmissionSettings(max_queue_tokens=1000, margin_ms=1.0)
 
 @dataclass(eq=False)
 class FakeJob:
-    """The fields the policy reads, as gateway/job.py's Job has them."""
+    """The fields the policy reads, as shared/policy/job.py's Job has them."""
 
     deadline: float
     samples: int = 1
     tokens: int = 10
     label_ids: tuple[int, ...] = ()
     beam_key: tuple[int, int, int] | None = None
+    priority: int = 0
 
     @property
     def batch_items(self) -> int:
@@ -463,13 +464,13 @@ class CountingQueue(DeadlineQueue):
         self.passes += 1
         return super().in_order()
 
-    def ahead_of(self, deadline):
+    def ahead_of(self, deadline, priority=0):
         self.passes += 1
-        return super().ahead_of(deadline)
+        return super().ahead_of(deadline, priority)
 
-    def in_order_with(self, jobs, deadline):
+    def in_order_with(self, jobs, deadline, priority=0):
         self.passes += 1
-        return super().in_order_with(jobs, deadline)
+        return super().in_order_with(jobs, deadline, priority)
 
 
 @pytest.mark.parametrize("settings", [BY_COST, BY_DEADLINE], ids=["by_cost", "by_deadline"])

@@ -196,6 +196,7 @@ class RoutedJob:
     latency_tokens: int = 10
     label_ids: tuple = ()
     beam_key: None = None
+    priority: int = 0
 
 
 class FixedModel:
