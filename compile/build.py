@@ -305,9 +305,16 @@ def build_key(config: DeploymentConfig, checkpoint_sha: str, kernel_profile: boo
     digest.update(json.dumps(relevant, sort_keys=True).encode())
     digest.update(checkpoint_sha.encode())
     digest.update(json.dumps(machine_facts(config.model.device), sort_keys=True).encode())
-    for source in sorted(Path(__file__).parent.rglob("*.py")) + sorted(Path(__file__).parent.rglob("*.cpp")):
+    for source in build_sources():
         digest.update(source.read_bytes())
     return digest.hexdigest()
+
+
+def build_sources() -> list[Path]:
+    """The code a package's content depends on: the build chain (compile/) and the runtime it compiles in
+    (worker/runtime/: the kernels' C++ and headers, the layout and packing the graph is exported with)."""
+    roots = (Path(__file__).parent, Path(__file__).parents[1] / "worker" / "runtime")
+    return [source for root in roots for pattern in ("*.py", "*.cpp", "*.h") for source in sorted(root.rglob(pattern))]
 
 
 def is_up_to_date(out: Path, key: str) -> bool:

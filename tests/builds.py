@@ -8,6 +8,8 @@ conftest.py under a name of its own, so state kept in tests/conftest.py would ex
 
 from __future__ import annotations
 
+import re
+
 import contextvars
 import dataclasses
 import fcntl
@@ -222,3 +224,10 @@ def constrained_beam_artifacts(make: Make, folder: Path) -> Path:
     return build_artifacts(demo(make), "beam-constrained", score=ScoreConfig(enabled=False),
                            beam=BeamConfig(enabled=True, constraints=str(file), **CATALOG_BOUNDS),
                            bounds={"max_new_tokens": 3})
+
+
+def without_bounds(toml_text: str) -> str:
+    """A config's TOML without its [bounds] table: a gateway or worker then serves whatever its artifacts
+    were compiled for (a config whose [bounds] differ from them is refused). The suite's builds narrow
+    some bounds, and its deployment checks serve configs/*.toml on the suite's small builds."""
+    return re.sub(r"(?ms)^\[bounds\]\n.*?(?=^\[|\Z)", "", toml_text)

@@ -58,16 +58,32 @@ def test_build_key_follows_an_input_files_content_not_its_path(demo_checkpoint, 
     b.write_text("5 6 7\n8 9\n")
     c.write_text("5 6 7\n8 10\n")
 
-    def key(path, section="beam", field="constraints"):
+    def key(path, section="quantize", field="calibration", **more):
         part = getattr(config, section)
         on = {"beam": "enabled", "quantize": "int8"}[section]  # a disabled feature's file does not count
-        return build_key(config.replace(**{section: part.__class__(**{**part.__dict__, field: str(path), on: True})}),
-                         sha)
+        fields = {**part.__dict__, field: str(path), on: True, **more}
+        return build_key(config.replace(**{section: part.__class__(**fields)}), sha)
 
     assert key(a) == key(b)  # moved: the same artifacts (a test's temporary folder, a deployment's checkout)
     assert key(a) != key(c)  # edited in place: rebuilt
-    assert key(a, "quantize", "calibration") == key(b, "quantize", "calibration") != key(c, "quantize", "calibration")
-    assert key(a) != key(a, "quantize", "calibration")  # the same file in another role is another build
+    # a catalogue is data the worker loads (the tables are compiled by size): no file of it makes another build
+    tables = {"max_catalog_nodes": 64, "max_catalog_fanout": 16}
+    assert key(a, "beam", "constraints", **tables) == key(c, "beam", "constraints", **tables)
+
+
+def test_the_build_key_covers_the_runtime_the_build_compiles_in(demo_checkpoint, monkeypatch, tmp_path):
+    """The kernels' C++ and the runtime's layout go into the packages: editing them is another build."""
+    import compile.build as build_module
+
+    config = load_config(ROOT / "configs/test.toml")
+    sha = checkpoint_hash(demo_checkpoint)
+    assert any(p.suffix == ".cpp" and "worker/runtime/kernels" in p.as_posix() for p in build_module.build_sources())
+    assert any(p.name == "layout.py" and "worker/runtime" in p.as_posix() for p in build_module.build_sources())
+    before = build_key(config, sha)
+    edited = tmp_path / "packed_attention.cpp"
+    edited.write_text("// another kernel\n")
+    monkeypatch.setattr(build_module, "build_sources", lambda: [edited])
+    assert build_key(config, sha) != before
 
 
 OTHER_ISA = "AVX512" if torch.backends.cpu.get_cpu_capability() != "AVX512" else "AVX2"

@@ -20,6 +20,7 @@ import pytest
 
 from loadgen import live
 from loadgen.processes import free_port, stop_all, tail
+from tests.builds import without_bounds
 from tests.deploy.stack import ROOT, load_compose, module_argv, start
 
 pytestmark = pytest.mark.slow  # needs the compiled demo artifacts (built once, cached)
@@ -46,14 +47,15 @@ def post_json(url: str, body: dict, timeout_s: float = 30.0) -> tuple[int, dict]
 def local_config(tmp_path, service_host: str, port: int, artifacts) -> str:
     """configs/compose.toml with `service_host:5555` made reachable here as 127.0.0.1:port, and its
     worker's cpu_threads set to what the stand-in artifacts were compiled for (the compose build
-    compiles for compose.toml's own count; a worker refuses artifacts compiled for another)."""
+    compiles for compose.toml's own count; a worker refuses artifacts compiled for another), without
+    [bounds] (the suite's build is smaller than compose.toml's: the compiled bounds are served)."""
     text = (ROOT / "configs/compose.toml").read_text()
     assert f"tcp://{service_host}:5555" in text and "cpu_threads = 2" in text
     compiled = json.loads((artifacts / "manifest.json").read_text())["cpu_threads"]
     path = tmp_path / "configs" / "compose.toml"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(text.replace(f"tcp://{service_host}:5555", f"tcp://127.0.0.1:{port}")
-                    .replace("cpu_threads = 2", f"cpu_threads = {compiled}"))
+    path.write_text(without_bounds(text.replace(f"tcp://{service_host}:5555", f"tcp://127.0.0.1:{port}")
+                                   .replace("cpu_threads = 2", f"cpu_threads = {compiled}")))
     return str(path)
 
 

@@ -20,7 +20,7 @@ from gateway.tokenizer import RequestTokenizer
 from gateway.wiring import Settings
 from shared.config import BeamConfig, ScoreConfig
 from shared.manifest import read_manifest
-from tests.builds import CATALOG_BOUNDS, VALID, semantic_ids, write_sequences
+from tests.builds import CATALOG_BOUNDS, VALID, semantic_ids, without_bounds, write_sequences
 from tests.gateway.test_gateway_real_worker import deployment_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow  # a constrained beam node compiled once per machi
 def worker_config(folder: Path, start: Path) -> Path:
     """configs/test.toml without [bounds] (the worker serves what was compiled) and with the constrained
     [beam] section: the catalogue it loads at start and the compiled table sizes."""
-    text = re.sub(r"(?ms)^\[bounds\]\n.*?(?=^\[|\Z)", "", (ROOT / "configs/test.toml").read_text())
+    text = without_bounds((ROOT / "configs/test.toml").read_text())
     beam = "\n".join(["enabled = true", f'constraints = "{start}"'] + [f"{k} = {v}" for k, v in CATALOG_BOUNDS.items()])
     text = re.sub(r"(?ms)^\[beam\]\n.*?(?=^\[|\Z)", f"[beam]\n{beam}\n\n", text)
     path = folder / "worker.toml"

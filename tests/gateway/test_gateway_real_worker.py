@@ -29,6 +29,7 @@ from gateway.wiring import Settings
 from gateway.tokenizer import RequestTokenizer
 from shared.config import BeamConfig, load_config
 from shared.manifest import read_manifest
+from tests.builds import without_bounds
 from tests.gateway.test_gateway_fuzz import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +46,12 @@ def deployment_for(endpoints: list[str], port: int = 0):
 
 
 @contextlib.asynccontextmanager
-async def real_gateway(artifacts: Path, folder: Path, worker_config: Path | str = "configs/test.toml", **sections):
-    """A real worker process (started with `worker_config`) and the gateway app (in this process) in front of it."""
+async def real_gateway(artifacts: Path, folder: Path, worker_config: Path | str | None = None, **sections):
+    """A real worker process (started with `worker_config`, default configs/test.toml without [bounds]: the
+    worker serves what the artifacts were compiled for) and the gateway app (in this process) in front of it."""
+    if worker_config is None:
+        worker_config = folder / "worker-test.toml"
+        worker_config.write_text(without_bounds((ROOT / "configs/test.toml").read_text()))
     endpoint = f"ipc://{folder}/w0"
     worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(worker_config), "--artifacts",
                                str(artifacts), "--endpoint", endpoint], cwd=ROOT)

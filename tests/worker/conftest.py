@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from shared import protocol
+from tests.builds import without_bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 180.0
@@ -36,7 +37,7 @@ def write_config(folder: Path, endpoint: str, queued: int = 4, prefix_cache_mb: 
     worker_lines), when given [score] prefix_cache_mb set and its [beam] section's lines replaced, and
     without [bounds]: a worker serves what its artifacts were compiled for (some test builds narrow a bound)."""
     text = (ROOT / "configs" / "test.toml").read_text()
-    text = re.sub(r"(?ms)^\[bounds\]\n.*?(?=^\[|\Z)", "", text)
+    text = without_bounds(text)
     if beam_lines is not None:
         text = re.sub(r"(?ms)^\[beam\]\n.*?(?=^\[|\Z)", f"[beam]\n{beam_lines}\n\n", text)
     text = re.sub(r"(?ms)^\[worker\].*?(?=^\[|\Z)", "", text)
