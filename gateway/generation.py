@@ -45,11 +45,14 @@ class GenerateService:
         if not prompt:
             raise ApiError("invalid_request", "the prompt tokenizes to no tokens")
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
-        job = new_job(request_id, "beam", deadline, [prompt], beam_key=key, priority=priority)
+        job = new_job(request_id, "beam", deadline, [prompt], beam_key=key, priority=priority,
+                      catalog=spec.catalog)
         self._admission.submit(self._batcher, [job], now)
         self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
         (result,) = await self._end.results([job], (deadline - started) * 1000.0)
-        return self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
+        answer = self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
+        answer.catalog_version = result.catalog_version or None
+        return answer
 
     def _answer(self, request_id: str, spec: GenerateSpec, prompt_tokens: int, arrays: dict) -> GenerateAnswer:
         sequences = [row[: int(n)].tolist() for row, n in zip(arrays["sequences"], arrays["lengths"])]

@@ -39,11 +39,11 @@ class Waiting:
 def new_job(request_id: str, workload: str, deadline: float, token_ids: list[list[int]], *,
             label_ids: tuple[int, ...] = (), top_k: int = 0, return_hidden: bool = False,
             beam_key: tuple[int, int, int] | None = None, prefix_len: int = 0, prompt_logprobs: int | None = None,
-            reuse: Reuse = NO_REUSE, priority: int = 0) -> Job:
+            reuse: Reuse = NO_REUSE, priority: int = 0, catalog: str = "") -> Job:
     """A job of a request on this loop (its future made), its prefix keyed by its ids."""
     key = prefix_key(token_ids[0][:prefix_len]) if prefix_len and not beam_key else None
     return Job(request_id, workload, deadline, token_ids, label_ids, top_k, return_hidden, beam_key, prefix_len,
-               prompt_logprobs, reuse, key, priority, handle=Waiting())
+               prompt_logprobs, reuse, key, priority, catalog=catalog, handle=Waiting())
 
 
 def timer_of(job: Job) -> Waiting:

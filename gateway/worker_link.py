@@ -166,7 +166,7 @@ class WorkerLink:
         else:
             beams, steps, k = jobs[0].beam_key  # type: ignore[misc]
             requests = tuple(protocol.BeamRequest(j.request_id, _remaining_ms(j, now), protocol.pack_ids(j.token_ids[0]),
-                                                  parents[i] if parents else "") for i, j in enumerate(jobs))
+                                                  parents[i] if parents else "", j.catalog) for i, j in enumerate(jobs))
             message = protocol.BeamBatch(batch_id, "int32", beams, steps, k, requests)
         if not self._send(message):
             if parents:

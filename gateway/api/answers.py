@@ -93,6 +93,9 @@ class GenerateAnswer(Struct, kw_only=True):
     object: Literal["generation"] = "generation"
     candidates: list[Candidate]
     usage: GenerateUsage
+    catalog_version: int | None = None
+    """Constrained decoding: the version of the worker's catalogues that served it (POST /admin/constraints
+    and the watched [beam] constraints file make new ones); null: unconstrained."""
 
 
 class Health(Struct):

@@ -28,6 +28,8 @@ class GenerateSpec:
     deadline_ms: int | None
     priority: int | None = None
     """The body's priority (None: not given)."""
+    catalog: str = ""
+    """The loaded catalogue to decode in ("": the default one)."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -50,4 +52,4 @@ def _spec(body: Any, limits: Limits) -> GenerateSpec:
     num_return = body.num_return_sequences or 1
     prompt = body.prompt if body.input_ids is None else body.input_ids
     return GenerateSpec(prompt, beam_width, body.max_new_tokens or limits.bounds.max_new_tokens, num_return,
-                        body.deadline_ms, body.priority)
+                        body.deadline_ms, body.priority, body.catalog or "")

@@ -171,6 +171,10 @@ def _generate_request(f: _Fields, constraint_set: str | None) -> type[Struct]:
     default_width = min(DEFAULT_BEAM_WIDTH, f.limits.bounds.max_beam_width)
     constraint = Literal[constraint_set] | None if constraint_set else Annotated[None, Meta(extra={
         "hint": "this deployment has no constraint set; remove the field"})]
+    catalog_name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$", description=(
+        "The loaded catalogue (e.g. a market) to decode in; default: the one [beam] constraints names."))] | None \
+        if constraint_set else Annotated[None, Meta(extra={"hint": "this deployment decodes unconstrained; remove "
+                                                                     "the field"})]
 
     class GenerateRequest(Struct, forbid_unknown_fields=True):
         """Bounded beam search: the best continuations of a prompt. Give exactly one of prompt or
@@ -185,6 +189,7 @@ def _generate_request(f: _Fields, constraint_set: str | None) -> type[Struct]:
         max_new_tokens: f.count("max_new_tokens", "decode steps") = None
         num_return_sequences: f.count("max_beam_width", "beams") = None
         constraints: constraint = None
+        catalog: catalog_name = None
         deadline_ms: f.deadline | None = None
         priority: f.priority | None = None
 

@@ -60,6 +60,8 @@ class Job:
     """score with a shared prefix: its routing key (shared/policy/routing.py); None: placed on the least busy."""
     priority: int = 0
     """Larger is served first and given up last (shared/policy/deadline_queue.py)."""
+    catalog: str = ""
+    """beam, constrained: the loaded catalogue it decodes in (a market, ...); "": the default one."""
     sizer: Callable[[Job, Any], WorkSize] | None = None
     """What it sends and computes where `reuse` holds (None: WorkSize.of its ids; the simulator's
     modelled prefix caches name contexts, not ids: loadgen/sim_world.py)."""

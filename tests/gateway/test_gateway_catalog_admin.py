@@ -26,6 +26,8 @@ from tests.gateway.test_gateway_real_worker import deployment_for
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "admin-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+FR = semantic_ids(53, 100, 3)
+"""A second market's catalogue: every candidate decoded in it is one of its sequences (all 3 tokens long)."""
 pytestmark = pytest.mark.slow  # a constrained beam node compiled once per machine (tests/builds.py)
 
 
@@ -65,7 +67,7 @@ async def admin_stack(artifacts: Path, folder: Path, token: str | None):
 
 async def test_a_new_catalogue_version_is_served_without_a_rebuild(constrained_beam_artifacts, tmp_path):
     before = {p: p.stat().st_mtime_ns for p in constrained_beam_artifacts.rglob("*") if p.is_file()}
-    market = write_sequences(tmp_path / "fr.txt", semantic_ids(53, 100, 3))
+    market = write_sequences(tmp_path / "fr.txt", FR)
     async with admin_stack(constrained_beam_artifacts, tmp_path, TOKEN) as client:
         response = await client.post("/admin/constraints", json={"load": {"fr": str(market)}}, headers=AUTH)
         answer = await response.json()
@@ -73,6 +75,20 @@ async def test_a_new_catalogue_version_is_served_without_a_rebuild(constrained_b
         (worker,) = answer["workers"]
         assert worker["version"] >= 2 and worker["error"] == ""  # version 1 is the catalogue loaded at start
         assert worker["items"]["fr"] == 100 and "default" in worker["items"]
+
+        # a request names the market it decodes in; the answer says which version served it
+        body = {"prompt": "red running shoe", "beam_width": 4, "max_new_tokens": 3, "num_return_sequences": 2}
+        served = await client.post("/v1/generate", json={**body, "catalog": "fr"}, headers=AUTH)
+        answer = await served.json()
+        assert served.status == 200 and answer["catalog_version"] == worker["version"], answer
+        allowed = {tuple(ids) for ids in FR}
+        assert all(tuple(c["token_ids"]) in allowed for c in answer["candidates"]), answer["candidates"]
+        default = await (await client.post("/v1/generate", json=body, headers=AUTH)).json()
+        valid = {tuple(ids) for ids in VALID}  # 3- and 2-token sequences; a 2-token one ends with the EOS after it
+        assert all(tuple(c["token_ids"]) in valid or tuple(c["token_ids"][:2]) in valid
+                   for c in default["candidates"]), default
+        unknown = await client.post("/v1/generate", json={**body, "catalog": "jp"}, headers=AUTH)
+        assert unknown.status >= 400 and "jp" in (await unknown.json())["error"]["message"]
 
         response = await client.post("/admin/constraints", json={"unload": ["fr"]}, headers=AUTH)
         answer = await response.json()
