@@ -4,24 +4,15 @@ without a bearer token."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import GATEWAY, make_app
-from gateway.tokenizer import RequestTokenizer
-from gateway.wiring import Settings
 from shared.config import BeamConfig, ScoreConfig
-from shared.manifest import read_manifest
 from tests.builds import CATALOG_BOUNDS, VALID, semantic_ids, without_bounds, write_sequences
-from tests.gateway.test_gateway_real_worker import deployment_for
+from tests.gateway.test_gateway_real_worker import real_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "admin-test-token"
@@ -45,24 +36,10 @@ def worker_config(folder: Path, start: Path) -> Path:
 @contextlib.asynccontextmanager
 async def admin_stack(artifacts: Path, folder: Path, token: str | None):
     start = write_sequences(folder / "valid.txt", VALID)
-    endpoint = f"ipc://{folder}/w0"
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(worker_config(folder, start)),
-                               "--artifacts", str(artifacts), "--endpoint", endpoint], cwd=ROOT)
     beam = BeamConfig(enabled=True, constraints=str(start), **CATALOG_BOUNDS)
-    config = deployment_for([endpoint]).replace(score=ScoreConfig(enabled=False), beam=beam, bounds=None)
-    settings = Settings(config, read_manifest(artifacts), RequestTokenizer.from_artifacts(artifacts), token)
-    client = TestClient(TestServer(make_app(settings)))
-    await client.start_server()
-    try:
-        end = time.monotonic() + 120
-        while client.app[GATEWAY].pool.ready_count() == 0:  # a readiness wait, not an ordering of events
-            assert time.monotonic() < end and worker.poll() is None, "the worker never became ready"
-            await asyncio.sleep(0.05)
+    async with real_gateway(artifacts, folder, worker_config(folder, start), token, score=ScoreConfig(enabled=False),
+                            beam=beam, bounds=None) as client:
         yield client
-    finally:
-        await client.close()
-        worker.terminate()
-        worker.wait(timeout=30)
 
 
 async def test_a_new_catalogue_version_is_served_without_a_rebuild(constrained_beam_artifacts, tmp_path):

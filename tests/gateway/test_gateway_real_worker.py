@@ -46,9 +46,11 @@ def deployment_for(endpoints: list[str], port: int = 0):
 
 
 @contextlib.asynccontextmanager
-async def real_gateway(artifacts: Path, folder: Path, worker_config: Path | str | None = None, **sections):
+async def real_gateway(artifacts: Path, folder: Path, worker_config: Path | str | None = None,
+                       auth_token: str | None = None, **sections):
     """A real worker process (started with `worker_config`, default configs/test.toml without [bounds]: the
-    worker serves what the artifacts were compiled for) and the gateway app (in this process) in front of it."""
+    worker serves what the artifacts were compiled for) and the gateway app (in this process) in front of it,
+    its config's `sections` replaced, taking `auth_token` as its bearer token."""
     if worker_config is None:
         worker_config = folder / "worker-test.toml"
         worker_config.write_text(without_bounds((ROOT / "configs/test.toml").read_text()))
@@ -57,7 +59,8 @@ async def real_gateway(artifacts: Path, folder: Path, worker_config: Path | str 
                                str(artifacts), "--endpoint", endpoint], cwd=ROOT)
     manifest = read_manifest(artifacts)
     config = deployment_for([endpoint]).replace(**sections)
-    client = TestClient(TestServer(make_app(Settings(config, manifest, RequestTokenizer.from_artifacts(artifacts)))))
+    settings = Settings(config, manifest, RequestTokenizer.from_artifacts(artifacts), auth_token)
+    client = TestClient(TestServer(make_app(settings)))
     await client.start_server()
     try:
         end = time.monotonic() + 120
