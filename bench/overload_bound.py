@@ -30,17 +30,15 @@ import time
 from typing import Any
 
 from bench.harness import overload_load
-from bench.overload_sim import QUIET_SERVICE, settings_for
-from bench.harness.provenance import ROOT, write_result
+from bench.overload_sim import COMMITTED_TRACE, QUIET_SERVICE, committed_trace, settings_for
+from bench.harness.provenance import write_result
 from loadgen.bound import clairvoyant_bound, class_bounds
 from loadgen.bound_exact import exact_optimum
 from loadgen.bound_problem import problem_of
 from loadgen.service import ServiceModel
 from loadgen.simulator import Simulator
 from loadgen.trace import Trace, make_trace
-from shared.latency_model import LatencyModel
 
-COMMITTED = ROOT / "bench" / "results" / "overload-sim-trace.json"
 GROUP = 10
 """Requests in a small window: the exact search is 3^GROUP steps."""
 SMALL_DEADLINE_CUT = 4.0
@@ -85,7 +83,7 @@ def window_row(trace: Trace, service: ServiceModel) -> dict[str, Any]:
 
 def by_load(workload: overload_load.Workload, capacity: float, loads: list[float], window_s: float,
             service: ServiceModel) -> dict[str, Any]:
-    committed = json.loads(COMMITTED.read_text())["table"]["admission"]
+    committed = json.loads(COMMITTED_TRACE.read_text())["table"]["admission"]
     out = {}
     for load in loads:
         traces = [workload.window(i, load * capacity, window_s, seed=1000 * i + int(10 * load))
@@ -167,11 +165,7 @@ def main() -> None:
     parser.add_argument("--requests-per-window", type=int, default=900)
     args = parser.parse_args()
     started = time.perf_counter()
-    service = ServiceModel({"score": LatencyModel(*(float(v) for v in QUIET_SERVICE.split(",")))})
-    committed = json.loads(COMMITTED.read_text())
-    capacity = committed["capacity_rps"]
-    workload = overload_load.trace(overload_load.TRACE, committed["windows"], args.requests_per_window,
-                                   tuple(float(c) for c in committed.get("deadlines_ms", (50, 100, 300))))
+    service, capacity, workload = committed_trace(args.requests_per_window)
     result = {"bench": "overload_bound", "workload": "trace", "service": QUIET_SERVICE, "capacity_rps": capacity,
               "capacity_from": "bench/results/overload-sim-trace.json", "windows": len(workload.slices),
               "loads": by_load(workload, capacity, args.loads, 10.0, service),

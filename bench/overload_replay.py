@@ -31,24 +31,20 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
-import json
 import math
 import random
 import time
 from typing import Any
 
-from bench.harness import overload_load
-from bench.harness.provenance import ROOT, write_result
-from bench.overload_sim import QUIET_SERVICE, settings_for
+from bench.harness.provenance import write_result
+from bench.overload_sim import QUIET_SERVICE, committed_trace, settings_for
 from loadgen.bound import clairvoyant_bound, class_bounds
 from loadgen.bound_problem import problem_of
 from loadgen.service import ServiceModel
 from loadgen.simulator import SimSettings, Simulator
 from loadgen.trace import Trace, make_trace
-from shared.latency_model import LatencyModel
 from shared.policy.scheduler import DecisionLog
 
-COMMITTED = ROOT / "bench" / "results" / "overload-sim-trace.json"
 HIGH_SHARE = 0.2
 """The share of requests at the higher priority in the priority run."""
 POLICIES = ("admission", "edf_late_drop")
@@ -205,11 +201,7 @@ def main() -> None:
     parser.add_argument("--requests-per-window", type=int, default=900)
     args = parser.parse_args()
     started = time.perf_counter()
-    service = ServiceModel({"score": LatencyModel(*(float(v) for v in QUIET_SERVICE.split(",")))})
-    committed = json.loads(COMMITTED.read_text())
-    capacity = committed["capacity_rps"]
-    workload = overload_load.trace(overload_load.TRACE, committed["windows"], args.requests_per_window,
-                                   tuple(float(c) for c in committed.get("deadlines_ms", (50, 100, 300))))
+    service, capacity, workload = committed_trace(args.requests_per_window)
 
     def windows(load: float) -> list[Trace]:
         return [workload.window(i, load * capacity, 10.0, seed=1000 * i + int(10 * load))

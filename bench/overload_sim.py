@@ -19,6 +19,7 @@ writes bench/results/overload-sim-<workload>.json.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 from pathlib import Path
@@ -38,6 +39,20 @@ QUIET_SERVICE = "0.0015,0.004,0.0,12.0"
 BUSY_SERVICE = "0.0032,0.006,0.0,24.0"
 """The busy run's measured batches (bc8f0f4, load ~10): B=8, L=60 -> 40 ms; B=16 -> 55 ms."""
 SWEEP = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
+
+
+COMMITTED_TRACE = Path(__file__).resolve().parent / "results" / "overload-sim-trace.json"
+"""This benchmark's committed trace run: its measured capacity and windows anchor the replays built on it."""
+
+
+def committed_trace(requests_per_window: int) -> tuple[ServiceModel, float, overload_load.Workload]:
+    """The quiet service model, the capacity the committed trace run measured (requests/s) and its trace
+    windows: what bench/overload_bound.py and bench/overload_replay.py replay at multiples of that capacity."""
+    service = ServiceModel({"score": LatencyModel(*(float(v) for v in QUIET_SERVICE.split(",")))})
+    committed = json.loads(COMMITTED_TRACE.read_text())
+    workload = overload_load.trace(overload_load.TRACE, committed["windows"], requests_per_window,
+                                   tuple(float(c) for c in committed.get("deadlines_ms", (50, 100, 300))))
+    return service, committed["capacity_rps"], workload
 
 
 def settings_for(policy: str, args, **extra: Any) -> SimSettings:
