@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from loadgen.bodies import BodyFactory
-from loadgen.processes import stop
+from loadgen.processes import stop, tail
 from loadgen.replayer import ReplayOptions, run_replay
 from loadgen.result import RequestResult
 from loadgen.trace import Trace
@@ -81,8 +81,7 @@ class LiveEvaluator:
                                    dataclasses.replace(self.replay_options, progress=False))
                     return run_replay(self.trace, self.bodies, self.replay_options).results
                 except (RuntimeError, TimeoutError) as exc:
-                    tail = log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"{exc}; candidate {knobs}; gateway output:\n{tail}") from None
+                    raise RuntimeError(f"{exc}; candidate {knobs}; gateway output:\n{tail(log_path, 2000)}") from None
                 finally:
                     stop(process, self.options.stop_timeout_s)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.harness.provenance import ROOT
 from loadgen.live import wait_ready
 from loadgen.stack import deployment_toml
-from loadgen.processes import free_port
+from loadgen.processes import free_port, tail
 from shared.events import BatchDone, Profiled, read_events
 from shared.request_ids import client_id
 
@@ -72,7 +72,7 @@ def measure_e2e(config, artifacts: Path, requests) -> dict:
             try:
                 asyncio.run(wait_ready(url, 900.0))
             except TimeoutError as exc:
-                raise RuntimeError(f"{exc}:\n" + "\n".join(p.read_text(errors="replace")[-1500:] for p in logs)) from None
+                raise RuntimeError(f"{exc}:\n" + "\n".join(tail(p, 1500) for p in logs)) from None
         return _run(urls, requests, worker_log, LatencyModel)
     finally:
         for p in reversed(processes):
