@@ -17,7 +17,6 @@ in-memory exporter): each trace exported in this process as it ends.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import shutil
@@ -47,14 +46,12 @@ EXPORT_DELAY_S = 0.5
 
 def check_installed() -> None:
     """Tracing needs OpenTelemetry's SDK and OTLP/HTTP exporter: say so at start, not at the first trace."""
-    for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            raise RuntimeError(f"[telemetry] enabled = true needs OpenTelemetry's SDK and OTLP exporter: "
-                               f"pip install 'boundserve[telemetry]' (no module {module})")
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"[telemetry] enabled = true needs OpenTelemetry's SDK and OTLP exporter: "
+                           f"pip install 'boundserve[telemetry]' ({exc})") from None
 
 
 class Exporter(Protocol):

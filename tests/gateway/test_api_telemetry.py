@@ -152,11 +152,13 @@ async def test_spans_are_exported_over_otlp_http_as_protobuf(request_tokenizer):
         config = TelemetryConfig(enabled=True, endpoint=f"http://127.0.0.1:{receiver.port}/v1/traces",
                                  service_name="gateway-under-test")
         async with traced_stack(request_tokenizer, telemetry=config) as stack:
+            exporter_process = stack.client.app[GATEWAY].telemetry.export.process
             status, body, _ = await stack.post("/v1/embeddings", {"input": ["red shoe"]},
                                                headers={"traceparent": TRACEPARENT})
             assert status == 200, body
-        # the gateway stopped: its provider exported what it held before closing
+        # the gateway stopped: its exporter process posted what it held, then ended
         assert receiver.got.is_set()
+        assert exporter_process.poll() == 0
     content_type, export = receiver.requests[0]
     assert content_type == "application/x-protobuf"
     [resource_spans] = export.resource_spans
@@ -166,6 +168,30 @@ async def test_spans_are_exported_over_otlp_http_as_protobuf(request_tokenizer):
     names = {s.name for s in spans}
     assert {"POST /v1/embeddings", "receive", "tokenize", "batch", "compute", "answer"} <= names
     assert {s.trace_id.hex() for s in spans} == {CALLER_TRACE}
+
+
+async def test_a_sample_ratio_of_zero_traces_only_what_callers_sample(request_tokenizer):
+    exporter = InMemorySpanExporter()
+    unsampled = TRACEPARENT[:-2] + "00"
+    async with traced_stack(request_tokenizer, telemetry=TelemetryConfig(sample_ratio=0.0), exporter=exporter) as stack:
+        for headers in ({}, {"traceparent": unsampled}, {"traceparent": TRACEPARENT}):
+            status, body, _ = await stack.post("/v1/rerank", RERANK, headers=headers)
+            assert status == 200, body
+        assert [r.traceparent for r in stack.workers[0].requests][:2] == ["", ""]  # nothing recorded, nothing sent
+    [root] = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/rerank"]
+    assert f"{root.context.trace_id:032x}" == CALLER_TRACE  # the caller's sampled trace, whole
+    assert {s.context.trace_id for s in exporter.get_finished_spans()} == {root.context.trace_id}
+
+
+async def test_a_malformed_traceparent_starts_a_trace_of_its_own(request_tokenizer):
+    exporter = InMemorySpanExporter()
+    async with traced_stack(request_tokenizer, exporter=exporter) as stack:
+        status, body, _ = await stack.post("/v1/rerank", RERANK, headers={"traceparent": f"00-{CALLER_TRACE}-zz-01"})
+        assert status == 200, body
+        [received] = stack.workers[0].requests
+    [root] = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/rerank"]
+    assert root.parent is None and f"{root.context.trace_id:032x}" != CALLER_TRACE
+    assert received.traceparent.startswith(f"00-{root.context.trace_id:032x}-")
 
 
 async def test_tracing_is_off_by_default(request_tokenizer):
