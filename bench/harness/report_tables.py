@@ -298,6 +298,10 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
               lambda d: f"{d['overhead_p50_ms']:.2f} / {d['overhead_p99_ms']:.2f} ms")
     yield row("gateway_overhead", "most requests/s through one gateway (text / token ids)",
               lambda d: f"{d['max_rps']:.0f} / {d['max_rps_pretokenized']:.0f}")
+    yield row("gateway_overhead-telemetry-quick", "tracing on minus off: added latency p50, gateway CPU per request",
+              lambda d: f"{d['on_minus_off_overhead_p50_ms']:.2f} ms, {d['on_minus_off_cpu_ms_per_request']:.2f} ms")
+    yield row("gateway_overhead-telemetry-quick", "tracing on: event loop / exporter process CPU per request",
+              lambda d: f"{d['loop_us_per_traced_request']:.0f} µs / {d['on_exporter_cpu_ms_per_request']:.2f} ms")
     yield row("protocol", "protocol's cost over raw ZeroMQ, p50 (ipc / tcp)",
               lambda d: f"{d['protocol_overhead_ipc_p50_us']:.1f} / {d['protocol_overhead_tcp_p50_us']:.1f} µs")
     yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: session goodput on over off (FLOP bound)",
