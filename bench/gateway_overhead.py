@@ -342,8 +342,8 @@ def telemetry_rounds(args: argparse.Namespace) -> None:
               "samples_per_request": 15, "concurrency": args.concurrency, "cpus": os.cpu_count(),
               "note": "client, gateway, stand-in worker and OTLP sink share this machine's CPUs; other sessions "
                       "load it too: compare the spreads, not single runs. gateway_cpu_ms_per_request is the gateway "
-                      "process alone; exporter_cpu_ms_per_request its trace exporter process (gateway/trace_export.py), "
-                      "which encodes and posts the spans"}
+                      "process alone; exporter_cpu_ms_per_request its trace exporter process "
+                      "(gateway/trace_export.py), which encodes and posts the spans"}
     write_result("gateway_overhead-telemetry" + ("-quick" if args.quick else ""), result, quick=args.quick,
                  threads={"worker": None, "gateway_event_loop": 1})
 

@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,7 @@ class ExportProcess:
         timeout_s = self.config.export_timeout_ms / 1000.0
         try:
             self._socket.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # type: ignore[union-attr]
-            self._socket.send(b"")  # after the traces still in flight (waits while IN_FLIGHT_TRACES are)  # type: ignore[union-attr]
+            self._socket.send(b"")  # behind the traces in flight  # type: ignore[union-attr]
             self._socket.close(linger=int(timeout_s * 1000))  # type: ignore[union-attr]
             self.process.wait(timeout=2 * timeout_s + 10.0)  # its start, then its last posts
         except (zmq.Again, subprocess.TimeoutExpired):
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-queue-spans", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the gateway too, whose stop ends this process
     parent = os.getppid()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

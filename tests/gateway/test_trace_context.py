@@ -48,7 +48,8 @@ def test_new_traces_are_sampled_as_the_sdks_trace_id_ratio_sampler_samples_them(
 @pytest.mark.parametrize("flags", [TraceFlags.DEFAULT, TraceFlags.SAMPLED])
 def test_a_callers_sampled_flag_decides_whatever_the_ratio(flags):
     caller = CallerContext(int(TRACE, 16), int(SPAN, 16), flags == TraceFlags.SAMPLED)
-    parent = set_span_in_context(NonRecordingSpan(SpanContext(caller.trace_id, caller.span_id, True, TraceFlags(flags))))
+    parent = set_span_in_context(NonRecordingSpan(SpanContext(caller.trace_id, caller.span_id, True,
+                                                              TraceFlags(flags))))
     for ratio in (0.0, 1.0):
         sdk = ParentBased(TraceIdRatioBased(ratio)).should_sample(parent, caller.trace_id, "x").decision.is_sampled()
         assert RatioSampler(ratio).sampled(caller.trace_id, caller) == sdk == caller.sampled
