@@ -200,7 +200,8 @@ def main() -> None:
                                          "was not yet sent (bench/overload_idle.py); worker_idle_split_at_2x "
                                          "has the rest",
         "worker_idle_split_at_2x": at2 and {
-            "idle": at2["worker_idle_share_by_window"], "no_request_alive": at2["idle_no_request_alive_share_by_window"],
+            "idle": at2["worker_idle_share_by_window"],
+            "no_request_alive": at2["idle_no_request_alive_share_by_window"],
             "scheduler": at2["idle_scheduler_share_by_window"],
             "scheduler_queued": at2["idle_scheduler_queued_share_by_window"],
             "scheduler_refused": at2["idle_scheduler_refused_share_by_window"],

@@ -190,7 +190,8 @@ class Jitter:
         self._next = 0
         self.pace = MachinePace(ratios, seed, slot_ms) if ratios and slot_ms > 0 else None
         if self.pace is not None and in_order:
-            raise ValueError("Jitter: in_order (a measured sequence by batch) and slot_ms (factors by time) exclude each other")
+            raise ValueError("Jitter: in_order (a measured sequence by batch) and slot_ms (factors by time) "
+                             "exclude each other")
 
     def compute_ms(self, start_ms: float, model_ms: float) -> float:
         """A batch's compute started at `start_ms` (simulated ms) that the model puts at `model_ms`."""

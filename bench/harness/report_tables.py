@@ -289,9 +289,8 @@ def overload_replay(results: Results) -> list[str]:
     rows = [[load, f"{row['admission_served']} / {row['bound_served']} = {number(row['admission_over_bound'], 3)}",
              " / ".join(f"{c}: {number(v, 3)}" for c, v in row["admission_over_bound_schedule_by_class"].items()),
              times(row["admission_over_edf_late_drop"]),
-             f"{row['per_batch_jitter_world']['admission_served']} / {row['per_batch_jitter_world']['bound_at_fastest_factor']}"
-             f" = {number(row['per_batch_jitter_world']['admission_over_bound'], 3)}"]
-            for load, row in d["loads"].items()]
+             f"{per['admission_served']} / {per['bound_at_fastest_factor']} = {number(per['admission_over_bound'], 3)}"]
+            for load, row in d["loads"].items() for per in [row["per_batch_jitter_world"]]]
     lines = [f"{d['world']}; {d['windows']} windows per load; from {r.source()}", "",
              *table(["load", "admission / bound (in-time answers)", "by class, over the bound's schedule",
                      "over `edf_late_drop`", "jitter per batch: admission / bound at the fastest factor"], rows)]

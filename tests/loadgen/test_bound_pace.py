@@ -54,7 +54,7 @@ def test_a_batch_runs_at_the_speed_of_each_slot_it_spans():
     """Slots of 10 ms, slot 0 twice the model's speed, slot 1 half: a batch of 15 model-ms from
     5 ms does 10 of them by 10 ms, the last 5 in 10 ms more: it ends at 20 ms."""
     seed = next(k for k in range(1000)
-                if (MachinePace((0.5, 2.0), k, 10.0).factor(0), MachinePace((0.5, 2.0), k, 10.0).factor(1)) == (0.5, 2.0))
+                if tuple(MachinePace((0.5, 2.0), k, 10.0).factor(n) for n in (0, 1)) == (0.5, 2.0))
     pace = MachinePace((0.5, 2.0), seed, 10.0)
     assert pace.finish_ms(5.0, 15.0) == pytest.approx(20.0)
     assert pace.finish_ms(5.0, 4.0) == pytest.approx(7.0)
