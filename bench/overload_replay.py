@@ -14,6 +14,7 @@ order, so that every schedule meets the same speeds and the bound can know them.
                                alone (an upper bound for the class, looser);
   per_batch_jitter_world       the same in overload_sim's world unchanged: admission there, and the
                                bound that world allows (every batch at the jitter's fastest factor);
+                               and admission with no jitter at all (what the jitter costs it);
   admission_over_edf_late_drop in-time answers of the product over the ablation that drops the same
                                predicted-late work but never refuses early;
   idle shares                  per window, the share of its span the one worker computed nothing,
@@ -97,6 +98,11 @@ def per_batch_world(policy: str) -> SimSettings:
     return dataclasses.replace(world(policy), jitter_slot_ms=0.0)
 
 
+def no_jitter_world(policy: str) -> SimSettings:
+    """The replay's world with every batch at exactly the model's time: what the jitter costs."""
+    return dataclasses.replace(world(policy), compute_jitter=())
+
+
 def load_row(traces: list[Trace], service: ServiceModel) -> dict[str, Any]:
     rows = {p: [replay(trace, p, service) for trace in traces] for p in POLICIES}
     problems = [problem_of(trace, world("admission"), service) for trace in traces]
@@ -126,6 +132,8 @@ def load_row(traces: list[Trace], service: ServiceModel) -> dict[str, Any]:
         "per_batch_jitter_world": {
             "admission_served": sum(per_batch), "bound_at_fastest_factor": per_batch_bound,
             "admission_over_bound": round(sum(per_batch) / per_batch_bound, 3) if per_batch_bound else None},
+        "no_jitter_world_admission_served": sum(replay(trace, "admission", service, no_jitter_world("admission"))
+                                                ["in_time"] for trace in traces),
         "worker_idle_share_by_window": [round(x.idle, 4) for x in split],
         "idle_no_request_alive_share_by_window": [round(x.gap, 4) for x in split],
         "idle_scheduler_share_by_window": [round(x.scheduler, 4) for x in split],

@@ -289,11 +289,13 @@ def overload_replay(results: Results) -> list[str]:
     rows = [[load, f"{row['admission_served']} / {row['bound_served']} = {number(row['admission_over_bound'], 3)}",
              " / ".join(f"{c}: {number(v, 3)}" for c, v in row["admission_over_bound_schedule_by_class"].items()),
              times(row["admission_over_edf_late_drop"]),
-             f"{per['admission_served']} / {per['bound_at_fastest_factor']} = {number(per['admission_over_bound'], 3)}"]
+             f"{per['admission_served']} / {per['bound_at_fastest_factor']} = {number(per['admission_over_bound'], 3)}",
+             str(row["no_jitter_world_admission_served"])]
             for load, row in d["loads"].items() for per in [row["per_batch_jitter_world"]]]
     lines = [f"{d['world']}; {d['windows']} windows per load; from {r.source()}", "",
              *table(["load", "admission / bound (in-time answers)", "by class, over the bound's schedule",
-                     "over `edf_late_drop`", "jitter per batch: admission / bound at the fastest factor"], rows)]
+                     "over `edf_late_drop`", "jitter per batch: admission / bound at the fastest factor",
+                     "no jitter: admission"], rows)]
     split = d.get("worker_idle_split_at_2x")
     if split:
         parts = [("idle", "worker idle"), ("no_request_alive", "no request alive (the trace's gaps)"),
