@@ -79,7 +79,3 @@ async def test_openapi_documents_the_priority_field_and_header(stack):
     header = next(p for p in parameters if p["name"] == "X-Priority")
     assert header["schema"] == {"type": "integer", "minimum": -10, "maximum": 10}
 
-
-async def test_a_route_that_takes_no_priority_refuses_one_rather_than_ignore_it(stack):
-    status, body, _ = await stack.post("/v1/embeddings", {"input": "red shoe"}, headers={"X-Priority": "2"})
-    assert_error(status, body, 400, "invalid_request", "X-Priority", "/v1/embeddings", "does not take a priority")
