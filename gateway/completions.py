@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from gateway.api.completions import (CompletionAnswer, CompletionChoice, Complet
 from gateway.api.generate import GenerateSpec
 from gateway.api.score import ScoreSpec
 from gateway.generation import GenerateService
-from gateway.scoring import ScoreService
+from gateway.scoring import ScoreService, joined
 from gateway.tokenizer import RequestTokenizer
 from shared.protocol import ScoreResult
 from shared.request_ids import chunk_id
@@ -66,8 +65,8 @@ class CompletionService:
     def _scored(self, spec: CompletionSpec, request_id: str, token_ids: list[list[int]],
                 results: list[ScoreResult]) -> CompletionAnswer:
         """The answer from the scoring jobs' results (in sample order across chunks)."""
-        rows = _joined([r.arrays() for r in results])  # last position: topk_ids, topk_logprobs [S, k]
-        positions = _joined([r.token_arrays() for r in results])  # token_logprobs [P], token_topk_* [P, n]
+        rows = joined([r.arrays() for r in results])  # last position: topk_ids, topk_logprobs [S, k]
+        positions = joined([r.token_arrays() for r in results])  # token_logprobs [P], token_topk_* [P, n]
         choices, start = [], 0
         for index, ids in enumerate(token_ids):
             prompt_text = self._prompt_text(spec.prompts[index], ids)
@@ -140,14 +139,6 @@ class _Tokens:
         """first_offset: the character offset of the first token (the prompt's length when not echoed)."""
         offsets = np.cumsum([first_offset, *(len(s) for s in self.strings[:-1])]).tolist() if self.strings else []
         return Logprobs(self.strings, self.values, self.tops, offsets)
-
-
-def _joined(parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Arrays of several chunks' results, concatenated along their first axis."""
-    parts = [p for p in parts if p]
-    if not parts:
-        return {}
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def _answer(spec: CompletionSpec, request_id: str, choices: list[CompletionChoice],

@@ -36,11 +36,17 @@ def documents(field: str, item: object) -> object:
     return per_request(f"{field} holds {{count}} documents; this deployment takes at most {{bound}} per request", item)
 
 
+Texts = documents("texts", Text)
+
+
 class RerankDocument(Struct, forbid_unknown_fields=True):
     """A document as an object: its text (the only field ranked on)."""
 
     RULES: ClassVar[tuple[Rule, ...]] = ()
     text: Text
+
+
+Documents = documents("documents", Text | RerankDocument)
 
 
 class RerankRequest(Struct, forbid_unknown_fields=True):
@@ -49,7 +55,7 @@ class RerankRequest(Struct, forbid_unknown_fields=True):
 
     RULES: ClassVar[tuple[Rule, ...]] = ()
     query: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
-    documents: documents("documents", Text | RerankDocument)
+    documents: Documents
     model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=MODEL_HELP)] | None = None
     top_n: Annotated[int, Meta(ge=1, description="Results returned (default: every document; more than "
                                                  "the documents: every document).")] | None = None
@@ -72,7 +78,7 @@ class TeiRerankRequest(Struct, forbid_unknown_fields=True):
 
     RULES: ClassVar[tuple[Rule, ...]] = ()
     query: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
-    texts: documents("texts", Text)
+    texts: Texts
     raw_scores: Annotated[bool, Meta(description="The log-odds ln(p / (1 - p)) instead of the "
                                                  "probability p.")] | None = None
     return_text: bool | None = None

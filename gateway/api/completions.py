@@ -140,6 +140,12 @@ def _json(value: Any) -> str:
 
 
 TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
+Prompts = Annotated[per_request("prompt holds {count} prompts; this deployment takes at most {bound} per request",
+                                Text | TokenId | TokenIds),
+                    Meta(description="A string, a list of strings, a list of token ids, or a list of token-id lists.")]
+TopLogprobs = Annotated[int, limited(compiled("max_top_k", "logprobs = {value} is over the compiled bound of {bound} "
+                                                           "top tokens", "le"),
+                                     ge=0, description="Top tokens per position (the chosen one is added).")]
 
 
 class CompletionRequest(Struct, forbid_unknown_fields=True):
@@ -155,17 +161,11 @@ class CompletionRequest(Struct, forbid_unknown_fields=True):
         Unsupported("logit_bias", ({},), "logits are not biased here"),
         Unsupported("presence_penalty", (0, 0.0), "penalties are not applied"),
         Unsupported("frequency_penalty", (0, 0.0), "penalties are not applied"))
-    prompt: Text | Annotated[per_request("prompt holds {count} prompts; this deployment takes at most {bound} per "
-                                         "request", Text | TokenId | TokenIds),
-                             Meta(description="A string, a list of strings, a list of token ids, or a list of "
-                                              "token-id lists.")]
+    prompt: Text | Prompts
     model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
         "The served model's name (GET /v1/models), or absent; another is refused."))] | None = None
     echo: bool | None = False
-    logprobs: Annotated[int, limited(compiled("max_top_k", "logprobs = {value} is over the compiled bound of {bound} "
-                                                           "top tokens", "le"),
-                                     ge=0, description="Top tokens per position (the chosen one is added).")] | None \
-        = None
+    logprobs: TopLogprobs | None = None
     max_tokens: Annotated[int, Meta(ge=0, description=(
         f"Tokens to generate (default {DEFAULT_MAX_TOKENS}); 0 scores the prompt only."))] | None = None
     n: Annotated[int, Meta(ge=1)] | None = None

@@ -78,6 +78,20 @@ def per_request(too_large: str, item: object) -> object:
     return Annotated[list[item], limited(compiled("max_samples_per_request", too_large), min_length=1)]
 
 
+SampleIds = token_ids("max_tokens_per_sample", _words("max_tokens_per_sample", "sample {index}"))
+ItemIds = token_ids("max_tokens_per_sample", _words("max_tokens_per_sample", "items[{index}]"), min_length=None)
+QueryIds = token_ids("max_tokens_per_sample", _words("max_tokens_per_sample", "query"), min_length=None)
+PromptIds = token_ids("max_prompt_tokens", _words("max_prompt_tokens", "input_ids"))
+Labels = Annotated[list[Text], limited(compiled("max_labels", "labels holds {count} entries; at most {bound} are "
+                                                              "compiled"),
+                                       min_length=1, description="Each must be exactly one token.")]
+Query = Annotated[Text, Meta(description="Fills {query} of the prompt template, else prefixes each text.")]
+TopK = count("max_top_k", "tokens")
+BeamWidth = count("max_beam_width", "beams")
+NewTokens = count("max_new_tokens", "decode steps")
+SglangItems = per_request("items holds {count} items; at most {bound} per request", Text | ItemIds)
+
+
 class SampleObject(Struct, forbid_unknown_fields=True):
     """One sample: text (with a query of its own, else the request's) or token ids."""
 
@@ -86,7 +100,11 @@ class SampleObject(Struct, forbid_unknown_fields=True):
         Excludes("input_ids", "query", "a query goes before a text; token ids are sent whole"))
     text: Text | None = None
     query: Text | None = None
-    input_ids: token_ids("max_tokens_per_sample", _words("max_tokens_per_sample", "sample {index}")) | None = None
+    input_ids: SampleIds | None = None
+
+
+Samples = per_request("samples holds {count} samples; this deployment takes at most {bound} per request",
+                      Text | SampleObject)
 
 
 class ScoreRequest(Struct, forbid_unknown_fields=True):
@@ -101,16 +119,12 @@ class ScoreRequest(Struct, forbid_unknown_fields=True):
         Distinct("label_token_ids"),
         SampleTokens(),
         QueryUsed())
-    samples: per_request("samples holds {count} samples; this deployment takes at most {bound} per "
-                                    "request", Text | SampleObject)
-    labels: Annotated[list[Text], limited(compiled("max_labels", "labels holds {count} entries; at most {bound} are "
-                                                                 "compiled"),
-                                          min_length=1, description="Each must be exactly one token.")] | None = None
+    samples: Samples
+    labels: Labels | None = None
     label_token_ids: LabelIds | None = None
     output: Literal[OUTPUTS] | None = DEFAULT_OUTPUT
-    top_k: count("max_top_k", "tokens") = None
-    query: Annotated[Text, Meta(description="Fills {query} of the prompt template, else prefixes each text.")] | None \
-        = None
+    top_k: TopK = None
+    query: Query | None = None
     deadline_ms: DeadlineMs | None = None
     priority: Priority | None = None
 
@@ -120,12 +134,9 @@ class SglangScoreRequest(Struct, forbid_unknown_fields=True):
     token ids alike; answered in SGLang's shape."""
 
     RULES: ClassVar[tuple[Rule, ...]] = (ItemsOfQueryKind(), ItemTokens(), Distinct("label_token_ids", "sglang"))
-    items: Text | per_request("items holds {count} items; at most {bound} per request",
-                              Text | token_ids("max_tokens_per_sample", _words("max_tokens_per_sample", "items[{index}]"),
-                                               min_length=None))
+    items: Text | SglangItems
     label_token_ids: LabelIds
-    query: Text | token_ids("max_tokens_per_sample", _words("max_tokens_per_sample", "query"), min_length=None) | None \
-        = None
+    query: Text | QueryIds | None = None
     apply_softmax: bool | None = False
     item_first: bool | None = False
     model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
@@ -144,10 +155,10 @@ class GenerateRequest(Struct, forbid_unknown_fields=True):
         NotAbove("num_return_sequences", "beam_width", field_default=1, limit_default=DEFAULT_BEAM_WIDTH,
                  limit_bound="max_beam_width"))
     prompt: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)] | None = None
-    input_ids: token_ids("max_prompt_tokens", _words("max_prompt_tokens", "input_ids")) | None = None
-    beam_width: count("max_beam_width", "beams") = None
-    max_new_tokens: count("max_new_tokens", "decode steps") = None
-    num_return_sequences: count("max_beam_width", "beams") = None
+    input_ids: PromptIds | None = None
+    beam_width: BeamWidth = None
+    max_new_tokens: NewTokens = None
+    num_return_sequences: BeamWidth = None
     constraints: Annotated[str, limited(Limit("constraints", "one_of", hint=(
         "this deployment has no constraint set; remove the field")))] | None = None
     catalog: Annotated[str, limited(Limit("constraints", "present", hint=(

@@ -66,8 +66,9 @@ async def test_completions_beam_search_runs_at_the_request_s_priority(stack):
                   timing="in_time") == 2.0  # one beam request per prompt, each at the request's priority
 
 
-@pytest.mark.parametrize("path", ROUTES)
-async def test_under_contention_the_route_s_higher_priority_is_sent_first(request_tokenizer, path):
+@pytest.mark.parametrize("via", ["body", "header"])
+@pytest.mark.parametrize("path", [*ROUTES, "/v1/score"])
+async def test_under_contention_the_route_s_higher_priority_is_sent_first(request_tokenizer, path, via):
     held = threading.Event()  # the worker holds its answers until set: the queue builds up behind a blocker
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, gate=held).start()
     stack = await start_stack(request_tokenizer, [worker], max_inflight_batches_per_worker=1)
@@ -78,8 +79,9 @@ async def test_under_contention_the_route_s_higher_priority_is_sent_first(reques
         low = asyncio.create_task(stack.post("/v1/score", {**SCORE_FULL, "deadline_ms": 10_000},
                                              headers={"X-Request-Id": "low"}))
         await until(lambda: stack.gateway.batchers["score"].queued_jobs == 1, what="the low one queued")
-        high = asyncio.create_task(stack.post(path, {**ROUTES[path], "deadline_ms": 20_000},
-                                              headers={"X-Request-Id": "high", "X-Priority": "5"}))
+        body = {**ROUTES.get(path, SCORE_FULL), "deadline_ms": 20_000, **({"priority": 5} if via == "body" else {})}
+        headers = {"X-Request-Id": "high", **({"X-Priority": "5"} if via == "header" else {})}
+        high = asyncio.create_task(stack.post(path, body, headers=headers))
         await until(lambda: stack.gateway.batchers["score"].queued_jobs == 2, what="the high one queued")
         held.set()
         assert [(await task)[0] for task in (blocker, low, high)] == [200, 200, 200]
