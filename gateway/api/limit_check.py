@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec.inspect as mi
 
-from gateway.api.limit import Limit, applied, declared
+from gateway.api.limit import SCHEMA_KEY, Limit, applied, declared
 from gateway.limits import Limits
 from shared.decode_errors import FieldError, type_info
 
@@ -92,9 +92,11 @@ def _plan(info: Any) -> _Node | None:
     """The walk for values of type `info`; None where nothing below holds a limit."""
     metadata = None
     while isinstance(info, mi.Metadata):
+        markers = (info.extra_json_schema or {}).get(SCHEMA_KEY, ())
+        if len(markers) != len(declared(info.extra)):  # msgspec merges the Metas of one type: one `extra` won
+            raise TypeError("declare a field's limits in one Meta (gateway/api/limit.py's limited): "
+                            f"{len(markers)} were declared, {len(declared(info.extra))} kept")
         if declared(info.extra):
-            if metadata is not None:
-                raise TypeError("declare a field's limits in one Meta (gateway/api/limit.py's limited)")
             metadata = info
         info = info.type
     below = _below(info)
