@@ -199,7 +199,7 @@ class WorkRoute:
 
 async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
-    headers and body, the body read within it, parse, run, answer."""
+    headers and body, the body read within it, parse, the priority (body or X-Priority), run, answer."""
     gateway = request.app[GATEWAY]
     clock, telemetry = gateway.pool.clock, gateway.telemetry
     with _accepting(gateway) as arrived, telemetry.request(request.method, request.path, request.headers,
