@@ -276,9 +276,9 @@ class NotAbove:
         return f"not_above:{self.field},{self.limit}"
 
     def at(self, limits: Limits) -> NotAbove:
-        if self.limit_bound is None:
-            return self
-        return dataclasses.replace(self, limit_default=min(self.limit_default, limits.limit(self.limit_bound)))
+        if self.limit_bound is None or limits.limit(self.limit_bound) >= self.limit_default:
+            return self  # the usual case, and the hot path: no copy
+        return dataclasses.replace(self, limit_default=limits.limit(self.limit_bound))
 
     @property
     def says(self) -> str:
