@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from gateway.api.deadline import budget_ms, header_budget_ms
-from gateway.api.priority import PRIORITY_HEADER, resolve_priority
+from gateway.api.priority import resolve_priority
 from gateway.errors import ApiError, error_response
 from gateway.api.generate import parse_generate
 from gateway.api.completions import parse_completions
@@ -191,18 +191,15 @@ class WorkRoute:
     parse: Callable[[bytes, Limits], Any]
     """Body -> the route's typed request (gateway/api/); every refusal an ApiError."""
     default_deadline_ms: Callable[[GatewayConfig], int]
-    run: Callable[..., Awaitable[Any]]
-    """(gateway, request, wire id, deadline on the pool's clock[, priority]) -> the answer Struct."""
+    run: Callable[[Gateway, Any, str, float, int], Awaitable[Any]]
+    """(gateway, request, wire id, deadline on the pool's clock, priority) -> the answer Struct."""
     names_answer: Callable[[Any], bool] = lambda spec: True  # noqa: E731
     """Whether the answer carries the request id as `id` (SGLang's schema has no such field)."""
-    takes_priority: bool = False
-    """Whether `run` takes the request's priority (gateway/api/priority.py) as its fifth argument; a route
-    that does not refuses a priority with 400 rather than ignore it."""
 
 
 async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     """The skeleton of every work route: the arrival (refused while draining), the deadline budget from
-    headers and body, the body read within it, parse, run, answer."""
+    headers and body, the body read within it, parse, the priority (body or X-Priority), run, answer."""
     gateway = request.app[GATEWAY]
     clock, telemetry = gateway.pool.clock, gateway.telemetry
     with _accepting(gateway) as arrived, telemetry.request(request.method, request.path, request.headers,
@@ -214,8 +211,9 @@ async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
         if trace is not None:  # tracing on (gateway/telemetry.py)
             trace.span("receive", arrived, clock())
             telemetry.bind(wire_id, trace)
-        answer = await route.run(gateway, spec, wire_id, arrived + budget / 1000.0,
-                                 *_priority(route, spec, request, gateway.limits))
+        limits = gateway.limits
+        priority = resolve_priority(spec.priority, request.headers, limits.min_priority, limits.max_priority)
+        answer = await route.run(gateway, spec, wire_id, arrived + budget / 1000.0, priority)
         answered = clock()
         if route.names_answer(spec):
             answer.id = request[REQUEST_ID]
@@ -225,31 +223,18 @@ async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     return response
 
 
-def _priority(route: WorkRoute, spec: Any, request: web.Request, limits: Limits) -> tuple[int, ...]:
-    """The request's priority as `route.run`'s fifth argument, or nothing for a route that takes none
-    (there a priority given is refused: never silently ignored)."""
-    if route.takes_priority:
-        return (resolve_priority(spec.priority, request.headers, limits.min_priority, limits.max_priority),)
-    if PRIORITY_HEADER in request.headers:
-        raise ApiError("invalid_request", f"header {PRIORITY_HEADER}: {request.path} does not take a priority yet "
-                                          "(/v1/score and /v1/generate do); send the request without it")
-    return ()
-
-
 SCORE = WorkRoute(parse_score, lambda config: config.score_deadline_ms,
                   lambda gateway, spec, wire_id, deadline, priority: gateway.scoring.score(
                       spec, wire_id, deadline, priority=priority),
-                  names_answer=lambda spec: spec.dialect != "sglang", takes_priority=True)
+                  names_answer=lambda spec: spec.dialect != "sglang")
 GENERATE = WorkRoute(parse_generate, lambda config: config.generate_deadline_ms,
                      lambda gateway, spec, wire_id, deadline, priority: gateway.generation.generate(
-                         spec, wire_id, deadline, priority), takes_priority=True)
-
-
+                         spec, wire_id, deadline, priority))
 COMPLETIONS = WorkRoute(
     parse_completions, lambda config: max(config.score_deadline_ms, config.generate_deadline_ms),
-    lambda gateway, spec, wire_id, deadline: CompletionService(gateway.scoring, gateway.generation,
-                                                               gateway.settings.tokenizer).complete(
-        spec, served_model(gateway, spec.model), wire_id, deadline))
+    lambda gateway, spec, wire_id, deadline, priority: CompletionService(
+        gateway.scoring, gateway.generation, gateway.settings.tokenizer).complete(
+        spec, served_model(gateway, spec.model), wire_id, deadline, priority))
 
 
 async def score(request: web.Request) -> web.Response:
@@ -269,7 +254,8 @@ async def _serve_rerank(request: web.Request, shape: rerank_api.Shape) -> web.Re
     in a header on every shape (TEI's answer is a bare list)."""
     truncated: list[int] = []
     route = WorkRoute(rerank_api.parser(shape), lambda config: config.score_deadline_ms,
-                      lambda gateway, spec, wire_id, deadline: rerank(gateway, spec, wire_id, deadline, truncated),
+                      lambda gateway, spec, wire_id, deadline, priority: rerank(gateway, spec, wire_id, deadline,
+                                                                                truncated, priority),
                       names_answer=lambda spec: spec.shape != "tei")
     response = await serve_work(request, route)
     if truncated:

@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from gateway.api.completions import (CompletionAnswer, CompletionChoice, Complet
 from gateway.api.generate import GenerateSpec
 from gateway.api.score import ScoreSpec
 from gateway.generation import GenerateService
-from gateway.scoring import ScoreService
+from gateway.scoring import ScoreService, joined
 from gateway.tokenizer import RequestTokenizer
 from shared.protocol import ScoreResult
 from shared.request_ids import chunk_id
@@ -37,11 +36,12 @@ class CompletionService:
         self._generation = generation
         self._tokenizer = tokenizer
 
-    async def complete(self, spec: CompletionSpec, model: str, request_id: str, deadline: float) -> CompletionAnswer:
+    async def complete(self, spec: CompletionSpec, model: str, request_id: str, deadline: float,
+                       priority: int = 0) -> CompletionAnswer:
         """model: the served model's name, which the answer carries (gateway/api/reranking.served_model)."""
         spec = dataclasses.replace(spec, model=model)
         if spec.max_tokens > 1:
-            return await self._beams(spec, request_id, deadline)
+            return await self._beams(spec, request_id, deadline, priority)
         if spec.max_tokens == 0 and not (spec.echo and spec.logprobs is not None):
             return self._echoed(spec, request_id, self._tokenizer.encode(spec.prompts))  # nothing to compute
         prompt_logprobs = spec.logprobs if spec.echo and spec.logprobs is not None else None
@@ -49,7 +49,7 @@ class CompletionService:
         score = ScoreSpec(spec.prompts, None, [], "topk", top_k, spec.deadline_ms, "openai",
                           prompt_logprobs=prompt_logprobs)
         return await self._scoring.score(score, request_id, deadline,
-                                         answer=functools.partial(self._scored, spec, request_id))
+                                         answer=functools.partial(self._scored, spec, request_id), priority=priority)
 
     def _echoed(self, spec: CompletionSpec, request_id: str, token_ids: list[list[int]]) -> CompletionAnswer:
         """max_tokens 0 without prompt log-probs: the prompt itself (echo) or nothing, computed nowhere."""
@@ -65,8 +65,8 @@ class CompletionService:
     def _scored(self, spec: CompletionSpec, request_id: str, token_ids: list[list[int]],
                 results: list[ScoreResult]) -> CompletionAnswer:
         """The answer from the scoring jobs' results (in sample order across chunks)."""
-        rows = _joined([r.arrays() for r in results])  # last position: topk_ids, topk_logprobs [S, k]
-        positions = _joined([r.token_arrays() for r in results])  # token_logprobs [P], token_topk_* [P, n]
+        rows = joined([r.arrays() for r in results])  # last position: topk_ids, topk_logprobs [S, k]
+        positions = joined([r.token_arrays() for r in results])  # token_logprobs [P], token_topk_* [P, n]
         choices, start = [], 0
         for index, ids in enumerate(token_ids):
             prompt_text = self._prompt_text(spec.prompts[index], ids)
@@ -110,11 +110,11 @@ class CompletionService:
     def _prompt_text(self, prompt: str | list[int], ids: list[int]) -> str:
         return prompt if isinstance(prompt, str) else self._tokenizer.decode_batch([ids])[0]
 
-    async def _beams(self, spec: CompletionSpec, request_id: str, deadline: float) -> CompletionAnswer:
+    async def _beams(self, spec: CompletionSpec, request_id: str, deadline: float, priority: int) -> CompletionAnswer:
         """n of best_of beams per prompt, one beam request each (their wire ids those of chunks)."""
         answers = await asyncio.gather(*(
             self._generation.generate(GenerateSpec(prompt, spec.best_of, spec.max_tokens, spec.n, spec.deadline_ms),
-                                      chunk_id(request_id, index), deadline)
+                                      chunk_id(request_id, index), deadline, priority)
             for index, prompt in enumerate(spec.prompts)))
         candidates = [candidate for answer in answers for candidate in answer.candidates]  # prompt by prompt
         choices = [CompletionChoice(c.text, index, None, "length" if len(c.token_ids) >= spec.max_tokens else "stop")
@@ -139,14 +139,6 @@ class _Tokens:
         """first_offset: the character offset of the first token (the prompt's length when not echoed)."""
         offsets = np.cumsum([first_offset, *(len(s) for s in self.strings[:-1])]).tolist() if self.strings else []
         return Logprobs(self.strings, self.values, self.tops, offsets)
-
-
-def _joined(parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Arrays of several chunks' results, concatenated along their first axis."""
-    parts = [p for p in parts if p]
-    if not parts:
-        return {}
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def _answer(spec: CompletionSpec, request_id: str, choices: list[CompletionChoice],

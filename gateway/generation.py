@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from gateway.admission import Admission
 from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.api.generate import GenerateSpec
 from gateway.api.answers import Candidate, GenerateAnswer, GenerateUsage
 from gateway.job import new_job
-from gateway.request_end import RequestEnd
+from gateway.request_path import RequestPath
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.tokenizer import RequestTokenizer
@@ -24,20 +22,13 @@ class GenerateService:
                  metrics: Metrics) -> None:
         self._tokenizer = tokenizer
         self._limits = limits
-        self._batcher = batcher
-        self._admission = admission
-        self._metrics = metrics
-        self._end = RequestEnd(batcher, metrics)
-        self._loop = asyncio.get_running_loop()
+        self._path = RequestPath(batcher, admission, metrics)
 
     async def generate(self, spec: GenerateSpec, request_id: str, deadline: float, priority: int = 0) -> GenerateAnswer:
-        started = self._loop.time()
-        offered = self._metrics.demand.arrive(started, "beam", spec.beam_width, (deadline - started) * 1000.0)
-        self._admission.precheck(self._batcher, request_id, deadline, started, spec.beam_width, priority)
+        request = self._path.arrive(request_id, deadline, spec.beam_width, priority)
+        started = self._path.now()
         prompt = self._tokenizer.encode([spec.prompt])[0]
-        offered.tokens_per_item = len(prompt)
-        now = self._loop.time()
-        self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
+        self._path.tokenized(request, started, tokens_per_item=len(prompt))
         problem = beam_problem(self._limits.bounds, BeamShape(1, len(prompt), spec.beam_width, spec.max_new_tokens))
         if problem:
             words = problem.message("the request", "the prompt", name_bound=False)
@@ -47,9 +38,7 @@ class GenerateService:
         key = (spec.beam_width, spec.max_new_tokens, spec.num_return_sequences)
         job = new_job(request_id, "beam", deadline, [prompt], beam_key=key, priority=priority,
                       catalog=spec.catalog)
-        self._admission.submit(self._batcher, [job], now)
-        self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        (result,) = await self._end.results([job], (deadline - started) * 1000.0)
+        (result,) = await self._path.run(request, [job])
         answer = self._answer(request_id, spec, len(prompt), result.arrays(spec.num_return_sequences))
         answer.catalog_version = result.catalog_version or None
         return answer

@@ -10,8 +10,7 @@ OpenAI's prompt_tokens_details.cached_tokens, those the workers reused instead o
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -23,7 +22,7 @@ from gateway.batcher import Batcher
 from gateway.errors import ApiError
 from gateway.api.answers import ScoreAnswer, ScoreUsage, SglangScoreAnswer, SglangUsage, TokenDetails, TopK
 from gateway.job import Job, new_job
-from gateway.request_end import RequestEnd
+from gateway.request_path import RequestPath
 from gateway.limits import Limits
 from gateway.metrics import Metrics
 from gateway.api.score import ScoreSpec
@@ -42,17 +41,14 @@ class ScoreService:
                  reuse_for: Callable[[int | None], Reuse] | None = None) -> None:
         self._tokenizer = tokenizer
         self._limits = limits
-        self._batcher = batcher
-        self._admission = admission
         self._metrics = metrics
-        self._end = RequestEnd(batcher, metrics)
+        self._path = RequestPath(batcher, admission, metrics)
         self._executor = executor
         self._offload_chars = offload_chars
         self._reuse_for = reuse_for or (lambda key: limits.static_prefix)
         """What a job whose prefix has this key is expected to reuse where it will run (the pool's
         routing and its workers' held prefixes): admission and the queue count what is computed."""
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
-        self._loop = asyncio.get_running_loop()
 
     async def score(self, spec: ScoreSpec, request_id: str, deadline: float,
                     answer: Callable[[list[list[int]], list[ScoreResult]], Any] | None = None,
@@ -66,27 +62,21 @@ class ScoreService:
             self._active -= 1
 
     async def _score(self, spec: ScoreSpec, request_id: str, deadline: float, answer=None, priority: int = 0):
-        arrived = self._loop.time()
-        budget_ms = (deadline - arrived) * 1000.0
-        offered = self._metrics.demand.arrive(arrived, "score", len(spec.samples), budget_ms)
-        self._admission.precheck(self._batcher, request_id, deadline, arrived, len(spec.samples), priority)
+        request = self._path.arrive(request_id, deadline, len(spec.samples), priority)
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
-        started = self._loop.time()
+        started = self._path.now()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
                                                        busy=self._active > 1)
-        now = self._loop.time()
-        self._metrics.observe_stage("tokenize", (now - started) * 1000.0)
+        self._path.tokenized(request, started)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline, priority)
-        offered.tokens_per_item = sum(j.latency_tokens for j in jobs) / sum(j.batch_items for j in jobs)
-        self._admission.submit(self._batcher, jobs, now)
-        self._metrics.observe_stage("admission", (self._loop.time() - now) * 1000.0)
-        results = await self._end.results(jobs, budget_ms)
-        arrays = _join([r.arrays() for r in results])
+        tokens_per_item = sum(j.latency_tokens for j in jobs) / sum(j.batch_items for j in jobs)
+        results = await self._path.run(request, jobs, tokens_per_item)
         prompt_tokens, cached_tokens = sum(j.work.prompt_tokens for j in jobs), sum(r.cached_tokens for r in results)
         self._metrics.count_score_tokens(prompt_tokens, cached_tokens, shared=jobs[0].prefix_len > 0)
         if answer is not None:
             return answer(token_ids, results)
+        arrays = joined([r.arrays() for r in results])
         return _answer(spec, label_ids, arrays, (prompt_tokens, cached_tokens), request_id, self._tokenizer)
 
     def _check_lengths(self, token_ids: list[list[int]]) -> None:
@@ -117,9 +107,12 @@ class ScoreService:
         return jobs
 
 
-def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    if len(parts) == 1:
-        return parts[0]
+def joined(parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays of a request's chunks' results, concatenated along their first axis (samples or
+    positions); parts without arrays (a chunk that asked for none) are skipped."""
+    parts = [part for part in parts if part]
+    if len(parts) <= 1:
+        return parts[0] if parts else {}
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 

@@ -91,16 +91,18 @@ class FieldError:
         return f"{place}{shown} must be {describe(self.type, extra=self.extra, style=style)}{hint}"
 
 
-def locate(error: msgspec.ValidationError | str, root: type, sent: Any = MISSING) -> FieldError:
-    """msgspec's error about `sent` (the value decoded as plain data) decoded as type `root`."""
+def locate(error: msgspec.ValidationError | str, root: Any, sent: Any = MISSING) -> FieldError:
+    """msgspec's error about `sent` (the value decoded as plain data) decoded as type `root` (or as the
+    msgspec.inspect type `root`)."""
+    top = root if isinstance(root, mi.Type) else type_info(root)  # a type, or msgspec.inspect's of one
     match = _AT.fullmatch(str(error))
     problem, path = match["what"], match["path"] or "$"
     raw_steps = [name or (index if index == _DICT_KEY else int(index)) for name, index in _STEP.findall(path, 1)]
     rebuilt = "$" + "".join(f".{s}" if isinstance(s, str) and s != _DICT_KEY else f"[{s}]" for s in raw_steps)
     if rebuilt != path:
-        return FieldError(problem, None, type_info(root))
+        return FieldError(problem, None, top)
     value = sent
-    info, extra = _unwrap(type_info(root), value)
+    info, extra = _unwrap(top, value)
     named: list[str | int] = []
     for step in raw_steps:
         info, name = _step(info, step)

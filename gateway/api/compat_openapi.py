@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 
 from gateway.api.compat_answers import EmbeddingsAnswer, ModelList, RerankAnswer, TeiRank
-from gateway.api.compat_types import compat_types
+from gateway.api.compat_types import STRUCTS, EmbeddingsRequest, RerankRequest, TeiRerankRequest
+from gateway.api.limit import fill_schema
 from gateway.api.reranking import TRUNCATED_HEADER
 from gateway.api.rules import schema_of
 from gateway.limits import Limits
@@ -25,13 +26,12 @@ TRUNCATED_SAYS = {TRUNCATED_HEADER: {"description": "Indices of the documents cu
 def compat_paths(limits: Limits, components: dict[str, Any], headers: list[dict[str, Any]],
                  errors: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The standard routes' paths; their schemas are added to `components` (the document's)."""
-    types = compat_types(limits)
     schemas, more = msgspec.json.schema_components(
-        [types.rerank, types.tei_rerank, types.embeddings, RerankAnswer, list[TeiRank], EmbeddingsAnswer, ModelList],
+        [RerankRequest, TeiRerankRequest, EmbeddingsRequest, RerankAnswer, list[TeiRank], EmbeddingsAnswer, ModelList],
         ref_template=REF)
-    for struct in types.structs:
-        more[struct.__name__].update(schema_of(struct.RULES))
-    components.update(more)
+    for struct in STRUCTS:
+        more[struct.__name__].update(schema_of(struct.RULES, limits))
+    components.update(fill_schema(more, limits))
     rerank, tei, embeddings, rerank_answer, tei_answer, embeddings_answer, model_list = schemas
     post = _poster(headers, errors)
     return {

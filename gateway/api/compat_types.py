@@ -1,5 +1,6 @@
-"""The request bodies of the de-facto standard routes, declared once as msgspec Structs beside
-gateway/api/types.py's own (same `_Fields`, same split of validity limits and compiled bounds):
+"""The request bodies of the de-facto standard routes, declared once, at import, as msgspec Structs
+beside gateway/api/types.py's own (the same field types, the same split of validity limits and
+compiled bounds):
 - Cohere's and Jina's rerank (POST /v1/rerank, Cohere's ClientV2 at /v2/rerank),
 - text-embeddings-inference's rerank (POST /rerank),
 - OpenAI's embeddings (POST /v1/embeddings).
@@ -7,17 +8,13 @@ Fields those APIs define that this gateway cannot honour are declared too, as nu
 that sends them is refused naming the field and why (never ignored without a word).
 """
 
-# No `from __future__ import annotations`: the Structs are made inside functions (see types.py).
-import functools
-from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 from msgspec import Meta, Struct
 
-from gateway.api.rules import Rule
 from gateway.api.compat_rules import InputsOfOneKind
-from gateway.api.types import MAX_MODEL_CHARS, MAX_TEXT_CHARS, _Fields
-from gateway.limits import Limits
+from gateway.api.rules import Rule
+from gateway.api.types import MAX_MODEL_CHARS, MAX_TEXT_CHARS, DeadlineMs, Priority, Text, TokenId, per_request
 
 TRUNCATE_HELP = ("Documents whose prompt is over the compiled max_tokens_per_sample are refused (413) unless this "
                  "is true; then each is cut at a token boundary to fit, and the answer says which were cut.")
@@ -35,100 +32,84 @@ NO_CHUNKS = _unsupported("documents are not chunked: a document over the bound i
 NO_SPANS = _unsupported("this reranker scores whole documents; remove relevant_spans")
 
 
-@dataclass(frozen=True)
-class CompatTypes:
-    """The standard routes' request Structs of one deployment."""
-
-    rerank: type[Struct]
-    tei_rerank: type[Struct]
-    embeddings: type[Struct]
-    structs: tuple[type[Struct], ...]
+def documents(field: str, item: object) -> object:
+    return per_request(f"{field} holds {{count}} documents; this deployment takes at most {{bound}} per request", item)
 
 
-@functools.lru_cache(maxsize=16)
-def compat_types(limits: Limits, compiled_bounds: bool = True) -> CompatTypes:
-    """The standard routes' bodies this deployment takes; without `compiled_bounds`, validity limits only."""
-    f = _Fields(limits, compiled_bounds)
-    document, rerank = _rerank_request(f)
-    tei = _tei_rerank_request(f)
-    embeddings = _embeddings_request(f)
-    return CompatTypes(rerank, tei, embeddings, (document, rerank, tei, embeddings))
+Texts = documents("texts", Text)
 
 
-def _documents(f: _Fields, field: str, item: object) -> object:
-    return Annotated[list[item], Meta(min_length=1), f.bound(
-        "max_samples_per_request", f"{field} holds {{count}} documents; this deployment takes at most {{bound}} "
-                                   "per request")]
+class RerankDocument(Struct, forbid_unknown_fields=True):
+    """A document as an object: its text (the only field ranked on)."""
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+    text: Text
 
 
-def _rerank_request(f: _Fields) -> tuple[type[Struct], type[Struct]]:
-    class RerankDocument(Struct, forbid_unknown_fields=True):
-        """A document as an object: its text (the only field ranked on)."""
-
-        RULES: ClassVar[tuple[Rule, ...]] = ()
-        text: f.text
-
-    class RerankRequest(Struct, forbid_unknown_fields=True):
-        """Cohere's (v1 and v2) and Jina's rerank: the documents by relevance to the query, best first.
-        Relevance is the probability of the deployment's "yes" label ([rerank] in its config)."""
-
-        RULES: ClassVar[tuple[Rule, ...]] = ()
-        query: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
-        documents: _documents(f, "documents", f.text | RerankDocument)
-        model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=MODEL_HELP)] | None = None
-        top_n: Annotated[int, Meta(ge=1, description="Results returned (default: every document; more than "
-                                                     "the documents: every document).")] | None = None
-        return_documents: Annotated[bool, Meta(description="Each result carries its document's text "
-                                                           "(default false).")] | None = None
-        max_tokens_per_doc: Annotated[int, Meta(ge=1, description=(
-            "Cohere v2: cut each document to at most this many tokens (the answer's meta.warnings names those "
-            "cut)."))] | None = None
-        truncate: Annotated[bool, Meta(description=TRUNCATE_HELP)] | None = None
-        rank_fields: NO_RANK_FIELDS = None
-        max_chunks_per_doc: NO_CHUNKS = None
-        relevant_spans: NO_SPANS = None
-        deadline_ms: f.deadline | None = None
-
-    return RerankDocument, RerankRequest
+Documents = documents("documents", Text | RerankDocument)
 
 
-def _tei_rerank_request(f: _Fields) -> type[Struct]:
-    class TeiRerankRequest(Struct, forbid_unknown_fields=True):
-        """text-embeddings-inference's /rerank: [{index, score, text?}] best first; score is the
-        relevance probability, or with raw_scores its log-odds."""
+class RerankRequest(Struct, forbid_unknown_fields=True):
+    """Cohere's (v1 and v2) and Jina's rerank: the documents by relevance to the query, best first.
+    Relevance is the probability of the deployment's "yes" label ([rerank] in its config)."""
 
-        RULES: ClassVar[tuple[Rule, ...]] = ()
-        query: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
-        texts: _documents(f, "texts", f.text)
-        raw_scores: Annotated[bool, Meta(description="The log-odds ln(p / (1 - p)) instead of the "
-                                                     "probability p.")] | None = None
-        return_text: bool | None = None
-        truncate: Annotated[bool, Meta(description=TRUNCATE_HELP)] | None = None
-        truncation_direction: Annotated[Literal["Right", "Left"], Meta(
-            description="Right cuts a document's end, Left its start (with truncate).")] | None = None
-        deadline_ms: f.deadline | None = None
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+    documents: Documents
+    model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=MODEL_HELP)] | None = None
+    top_n: Annotated[int, Meta(ge=1, description="Results returned (default: every document; more than "
+                                                 "the documents: every document).")] | None = None
+    return_documents: Annotated[bool, Meta(description="Each result carries its document's text "
+                                                       "(default false).")] | None = None
+    max_tokens_per_doc: Annotated[int, Meta(ge=1, description=(
+        "Cohere v2: cut each document to at most this many tokens (the answer's meta.warnings names those "
+        "cut)."))] | None = None
+    truncate: Annotated[bool, Meta(description=TRUNCATE_HELP)] | None = None
+    rank_fields: NO_RANK_FIELDS = None
+    max_chunks_per_doc: NO_CHUNKS = None
+    relevant_spans: NO_SPANS = None
+    deadline_ms: DeadlineMs | None = None
+    priority: Priority | None = None
 
-    return TeiRerankRequest
+
+class TeiRerankRequest(Struct, forbid_unknown_fields=True):
+    """text-embeddings-inference's /rerank: [{index, score, text?}] best first; score is the
+    relevance probability, or with raw_scores its log-odds."""
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
+    texts: Texts
+    raw_scores: Annotated[bool, Meta(description="The log-odds ln(p / (1 - p)) instead of the "
+                                                 "probability p.")] | None = None
+    return_text: bool | None = None
+    truncate: Annotated[bool, Meta(description=TRUNCATE_HELP)] | None = None
+    truncation_direction: Annotated[Literal["Right", "Left"], Meta(
+        description="Right cuts a document's end, Left its start (with truncate).")] | None = None
+    deadline_ms: DeadlineMs | None = None
+    priority: Priority | None = None
 
 
-def _embeddings_request(f: _Fields) -> type[Struct]:
-    # msgspec takes one list type per union: the four shapes of `input` are one list of items, whose
-    # kinds the rule InputsOfOneKind keeps apart; their counts are checked on parsing (gateway/api/embeddings.py)
-    item = f.text | f.token_id | Annotated[list[f.token_id], Meta(min_length=1)]
+# msgspec takes one list type per union: the four shapes of `input` are one list of items, whose
+# kinds the rule InputsOfOneKind keeps apart; their counts are checked on parsing (gateway/api/embeddings.py)
+InputItem = Text | TokenId | Annotated[list[TokenId], Meta(min_length=1)]
 
-    class EmbeddingsRequest(Struct, forbid_unknown_fields=True):
-        """OpenAI's embeddings: per input, the final-norm hidden state at its last token. `input` is a
-        text, a list of texts, a list of token ids (one input) or a list of token id lists."""
 
-        RULES: ClassVar[tuple[Rule, ...]] = (InputsOfOneKind(),)
-        input: f.text | Annotated[list[item], Meta(min_length=1)]
-        model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=MODEL_HELP)] | None = None
-        encoding_format: Literal["float", "base64"] | None = None
-        dimensions: Annotated[int, Meta(ge=1, description="Only the model's hidden size is served; another is "
-                                                          "refused.")] | None = None
-        user: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
-            "Accepted for OpenAI compatibility and written to no log: this gateway has no per-user "
-            "accounting."))] | None = None
-        deadline_ms: f.deadline | None = None
+class EmbeddingsRequest(Struct, forbid_unknown_fields=True):
+    """OpenAI's embeddings: per input, the final-norm hidden state at its last token. `input` is a
+    text, a list of texts, a list of token ids (one input) or a list of token id lists."""
 
-    return EmbeddingsRequest
+    RULES: ClassVar[tuple[Rule, ...]] = (InputsOfOneKind(),)
+    input: Text | Annotated[list[InputItem], Meta(min_length=1)]
+    model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=MODEL_HELP)] | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[int, Meta(ge=1, description="Only the model's hidden size is served; another is "
+                                                      "refused.")] | None = None
+    user: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
+        "Accepted for OpenAI compatibility and written to no log: this gateway has no per-user "
+        "accounting."))] | None = None
+    deadline_ms: DeadlineMs | None = None
+    priority: Priority | None = None
+
+
+STRUCTS: tuple[type[Struct], ...] = (RerankDocument, RerankRequest, TeiRerankRequest, EmbeddingsRequest)
+"""Every request Struct of the standard routes (their `RULES` go into the schema)."""

@@ -13,8 +13,6 @@ Parameters it cannot honour (sampling, streaming, stop sequences, penalties, log
 refused by name, never ignored: each is a Rule (gateway/api/rules.py) stated in /openapi.json too.
 """
 
-# No `from __future__ import annotations`: the request Struct is made inside a function (its limits).
-import functools
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -22,8 +20,9 @@ import msgspec
 from msgspec import Meta, Struct
 
 from gateway.api.decoding import BodyDecoder
+from gateway.api.limit import limited
 from gateway.api.rules import Rule
-from gateway.api.types import MAX_MODEL_CHARS, _Fields
+from gateway.api.types import MAX_MODEL_CHARS, DeadlineMs, Priority, Text, TokenId, compiled, per_request
 from gateway.errors import ApiError
 from gateway.limits import Limits
 
@@ -140,54 +139,51 @@ def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-@functools.lru_cache(maxsize=16)
-def completion_request(limits: Limits, compiled_bounds: bool = True) -> type[Struct]:
-    """The /v1/completions body of this deployment; without `compiled_bounds`, its validity limits only."""
-    f = _Fields(limits, compiled_bounds)
-    token_ids = Annotated[list[f.token_id], Meta(min_length=1)]
+TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
+Prompts = Annotated[per_request("prompt holds {count} prompts; this deployment takes at most {bound} per request",
+                                Text | TokenId | TokenIds),
+                    Meta(description="A string, a list of strings, a list of token ids, or a list of token-id lists.")]
+TopLogprobs = Annotated[int, limited(compiled("max_top_k", "logprobs = {value} is over the compiled bound of {bound} "
+                                                           "top tokens", "le"),
+                                     ge=0, description="Top tokens per position (the chosen one is added).")]
 
-    class CompletionRequest(Struct, forbid_unknown_fields=True):
-        """OpenAI's legacy completions: prompt scoring (echo + logprobs + max_tokens 0), one greedy token
-        (max_tokens 1) or bounded beam search (max_tokens > 1, n of best_of beams). Never sampled."""
 
-        RULES: ClassVar[tuple[Rule, ...]] = (
-            OneKindOfPrompt(), Greedy(), FewerReturnedThanTried(), OneScoredPrompt(),
-            Unsupported("stream", (False,), "answers come whole; send stream false or leave it out"),
-            Unsupported("stream_options", (), "answers are not streamed"),
-            Unsupported("stop", ("", []), "stop sequences are not applied; leave stop out"),
-            Unsupported("suffix", ("",), "insertion after a suffix is not served"),
-            Unsupported("logit_bias", ({},), "logits are not biased here"),
-            Unsupported("presence_penalty", (0, 0.0), "penalties are not applied"),
-            Unsupported("frequency_penalty", (0, 0.0), "penalties are not applied"))
-        prompt: f.text | Annotated[list[f.text | f.token_id | token_ids], Meta(min_length=1, description=(
-            "A string, a list of strings, a list of token ids, or a list of token-id lists.")), f.bound(
-            "max_samples_per_request", "prompt holds {count} prompts; this deployment takes at most {bound} per "
-            "request")]
-        model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
-            "The served model's name (GET /v1/models), or absent; another is refused."))] | None = None
-        echo: bool | None = False
-        logprobs: Annotated[int, Meta(ge=0, description="Top tokens per position (the chosen one is added)."),
-                            f.bound("max_top_k", "logprobs = {value} is over the compiled bound of {bound} top "
-                                                 "tokens", "le")] | None = None
-        max_tokens: Annotated[int, Meta(ge=0, description=(
-            f"Tokens to generate (default {DEFAULT_MAX_TOKENS}); 0 scores the prompt only."))] | None = None
-        n: Annotated[int, Meta(ge=1)] | None = None
-        best_of: Annotated[int, Meta(ge=1)] | None = None
-        temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-        top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-        seed: int | None = None
-        user: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description="Logged nowhere; accepted for "
-                                                                          "compatibility.")] | None = None
-        stream: bool | None = None
-        stream_options: dict[str, Any] | None = None
-        stop: f.text | list[f.text] | None = None
-        suffix: f.text | None = None
-        logit_bias: dict[str, float] | None = None
-        presence_penalty: float | None = None
-        frequency_penalty: float | None = None
-        deadline_ms: f.deadline | None = None
+class CompletionRequest(Struct, forbid_unknown_fields=True):
+    """OpenAI's legacy completions: prompt scoring (echo + logprobs + max_tokens 0), one greedy token
+    (max_tokens 1) or bounded beam search (max_tokens > 1, n of best_of beams). Never sampled."""
 
-    return CompletionRequest
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        OneKindOfPrompt(), Greedy(), FewerReturnedThanTried(), OneScoredPrompt(),
+        Unsupported("stream", (False,), "answers come whole; send stream false or leave it out"),
+        Unsupported("stream_options", (), "answers are not streamed"),
+        Unsupported("stop", ("", []), "stop sequences are not applied; leave stop out"),
+        Unsupported("suffix", ("",), "insertion after a suffix is not served"),
+        Unsupported("logit_bias", ({},), "logits are not biased here"),
+        Unsupported("presence_penalty", (0, 0.0), "penalties are not applied"),
+        Unsupported("frequency_penalty", (0, 0.0), "penalties are not applied"))
+    prompt: Text | Prompts
+    model: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description=(
+        "The served model's name (GET /v1/models), or absent; another is refused."))] | None = None
+    echo: bool | None = False
+    logprobs: TopLogprobs | None = None
+    max_tokens: Annotated[int, Meta(ge=0, description=(
+        f"Tokens to generate (default {DEFAULT_MAX_TOKENS}); 0 scores the prompt only."))] | None = None
+    n: Annotated[int, Meta(ge=1)] | None = None
+    best_of: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    seed: int | None = None
+    user: Annotated[str, Meta(max_length=MAX_MODEL_CHARS, description="Logged nowhere; accepted for "
+                                                                      "compatibility.")] | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    stop: Text | list[Text] | None = None
+    suffix: Text | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    deadline_ms: DeadlineMs | None = None
+    priority: Priority | None = None
 
 
 @dataclass(frozen=True)
@@ -205,11 +201,8 @@ class CompletionSpec:
     model: str | None
     """The model asked for (None: the served one); another is refused (404) when the request runs."""
     deadline_ms: int | None
-
-
-@functools.lru_cache(maxsize=16)
-def _decoder(limits: Limits) -> BodyDecoder[CompletionSpec]:
-    return BodyDecoder(completion_request(limits), completion_request(limits, compiled_bounds=False), _spec)
+    priority: int | None = None
+    """The body's priority (None: not given)."""
 
 
 def parse_completions(raw: bytes, limits: Limits) -> CompletionSpec:
@@ -217,19 +210,22 @@ def parse_completions(raw: bytes, limits: Limits) -> CompletionSpec:
     if not limits.score_enabled and not limits.beam_enabled:
         raise ApiError("not_found", "this deployment serves neither scoring nor beam search, which /v1/completions "
                                     "runs on")
-    spec = _decoder(limits).decode(raw)
+    spec = DECODER.decode(raw, limits)
     _check_served(spec, limits)
     return spec
 
 
-def _spec(body: Any) -> CompletionSpec:
+def _spec(body: Any, limits: Limits) -> CompletionSpec:
     prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
     if isinstance(prompts[0], int):
         prompts = [prompts]  # one prompt given as token ids (OneKindOfPrompt: all are)
     n = body.n or 1
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     return CompletionSpec(prompts, bool(body.echo), body.logprobs, max_tokens, n, body.best_of or n,
-                          body.model, body.deadline_ms)
+                          body.model, body.deadline_ms, body.priority)
+
+
+DECODER = BodyDecoder(CompletionRequest, _spec)
 
 
 def _check_served(spec: CompletionSpec, limits: Limits) -> None:

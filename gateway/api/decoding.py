@@ -1,13 +1,13 @@
 """Decoding a JSON request body into its declared type (gateway/api/types.py), and the answer when
 it does not fit: 400 invalid_request or 413 too_large, naming the field path and the fix.
 
-msgspec validates while it parses, at C speed, and stops at the first problem with its path
-(`$.samples[3].input_ids[0]`). A body is decoded against its type with the compiled bounds; only
-when that fails is it decoded again without them, which tells a malformed body from one over a
-compiled bound. Order of answers: a malformed field (400), then a rule across fields (400), then a
-compiled bound exceeded (413). The message is written from the type at that path (its limits, its
-413 text) and the value the caller sent there, e.g. `$.samples[0].input_ids[1] = -4 must be an
-integer token id between 0 and 151935`.
+msgspec validates the body's shape while it parses, at C speed, and stops at the first problem with
+its path (`$.samples[3].input_ids[0]`); the deployment's limits on its fields (gateway/api/limit.py)
+are checked next, in one walk (gateway/api/limit_check.py). Order of answers: a malformed field
+(400: a shape msgspec refused, or a validity limit), then a rule across fields (400), then a
+compiled bound exceeded (413). The message is written from the type at that path, with the
+deployment's limits filled in, and the value the caller sent there, e.g.
+`$.samples[0].input_ids[1] = -4 must be an integer token id between 0 and 151935`.
 """
 
 from __future__ import annotations
@@ -18,59 +18,49 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import msgspec
-import msgspec.inspect as mi
 import orjson
 
 from gateway.api import rules as body_rules
+from gateway.api.limit import fill_type
+from gateway.api.limit_check import LimitCheck
 from gateway.errors import ApiError
+from gateway.limits import Limits
 from shared.decode_errors import MISSING, locate
 
 T = TypeVar("T")
 
 
 class BodyDecoder(Generic[T]):
-    """JSON bytes -> one request of one deployment (its Struct, then `build`'s spec), or an ApiError."""
+    """JSON bytes -> one request (its Struct, then `build`'s spec) at a deployment's limits, or an ApiError.
+    One per request type, made at import: nothing in it depends on the deployment."""
 
-    def __init__(self, bounded: type, lenient: type, build: Callable[[Any], T]) -> None:
-        """`bounded`: the type with the compiled bounds; `lenient`: the same type without them;
-        `build`: what the handler needs, from a body that met its type and its rules."""
-        self._bounded, self._lenient, self._build = bounded, lenient, build
-        self._decoder = msgspec.json.Decoder(bounded)
-        self._lenient_decoder = msgspec.json.Decoder(lenient)
+    def __init__(self, root: type, build: Callable[[Any, Limits], T]) -> None:
+        """`root`: the request Struct; `build`: what the handler needs, from a body that met its type, its
+        limits and its rules."""
+        self._root, self._build = root, build
+        self._decoder = msgspec.json.Decoder(root)
+        self._limits = LimitCheck(root)
 
-    def decode(self, raw: bytes) -> T:
+    def decode(self, raw: bytes, limits: Limits) -> T:
         try:
             body = self._decoder.decode(raw)
-        except msgspec.ValidationError as error:
-            raise self._refusal(raw, str(error)) from None
+        except msgspec.ValidationError as error:  # a field named twice comes first: msgspec quotes the last
+            refuse_repeated_fields(raw)
+            raise ApiError("invalid_request", invalid_message(fill_type(self._root, limits), str(error), raw)) from None
         except msgspec.DecodeError as error:
             raise not_json(raw, error) from None
         except RecursionError:
             raise too_deep() from None
         refuse_repeated_fields(raw)
-        body_rules.check(body)
-        return self._build(body)
-
-    def _refusal(self, raw: bytes, bounded_error: str) -> ApiError:
-        """400 when the body is malformed (a field named twice, its fields, the rules across them), else 413.
-        A repeated field comes first: msgspec checks every copy but the message quotes the last."""
-        try:
-            refuse_repeated_fields(raw)
-        except ApiError as error:
-            return error
-        try:
-            body = self._lenient_decoder.decode(raw)
-        except msgspec.ValidationError as error:
-            return ApiError("invalid_request", invalid_message(self._lenient, str(error), raw))
-        except msgspec.DecodeError as error:
-            return not_json(raw, error)
-        except RecursionError:
-            return too_deep()
-        try:
-            body_rules.check(body)
-        except ApiError as error:
-            return error
-        return ApiError("too_large", too_large_message(self._bounded, bounded_error, raw))
+        over = None
+        for broken in self._limits.broken(body, limits):
+            if not broken.limit.compiled:
+                raise ApiError("invalid_request", broken.message(limits))
+            over = over or broken
+        body_rules.check(body, limits)
+        if over is not None:
+            raise ApiError("too_large", over.message(limits))
+        return self._build(body, limits)
 
 
 NUMBER_ARRAY = re.compile(rb"\[[0-9eE.+\-,\s]*\]")
@@ -110,26 +100,10 @@ def too_deep() -> ApiError:
                                        "body of this API nests more than four levels")
 
 
-def invalid_message(root: type, message: str, raw: bytes) -> str:
-    """The 400 message for msgspec's `message` about `raw` decoded as type `root` (shared/decode_errors.py)."""
+def invalid_message(root: Any, message: str, raw: bytes) -> str:
+    """The 400 message for msgspec's `message` about `raw` decoded as `root` (a type, or msgspec.inspect's
+    type with the deployment's limits filled in; shared/decode_errors.py)."""
     return locate(message, root, _decoded(raw)).message()
-
-
-def too_large_message(root: type, message: str, raw: bytes) -> str:
-    """The 413 message: the compiled bound's own text (http_types), filled in with what was sent."""
-    error = locate(message, root, _decoded(raw))
-    if error.steps is None:
-        return f"{message} (over this deployment's compiled bounds; nothing was truncated)"
-    node, value, path = error.type, error.value, error.where()
-    bound = node.le if isinstance(node, mi.IntType) else getattr(node, "max_length", None)
-    if "too_large" not in error.extra or value is MISSING or bound is None:
-        return f"{path}: {error.problem} (this deployment's compiled bound; nothing was truncated)"
-    steps = error.steps
-    text = error.extra["too_large"].format(
-        count=len(value) if isinstance(value, (list, str)) else None, value=value, bound=bound,
-        index=next((s for s in reversed(steps) if isinstance(s, int)), None),
-        name=next((s for s in reversed(steps) if isinstance(s, str)), ""))
-    return f"{text} (at {path}; nothing was truncated)"
 
 
 def _decoded(raw: bytes) -> Any:

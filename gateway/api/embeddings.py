@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import calendar
-import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.api.compat_answers import Embedding, EmbeddingsAnswer, EmbeddingsUsage, ModelCard, ModelList
-from gateway.api.compat_types import compat_types
+from gateway.api.compat_types import EmbeddingsRequest
 from gateway.api.decoding import BodyDecoder
 from gateway.api.reranking import served_model
 from gateway.api.score import ScoreSpec
@@ -38,6 +37,8 @@ class EmbeddingsSpec:
     dimensions: int | None
     model: str | None
     deadline_ms: int | None
+    priority: int | None = None
+    """The body's priority (None: not given)."""
 
 
 def _build(body: Any, limits: Limits) -> EmbeddingsSpec:
@@ -57,13 +58,11 @@ def _build(body: Any, limits: Limits) -> EmbeddingsSpec:
             where = "$.input" if isinstance(given[0], int) else f"$.input[{i}]"
             raise ApiError("too_large", f"{where} holds {len(item)} token ids; the compiled bound is {bound} per "
                                         "input (nothing was truncated)")
-    return EmbeddingsSpec(inputs, body.encoding_format == "base64", body.dimensions, body.model, body.deadline_ms)
+    return EmbeddingsSpec(inputs, body.encoding_format == "base64", body.dimensions, body.model, body.deadline_ms,
+                          body.priority)
 
 
-@functools.lru_cache(maxsize=16)
-def _decoder(limits: Limits) -> BodyDecoder[EmbeddingsSpec]:
-    return BodyDecoder(compat_types(limits).embeddings, compat_types(limits, compiled_bounds=False).embeddings,
-                       functools.partial(_build, limits=limits))
+DECODER = BodyDecoder(EmbeddingsRequest, _build)
 
 
 def parse_embeddings(raw: bytes, limits: Limits) -> EmbeddingsSpec:
@@ -71,16 +70,17 @@ def parse_embeddings(raw: bytes, limits: Limits) -> EmbeddingsSpec:
     if not limits.score_enabled:
         raise ApiError("not_found", "this deployment serves no scoring (score.enabled is false in its config, or its "
                                     "artifacts hold no score node), so no embeddings")
-    return _decoder(limits).decode(raw)
+    return DECODER.decode(raw, limits)
 
 
-async def embed(gateway: Gateway, spec: EmbeddingsSpec, wire_id: str, deadline: float) -> EmbeddingsAnswer:
+async def embed(gateway: Gateway, spec: EmbeddingsSpec, wire_id: str, deadline: float,
+                priority: int = 0) -> EmbeddingsAnswer:
     model = served_model(gateway, spec.model)
     hidden_size = gateway.settings.manifest.model.hidden_size
     if spec.dimensions is not None and hidden_size and spec.dimensions != hidden_size:
         raise _dimensions(spec.dimensions, hidden_size)
     answer = await gateway.scoring.score(ScoreSpec(spec.inputs, None, [], "embedding", 0, spec.deadline_ms,
-                                                   "boundserve"), wire_id, deadline)
+                                                   "boundserve"), wire_id, deadline, priority=priority)
     vectors = np.ascontiguousarray(answer.embeddings, dtype="<f4")
     if spec.dimensions is not None and spec.dimensions != vectors.shape[1]:  # a manifest that does not say
         raise _dimensions(spec.dimensions, vectors.shape[1])

@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.api.decoding import BodyDecoder
 from gateway.errors import ApiError
-from gateway.api.types import DEFAULT_BEAM_WIDTH, request_types
+from gateway.api.types import DEFAULT_BEAM_WIDTH, GenerateRequest
 from gateway.limits import Limits
 
 
@@ -32,24 +31,21 @@ class GenerateSpec:
     """The loaded catalogue to decode in ("": the default one)."""
 
 
-@functools.lru_cache(maxsize=16)
-def _decoder(limits: Limits) -> BodyDecoder[GenerateSpec]:
-    return BodyDecoder(request_types(limits).generate, request_types(limits, compiled_bounds=False).generate,
-                       functools.partial(_spec, limits=limits))
-
-
 def parse_generate(raw: bytes, limits: Limits) -> GenerateSpec:
     """Decode a /v1/generate body; raises ApiError (400/404/413) naming the field."""
     if not limits.beam_enabled:
         raise ApiError("not_found", "this deployment serves no beam search (beam.enabled is false in its config, "
                                     "or its artifacts hold no beam node)")
-    return _decoder(limits).decode(raw)
+    return DECODER.decode(raw, limits)
 
 
 def _spec(body: Any, limits: Limits) -> GenerateSpec:
-    """The spec of a body that met its type and its rules (http_types' RULES), defaults filled in."""
+    """The spec of a body that met its type, its limits and its rules, defaults filled in."""
     beam_width = body.beam_width or min(DEFAULT_BEAM_WIDTH, limits.bounds.max_beam_width)
     num_return = body.num_return_sequences or 1
     prompt = body.prompt if body.input_ids is None else body.input_ids
     return GenerateSpec(prompt, beam_width, body.max_new_tokens or limits.bounds.max_new_tokens, num_return,
                         body.deadline_ms, body.priority, body.catalog or "")
+
+
+DECODER = BodyDecoder(GenerateRequest, _spec)

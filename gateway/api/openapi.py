@@ -1,6 +1,7 @@
 """GET /openapi.json (OpenAPI 3.1), generated from the types the gateway decodes and answers with
-(gateway/api/types.py, http_answers.py, errors.py), with this deployment's limits: precise enough
-to fuzz. Only the routes, headers and statuses are written here; no body schema is."""
+(gateway/api/types.py, answers.py, errors.py), with this deployment's limits filled in from their
+declarations (gateway/api/limit.py): precise enough to fuzz. Only the routes, headers and statuses
+are written here; no body schema is."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from typing import Any
 
 import msgspec
 
+from gateway.api.limit import fill_schema
 from gateway.api.rules import schema_of
 from gateway.api.deadline import ENVOY_HEADER
 from gateway.errors import ERRORS, SENT, ErrorAnswer
 from gateway.api.answers import ANSWERS
-from gateway.api.completions import CompletionAnswer, completion_request
+from gateway.api.completions import CompletionAnswer, CompletionRequest
 from gateway.api.priority import PRIORITY_HEADER
-from gateway.api.types import PRIORITY_HELP, request_types
+from gateway.api.types import PRIORITY_HELP, STRUCTS, GenerateRequest, ScoreRequest, SglangScoreRequest
 from gateway.api.compat_openapi import compat_paths
 from gateway.limits import Limits
 
@@ -26,13 +28,12 @@ ERROR_STATUSES = tuple(sorted({status for status, _ in SENT_ERRORS.values()}))
 
 
 def openapi_document(limits: Limits) -> dict[str, Any]:
-    types = request_types(limits)
-    completion = completion_request(limits)
     schemas, components = msgspec.json.schema_components(
-        [types.score, types.sglang_score, types.generate, ErrorAnswer, *ANSWERS, dict[str, Any], str,
-         completion, CompletionAnswer], ref_template=REF)
-    for struct in (*types.structs, completion):  # rules across fields, declared with the types (gateway/api/rules.py)
-        components[struct.__name__].update(schema_of(struct.RULES))
+        [ScoreRequest, SglangScoreRequest, GenerateRequest, ErrorAnswer, *ANSWERS, dict[str, Any], str,
+         CompletionRequest, CompletionAnswer], ref_template=REF)
+    for struct in (*STRUCTS, CompletionRequest):  # rules across fields, declared with the types (gateway/api/rules.py)
+        components[struct.__name__].update(schema_of(struct.RULES, limits))
+    components = fill_schema(components, limits)
     (score, sglang, generate, error, score_answer, sglang_answer, generate_answer, health, ready, document,
      text, completion_body, completion_answer) = schemas
     headers = [{"name": name, "in": "header", "required": False, "description": DEADLINE_HEADER_SAYS + extra,

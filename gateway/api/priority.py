@@ -17,7 +17,7 @@ DEFAULT_PRIORITY = 0
 
 def resolve_priority(body: int | None, headers: Mapping[str, str], least: int, most: int) -> int:
     """The request's priority; refuses a malformed or out-of-range header, or one the body contradicts.
-    (The body's field is range-checked by its type: gateway/api/types.py.)"""
+    (The body's field is range-checked by its declared limits: gateway/api/types.py, limit_check.py.)"""
     raw = headers.get(PRIORITY_HEADER)
     if raw is None:
         return DEFAULT_PRIORITY if body is None else body

@@ -5,11 +5,10 @@ gateway/api/reranking.py runs a spec through the scoring path.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.api.compat_types import compat_types
+from gateway.api.compat_types import RerankRequest, TeiRerankRequest
 from gateway.api.decoding import BodyDecoder
 from gateway.errors import ApiError
 from gateway.limits import Limits
@@ -38,27 +37,29 @@ class RerankSpec:
     """TEI: the log-odds instead of the probability."""
     model: str | None
     deadline_ms: int | None
+    priority: int | None = None
+    """The body's priority (None: not given)."""
 
 
-def _cohere(body: Any, shape: Shape) -> RerankSpec:
-    documents = [d if isinstance(d, str) else d.text for d in body.documents]
-    top_n = min(body.top_n or len(documents), len(documents))
-    return RerankSpec(shape, body.query, documents, top_n, bool(body.return_documents), bool(body.truncate), False,
-                      body.max_tokens_per_doc, False, body.model, body.deadline_ms)
+def _cohere(shape: Shape):
+    def build(body: Any, limits: Limits) -> RerankSpec:
+        documents = [d if isinstance(d, str) else d.text for d in body.documents]
+        top_n = min(body.top_n or len(documents), len(documents))
+        return RerankSpec(shape, body.query, documents, top_n, bool(body.return_documents), bool(body.truncate),
+                          False, body.max_tokens_per_doc, False, body.model, body.deadline_ms, body.priority)
+    return build
 
 
-def _tei(body: Any) -> RerankSpec:
+def _tei(body: Any, limits: Limits) -> RerankSpec:
     return RerankSpec("tei", body.query, list(body.texts), len(body.texts), bool(body.return_text),
                       bool(body.truncate), body.truncation_direction == "Left", None, bool(body.raw_scores), None,
-                      body.deadline_ms)
+                      body.deadline_ms, body.priority)
 
 
-@functools.lru_cache(maxsize=16)
-def _decoders(limits: Limits) -> dict[Shape, BodyDecoder[RerankSpec]]:
-    bounded, lenient = compat_types(limits), compat_types(limits, compiled_bounds=False)
-    return {shape: BodyDecoder(bounded.rerank, lenient.rerank, functools.partial(_cohere, shape=shape))
-            for shape in ("cohere-v1", "cohere-v2")} | {
-        "tei": BodyDecoder(bounded.tei_rerank, lenient.tei_rerank, _tei)}
+DECODERS: dict[Shape, BodyDecoder[RerankSpec]] = {
+    "cohere-v1": BodyDecoder(RerankRequest, _cohere("cohere-v1")),
+    "cohere-v2": BodyDecoder(RerankRequest, _cohere("cohere-v2")),
+    "tei": BodyDecoder(TeiRerankRequest, _tei)}
 
 
 def parser(shape: Shape):
@@ -67,5 +68,5 @@ def parser(shape: Shape):
         if not limits.score_enabled:
             raise ApiError("not_found", "this deployment serves no scoring (score.enabled is false in its config, or "
                                         "its artifacts hold no score node), so no rerank")
-        return _decoders(limits)[shape].decode(raw)
+        return DECODERS[shape].decode(raw, limits)
     return parse

@@ -48,9 +48,9 @@ def served_model(gateway: Gateway, asked: str | None) -> str:
     return name
 
 
-async def rerank(gateway: Gateway, spec: RerankSpec, wire_id: str, deadline: float,
-                 truncated: list[int]) -> RerankAnswer | list[TeiRank]:
-    """The answer to `spec`; the indices of documents cut are appended to `truncated`."""
+async def rerank(gateway: Gateway, spec: RerankSpec, wire_id: str, deadline: float, truncated: list[int],
+                 priority: int = 0) -> RerankAnswer | list[TeiRank]:
+    """The answer to `spec` at `priority`; the indices of documents cut are appended to `truncated`."""
     model = served_model(gateway, spec.model)
     config, tokenizer = gateway.settings.config, gateway.settings.tokenizer
     label_ids = _label_ids(tokenizer, config.rerank.labels)
@@ -76,7 +76,7 @@ async def rerank(gateway: Gateway, spec: RerankSpec, wire_id: str, deadline: flo
         warnings.append(f"documents[{i}] was cut from {before} to {after} tokens to fit the compiled bound of {bound} "
                         "tokens per prompt (truncate)")
     score = ScoreSpec(ids, None, label_ids, "logprobs", 0, spec.deadline_ms, "boundserve")
-    answer = await gateway.scoring.score(score, wire_id, deadline)
+    answer = await gateway.scoring.score(score, wire_id, deadline, priority=priority)
     probs, raw = relevance(np.asarray(answer.scores, dtype=np.float64))
     order = sorted(range(len(documents)), key=lambda i: (-probs[i], i))[: spec.top_n]
     usage = answer.usage

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from msgspec import Struct
 
 from gateway.errors import ApiError
+from gateway.limits import Limits
 
 Schema = dict[str, Any]
 
@@ -46,26 +47,35 @@ class Rule(Protocol):
         """The rule in JSON Schema, for the object it is declared on; None where it cannot say it."""
 
 
-def check(body: Struct, where: str = "$") -> None:
-    """Every rule of `body` and of the Structs it holds (inner first); ApiError 400 at the first broken."""
+def check(body: Struct, limits: Limits, where: str = "$") -> None:
+    """Every rule of `body` and of the Structs it holds (inner first), at the deployment `limits`;
+    ApiError 400 at the first broken."""
     for name in body.__struct_fields__:
         value = getattr(body, name)
         if isinstance(value, Struct):
-            check(value, f"{where}.{name}")
+            check(value, limits, f"{where}.{name}")
         elif isinstance(value, list):
             for index, item in enumerate(value):
                 if isinstance(item, Struct):
-                    check(item, f"{where}.{name}[{index}]")
+                    check(item, limits, f"{where}.{name}[{index}]")
     for rule in getattr(type(body), "RULES", ()):
-        problem = rule.broken(body, where)
+        problem = at(rule, limits).broken(body, where)
         if problem is not None:
             raise ApiError("invalid_request", problem)
 
 
-def schema_of(rules: tuple[Rule, ...]) -> Schema:
-    """The keywords a Struct's component gets for its rules (none for a Struct without rules)."""
+def at(rule: Rule, limits: Limits) -> Rule:
+    """The rule at a deployment: one whose parameter is a compiled bound (NotAbove's default) has its
+    `at(limits)`; the others are the same everywhere."""
+    bind = getattr(rule, "at", None)
+    return rule if bind is None else bind(limits)
+
+
+def schema_of(rules: tuple[Rule, ...], limits: Limits) -> Schema:
+    """The keywords a Struct's component gets for its rules at a deployment (none for a Struct without rules)."""
     if not rules:
         return {}
+    rules = tuple(at(rule, limits) for rule in rules)
     stated = [schema for schema in (rule.schema() for rule in rules) if schema is not None]
     return {**({"allOf": stated} if stated else {}), "x-rules": [described(rule) for rule in rules]}
 
@@ -257,10 +267,18 @@ class NotAbove:
     limit: str
     field_default: int
     limit_default: int
+    limit_bound: str | None = None
+    """A compiled bound that caps `limit_default` (beam_width's default: min(4, max_beam_width)); `at`
+    writes the deployment's cap into limit_default."""
 
     @property
     def name(self) -> str:
         return f"not_above:{self.field},{self.limit}"
+
+    def at(self, limits: Limits) -> NotAbove:
+        if self.limit_bound is None or limits.limit(self.limit_bound) >= self.limit_default:
+            return self  # the usual case, and the hot path: no copy
+        return dataclasses.replace(self, limit_default=limits.limit(self.limit_bound))
 
     @property
     def says(self) -> str:

@@ -11,7 +11,6 @@ the query and the prompt template.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,7 @@ import msgspec
 
 from gateway.api.decoding import BodyDecoder
 from gateway.errors import ApiError
-from gateway.api.types import DEFAULT_OUTPUT, LABEL_OUTPUTS, request_types
+from gateway.api.types import DEFAULT_OUTPUT, LABEL_OUTPUTS, ScoreRequest, SglangScoreRequest
 from gateway.limits import Limits
 from shared.prefix import template_fields
 
@@ -56,28 +55,20 @@ class _Shape(msgspec.Struct):
 _SHAPE = msgspec.json.Decoder(_Shape)
 
 
-@functools.lru_cache(maxsize=16)
-def _decoders(limits: Limits) -> tuple[BodyDecoder[ScoreSpec], BodyDecoder[ScoreSpec]]:
-    bounded, lenient = request_types(limits), request_types(limits, compiled_bounds=False)
-    return (BodyDecoder(bounded.score, lenient.score, functools.partial(_ours, limits=limits)),
-            BodyDecoder(bounded.sglang_score, lenient.sglang_score, functools.partial(_sglang, limits=limits)))
-
-
 def parse_score(raw: bytes, limits: Limits) -> ScoreSpec:
     """Decode a /v1/score body of either shape; raises ApiError (400/404/413) naming the field."""
     if not limits.score_enabled:
         raise ApiError("not_found", "this deployment serves no scoring (score.enabled is false in its config, "
                                     "or its artifacts hold no score node)")
-    ours, sglang = _decoders(limits)
     try:
         shape = _SHAPE.decode(raw)
     except (msgspec.DecodeError, RecursionError):  # not an object, not JSON, too deep: the decoder says which
-        return ours.decode(raw)
+        return OURS.decode(raw, limits)
     if shape.items and not shape.samples:
-        return sglang.decode(raw)
+        return SGLANG.decode(raw, limits)
     if not shape.samples:
         raise invalid("missing required field $.samples (or $.items, for SGLang's /v1/score schema)")
-    return ours.decode(raw)
+    return OURS.decode(raw, limits)
 
 
 def invalid(message: str) -> ApiError:
@@ -125,3 +116,7 @@ def _sglang(body: Any, limits: Limits) -> ScoreSpec:
     model = "default" if body.model is None else body.model
     return ScoreSpec([join(item) for item in items], None, body.label_token_ids, output, 0, body.deadline_ms,
                      "sglang", model, priority=body.priority)
+
+
+OURS = BodyDecoder(ScoreRequest, _ours)
+SGLANG = BodyDecoder(SglangScoreRequest, _sglang)

@@ -27,9 +27,9 @@ from jsonschema import Draft202012Validator
 
 from gateway.api.rules import schema_of
 from gateway.errors import ApiError
-from gateway.api.completions import completion_request
+from gateway.api.completions import CompletionRequest
 from gateway.api.generate import parse_generate
-from gateway.api.types import MAX_TEXT_CHARS, request_types
+from gateway.api.types import MAX_TEXT_CHARS, STRUCTS
 from gateway.limits import Limits
 from gateway.api.openapi import openapi_document
 from gateway.api.score import parse_score
@@ -58,8 +58,8 @@ class Contract:
         self.operations = {op.label: op for op in (r.ok() for r in schema.get_all_operations())}
         self.full = {name: self._validator(name, self.doc["components"]) for name in self._requests()}
         fields_only = copy.deepcopy(self.doc["components"])
-        for struct in request_types(limits).structs:  # without the rules across fields
-            for key in schema_of(struct.RULES):
+        for struct in STRUCTS:  # without the rules across fields
+            for key in schema_of(struct.RULES, limits):
                 del fields_only["schemas"][struct.__name__][key]
         self.fields_only = {name: self._validator(name, fields_only) for name in self._requests()}
 
@@ -373,8 +373,7 @@ RULE_BREAKERS = {
 async def test_the_served_document_states_every_rule_and_each_broken_rule_gets_its_own_400(stack):
     response = await stack.client.get("/openapi.json")
     schemas = (await response.json())["components"]["schemas"]
-    types = request_types(stack.gateway.limits)
-    structs = (*types.structs, completion_request(stack.gateway.limits))
+    structs = (*STRUCTS, CompletionRequest)
     documented = {}  # the other standard routes' rules: tests/gateway/test_api_openapi.py
     for name, schema in schemas.items():
         for rule in schema.get("x-rules", []) if name in {struct.__name__ for struct in structs} else ():
