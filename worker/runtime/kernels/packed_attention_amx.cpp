@@ -209,7 +209,8 @@ void softmax_step(const Shape& s, const int64_t* intervals, int64_t m0, int64_t 
         total = _mm512_add_ps(total, p);
         BFloat16::store(pr + 16 * g, p);
       }
-      const float rescale = std::exp2(w.max[m] - new_max);  // 0 while nothing was visible
+      // O holds nothing while nothing was visible: left as it is (2^-inf would zero it)
+      const float rescale = w.max[m] == kNegInf ? 1.0f : std::exp2(w.max[m] - new_max);
       w.rescale[m] = rescale;
       w.sum[m] = w.sum[m] * rescale + _mm512_reduce_add_ps(total);
       w.max[m] = new_max;
