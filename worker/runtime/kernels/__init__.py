@@ -13,14 +13,10 @@ of 285 tokens; median of 30 calls) took 15.9 ms, 0.61 of the peak; on Qwen3-0.6B
 
 `packed_attention_amx.cpp`: the same attention in bfloat16 with q·k and p·v on AMX tiles (the same packed k
 and v, intervals and online softmax in float32), for bfloat16 where the CPU has AMX, which ran
-FlexAttention's own bfloat16 kernel before (at 0.058 of the bf16 peak in the Qwen2.5-0.5B scoring node). The
-operator alone on the node's shapes (bench/attention_op.py: 15 causal samples, 4,285 tokens; 2 threads, an
-Intel Xeon with AMX shared with other work, load 1.3-2.6 on its 2 cores, 15 interleaved calls): 2.63x
-FlexAttention's bfloat16 kernel on Qwen2.5-0.5B's heads (14 and 2 of 64) and 2.20x on Qwen3-0.6B's (16 and 8
-of 128) by median wall time, 2.5x / 2.2x by CPU time, 2.7x / 2.4x packed_attention in bfloat16 there; 0.146 /
-0.097 of the bf16 peak measured in the same runs (955 / 1,455 GFLOP/s), FlexAttention's 0.056 / 0.044. On
-Qwen3's shapes in one thread, 8.9 of its 31.8 ms of CPU are the work around the tiles' products (q copied
-in, the output stored, k and v repacked); the rest the products and the softmax's vector work.
+FlexAttention's own bfloat16 kernel before (at 0.058 of the bf16 peak in the Qwen2.5-0.5B scoring node). Its
+layout of the work, where its time goes and what was tried: docs/design/attention.md; its speed alone on the
+node's shapes against FlexAttention's bfloat16 kernel, measured in the same run: bench/attention_op.py
+(bench/results/attention_op-<model>-bf16-amx.json, rendered in docs/benchmarks.md).
 
 The build compiles the library (torch.utils.cpp_extension: a C++ compiler and ninja, which the
 compile step has anyway) and copies it into the artifacts folder, named in the manifest with its

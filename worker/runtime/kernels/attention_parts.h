@@ -1,6 +1,7 @@
 // What both packed-attention kernels share (packed_attention.cpp: AVX512-BF16 or float32 FMAs;
 // packed_attention_amx.cpp: AMX tiles): the call's checks and sizes, the precisions as 32-bit units,
-// the repacking of k and v, the key ranges a block of query rows sees, 2^y on 16 lanes.
+// the repacking of k and v, the key ranges a block of query rows sees and the keys of a step each row
+// sees, the softmax's scale, 2^y on 16 lanes.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -128,6 +130,30 @@ inline Shape check_inputs(const char* op, const at::Tensor& q, const at::Tensor&
               " keys");
   TORCH_CHECK(s.tk < (int64_t{1} << 31), "more keys than 32-bit lanes index");
   return s;
+}
+
+// 1/sqrt(D) · log2(e): a score times this is in the exp2 domain the softmax runs in.
+inline float exp2_scale(int64_t d) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)) * M_LOG2E); }
+
+// Which of keys [key0, key0 + 16) query row `row` sees (its three intervals of the table), one bit a key.
+inline __mmask16 visible_keys(const int64_t* intervals, int64_t max_keys, int64_t row, int64_t key0) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(key0)));
+  __mmask16 any = 0;
+  for (int64_t f = 0; f < kFields; f += 2) {
+    const int lo = static_cast<int>(intervals[f * max_keys + row]);
+    const int hi = static_cast<int>(intervals[(f + 1) * max_keys + row]);
+    any |= _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32(lo)) & _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(hi));
+  }
+  return any;
+}
+
+// Whether one of query row `row`'s intervals holds all keys [key0, key0 + n): a step with nothing to mask.
+inline bool sees_all(const int64_t* intervals, int64_t max_keys, int64_t row, int64_t key0, int64_t n) {
+  bool whole = false;
+  for (int64_t f = 0; f < kFields; f += 2)
+    whole |= intervals[f * max_keys + row] <= key0 && intervals[(f + 1) * max_keys + row] >= key0 + n;
+  return whole;
 }
 
 // The key ranges rows [i0, i1) see between them: aligned to `align` keys, sorted, disjoint.

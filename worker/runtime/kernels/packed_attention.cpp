@@ -99,7 +99,7 @@ void attend(const Shape& s, int64_t tk16, const typename T::Element* q, const ui
   using Element = typename T::Element;
   constexpr int64_t kGroupUnits = 16 / T::kPerUnit, kStepUnits = kKeysPerStep / T::kPerUnit;  // units of keys
   const int64_t rows = i1 - i0, vectors = rows * s.group, units = s.d / T::kPerUnit;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)) * M_LOG2E);  // exp2 domain
+  const float scale = exp2_scale(s.d);
   std::fill(w.out.begin(), w.out.begin() + vectors * s.d, 0.0f);
   std::fill(w.max.begin(), w.max.begin() + vectors, kNegInf);
   std::fill(w.sum.begin(), w.sum.begin() + vectors, 0.0f);
@@ -119,7 +119,6 @@ void attend(const Shape& s, int64_t tk16, const typename T::Element* q, const ui
   }
   const uint32_t* kh = kp + h * units * tk16;
   const uint32_t* vh = vp + h * (tk16 / T::kPerUnit) * s.d;
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 
   for (const auto& [first, last] : key_ranges(intervals, s.max_keys, i0, i1, 16)) {
     for (int64_t c0 = first; c0 < last; c0 += kKeysPerStep) {
@@ -151,16 +150,7 @@ void attend(const Shape& s, int64_t tk16, const typename T::Element* q, const ui
       // online softmax: mask each row's keys to its intervals, update its running max and sum
       for (int64_t r = 0; r < rows; ++r) {
         __mmask16 visible[kKeysPerStep / 16];
-        for (int64_t g = 0; g < groups; ++g) {
-          const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(c0 + 16 * g)));
-          __mmask16 any = 0;
-          for (int64_t f = 0; f < kFields; f += 2) {
-            const int lo = static_cast<int>(intervals[f * s.max_keys + i0 + r]);
-            const int hi = static_cast<int>(intervals[(f + 1) * s.max_keys + i0 + r]);
-            any |= _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32(lo)) & _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(hi));
-          }
-          visible[g] = any;
-        }
+        for (int64_t g = 0; g < groups; ++g) visible[g] = visible_keys(intervals, s.max_keys, i0 + r, c0 + 16 * g);
         for (int64_t m = r * s.group; m < (r + 1) * s.group; ++m) {
           float* sc = w.scores.data() + m * kKeysPerStep;
           __m512 top = _mm512_set1_ps(kNegInf);

@@ -18,11 +18,13 @@
 //   - the query vectors of K/V head h are ordered row by row (vector m: row m / G, query head
 //     h·G + m % G, G = Hq / Hkv) and taken 32 at a time: a task is 32 vectors (two A tiles of 16 rows;
 //     the last task's missing vectors are zeros) and walks the key ranges its rows see (32-aligned, never
-//     one key twice), 128 keys per step:
-//       S [32 vectors][128 keys] float32 = the task's copy of its q [32][D] (A tiles, 32 of D) · kᵀ
+//     one key twice), 512 keys per step (a scoring sample's rows see fewer, so its task runs one step: O is
+//     rescaled, loaded onto and stored from the tiles once, and the work switches between the tiles and
+//     the vector units fewer times, each switch costing the wait for the other's stores):
+//       S [32 vectors][512 keys] float32 = the task's copy of its q [32][D] (A tiles, 32 of D) · kᵀ
 //         (B tiles), 32 keys at a time, over D / 32;
 //       the softmax (packed_attention.cpp's, per vector: keys outside a row's intervals masked, running
-//         max and sum) writes P [32][128] bfloat16 and the factor each row of O is rescaled by;
+//         max and sum) writes P [32][512] bfloat16 and the factor each row of O is rescaled by;
 //       O [32][D] float32, in memory, rescaled, += P (A tiles, 32 keys) · v (B tiles), 32 columns at a
 //         time;
 //   - tile registers: 0-3 the four 16 x 16 float32 accumulators (two 16-vector tiles times two tiles
@@ -46,7 +48,7 @@ namespace boundserve {
 namespace {
 
 constexpr int64_t kVectorsPerTask = 32;  // two tiles of 16 rows
-constexpr int64_t kKeysPerStep = 128;    // a multiple of kKeyAlign
+constexpr int64_t kKeysPerStep = 512;    // a multiple of kKeyAlign (S of a step: 64 KiB, in L2)
 constexpr int64_t kKeyAlign = 32;        // keys of one A tile of p·v
 constexpr int64_t kPanel = 32;           // columns of O one p·v pass accumulates: two tiles of 16
 
@@ -157,58 +159,58 @@ inline int64_t vector_offset(const Shape& s, int64_t h, int64_t m) {
   return ((m / s.group) * s.hq + h * s.group + m % s.group) * s.d;
 }
 
+// 2^y on the visible lanes, 0 on the others: attention_parts.h's exp2_ps without its clamp, which the masked
+// lanes (any y) and large negative y (2^round(y) underflows to 0 in the scaling) do not need.
+inline __m512 exp2_visible(__mmask16 visible, __m512 y) {
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);  // [-0.5, 0.5]
+  __m512 p = _mm512_set1_ps(1.5403530393381610e-4f);  // ln(2)^k / k!, k = 6 .. 0
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(visible, p, n);
+}
+
 // The online softmax of one step, keys [c0, c0 + n), for the task's vectors (local index 0 .. count - 1,
-// global m0 + local): S scaled and masked in place, P written, each vector's max, sum and rescale
-// factor updated. As packed_attention.cpp's, row by row (the G vectors of a row share its masks).
+// global m0 + local): P written, each vector's max, sum and rescale factor updated. packed_attention.cpp's
+// arithmetic, row by row (the G vectors of a row share its masks), in two passes over S as the tiles stored
+// it: the largest visible score, then 2^(S · scale - max) with the scaling in the same FMA (max and sum kept
+// in the scaled, exp2 domain). A 16-key group the row does not see gets zeros without an exp.
 void softmax_step(const Shape& s, const int64_t* intervals, int64_t m0, int64_t count, int64_t c0, int64_t n,
                   Scratch& w) {
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)) * M_LOG2E);  // exp2 domain
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const float scale = exp2_scale(s.d);
+  const __m512 scales = _mm512_set1_ps(scale);
   const int64_t groups = n / 16;
   for (int64_t row = m0 / s.group; row <= (m0 + count - 1) / s.group; ++row) {
     __mmask16 visible[kKeysPerStep / 16];
-    bool whole = false;  // one interval covers the step: nothing to mask
-    for (int64_t f = 0; f < kFields; f += 2)
-      whole |= intervals[f * s.max_keys + row] <= c0 && intervals[(f + 1) * s.max_keys + row] >= c0 + n;
-    for (int64_t g = 0; g < groups; ++g) {
-      if (whole) {
-        visible[g] = 0xFFFF;
-        continue;
-      }
-      const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(c0 + 16 * g)));
-      __mmask16 any = 0;
-      for (int64_t f = 0; f < kFields; f += 2) {
-        const int lo = static_cast<int>(intervals[f * s.max_keys + row]);
-        const int hi = static_cast<int>(intervals[(f + 1) * s.max_keys + row]);
-        any |= _mm512_cmpge_epi32_mask(key, _mm512_set1_epi32(lo)) & _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(hi));
-      }
-      visible[g] = any;
-    }
+    const bool whole = sees_all(intervals, s.max_keys, row, c0, n);  // nothing to mask
+    for (int64_t g = 0; g < groups; ++g)
+      visible[g] = whole ? 0xFFFF : visible_keys(intervals, s.max_keys, row, c0 + 16 * g);
     const int64_t first = std::max(row * s.group, m0) - m0, last = std::min((row + 1) * s.group, m0 + count) - m0;
     for (int64_t m = first; m < last; ++m) {
-      float* sc = w.scores.data() + m * kKeysPerStep;
+      const float* sc = w.scores.data() + m * kKeysPerStep;
       uint16_t* pr = w.probs.data() + m * kKeysPerStep;
       __m512 top = _mm512_set1_ps(kNegInf);
-      for (int64_t g = 0; g < groups; ++g) {
-        const __m512 y = _mm512_mask_mul_ps(_mm512_set1_ps(kNegInf), visible[g], _mm512_loadu_ps(sc + 16 * g),
-                                            _mm512_set1_ps(scale));
-        _mm512_storeu_ps(sc + 16 * g, y);
-        top = _mm512_max_ps(top, y);
-      }
-      const float new_max = std::max(w.max[m], _mm512_reduce_max_ps(top));
+      for (int64_t g = 0; g < groups; ++g) top = _mm512_mask_max_ps(top, visible[g], top, _mm512_loadu_ps(sc + 16 * g));
+      const float new_max = std::max(w.max[m], _mm512_reduce_max_ps(top) * scale);
       if (new_max == kNegInf) {  // nothing visible yet
         std::memset(pr, 0, n * sizeof(uint16_t));
         w.rescale[m] = 1.0f;
         continue;
       }
+      const __m512 shift = _mm512_set1_ps(new_max);
       __m512 total = _mm512_setzero_ps();
       for (int64_t g = 0; g < groups; ++g) {
-        const __m512 p = _mm512_maskz_mov_ps(
-            visible[g], exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + 16 * g), _mm512_set1_ps(new_max))));
+        __m512 p = _mm512_setzero_ps();
+        if (visible[g]) p = exp2_visible(visible[g], _mm512_fmsub_ps(_mm512_loadu_ps(sc + 16 * g), scales, shift));
         total = _mm512_add_ps(total, p);
         BFloat16::store(pr + 16 * g, p);
       }
-      const float rescale = std::exp2(w.max[m] - new_max);  // 0 while nothing was visible
+      // O holds nothing while nothing was visible: left as it is (2^-inf would zero it)
+      const float rescale = w.max[m] == kNegInf ? 1.0f : std::exp2(w.max[m] - new_max);
       w.rescale[m] = rescale;
       w.sum[m] = w.sum[m] * rescale + _mm512_reduce_add_ps(total);
       w.max[m] = new_max;
