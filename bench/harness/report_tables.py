@@ -221,8 +221,8 @@ AB_QUESTIONS = {
     "node_ab_beam_qwen2.5-0.5b_fp32_aten": "B: beam node on aten against prepacked oneDNN",
     "node_ab_beam_qwen2.5-0.5b_fp32_per_node": "B: the beam node `auto` builds against the same on prepacked oneDNN",
     "node_ab_score_qwen2.5-0.5b_bf16_block64": "B: 64-row attention blocks against 32",
-    "node_ab_score_qwen2.5-0.5b_bf16_epilogues": ("B: SiLU, the SwiGLU product and the residual adds as oneDNN GEMM "
-                                                  "epilogues, against separate pointwise kernels"),
+    "node_ab_score_qwen2.5-0.5b_bf16_2l_epilogues": ("B: SiLU, the SwiGLU product and the residual adds as oneDNN "
+                                                     "GEMM epilogues, against separate pointwise kernels (2 layers)"),
     "node_ab_score_qwen2.5-0.5b_fp32_2l_t1_token_rows": ("B: the node with per-token log-prob rows (2 unused a call) "
                                                           "against the one without (2 layers, 1 thread)"),
 }
