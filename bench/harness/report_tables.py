@@ -193,10 +193,18 @@ def profile(results: Results) -> list[str]:
         rows.append([r.machine_class[0], model_name(r), precision(r),
                      f"{seconds(node_ms)}{'' if s.get('node_ms') else ' (eager)'}",
                      share(gemm), share(attention), share(rest),
-                     number(of_peak.get("gemm")), number(of_peak.get("attention")), r.source()])
+                     number(of_peak.get("gemm")), number(of_peak.get("gemm_int8")), number(of_peak.get("attention")),
+                     attention_kernel(s), r.source()])
     return table(["machine", "model", "precision", "one request of 15 samples", "GEMMs (int8 and float)", "attention",
                   "the rest",
-                  "GEMMs, of peak", "attention, of peak", FROM], rows)
+                  "float GEMMs, of peak", "int8 GEMMs, of int8 peak", "attention, of peak", "attention ran", FROM], rows)
+
+
+def attention_kernel(score: dict) -> str:
+    """The kernel or operator that took the attention family's most time (bench/profile_nodes.family_kernels), or
+    "not recorded" for a file from before the profile named them."""
+    ran = (score.get("family_kernels") or {}).get("attention")
+    return f"`{ran[0]['kernel']}`" if ran else "not recorded"
 
 
 def attention_op(results: Results) -> list[str]:
