@@ -44,3 +44,14 @@ def test_the_compute_type_timed_is_the_fastest_within_the_runs_bound(ct2, demo_c
     assert set(table) == {"int8", "float32"}
     assert chosen == "float32" and list(refused) == ["int8"]  # int8 misses float32's bound of 1e-3 nats
     assert refused["int8"]["max_abs_diff"] > refused["int8"]["tolerance"] == 1e-3
+
+
+def test_in_bf16_a_peers_yes_minus_no_is_held_to_transformers_own_bf16_error_from_either_shape():
+    reference = torch.tensor([[1.0, 0.0], [0.5, 0.2]])  # float32's yes/no logits
+    hf_bf16 = reference + torch.tensor([[0.1, 0.0], [0.0, 0.0]])  # its margin 0.1 off: the bound is 1.5 x 0.1 + 0.02
+    check = rerank.margin_check("bf16", reference, hf_bf16)
+    within, beyond = reference + torch.tensor([[0.16, 0.0], [0.0, 0.0]]), reference + torch.tensor([[0.0, 0.0], [0.0, 0.2]])
+    assert check("near", within)["ok"] and not check("far", beyond)["ok"]
+    vocabulary = torch.zeros(2, 10_000)  # a peer's scores over the vocabulary: only the labels' count
+    vocabulary[:, rerank.LABELS] = beyond
+    assert check("far, over the vocabulary", vocabulary)["error_vs_fp32"] == pytest.approx(0.2)
