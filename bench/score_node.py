@@ -155,16 +155,18 @@ def pick_settings(node, hf, ct2, request, reference: torch.Tensor | None) -> tup
     return micro_batch, (fastest_at_parity(report, outs, reference), batch), report, outs
 
 
-def pick_openvino_setting(openvino, dtype: torch.dtype, request, int8: bool = False) -> tuple[tuple[str, int], dict]:
-    """OpenVINO's precision (the run's; an int8 run: its own int8 weights, NNCF, at the base's hint) and its fastest
-    micro-batch on the sweep's request (after a warm-up call)."""
-    from bench.harness.openvino_baseline import peer_precision
+def pick_openvino_setting(openvino, dtype: torch.dtype, request, int8: bool = False,
+                          reference: torch.Tensor | None = None) -> tuple[tuple[str, int], dict]:
+    """OpenVINO's precision (the run's; an int8 run: the faster of its own two int8 forms, NNCF weight compression and
+    full quantization, that passes the quantized bound against `reference`, at the base's hint; both recorded under
+    "int8_forms") and its fastest micro-batch on the sweep's request (after a warm-up call)."""
+    from bench.harness.openvino_baseline import fastest_int8, peer_precision
 
-    precision = peer_precision(dtype, int8)
+    precision, forms = fastest_int8(openvino, dtype, request, reference) if int8 else (peer_precision(dtype, False), None)
     openvino.logits(precision, request[:2], 1)  # compiles the model for this precision
     fns = {m: (lambda m=m: openvino.logits(precision, request, m)) for m in OPENVINO_MICRO_BATCHES}
     micro_batch, table, _ = sweep(fns, give_up_factor=2.0)
-    return (precision, micro_batch), table
+    return (precision, micro_batch), table | ({"int8_forms": forms} if forms else {})
 
 
 def openvino_label(setting: tuple[str, int] | None) -> str | None:
@@ -399,7 +401,7 @@ def measure(run: Run, requests) -> dict:
     openvino_setting = None
     if run.openvino is not None:
         openvino_setting, sweeps["openvino_micro_batch_ms"] = pick_openvino_setting(run.openvino, dtype, requests[0],
-                                                                                    run.args.dtype == "int8")
+                                                                                    run.args.dtype == "int8", reference)
     clock.lap("warm_up_and_sweeps")
     contenders = Contenders(run.node, run.hf, run.ct2, micro_batch, ct2_setting, onednn_micro_batch,
                             run.openvino, openvino_setting, run.float_node, float_dtype_name(run.args))

@@ -181,6 +181,30 @@ def shared_prefix(results: Results) -> list[str]:
                   "label logits, shared against unshared", FROM], rows)
 
 
+def rerank(results: Results) -> list[str]:
+    """bench/rerank.py's runs: ours, transformers and the fastest peer, each peer at its best setting; a --quick run
+    (fewer layers, one round) is marked as the smoke run it is, not a figure."""
+    rows = []
+    for r in of_bench(results, "rerank"):
+        d, best = r.data, r.data["seconds_best"]
+        peer = d.get("best_peer")
+        setting = (d.get("settings") or {}).get("ct2_compute_type") if peer == "ct2" else \
+            (d.get("settings") or {}).get("openvino_precision") if peer == "openvino" else None
+        peer_cell = "—" if peer is None else f"{PEERS.get(peer, peer)}{f' ({setting})' if setting else ''}: " \
+                                             f"{best[peer]:.2f} s"
+        rows.append([r.machine_class[0], "quick (smoke run, not a figure)" if r.quick else "full", model_name(r),
+                     str(d["dtype"]), f"{best['ours']:.2f} s",
+                     f"{best['hf']:.2f} s", peer_cell, times(d["speedup_vs_hf"]), times(d["speedup_vs_best_peer"]),
+                     "yes" if d["query_computed_once"] else "no", f"{d['max_abs_relevance_diff_vs_hf']:.2g}",
+                     r.source()])
+    return table(["machine", "run", "model", "precision", "ours", "transformers", "fastest peer", "against transformers",
+                  "against the fastest peer", "query computed once", "relevance, ours against transformers fp32",
+                  FROM], rows)
+
+
+PEERS = {"openvino": "OpenVINO", "ct2": "CTranslate2"}
+
+
 def profile(results: Results) -> list[str]:
     rows = []
     for r in of_bench(results, "profile_nodes"):
@@ -392,6 +416,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "score": score,
     "beam": beam,
     "shared-prefix": shared_prefix,
+    "rerank": rerank,
     "profile": profile,
     "attention-op": attention_op,
     "node-ab": node_ab,

@@ -1,6 +1,7 @@
-"""OpenVINO's own int8 (NNCF weight compression; bench/openvino_baseline.py), the int8 peer of an int8 scoring run,
-on a tiny checkpoint: its weights really int8, its top-1 within the bound of every quantized contender. Needs the
-bench extra (openvino, nncf); skipped, named, without it."""
+"""OpenVINO's own int8 in both forms (bench/harness/openvino_baseline.py: NNCF weight compression, and NNCF's full
+quantization, activations too), the int8 peer of an int8 scoring run, on a tiny checkpoint: each converts, really runs
+in int8, keeps its top-1 within the bound of every quantized contender, and the peer is the faster form that passes.
+Needs the bench extra (openvino, nncf); skipped, named, without it."""
 
 import pytest
 import torch
@@ -29,3 +30,35 @@ def test_openvino_int8_compresses_the_weights_and_stays_within_the_quantized_bou
     ids = logprobs.argmax(-1)
     check = parity.quantized_check("openvino_int8", ids, logprobs.gather(1, ids[:, None])[:, 0], reference)
     assert check["ok"], check
+
+
+def test_openvino_full_quantization_converts_quantizes_activations_and_stays_within_the_quantized_bound(
+        demo_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(openvino_baseline, "CACHE", tmp_path)
+    model = openvino_baseline.OpenVinoModel(demo_checkpoint, threads=1)
+    quantized = model.quantized_model()
+    activations = [op for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize"]
+    assert len(activations) >= 2 * 4  # at least each decoder layer's q/k/v, o, up/gate and down inputs
+    samples = random_batch(1024, [7, 30, 64, 1], 11)
+    reference, _ = hf_last_token(load_hf(demo_checkpoint), samples)
+    logits = model.logits("int8q-f32", samples, 1)
+    assert (logits - model.logits("int8-f32", samples, 1)).abs().max() > 1e-4  # not the weight-only model
+    logprobs = torch.log_softmax(logits, -1)
+    ids = logprobs.argmax(-1)
+    check = parity.quantized_check("openvino_int8q", ids, logprobs.gather(1, ids[:, None])[:, 0], reference)
+    assert check["ok"], check
+
+
+def test_the_int8_peer_is_the_faster_form_that_passes_the_bound_and_both_are_recorded(demo_checkpoint, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setattr(openvino_baseline, "CACHE", tmp_path)
+    model = openvino_baseline.OpenVinoModel(demo_checkpoint, threads=1)
+    samples = random_batch(1024, [7, 30, 64, 1], 11)
+    reference, _ = hf_last_token(load_hf(demo_checkpoint), samples)
+    chosen, report = openvino_baseline.fastest_int8(model, torch.float32, samples, reference)
+    assert set(report) == {"int8-f32", "int8q-f32"} and all(r["check"]["ok"] for r in report.values())
+    assert chosen == min(report, key=lambda p: report[p]["ms"])
+    far = reference.clone()
+    far[:, 0] += 50.0  # a reference no int8 form is within the bound of: the faster is named, its check failed
+    chosen, report = openvino_baseline.fastest_int8(model, torch.float32, samples, far)
+    assert chosen == min(report, key=lambda p: report[p]["ms"]) and not report[chosen]["check"]["ok"]
