@@ -16,6 +16,15 @@ class RequestResult:
     done_ms: float = float("nan")
     status: int = 0
     outcome: str = "not_sent"
+    replica: int = 0
+    """Which replica answered (its index among the replay's URLs; the last try's)."""
+    tries: int = 1
+    first_outcome: str | None = None
+    """When retried: how the first try ended (its status, or client_timeout)."""
+    first_done_ms: float = float("nan")
+    """When retried: when the first try ended (ms from t=0)."""
+    not_retried: str | None = None
+    """Why a try that could have been retried was not (no time left, or Retry-After past the deadline)."""
 
     @property
     def latency_ms(self) -> float:
@@ -27,7 +36,7 @@ class RequestResult:
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("index", "route", "scheduled_ms", "sent_ms", "done_ms",
-                                               "status", "outcome")}
+                                               "status", "outcome", "replica", "tries")}
 
 
 @dataclass
