@@ -1,0 +1,22 @@
+"""The overload benchmark's policies: the product and its ablations, as [gateway] settings.
+
+Declared here, not in bench/overload.py, so that the live run, the simulator's replay of it
+(bench/overload_sim.py, bench/overload_replay.py) and the summary keys built on that replay
+(bench/harness/overload_keys.py) read one table without importing each other in a circle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+UNBOUNDED = 10**8
+"""A queue token budget no window reaches (every policy but the bounded queue)."""
+POLICIES: dict[str, dict[str, Any]] = {
+    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline", "shed_by_cost": True},
+    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline",
+                      "shed_by_cost": False},
+    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival",
+                       "shed_by_cost": False},
+    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
+    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
+}
