@@ -182,6 +182,7 @@ class _Sender:
     async def _try(self, result: RequestResult, raw: bytes, timeout_s: float) -> Answer | None:
         """One try on result.replica: sets the result's status, outcome and done_ms; its Answer, or
         None when it timed out or the connection failed."""
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(timeout_s):
                 answer = await self.pools[result.replica].exchange(raw)
@@ -192,6 +193,8 @@ class _Sender:
             result.done_ms, result.status = self._now_ms(), 0
             result.outcome = f"connection_error:{type(exc).__name__}"
             return None
+        finally:
+            result.try_ms = (time.perf_counter() - started) * 1000.0
         result.done_ms, result.status, result.outcome = self._now_ms(), answer.status, outcome_of(*answer[:2])
         return answer
 
