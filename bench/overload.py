@@ -324,6 +324,8 @@ def main() -> None:
     parser.add_argument("--pair-policies", type=lambda s: [x for x in s.split(",") if x],
                         help="two replicas with retries: the policies run so (default: all; quick: admission,"
                              "edf_late_drop; empty: no pair run)")
+    parser.add_argument("--result-suffix", default="", help="appended to the result's name (a run on a busy machine "
+                        "kept beside the quiet one: overload-<workload>-busy.json with -busy)")
     parser.add_argument("--pair-load", type=float, default=2.0, help="two replicas: offered load, x twice the capacity")
     parser.add_argument("--retry-try-share", type=float, help="two replicas: give up a first try unanswered after "
                         "this share of its deadline and retry it (default: a first try waits for its answer)")
@@ -347,7 +349,7 @@ def main() -> None:
         pinning.pin_caller()
     for workload in workloads(args):
         result = uvloop.run(run(workload, args, pinning, pair_pinning))  # the faster loop: the client lags less
-        suffix = ("-shed-off" if args.shed_by_cost == "off" else "") + ("-quick" if args.quick else "")
+        suffix = ("-shed-off" if args.shed_by_cost == "off" else "") + args.result_suffix + ("-quick" if args.quick else "")
         write_result(f"overload-{workload.name}{suffix}", result, quick=args.quick,
                      threads={"worker": load_config(CONFIG).worker.cpu_threads})
 
