@@ -28,16 +28,26 @@ window at 0.5x.
 Workloads (bench/harness/overload_load.py): `uniform` (Poisson, 8 x ~60-token samples, one deadline) and
 `trace` (the Azure code trace's slices, a third each at 50, 100 and 300 ms).
 
-    python bench/overload.py [--workload uniform|trace|both] [--quick] [--windows 3] [--window-s 10]
+Then two replicas (bench/harness/overload_pair.py): two more workers, a gateway per policy on each,
+and a client that spreads each window over the pair and retries a refused (429, 503), 504 or
+timed-out request once on the other within what is left of its deadline, honouring Retry-After
+(loadgen/retry.py), at `--pair-load` x twice the capacity. Last, the deterministic replay of the very
+windows sent live (bench/overload_replay.py's machinery, with the latency model the live worker fitted)
+against the clairvoyant bound and against the live windows. The issue's keys lead the result
+(bench/harness/overload_keys.py): admission_over_bound, admission_over_edf_late_drop,
+time_to_refusal_ms_p99, pair_retry_over_edf_late_drop, priority_high_share, worker_idle_share_at_2x,
+wasted_compute_share, replay_vs_live_max_rel_err.
 
-Each workload prints one JSON object and writes bench/results/overload-<workload>.json (quick runs:
+    python bench/overload.py [--workload uniform|trace|both] [--quick] [--windows 3] [--window-s 10]
+                             [--pair-policies admission,edf_late_drop] [--retry-try-share 0.5]
+
+Each workload prints one JSON line and writes bench/results/overload-<workload>.json (quick runs:
 overload-<workload>-quick.json) with its provenance (bench/harness/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import subprocess
 import sys
@@ -46,13 +56,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 
 from bench.harness import overload_keys, overload_load, overload_summary
-from bench.harness.overload_pair import Pair
-from bench.harness.overload_policies import POLICIES, UNBOUNDED
-from bench.harness.overload_window import run_window
+from bench.harness.overload_load import window_seed
+from bench.harness.overload_pair import Pair, pair_cpus, pair_windows
+from bench.harness.overload_policies import POLICIES, knobs
+from bench.harness.overload_window import idle, run_window
 from bench.harness.provenance import ROOT, write_result
 from bench.overload_replay import checks as replay_checks
 from loadgen.bodies import BodyFactory, BodyOptions
@@ -60,7 +70,6 @@ from loadgen.retry import RetryOptions
 from loadgen.service import load_service_model
 from loadgen.stack import GatewayProcess, Pinning, SharedWorkers
 from loadgen.trace import Trace
-from loadgen.prometheus import fetch_metrics, parse
 from shared.config import load_config
 
 CONFIG = ROOT / "configs" / "overload.toml"
@@ -93,7 +102,7 @@ class Bench:
         self.gateways: dict[str, GatewayProcess] = {}
 
     async def start(self, name: str, **extra: Any) -> None:
-        gateway = GatewayProcess(self.workers, name, knobs(name, self.workload, self.args, **extra)).start()
+        gateway = GatewayProcess(self.workers, name, knobs(name, self.workload.classes_ms, self.args.shed_by_cost, **extra)).start()
         self.gateways[name] = gateway
         await gateway.ready()
 
@@ -159,58 +168,10 @@ class Bench:
         return {**capacity, "token_budget": budget, "windows": windows, "gateway_configs": settings}
 
 
-def knobs(name: str, workload: overload_load.Workload, args, **extra: Any) -> dict[str, Any]:
-    """Policy `name`'s [gateway] settings (the product's shed_by_cost as asked, the ablations' off)."""
-    product = {"shed_by_cost": args.shed_by_cost == "on"} if name == "admission" else {}
-    return {**POLICIES[name], "max_queue_tokens": UNBOUNDED, "score_deadline_ms": int(max(workload.classes_ms)),
-            **product, **extra}
-
-
-def window_seed(index: int, load: float) -> int:
-    """The seed of measured window `index` at `load` (the live run and its replay draw the same windows)."""
-    return 1000 * index + int(10 * load)
-
-
 def live_windows(workload: overload_load.Workload, args, capacity_rps: float, load: float) -> list[Trace]:
     """The measured windows at `load` x capacity, as the live run sent them (for the replay)."""
     return [workload.window(index, load * capacity_rps, args.window_s, window_seed(index, load))
             for index in range(args.windows)]
-
-
-async def pair_windows(workload: overload_load.Workload, args, measured: dict, pair: Pair) -> dict[str, list[dict]]:
-    """Two replicas with retries at `args.pair_load` x the pair's capacity (twice the one worker's), per
-    policy, the order rotated from window to window as in the one-replica run."""
-    cap, names = measured["capacity_rps"], list(args.pair_policies)
-    for name in names:
-        extra = {"max_queue_tokens": max(1, measured["token_budget"])} if name == "edf_bounded" else {}
-        await pair.start(name, knobs(name, workload, args, **extra))
-        await pair.window(name, workload.poisson(cap, args.sweep_s, seed=998))  # warm, at half the pair's capacity
-        await pair_idle(pair, name)
-    out: dict[str, list[dict]] = {name: [] for name in names}
-    for index in range(args.windows):
-        for name in names[index % len(names):] + names[:index % len(names)]:
-            trace = workload.window(index, args.pair_load * 2.0 * cap, args.window_s, window_seed(index, 2.0))
-            out[name].append(await pair.window(name, trace))
-            await pair_idle(pair, name)
-    return out
-
-
-async def pair_idle(pair: Pair, name: str) -> None:
-    for gateway in pair.gateways[name]:
-        await idle(gateway.url)
-
-
-async def idle(url: str, timeout_s: float = 10.0) -> None:
-    """Until the gateway has nothing queued or in flight (its own gauges), then a short pause."""
-    end = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < end:
-            page = {name: value for name, _, value in parse(await fetch_metrics(session, url))
-                    if name in ("boundserve_queue_jobs", "boundserve_batches_in_flight")}
-            if page and not any(page.values()):
-                break
-            await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
 
 
 async def run(workload: overload_load.Workload, args, pinning: Pinning | None,
@@ -280,13 +241,6 @@ def assemble(workload: overload_load.Workload, measured: dict, pair: dict[str, l
                                     for load, rows in loads.items()} for name, loads in windows.items()},
         "gateway_configs": measured["gateway_configs"],
     }
-
-
-def pair_cpus() -> Pinning:
-    """The two replicas' CPUs: their workers on the last two and the gateways on the rest where there are
-    three or more, else every process on every CPU (named: a child would inherit the client's pinning)."""
-    every = frozenset(os.sched_getaffinity(0))
-    return Pinning.split(workers=2) or Pinning(every, every)
 
 
 def workloads(args) -> list[overload_load.Workload]:

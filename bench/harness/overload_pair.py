@@ -11,10 +11,14 @@ answers within each request's own deadline from its first scheduled send, retrie
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.harness.overload_load import Workload, window_seed
+from bench.harness.overload_policies import knobs
+from bench.harness.overload_window import idle
 from loadgen.bodies import BodyFactory
 from loadgen.replayer import ReplayOptions, replay
 from loadgen.result import RequestResult
@@ -82,3 +86,33 @@ def summarize(trace: Trace, results: list[RequestResult]) -> dict[str, Any]:
         "retried": len(retried), "retried_in_time": sum(retried),
         "not_retried": dict(sorted(Counter(r.not_retried for r in results if r.not_retried).items())),
     }
+
+
+async def pair_windows(workload: Workload, args, measured: dict, pair: Pair) -> dict[str, list[dict]]:
+    """Two replicas with retries at `args.pair_load` x the pair's capacity (twice the one worker's), per
+    policy, the order rotated from window to window as in the one-replica run."""
+    cap, names = measured["capacity_rps"], list(args.pair_policies)
+    for name in names:
+        extra = {"max_queue_tokens": max(1, measured["token_budget"])} if name == "edf_bounded" else {}
+        await pair.start(name, knobs(name, workload.classes_ms, args.shed_by_cost, **extra))
+        await pair.window(name, workload.poisson(cap, args.sweep_s, seed=998))  # warm, at half the pair's capacity
+        await pair_idle(pair, name)
+    out: dict[str, list[dict]] = {name: [] for name in names}
+    for index in range(args.windows):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            trace = workload.window(index, args.pair_load * 2.0 * cap, args.window_s, window_seed(index, 2.0))
+            out[name].append(await pair.window(name, trace))
+            await pair_idle(pair, name)
+    return out
+
+
+async def pair_idle(pair: Pair, name: str) -> None:
+    for gateway in pair.gateways[name]:
+        await idle(gateway.url)
+
+
+def pair_cpus() -> Pinning:
+    """The two replicas' CPUs: their workers on the last two and the gateways on the rest where there are
+    three or more, else every process on every CPU (named: a child would inherit the client's pinning)."""
+    every = frozenset(os.sched_getaffinity(0))
+    return Pinning.split(workers=2) or Pinning(every, every)

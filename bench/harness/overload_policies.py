@@ -20,3 +20,11 @@ POLICIES: dict[str, dict[str, Any]] = {
     "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
     "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
 }
+
+
+def knobs(name: str, classes_ms: tuple[float, ...], shed_by_cost: str, **extra: Any) -> dict[str, Any]:
+    """Policy `name`'s [gateway] settings for deadline classes `classes_ms`: the product's shed_by_cost as
+    asked ("on" or "off"), the ablations' off; `extra` over all."""
+    product = {"shed_by_cost": shed_by_cost == "on"} if name == "admission" else {}
+    return {**POLICIES[name], "max_queue_tokens": UNBOUNDED, "score_deadline_ms": int(max(classes_ms)),
+            **product, **extra}

@@ -197,3 +197,16 @@ def per_second(results: list[RequestResult], deadlines: list[float],
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
+
+
+async def idle(url: str, timeout_s: float = 10.0) -> None:
+    """Until the gateway has nothing queued or in flight (its own gauges), then a short pause."""
+    end = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < end:
+            page = {name: value for name, _, value in parse(await fetch_metrics(session, url))
+                    if name in ("boundserve_queue_jobs", "boundserve_batches_in_flight")}
+            if page and not any(page.values()):
+                break
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
