@@ -158,6 +158,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time so far of a process's running children (the gateway's: its trace exporter, when tracing)."""
+    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return sum(cpu_seconds(c) for c in children)
+
+
 async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid: int) -> dict:
     from tokenizers import Tokenizer
 
@@ -180,9 +186,10 @@ async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid
     latency, paired_tokenize = await paired(port, requests, bodies, encode, n)
     overhead = (np.array(latency) - np.array(paired_tokenize)).tolist()  # same request, same moment: drift cancels
     seconds = 3.0 if args.quick else 10.0
-    cpu_before = cpu_seconds(gateway_pid)
+    cpu_before, children_before = cpu_seconds(gateway_pid), children_cpu_seconds(gateway_pid)
     rps, errors = await load(port, requests, args.concurrency, seconds)
     cpu_ms_per_request = (cpu_seconds(gateway_pid) - cpu_before) * 1000 / max(1, rps * seconds)
+    children_ms_per_request = (children_cpu_seconds(gateway_pid) - children_before) * 1000 / max(1, rps * seconds)
     rps_ids, errors_ids = await load(port, pretokenized, args.concurrency, seconds)
     return {
         "bench": "gateway_overhead", "samples_per_request": 15, "requests_timed": n,
@@ -192,6 +199,7 @@ async def measure(args: argparse.Namespace, port: int, folder: Path, gateway_pid
         "overhead_p99_ms": pct(overhead, 99), "baseline_healthz_p50_ms": pct(floor, 50),
         "max_rps": round(rps, 1), "max_rps_pretokenized": round(rps_ids, 1), "load_errors": errors + errors_ids,
         "gateway_cpu_ms_per_request": round(cpu_ms_per_request, 3),
+        "exporter_cpu_ms_per_request": round(children_ms_per_request, 3),
         "max_rps_per_gateway_core": round(1000 / cpu_ms_per_request, 1),
         "concurrency": args.concurrency, "tokenize_offload_chars": args.offload_chars,
         "cpus": os.cpu_count(), "note": "client, gateway and stand-in worker share this machine's CPUs",
@@ -235,7 +243,54 @@ def run_once(args: argparse.Namespace, traces_to: str | None) -> dict:
                 process.wait(timeout=15)
 
 
-TELEMETRY_KEYS = ("overhead_p50_ms", "overhead_p99_ms", "end_to_end_p50_ms", "max_rps", "gateway_cpu_ms_per_request")
+def loop_cost_us(traces_to: str, requests: int = 2000) -> float:
+    """CPU time on the calling thread per traced request (us) of every tracing hook one scoring request
+    runs, called as gateway/app.py, gateway/metrics.py and gateway/worker_link.py call them, with the
+    trace shipped to a real exporter process posting to `traces_to`: the event loop's share of tracing,
+    measured alone (the end-to-end runs above bury it in the machine's noise)."""
+    from types import SimpleNamespace
+
+    from gateway.telemetry import Telemetry, stage_ended
+    from shared.config import TelemetryConfig
+
+    telemetry = Telemetry.of(TelemetryConfig(enabled=True, endpoint=traces_to))
+    telemetry.start()
+    clock, headers = time.monotonic, {"Host": "bench", "Content-Type": "application/json"}
+    prediction = SimpleNamespace(wait_ms=1.0, service_ms=2.0)
+
+    def one(k: int) -> None:
+        arrived = clock()
+        with telemetry.request("POST", "/v1/score", headers, arrived, clock) as trace:
+            wire_id = f"bench-{k}"
+            trace.span("receive", arrived, clock())
+            telemetry.bind(wire_id, trace)
+            stage_ended("tokenize", 0.3)
+            stage_ended("admission", 0.01)
+            job = SimpleNamespace(request_id=wire_id, enqueued_at=clock(), compute_ms=0.5, dispatched=prediction)
+            telemetry.trace_of(wire_id).batch_sent(job, k, (1, 15, 600), 1.5, "ipc://worker", clock())
+            telemetry.trace_of(wire_id).batch_answered(job, 0.1, 0.5, "ok", clock())
+            trace.span("answer", clock(), clock())
+
+    try:
+        for k in range(requests):  # warm-up, paced as below: the exporter keeps up, nothing is dropped
+            one(k)
+            if k % 10 == 9:  # 500 requests/s at most
+                time.sleep(0.02)
+        times = []
+        for k in range(requests):
+            start = time.thread_time()
+            one(k)
+            times.append(time.thread_time() - start)
+            if k % 10 == 9:  # 500 requests/s at most
+                time.sleep(0.02)
+    finally:
+        telemetry.shutdown()
+    assert telemetry.export.dropped_traces == 0, "the exporter fell behind: the measure is not of a steady state"
+    return round(float(np.median(times)) * 1e6, 1)
+
+
+TELEMETRY_KEYS = ("overhead_p50_ms", "overhead_p99_ms", "end_to_end_p50_ms", "max_rps", "gateway_cpu_ms_per_request",
+                  "exporter_cpu_ms_per_request")
 
 
 def telemetry_rounds(args: argparse.Namespace) -> None:
@@ -265,8 +320,12 @@ def telemetry_rounds(args: argparse.Namespace) -> None:
             for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
                 result = run_once(args, traces_to if mode == "on" else None)
                 runs.append({"round": round_, "tracing": mode, **{k: result[k] for k in TELEMETRY_KEYS}})
+        exports_before = len(received)
+        hooks_us = loop_cost_us(traces_to)
+        assert len(received) > exports_before, "the hooks' traces never reached the OTLP sink"
     finally:
         sink.shutdown()
+    assert received, "no export reached the OTLP sink: the runs with tracing on traced nothing"
     spread = {mode: {k: {"median": float(np.median([r[k] for r in runs if r["tracing"] == mode])),
                          "min": min(r[k] for r in runs if r["tracing"] == mode),
                          "max": max(r[k] for r in runs if r["tracing"] == mode)} for k in TELEMETRY_KEYS}
@@ -277,9 +336,14 @@ def telemetry_rounds(args: argparse.Namespace) -> None:
                                                     - spread["off"]["overhead_p50_ms"]["median"], 3),
               "on_minus_off_cpu_ms_per_request": round(spread["on"]["gateway_cpu_ms_per_request"]["median"]
                                                        - spread["off"]["gateway_cpu_ms_per_request"]["median"], 3),
+              "loop_us_per_traced_request": hooks_us,
+              "on_exporter_cpu_ms_per_request": spread["on"]["exporter_cpu_ms_per_request"]["median"],
+              "on_over_off_max_rps": round(spread["on"]["max_rps"]["median"] / spread["off"]["max_rps"]["median"], 3),
               "samples_per_request": 15, "concurrency": args.concurrency, "cpus": os.cpu_count(),
               "note": "client, gateway, stand-in worker and OTLP sink share this machine's CPUs; other sessions "
-                      "load it too: compare the spreads, not single runs"}
+                      "load it too: compare the spreads, not single runs. gateway_cpu_ms_per_request is the gateway "
+                      "process alone; exporter_cpu_ms_per_request its trace exporter process "
+                      "(gateway/trace_export.py), which encodes and posts the spans"}
     write_result("gateway_overhead-telemetry" + ("-quick" if args.quick else ""), result, quick=args.quick,
                  threads={"worker": None, "gateway_event_loop": 1})
 

@@ -118,6 +118,7 @@ class Gateway:
         for batcher in self.batchers.values():
             self.pool.on_change(batcher.wake)
         self.pool.on_returned(lambda jobs: self.batchers[jobs[0].workload].requeue_returned(jobs))
+        self.telemetry.start()  # the trace exporter process, when tracing is on
         await self.pool.start()
         self.tasks += [asyncio.create_task(b.run(), name=f"batcher {w}") for w, b in self.batchers.items()]
         self.lag_watch = LoopLagWatch([b.lateness.lag for b in self.batchers.values()])

@@ -2,14 +2,17 @@
 
 Definition. For a trace, latency model and bounds (loadgen/bound_problem.py: each request i has a
 window [r_i, d_i], a least cost c_i(lam) = the sum of its jobs' cheapest cost under perfect
-batching, and a least batch time a_i), with k workers, the bound is the optimum of the fluid
-(preemptive) relaxation
+batching, and a least batch time a_i), with k workers whose speed at time t is s(t) (1, or the
+machine's realised pace by time: bound_problem.Problem.pace; W(a, b) = the integral of s over
+[a, b], so b - a at constant speed), the bound is the optimum of the fluid (preemptive) relaxation
 
-    maximise  sum_i x_i   over 0 <= x_i <= 1, x_i = 0 where a_i > d_i - r_i,
-    such that sum_{i: a <= r_i, d_i <= b} c_i x_i <= k (b - a)   for every release a and deadline b,
+    maximise  sum_i x_i   over 0 <= x_i <= 1, x_i = 0 where no batch of time a_i fits [r_i, d_i],
+    such that sum_{i: a <= r_i, d_i <= b} c_i x_i <= k W(a, b)   for every release a and deadline b,
 
 floored, and minimised over the delta shares lam in SHARES (each is a bound); a long trace is
-bounded in blocks of BLOCK_REQUESTS requests by arrival, each floored, summed. Per class, the
+bounded in blocks of BLOCK_REQUESTS requests by arrival, each floored, summed. On a problem small
+enough for loadgen/bound_exact.py (one worker, one job a request, at most EXACT_MAX_JOBS jobs) the
+bound is the smaller of that and the exact optimum, itself the tightest bound there is. Per class, the
 bound's own schedule serves sum x_i over the class's requests (one optimum's split, not a bound
 per class); `class_bounds` bounds each class alone (what any schedule serves of it).
 
@@ -19,14 +22,18 @@ its jobs is in a batch that starts at or after r_i and ends by d_i, so a_i <= d_
 S takes T(S) >= sum_{j in S} c_j (bound_problem.py: delta shared by the bounds, beta's mean by the
 largest batch, T's other terms additive). Cut each batch's run into consecutive pieces of c_j, one
 per member, and give each served request its pieces: every served request gets c_i of work inside
-[r_i, d_i], and at any instant at most k pieces run (one per worker). That is a preemptive
-schedule of the served set on a machine of speed k, so by Horn's condition (1974: a preemptive
-single machine meets every window iff every interval [a, b] holds the work of the windows inside
-it) x_i = 1 for the served requests, 0 else, is feasible above: served <= the optimum, an integer.
+[r_i, d_i], and at any instant at most k pieces run (one per worker), each at the speed s(t) of
+that instant. That is a preemptive schedule of the served set on a machine of speed k s(t), so by
+Horn's condition (1974: a preemptive single machine meets every window iff every interval [a, b]
+holds the work of the windows inside it; with a speed that varies in time, the work it can do in
+[a, b] is k W(a, b): the same transport argument with each stretch's capacity its integral)
+x_i = 1 for the served requests, 0 else, is feasible above: served <= the optimum, an integer.
+The pace is the realised one of the same world the policies ran in (the same seed, by time, so
+every schedule meets the same speeds): a bound that knows the service times is still a bound.
 
 How it is computed. The vectors y_i = c_i x_i the constraints allow are the supplies a
 transport network can carry (requests to the stretches between consecutive releases and
-deadlines, a stretch of length l carrying k l), capped by c_i: a polymatroid. Maximising
+deadlines, a stretch [u, v] carrying k W(u, v)), capped by c_i: a polymatroid. Maximising
 sum y_i / c_i, positive weights, over a polymatroid is solved by Edmonds' greedy (1970): cheapest
 request first (ties: earliest deadline), each taking all the room the interval constraints leave
 it. The room is kept as a dense matrix over (release, deadline) pairs: O(n^2) memory, O(n^3)
@@ -48,6 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loadgen.bound_exact import EXACT_MAX_JOBS, exact_optimum
 from loadgen.bound_problem import Problem, problem_of
 from loadgen.service import ServiceModel
 from loadgen.simulator import SimSettings
@@ -80,6 +88,9 @@ class BoundResult:
     by_class: dict[str, float] = field(default_factory=dict)
     """Class -> requests the relaxation serves (sum of x)."""
     offered_by_class: dict[str, int] = field(default_factory=dict)
+    exact: int | None = None
+    """The exact optimum where the problem is small enough to search (None: not searched); `served`
+    is then the smaller of it and the floored relaxation."""
 
 
 def fluid_served(problem: Problem, share: float) -> np.ndarray:
@@ -91,12 +102,13 @@ def fluid_served(problem: Problem, share: float) -> np.ndarray:
     release = np.array([r.release_ms for r in requests])
     due = np.array([r.due_ms for r in requests])
     alone = np.array([problem.alone_ms(r) for r in requests])
-    possible = (due - release >= alone - EPS_MS) & (due >= release)
+    earliest_end = np.array([problem.finish_ms(r, a) for r, a in zip(release, alone)])
+    possible = (earliest_end <= due + EPS_MS) & (due >= release)
     x = np.zeros(len(requests))
     if not possible.any():
         return x
     starts, ends = np.unique(release[possible]), np.unique(due[possible])
-    room = problem.workers * (ends[None, :] - starts[:, None])  # [starts, ends]: ms of work an interval holds
+    room = problem.work_ms(starts, ends)  # [starts, ends]: ms of work an interval holds
     row = np.searchsorted(starts, release)  # intervals [starts[a], ends[b]] holding request i: a <= row, b >= col
     col = np.searchsorted(ends, due)
     for i in np.lexsort((due, cost)):  # cheapest first, then earliest deadline
@@ -131,8 +143,15 @@ def clairvoyant_bound(problem: Problem, shares: Sequence[float] = SHARES,
     for request, value in zip(problem.requests, x):
         by_class[request.klass] += float(value)
         offered[request.klass] += 1
-    return BoundResult(served, fluid, len(problem.requests), tuple(chosen), tuple(float(v) for v in x),
-                       dict(by_class), dict(offered))
+    exact = exact_optimum(problem)[0] if searchable(problem) else None
+    return BoundResult(served if exact is None else min(served, exact), fluid, len(problem.requests), tuple(chosen),
+                       tuple(float(v) for v in x), dict(by_class), dict(offered), exact)
+
+
+def searchable(problem: Problem) -> bool:
+    """Whether loadgen/bound_exact.exact_optimum can solve `problem` (what it refuses otherwise)."""
+    return (problem.workers == 1 and all(len(r.jobs) == 1 for r in problem.requests)
+            and 0 < len(problem.requests) <= EXACT_MAX_JOBS)
 
 
 def class_bounds(problem: Problem, shares: Sequence[float] = SHARES) -> dict[str, int]:

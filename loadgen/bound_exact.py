@@ -3,7 +3,8 @@
 A schedule is a list of batches (`Batch`: when it starts, which jobs it holds), run one after
 another on one worker; a batch holds jobs of one workload within the bounds (BatchLimits.fits),
 starts once every member has arrived and takes the latency model's time of all its members
-(BatchLimits.batch_ms: the simulator's service time). A request is served when every one of its
+(BatchLimits.batch_ms: the simulator's service time; with Problem.pace, at the machine's speed of
+the moments it runs). A request is served when every one of its
 jobs is in a batch that ends by its deadline. `served_by` checks a schedule and counts.
 
 `exact_optimum` finds the most requests any such schedule serves, by dynamic programming over the
@@ -11,7 +12,9 @@ sets of jobs already run: for each set, the Pareto front of (when the worker is 
 served); each step runs one more batch, any subset of the jobs left that fits, started as soon as
 the worker is free and its members have arrived (starting later never helps: it only delays the
 finish). Members that end late are allowed (a short one can lower the batch's mean tokens, and
-so its time). 3^n steps: up to EXACT_MAX_JOBS jobs.
+so its time). With the machine's speed by time (Problem.pace), a batch ends at
+Problem.finish_ms(start, its time): still never earlier for starting later, so the same search
+holds. 3^n steps: up to EXACT_MAX_JOBS jobs.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def served_by(problem: Problem, batches: Sequence[Batch]) -> set[int]:
         if again or len(set(batch.members)) != len(batch.members):
             raise ValueError(f"batch {number} runs job {sorted(again)[0] if again else batch.members} a second time")
         done.update(batch.members)
-        free_ms = batch.start_ms + limits.batch_ms(jobs)
+        free_ms = problem.finish_ms(batch.start_ms, limits.batch_ms(jobs))
         on_time.update(m for m in batch.members if free_ms <= problem.requests[m[0]].due_ms + EPS_MS)
     return {r for r, request in enumerate(problem.requests)
             if all((r, j) in on_time for j in range(len(request.jobs)))}
@@ -94,7 +97,7 @@ def exact_optimum(problem: Problem) -> tuple[int, list[Batch]]:
             while sub:
                 if sub in batch_ms:
                     start = max(free_ms, ready_ms[sub])
-                    end = start + batch_ms[sub]
+                    end = problem.finish_ms(start, batch_ms[sub])
                     gained = sum(1 for i in range(n) if sub >> i & 1 and end <= due[i] + EPS_MS)
                     batch = Batch(start, tuple(members[i] for i in range(n) if sub >> i & 1))
                     fronts.setdefault(mask | sub, []).append((end, served + gained, plan + (batch,)))
@@ -139,7 +142,8 @@ def edf_schedule(problem: Problem) -> list[Batch]:
         while arrived < len(members) and problem.requests[members[arrived][0]].release_ms <= now:
             waiting.append(members[arrived])
             arrived += 1
-        waiting = [m for m in waiting if now + _alone_ms(problem, m) <= problem.requests[m[0]].due_ms + EPS_MS]
+        waiting = [m for m in waiting
+                   if problem.finish_ms(now, _alone_ms(problem, m)) <= problem.requests[m[0]].due_ms + EPS_MS]
         waiting.sort(key=lambda m: problem.requests[m[0]].due_ms)
         taken: list[tuple[int, int]] = []
         for member in waiting:
@@ -149,12 +153,12 @@ def edf_schedule(problem: Problem) -> list[Batch]:
                 continue
             limits = problem.limits[jobs[0].workload]
             due = min(problem.requests[r].due_ms for r, _ in trial)
-            if limits.fits(jobs) and now + limits.batch_ms(jobs) <= due + EPS_MS:
+            if limits.fits(jobs) and problem.finish_ms(now, limits.batch_ms(jobs)) <= due + EPS_MS:
                 taken = trial
         if taken:
             batches.append(Batch(now, tuple(taken)))
-            now += problem.limits[problem.requests[taken[0][0]].jobs[taken[0][1]].workload].batch_ms(
-                [problem.requests[r].jobs[j] for r, j in taken])
+            now = problem.finish_ms(now, problem.limits[problem.requests[taken[0][0]].jobs[taken[0][1]].workload]
+                                    .batch_ms([problem.requests[r].jobs[j] for r, j in taken]))
             waiting = [m for m in waiting if m not in taken]
     return batches
 

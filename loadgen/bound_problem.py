@@ -22,8 +22,12 @@ cheapest possible cost under perfect batching; a batch holding job j takes at le
   alone_j = alpha*n_j + gamma*b_j + beta*n_j/max_items + delta.
 A job's computed tokens are taken at their fewest: with a modelled prefix cache, its whole shared
 prefix reused (a cache can do no better). Arrivals and answers are taken at the gateway's own
-overheads (request_overhead_ms, batch_overhead_ms: they only shrink the window), compute at the
-fastest the settings' jitter ever runs it (its smallest factor).
+overheads (request_overhead_ms, batch_overhead_ms: they only shrink the window). Compute: with the
+machine's jitter by time (SimSettings.jitter_slot_ms > 0, loadgen/machine_pace.py) the problem
+knows the realised speed of every instant (`pace`: a batch of W model-ms started at t ends at
+pace.finish_ms(t, W), whatever the schedule); with a jitter drawn per batch in send order, which
+batch is slowed depends on the schedule, so compute is taken at the fastest the jitter ever runs
+(its smallest factor: provable, and loose by that factor).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from loadgen.machine_pace import MachinePace
 from loadgen.service import ServiceModel
 from loadgen.sim_world import ROUTE_WORKLOAD, jobs_of
 from loadgen.simulator import SimSettings
@@ -131,6 +138,19 @@ class Problem:
     requests: tuple[Request, ...]
     limits: dict[str, BatchLimits]
     workers: int = 1
+    pace: MachinePace | None = None
+    """The machine's speed by time (None: constant, the limits' `speed`)."""
+
+    def finish_ms(self, start_ms: float, model_ms: float) -> float:
+        """When a batch whose time at the limits' speed is `model_ms`, started at `start_ms`, ends."""
+        return start_ms + model_ms if self.pace is None else self.pace.finish_ms(start_ms, model_ms)
+
+    def work_ms(self, starts_ms: np.ndarray, ends_ms: np.ndarray) -> np.ndarray:
+        """What the workers can compute (ms at the limits' speed) in each [starts_ms[a], ends_ms[b]]:
+        shape [len(starts), len(ends)]; negative where the end comes first."""
+        if self.pace is None:
+            return self.workers * (ends_ms[None, :] - starts_ms[:, None])
+        return self.workers * self.pace.work_ms(starts_ms, ends_ms)
 
     def least_ms(self, request: Request, lam: float) -> float:
         return sum(self.limits[j.workload].least_ms(j, lam) for j in request.jobs)
@@ -143,7 +163,7 @@ class Problem:
 def limits_of(settings: SimSettings, service: ServiceModel) -> dict[str, BatchLimits]:
     """Each workload's limits under the simulator's settings (its bounds, its jitter's fastest factor)."""
     bounds: Bounds = settings.bounds
-    speed = min((1.0, *settings.compute_jitter))
+    speed = 1.0 if settings.jitter_slot_ms > 0 else min((1.0, *settings.compute_jitter))
     if speed <= 0:
         raise ValueError(f"compute_jitter holds a factor {speed} <= 0; compute cannot take no time")
     limits = {}
@@ -186,7 +206,9 @@ def problem_of(trace: Trace, settings: SimSettings, service: ServiceModel,
     if "beam" in limits and widest > settings.bounds.max_beam_width:  # the simulator does not refuse it: B may be more
         beam = limits["beam"]
         limits["beam"] = dataclasses.replace(beam, max_items=beam.max_requests * widest)
-    return Problem(tuple(requests), limits, settings.workers)
+    pace = (MachinePace(settings.compute_jitter, settings.seed, settings.jitter_slot_ms)
+            if settings.jitter_slot_ms > 0 and settings.compute_jitter else None)
+    return Problem(tuple(requests), limits, settings.workers, pace)
 
 
 def _fewest_computed(work: WorkSize, prefix_key: int | None, settings: SimSettings) -> int:

@@ -27,6 +27,7 @@ from shared.prefix import NEVER_SHARE, SharingRule
 from shared.prefix import prefix_key
 from shared.request_ids import chunk_id
 from shared.work import StaticPrefix, WorkSize
+from loadgen.machine_pace import MachinePace
 from loadgen.prefix_model import PrefixCacheModel
 
 ROUTE_WORKLOAD = {"score": "score", "generate": "beam"}
@@ -155,7 +156,7 @@ class SimWorker:
         items = sum(j.batch_items for j in live)
         batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
         if jitter is not None:
-            batch.compute_ms *= jitter.draw()
+            batch.compute_ms = jitter.compute_ms(start * 1000.0, batch.compute_ms)
         self.free_at = start + batch.compute_ms / 1000.0
         batch.finish_at = self.free_at + self.overhead_ms / 2000.0
         self.in_flight[batch.batch_id] = batch
@@ -176,14 +177,27 @@ class Jitter:
     """Factors from measured ratios; always 1 when there are none. `in_order`: the k-th batch takes
     the k-th measured factor (cycling), so a slow spell of the machine lasts as it did live (the
     factors of consecutive live batches were correlated); otherwise factors are drawn at random
-    (seeded). Not by time: a batch starting at a random moment falls more often inside a slow live
-    batch than a fast one, which would bias the factors up."""
+    (seeded). Not by time for measured sequences: a batch starting at a random moment falls more
+    often inside a slow live batch than a fast one, which would bias the factors up.
+    `slot_ms` > 0: by time instead (loadgen/machine_pace.py: slot n of slot_ms runs at a factor
+    drawn for it alone), so that the service times are the same for every schedule and a
+    clairvoyant bound can know them."""
 
-    def __init__(self, ratios: tuple[float, ...], seed: int, in_order: bool = False) -> None:
+    def __init__(self, ratios: tuple[float, ...], seed: int, in_order: bool = False, slot_ms: float = 0.0) -> None:
         self.ratios = ratios
         self.in_order = in_order
         self._random = random.Random(seed)
         self._next = 0
+        self.pace = MachinePace(ratios, seed, slot_ms) if ratios and slot_ms > 0 else None
+        if self.pace is not None and in_order:
+            raise ValueError("Jitter: in_order (a measured sequence by batch) and slot_ms (factors by time) "
+                             "exclude each other")
+
+    def compute_ms(self, start_ms: float, model_ms: float) -> float:
+        """A batch's compute started at `start_ms` (simulated ms) that the model puts at `model_ms`."""
+        if self.pace is not None:
+            return self.pace.finish_ms(start_ms, model_ms) - start_ms
+        return model_ms * self.draw()
 
     def draw(self) -> float:
         if not self.ratios:

@@ -103,6 +103,11 @@ class SimSettings:
     compute_jitter: tuple[float, ...] = ()
     """Measured compute / the model's prediction, one value per measured batch: each simulated batch
     takes the model's time x one of these, drawn at random (seeded); empty = exactly the model's."""
+    jitter_slot_ms: float = 0.0
+    """0: each batch takes its own draw of compute_jitter (in send order, so which batch is slowed
+    depends on the schedule). > 0: the jitter is the machine's by time (loadgen/machine_pace.py):
+    every slot of this many ms runs at its own draw, whatever the schedule, which lets the
+    clairvoyant bound (loadgen/bound.py) know every service time."""
     seed: int = 0
     default_beam_width: int = 16
 
@@ -179,7 +184,8 @@ class Simulator:
         self.profile = profile or service
         """What the workers report at start-up, where the gateway's predictions start (default: the
         service time itself, an exact profile)."""
-        self.speeds = speeds or [Speed(0.0, service, Jitter(settings.compute_jitter, settings.seed))]
+        self.speeds = speeds or [Speed(0.0, service, Jitter(settings.compute_jitter, settings.seed,
+                                                                    slot_ms=settings.jitter_slot_ms))]
         """How fast the workers really compute, by period (default: `service` x the settings' jitter)."""
         self.drops: Counter[str] = Counter()
         self.reasons: dict[int, str] = {}

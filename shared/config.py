@@ -450,7 +450,10 @@ class TelemetryConfig:
     service_name: Annotated[str, Meta(min_length=1)] = "boundserve-gateway"
     export_timeout_ms: Annotated[int, Meta(ge=10, le=60_000)] = 2000
     max_queue_spans: Annotated[int, Meta(ge=16, le=1 << 20)] = 8192
-    """Spans held for export; beyond it new spans are dropped (the batch exporter counts them), never the serving."""
+    """Spans held for export; beyond it new spans are dropped (the exporter logs how many), never the serving."""
+    sample_ratio: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
+    """The share of new traces recorded (gateway/trace_context.py RatioSampler: parent-based, so a request
+    with a caller's traceparent follows the caller's sampled flag instead)."""
 
     def validate(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):

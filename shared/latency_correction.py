@@ -22,6 +22,9 @@ SMOOTHING = 0.2
 MIN_RATIO, MAX_RATIO = 0.25, 8.0
 MAX_OVERHEAD_MS = 50.0
 WINDOW, REFIT_EVERY, VERIFIED_AFTER = 128, 64, 3
+FAR_OFF_SHARE = 0.5
+"""A profile whose error (rmse) over the measured batches exceeds this share of their mean time is
+far off: replaced by a fit of the first few measurements (otherwise only once REFIT_EVERY are in)."""
 
 
 class CorrectedModel:
@@ -72,7 +75,13 @@ class CorrectedModel:
         new, old = fitted.rmse_ms(samples), CorrectedModel(self.model, 1, 1, self.ratio).rmse_ms(samples)
         # few distinct batch sizes fit a model that may extrapolate badly: then only a far better fit wins
         spread = len({b for b, _, _ in samples}) >= 3
-        if new < old and (spread or new < 0.5 * old):
+        # the early refit, on VERIFIED_AFTER samples, is for a far-off start-up profile: four
+        # coefficients fit three jittered batches of one size almost exactly (in-sample), e.g. as
+        # time proportional to tokens with no fixed cost, which puts a short request at a fraction
+        # of its time; a profile within the jitter is left to the ratio until REFIT_EVERY samples
+        early = len(samples) < REFIT_EVERY
+        far_off = old > FAR_OFF_SHARE * sum(t for _, _, t in samples) / len(samples)
+        if new < old and (spread or new < 0.5 * old) and (far_off or not early):
             self.model, self.ratio = fitted, 1.0
 
     def rmse_ms(self, samples: list[tuple[float, float, float]]) -> float:

@@ -1,9 +1,8 @@
 """The overload issue's summary keys of one run: live windows, the two replicas, and the replay.
 
 The replay is bench/overload_replay.py's machinery (the simulator driving the gateway's own
-scheduler, in that file's world: a 10 % compute jitter, 2 ms per request, 1 ms per batch, and the
-clairvoyant bound of loadgen/bound.py) on the very windows the live run sent, with the latency model
-the live worker fitted (its last profile event). Keys:
+scheduler, in that file's world, and the clairvoyant bound of loadgen/bound.py) on the very windows
+the live run sent, with the latency model the live worker fitted (its last profile event). Keys:
   admission_over_bound           replay: admission's in-time answers over the bound, per load, and by
                                  class (over the bound of each class alone); `_live` beside it: the
                                  live in-time answers over that same bound (a bound of the model's
@@ -24,23 +23,17 @@ the live worker fitted (its last profile event). Keys:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
-from bench.overload_replay import priority_row, replay
+from bench.overload_replay import priority_row, replay, world
 from bench.overload_replay import load_row as replay_load_row
-from bench.overload_sim import settings_for
 from loadgen.service import ServiceModel
-from loadgen.simulator import Simulator
+from loadgen.simulator import SimSettings
 from loadgen.stats import percentile
 from loadgen.trace import Trace
 
 ADMISSION, EDF_LATE_DROP, BOUNDED = "admission", "edf_late_drop", "edf_bounded"
-REPLAY_WORLD = argparse.Namespace(request_overhead_ms=2.0, batch_overhead_ms=1.0, gateway_ms_per_request=0.0,
-                                  jitter_cv=0.1, shed_by_cost="on")
-"""overload_replay.world's settings, for the one policy its `replay` cannot size: the bounded queue,
-whose token budget the live run measured."""
 
 
 def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: list[str],
@@ -57,12 +50,14 @@ def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: li
     return out
 
 
+def replay_world(policy: str, token_budget: int) -> SimSettings:
+    """overload_replay's world for `policy`, the bounded queue with the token budget the live run sized."""
+    settings = world(policy)
+    return settings.with_knobs({"max_queue_tokens": max(1, token_budget)}) if policy == BOUNDED else settings
+
+
 def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int) -> int:
-    if policy != BOUNDED:
-        return replay(trace, policy, service)["in_time"]
-    settings = settings_for(policy, REPLAY_WORLD, max_queue_tokens=max(1, token_budget))
-    results = Simulator(settings, service).run(trace)
-    return sum(r.outcome == "ok" and r.latency_ms <= rec.deadline_ms for r, rec in zip(results, trace.records))
+    return replay(trace, policy, service, replay_world(policy, token_budget))["in_time"]
 
 
 def answer_times(windows: dict[str, dict[str, list[dict]]], key: str) -> dict[str, dict[str, Any]]:
@@ -109,6 +104,8 @@ def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[
         "worker_idle_share_at_2x": ([round(1.0 - r["worker_busy"], 3) for r in windows[ADMISSION]["2x"]]
                                     if "2x" in loads else None),
         "worker_idle_share_at_2x_replay": rows["2x"]["worker_idle_share_by_window"] if "2x" in rows else None,
+        "worker_idle_scheduler_share_at_2x_replay": (rows["2x"]["idle_scheduler_share_by_window"] if "2x" in rows
+                                                     else None),
         "wasted_compute_share": live_keys["wasted_compute_share"],
         "admission_wasted_compute_share_by_load": {load: figures[ADMISSION][load]["wasted_share"] for load in loads},
         "replay_vs_live_max_rel_err": {**{p: round(e, 3) for p, e in rel_err.items()},

@@ -281,6 +281,37 @@ def overload_summary(results: Results) -> list[str]:
                   "goals held", FROM], rows)
 
 
+def overload_replay(results: Results) -> list[str]:
+    """The deterministic replay against the clairvoyant bound of its own world, per load; at 2x why the
+    worker idles and the high priority's share."""
+    r = results["overload-replay-trace"]
+    d = r.data
+    rows = [[load, f"{row['admission_served']} / {row['bound_served']} = {number(row['admission_over_bound'], 3)}",
+             " / ".join(f"{c}: {number(v, 3)}" for c, v in row["admission_over_bound_schedule_by_class"].items()),
+             times(row["admission_over_edf_late_drop"]),
+             f"{per['admission_served']} / {per['bound_at_fastest_factor']} = {number(per['admission_over_bound'], 3)}",
+             str(row["no_jitter_world_admission_served"])]
+            for load, row in d["loads"].items() for per in [row["per_batch_jitter_world"]]]
+    lines = [f"{d['world']}; {d['windows']} windows per load; from {r.source()}", "",
+             *table(["load", "admission / bound (in-time answers)", "by class, over the bound's schedule",
+                     "over `edf_late_drop`", "jitter per batch: admission / bound at the fastest factor",
+                     "no jitter: admission"], rows)]
+    split = d.get("worker_idle_split_at_2x")
+    if split:
+        parts = [("idle", "worker idle"), ("no_request_alive", "no request alive (the trace's gaps)"),
+                 ("scheduler", "a servable request not yet sent (the scheduler's)"),
+                 ("alive_nothing_servable", "alive requests all answered, in flight or too late")]
+        lines += ["", *table(["2x, share of each window's span", "per window"],
+                             [[what, " / ".join(share(v) for v in split[key])] for key, what in parts])]
+    prio = d.get("priority_at_2x")
+    if prio:
+        lines += ["", f"Priorities at 2x ({share(prio['high_share_of_requests'])} of requests at priority 1): "
+                      f"{prio['high_in_time_with_all']} in time with all traffic, {prio['high_in_time_alone']} "
+                      f"alone (share {number(prio['priority_high_share'], 3)}), the bound alone "
+                      f"{prio['high_bound_alone']} ({number(prio['high_with_all_over_bound_alone'], 3)})."]
+    return lines
+
+
 def overload_keys(results: Results) -> list[str]:
     """The issue's summary keys of each overload run that has them (bench/harness/overload_keys.py): replay
     against the bound, live against the ablation, time to refusal, two replicas with retries, replay against live."""
@@ -334,6 +365,10 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
               lambda d: f"{d['overhead_p50_ms']:.2f} / {d['overhead_p99_ms']:.2f} ms")
     yield row("gateway_overhead", "most requests/s through one gateway (text / token ids)",
               lambda d: f"{d['max_rps']:.0f} / {d['max_rps_pretokenized']:.0f}")
+    yield row("gateway_overhead-telemetry-quick", "tracing on minus off: added latency p50, gateway CPU per request",
+              lambda d: f"{d['on_minus_off_overhead_p50_ms']:.2f} ms, {d['on_minus_off_cpu_ms_per_request']:.2f} ms")
+    yield row("gateway_overhead-telemetry-quick", "tracing on: event loop / exporter process CPU per request",
+              lambda d: f"{d['loop_us_per_traced_request']:.0f} µs / {d['on_exporter_cpu_ms_per_request']:.2f} ms")
     yield row("protocol", "protocol's cost over raw ZeroMQ, p50 (ipc / tcp)",
               lambda d: f"{d['protocol_overhead_ipc_p50_us']:.1f} / {d['protocol_overhead_tcp_p50_us']:.1f} µs")
     yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: session goodput on over off (FLOP bound)",
@@ -377,6 +412,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "overload-summary": overload_summary,
     "overload-uniform": overload_policies("overload-uniform"),
     "overload-trace": overload_policies("overload-trace"),
+    "overload-replay": overload_replay,
     "overload-keys": overload_keys,
     "serving": serving,
     "index": index,

@@ -18,7 +18,6 @@ from bench.harness.overload_pair import summarize as pair_summary
 from bench.harness.overload_policies import POLICIES
 from bench.harness.overload_window import COUNTERS, summarize
 from bench.overload import live_windows
-from bench.overload_sim import settings_for
 from loadgen.result import RequestResult
 from loadgen.service import ServiceModel
 from loadgen.simulator import Simulator
@@ -34,8 +33,7 @@ ISSUE_KEYS = ("admission_over_bound", "admission_over_edf_late_drop", "time_to_r
 
 def _simulated(trace: Trace, policy: str) -> tuple[list[RequestResult], float]:
     """The window through the simulator in the replay's world; (results, compute seconds)."""
-    extra = {"max_queue_tokens": BUDGET} if policy == "edf_bounded" else {}
-    simulator = Simulator(settings_for(policy, overload_keys.REPLAY_WORLD, **extra), SERVICE)
+    simulator = Simulator(overload_keys.replay_world(policy, BUDGET), SERVICE)
     results = simulator.run(trace)
     for result in results:  # the simulator has one clock: its send to answer is the try's time
         result.try_ms = result.done_ms - result.sent_ms

@@ -29,6 +29,7 @@ def test_defaults_are_the_qwen3_reranker_recipe_last_token_pooling_and_tracing_o
     ({"telemetry": {"endpoint": "localhost:4318"}}, "http:// or https://"),
     ({"telemetry": {"export_timeout_ms": 0}}, "telemetry.export_timeout_ms"),
     ({"telemetry": {"service_name": ""}}, "telemetry.service_name"),
+    ({"telemetry": {"sample_ratio": 1.5}}, "telemetry.sample_ratio"),
 ])
 def test_bad_values_name_the_key(raw, message):
     with pytest.raises(ConfigError, match=message):

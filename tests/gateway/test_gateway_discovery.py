@@ -170,10 +170,14 @@ async def test_workers_join_and_leave_by_dns_under_load_and_nothing_is_unanswere
         await until(lambda: ready(pool) == {first.endpoint}, "the first worker found")
         stream = Stream(client)
         await until(lambda: first.seen_request_ids, "requests held on the first worker")
-        joining = [fleet.worker(1), fleet.worker(2)]
+        # The joining workers hold their answers too until both have been routed work: an idle stand-in
+        # answers at once, so with free ones the least-busy rule could keep choosing the same worker.
+        joined = threading.Event()
+        joining = [fleet.worker(1, gate=joined), fleet.worker(2, gate=joined)]
         records.set(*fleet.addresses)
         await until(lambda: ready(pool) == {w.endpoint for w in [first, *joining]}, "two workers joining")
         await until(lambda: all(w.seen_request_ids for w in joining), "the new workers serving")
+        joined.set()
         records.set(*fleet.addresses[1:])  # the first one leaves while it holds batches
         await until(lambda: first.endpoint not in ready(pool), "the first worker retired")
         held = len(first.seen_request_ids)

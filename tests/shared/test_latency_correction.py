@@ -35,3 +35,18 @@ def test_a_far_off_start_up_profile_is_replaced_by_a_fit_of_the_measurements():
         model.observe(b, 10, compute_ms=0.5 + 0.1 * b, service_ms=0.6 + 0.1 * b)
     assert model.verified
     assert model.predict_ms(8, 10) == pytest.approx(0.5 + 0.8 + 0.1, abs=0.05)
+
+
+def test_a_profile_within_the_jitter_is_not_replaced_by_a_fit_of_three_batches():
+    """Three batches of 8 samples of 128 tokens, each 8-13 % faster than the true profile (12 ms a
+    batch, little per token; what the simulator's sparse bursts met in a fast spell): a fit of just
+    these (one shape) puts the time in proportion to the tokens with no fixed cost, and a short
+    request would be predicted at a quarter of its time. The profile stays, corrected by the ratio."""
+    true = LatencyModel(0.0015, 0.004, 0.0, 12.0)
+    model = CorrectedModel(true, max_items_per_batch=16, max_tokens_per_batch=2048)
+    for factor in (0.92, 0.92, 0.87):
+        ms = true.predict_ms(8, 128) * factor
+        model.observe(8, 128, compute_ms=ms, service_ms=ms)
+    assert model.verified
+    for b, tokens in ((8, 30), (8, 128), (16, 60)):
+        assert model.predict_ms(b, tokens) == pytest.approx(true.predict_ms(b, tokens), rel=0.15)
