@@ -28,16 +28,26 @@ window at 0.5x.
 Workloads (bench/harness/overload_load.py): `uniform` (Poisson, 8 x ~60-token samples, one deadline) and
 `trace` (the Azure code trace's slices, a third each at 50, 100 and 300 ms).
 
-    python bench/overload.py [--workload uniform|trace|both] [--quick] [--windows 3] [--window-s 10]
+Then two replicas (bench/harness/overload_pair.py): two more workers, a gateway per policy on each,
+and a client that spreads each window over the pair and retries a refused (429, 503), 504 or
+timed-out request once on the other within what is left of its deadline, honouring Retry-After
+(loadgen/retry.py), at `--pair-load` x twice the capacity. Last, the deterministic replay of the very
+windows sent live (bench/overload_replay.py's machinery, with the latency model the live worker fitted)
+against the clairvoyant bound and against the live windows. The issue's keys lead the result
+(bench/harness/overload_keys.py): admission_over_bound, admission_over_edf_late_drop,
+time_to_refusal_ms_p99, pair_retry_over_edf_late_drop, priority_high_share, worker_idle_share_at_2x,
+wasted_compute_share, replay_vs_live_max_rel_err.
 
-Each workload prints one JSON object and writes bench/results/overload-<workload>.json (quick runs:
+    python bench/overload.py [--workload uniform|trace|both] [--quick] [--windows 3] [--window-s 10]
+                             [--pair-policies admission,edf_late_drop] [--retry-try-share 0.5]
+
+Each workload prints one JSON line and writes bench/results/overload-<workload>.json (quick runs:
 overload-<workload>-quick.json) with its provenance (bench/harness/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import subprocess
 import sys
@@ -46,28 +56,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 
-from bench.harness import overload_load, overload_summary
-from bench.harness.overload_window import run_window
+from bench.harness import overload_keys, overload_load, overload_summary
+from bench.harness.overload_load import window_seed
+from bench.harness.overload_pair import Pair, pair_cpus, pair_windows
+from bench.harness.overload_policies import POLICIES, knobs
+from bench.harness.overload_window import idle, run_window
 from bench.harness.provenance import ROOT, write_result
+from bench.overload_replay import checks as replay_checks
 from loadgen.bodies import BodyFactory, BodyOptions
+from loadgen.retry import RetryOptions
+from loadgen.service import load_service_model
 from loadgen.stack import GatewayProcess, Pinning, SharedWorkers
-from loadgen.prometheus import fetch_metrics, parse
+from loadgen.trace import Trace
 from shared.config import load_config
 
 CONFIG = ROOT / "configs" / "overload.toml"
-UNBOUNDED = 10**8
-POLICIES: dict[str, dict[str, Any]] = {
-    "admission": {"admission": True, "drop_predicted_late": True, "queue_order": "deadline", "shed_by_cost": True},
-    "edf_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "deadline",
-                      "shed_by_cost": False},
-    "fcfs_late_drop": {"admission": False, "drop_predicted_late": True, "queue_order": "arrival",
-                       "shed_by_cost": False},
-    "edf_bounded": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
-    "edf_expiry": {"admission": False, "drop_predicted_late": False, "queue_order": "deadline", "shed_by_cost": False},
-}
+PER_REQUEST = ("seconds", "refusal_answer_ms", "expired_answer_ms")
+"""A window's per-second and per-request rows: summarised in the result, not kept whole."""
 SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
 SWEEP_STEP_UP, MAX_SWEEP_STEPS = 1.15, 12
 """While the best goodput is at the highest rate tried, the sweep goes on in steps of 15 % (at most
@@ -95,10 +102,7 @@ class Bench:
         self.gateways: dict[str, GatewayProcess] = {}
 
     async def start(self, name: str, **extra: Any) -> None:
-        product = {"shed_by_cost": self.args.shed_by_cost == "on"} if name == "admission" else {}
-        knobs = {**POLICIES[name], "max_queue_tokens": UNBOUNDED,
-                 "score_deadline_ms": int(max(self.workload.classes_ms)), **product, **extra}
-        gateway = GatewayProcess(self.workers, name, knobs).start()
+        gateway = GatewayProcess(self.workers, name, knobs(name, self.workload.classes_ms, self.args.shed_by_cost, **extra)).start()
         self.gateways[name] = gateway
         await gateway.ready()
 
@@ -107,9 +111,8 @@ class Bench:
             gateway.stop()
 
     async def window(self, name: str, rate_rps: float, index: int, seed: int, poisson: bool = False) -> dict:
-        seconds = self.args.window_s
         trace = (self.workload.poisson(rate_rps, self.args.sweep_s, seed) if poisson
-                 else self.workload.window(index, rate_rps, seconds, seed))
+                 else self.workload.window(index, rate_rps, self.args.window_s, seed))
         gateway = self.gateways[name]
         result = await run_window(gateway.url, trace, self.bodies, self.workers.pids)
         await idle(gateway.url)
@@ -158,30 +161,26 @@ class Bench:
         for load in self.args.loads:
             for index in range(self.args.windows):
                 for name in names[turn % len(names):] + names[:turn % len(names)]:
-                    row = await self.window(name, load * cap, index, seed=1000 * index + int(10 * load))
+                    row = await self.window(name, load * cap, index, seed=window_seed(index, load))
                     windows[name].setdefault(f"{load:g}x", []).append(row)
                 turn += 1
         settings = {name: g.config_text for name, g in self.gateways.items()}
         return {**capacity, "token_budget": budget, "windows": windows, "gateway_configs": settings}
 
 
-async def idle(url: str, timeout_s: float = 10.0) -> None:
-    """Until the gateway has nothing queued or in flight (its own gauges), then a short pause."""
-    end = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < end:
-            page = {name: value for name, _, value in parse(await fetch_metrics(session, url))
-                    if name in ("boundserve_queue_jobs", "boundserve_batches_in_flight")}
-            if page and not any(page.values()):
-                break
-            await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
+def live_windows(workload: overload_load.Workload, args, capacity_rps: float, load: float) -> list[Trace]:
+    """The measured windows at `load` x capacity, as the live run sent them (for the replay)."""
+    return [workload.window(index, load * capacity_rps, args.window_s, window_seed(index, load))
+            for index in range(args.windows)]
 
 
-async def run(workload: overload_load.Workload, args, pinning: Pinning | None) -> dict[str, Any]:
+async def run(workload: overload_load.Workload, args, pinning: Pinning | None,
+              pair_pinning: Pinning | None) -> dict[str, Any]:
+    """The one-replica windows, the latency model the live worker fitted, then the two replicas."""
     artifacts = artifacts_folder(args.artifacts)
     bodies = BodyFactory(BodyOptions(tokenizer_path=str(artifacts / "tokenizer.json"), label_token_ids=(10, 11)))
     started, load_before = time.perf_counter(), os.getloadavg()[0]
+    pair = None
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as scratch:
         with SharedWorkers(CONFIG, artifacts, scratch, pinning) as workers:
             bench = Bench(workload, workers, bodies, args)
@@ -189,20 +188,41 @@ async def run(workload: overload_load.Workload, args, pinning: Pinning | None) -
                 measured = await bench.measure()
             finally:
                 bench.stop()
-    return assemble(workload, measured, pinning, args, load_before, time.perf_counter() - started)
+            measured["fitted_service"] = load_service_model(str(workers.folder / "worker-0.log"))
+        if args.pair_policies:
+            retry = RetryOptions(first_try_timeout_share=args.retry_try_share)
+            with Pair(CONFIG, artifacts, Path(scratch) / "pair", pair_pinning, bodies, retry) as replicas:
+                pair = await pair_windows(workload, args, measured, replicas)
+            measured["pair_pinning"] = pair_pinning.to_json() if pair_pinning else "none: --no-pinning"
+    return assemble(workload, measured, pair, pinning, args, load_before, time.perf_counter() - started)
 
 
-def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning | None, args, load_before: float,
-             wall_s: float) -> dict[str, Any]:
+def assemble(workload: overload_load.Workload, measured: dict, pair: dict[str, list[dict]] | None,
+             pinning: Pinning | None, args, load_before: float, wall_s: float) -> dict[str, Any]:
+    """The result: the issue's keys first (bench/harness/overload_keys.py), then the table, the windows
+    and the replay they were checked against."""
     windows = measured.pop("windows")
+    service = measured.pop("fitted_service")
     figures = overload_summary.table({name: loads for name, loads in windows.items()})
     keys = overload_summary.ratios(figures, measured["capacity_rps"])
+    traces = {f"{load:g}x": live_windows(workload, args, measured["capacity_rps"], load) for load in args.loads}
+    replay = overload_keys.replayed(traces, service, list(windows), measured["token_budget"])
+    issue = overload_keys.keys(figures, windows, replay, pair, keys)
     median_window = {name: {load: rows[len(rows) // 2]["seconds"] for load, rows in loads.items()}
                      for name, loads in windows.items()}
     return {
         "bench": "overload", "workload": workload.name, "deadlines_ms": list(workload.classes_ms),
         "admission_shed_by_cost": args.shed_by_cost,
-        **keys, "goals": overload_summary.goals(figures, keys, workload.name),
+        **issue, **{k: v for k, v in keys.items() if k not in issue},
+        "goals": overload_summary.goals(figures, keys, workload.name),
+        "replay": {"latency_model_fitted_on_the_live_worker": service.to_dict(),
+                   "world": "bench/overload_replay.py's: 10 % compute jitter, 2 ms per request, 1 ms per batch",
+                   **replay},
+        "parity": replay_checks(replay),
+        "pair": pair and {"load": f"{args.pair_load:g}x of twice the capacity", "windows": pair,
+                          "pinning": measured.pop("pair_pinning"),
+                          "retry": {"first_try_timeout_share": args.retry_try_share,
+                                    "statuses": "429, 503, 504, and a first try timed out"}},
         "capacity_rps": measured["capacity_rps"], "capacity_found_by": measured["capacity_found_by"],
         "capacity_check": overload_summary.capacity_check(figures, measured["capacity_rps"]),
         "loads": [f"{load:g}x" for load in args.loads], "windows": args.windows,
@@ -217,7 +237,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pinning: Pinning 
         "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
         "wall_s": round(wall_s, 1),
         "per_second_of_median_window": median_window,
-        "window_summaries": {name: {load: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+        "window_summaries": {name: {load: [{k: v for k, v in row.items() if k not in PER_REQUEST} for row in rows]
                                     for load, rows in loads.items()} for name, loads in windows.items()},
         "gateway_configs": measured["gateway_configs"],
     }
@@ -255,6 +275,14 @@ def main() -> None:
     parser.add_argument("--artifacts",
                         help="compiled artifacts (default: build the demo model with configs/overload.toml)")
     parser.add_argument("--no-pinning", action="store_true", help="leave every process on every CPU")
+    parser.add_argument("--pair-policies", type=lambda s: [x for x in s.split(",") if x],
+                        help="two replicas with retries: the policies run so (default: all; quick: admission,"
+                             "edf_late_drop; empty: no pair run)")
+    parser.add_argument("--result-suffix", default="", help="appended to the result's name (a run on a busy machine "
+                        "kept beside the quiet one: overload-<workload>-busy.json with -busy)")
+    parser.add_argument("--pair-load", type=float, default=2.0, help="two replicas: offered load, x twice the capacity")
+    parser.add_argument("--retry-try-share", type=float, help="two replicas: give up a first try unanswered after "
+                        "this share of its deadline and retry it (default: a first try waits for its answer)")
     parser.add_argument("--shed-by-cost", choices=("on", "off"), default="on", help="admission (the product) with "
                         "[gateway] shed_by_cost on (the default) or off (results: overload-<workload>-shed-off.json); "
                         "the ablations keep it off")
@@ -264,12 +292,18 @@ def main() -> None:
     args.sweep_s = args.sweep_s or (2.0 if args.quick else 6.0)
     args.loads = args.loads or ([1.0, 2.0, 4.0] if args.quick else [1.0, 1.5, 2.0, 4.0])
     args.requests_per_window = args.requests_per_window or (300 if args.quick else 900)
+    if args.pair_policies is None:
+        args.pair_policies = ["admission", "edf_late_drop"] if args.quick else list(POLICIES)
+    unknown = sorted(set(args.pair_policies) - set(POLICIES))
+    if unknown:
+        parser.error(f"--pair-policies: unknown {', '.join(unknown)}; the policies are {', '.join(POLICIES)}")
     pinning = None if args.no_pinning else Pinning.split()  # once: after pin_caller this process sees one CPU
+    pair_pinning = None if args.no_pinning else pair_cpus()
     if pinning is not None:
         pinning.pin_caller()
     for workload in workloads(args):
-        result = uvloop.run(run(workload, args, pinning))  # the faster loop: the client lags less
-        suffix = ("-shed-off" if args.shed_by_cost == "off" else "") + ("-quick" if args.quick else "")
+        result = uvloop.run(run(workload, args, pinning, pair_pinning))  # the faster loop: the client lags less
+        suffix = ("-shed-off" if args.shed_by_cost == "off" else "") + args.result_suffix + ("-quick" if args.quick else "")
         write_result(f"overload-{workload.name}{suffix}", result, quick=args.quick,
                      threads={"worker": load_config(CONFIG).worker.cpu_threads})
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import overload_load
-from bench.overload import POLICIES, UNBOUNDED
+from bench.harness.overload_policies import POLICIES, UNBOUNDED
 from bench.harness.provenance import write_result
 from loadgen.service import ServiceModel
 from loadgen.simulator import SimSettings, Simulator

@@ -113,6 +113,13 @@ def _replay(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", type=out_dir, default="loadgen-report")
     p.add_argument("--bin-s", type=positive_float, default=1.0, help="time-series bin width")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--replica", action="append", default=[], metavar="URL",
+                   help="another gateway of the same deployment (repeatable): requests are spread round-robin "
+                        "over --url and these")
+    p.add_argument("--retry", action="store_true", help="retry a refused (429, 503), 504 or timed-out request once "
+                   "on the next replica within what is left of its deadline, honouring Retry-After")
+    p.add_argument("--retry-try-share", type=positive_float, default=None,
+                   help="with --retry: give a first try up after this share (< 1) of its deadline and retry it")
     _target(p)
 
 

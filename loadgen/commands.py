@@ -11,6 +11,7 @@ from typing import Any
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.importers import ImportOptions, import_trace
 from loadgen.replayer import ReplayOptions, run_replay
+from loadgen.retry import RetryOptions
 from loadgen.simulator import SimSettings, simulate
 from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import Trace, read_trace, write_trace
@@ -296,7 +297,22 @@ def _replay_options(args: argparse.Namespace, speed: float = 1.0, duration_s: fl
             raise ValueError(f"--header {item!r}: expected 'Name: value'")
         headers.append((name.strip(), value.strip()))
     return ReplayOptions(url=args.url, speed=speed, duration_s=duration_s, timeout_s=args.timeout_s,
-                         progress=not args.no_progress, headers=tuple(headers))
+                         progress=not args.no_progress, headers=tuple(headers),
+                         replicas=tuple(getattr(args, "replica", ())), retry=_retry(args))
+
+
+def _retry(args: argparse.Namespace) -> RetryOptions | None:
+    """`replay --retry`'s options (None without it); a retry needs somewhere else to go."""
+    share = getattr(args, "retry_try_share", None)
+    if not getattr(args, "retry", False):
+        if share is not None:
+            raise ValueError("--retry-try-share is a setting of --retry: add --retry")
+        return None
+    if not args.replica:
+        raise ValueError("--retry needs --replica URL: a retry goes to another gateway of the deployment")
+    if share is not None and not share < 1.0:
+        raise ValueError(f"--retry-try-share must be below 1 (a share of the deadline); got {share:g}")
+    return RetryOptions(first_try_timeout_share=share)
 
 
 def _print_summary(report: dict[str, Any]) -> None:

@@ -5,20 +5,31 @@ The replayer sends hundreds of requests a second from one core it may share with
 measures; aiohttp's client spent ~0.67 ms of CPU on each (URL, header and cookie objects, tracing
 hooks), this one a fraction of that, so the client takes less of the core the gateway needs. It
 speaks only what the gateway answers: plain http://, Content-Length or chunked bodies, keep-alive
-unless the server says `Connection: close`.
+unless the server says `Connection: close`. An answer comes back with its headers (names lowercased):
+a client that retries reads Retry-After there.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 HEAD_END = b"\r\n\r\n"
 
 
+class Answer(NamedTuple):
+    """One HTTP answer: its status, its whole body and its headers (lowercased names; a repeated
+    header keeps its last value)."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
 class Http1Pool:
-    """Keep-alive connections to one http:// origin; `exchange` sends one request, returns (status, body)."""
+    """Keep-alive connections to one http:// origin; `exchange` sends one request, returns its Answer."""
 
     def __init__(self, url: str, headers: Iterable[tuple[str, str]] = ()) -> None:
         parts = urlsplit(url)
@@ -35,7 +46,7 @@ class Http1Pool:
         return (f"POST {self._prefix}{path} HTTP/1.1\r\n{self._headers}{extra}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
-    async def exchange(self, request: bytes) -> tuple[int, bytes]:
+    async def exchange(self, request: bytes) -> Answer:
         """Send `request` on an idle connection (or a new one) and read the whole answer. A reused
         connection the server closed before answering (its keep-alive ran out) is retried once on
         a new one: the request was never read."""
@@ -51,10 +62,10 @@ class Http1Pool:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         return await self._on(reader, writer, request)
 
-    async def _on(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> tuple[int, bytes]:
+    async def _on(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> Answer:
         try:
             writer.write(request)
-            status, body, keep = await read_response(reader)
+            answer, keep = await read_response(reader)
         except BaseException:
             writer.close()
             raise
@@ -62,7 +73,7 @@ class Http1Pool:
             self._idle.append((reader, writer))
         else:
             writer.close()
-        return status, body
+        return answer
 
     def close(self) -> None:
         for _, writer in self._idle:
@@ -70,30 +81,27 @@ class Http1Pool:
         self._idle.clear()
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """One HTTP/1.1 answer: (status, body, whether the connection may be reused)."""
+async def read_response(reader: asyncio.StreamReader) -> tuple[Answer, bool]:
+    """One HTTP/1.1 answer and whether the connection may be reused."""
     head = await reader.readuntil(HEAD_END)
     lines = head[: -len(HEAD_END)].split(b"\r\n")
     status_line = lines[0].split(b" ", 2)
     if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1."):
         raise ValueError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-    status, length, chunked, keep = int(status_line[1]), None, False, status_line[0] == b"HTTP/1.1"
+    status, keep = int(status_line[1]), status_line[0] == b"HTTP/1.1"
+    headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(b":")
-        name, value = name.strip().lower(), value.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value
-        elif name == b"connection":
-            keep = value == b"keep-alive" or (keep and value != b"close")
-    if chunked:
-        return status, await _chunked(reader), keep
-    if length is not None:
-        return status, await reader.readexactly(length), keep
+        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    connection = headers.get("connection", "").lower()
+    keep = connection == "keep-alive" or (keep and connection != "close")
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return Answer(status, await _chunked(reader), headers), keep
+    if "content-length" in headers:
+        return Answer(status, await reader.readexactly(int(headers["content-length"])), headers), keep
     if status in (204, 304) or 100 <= status < 200:
-        return status, b"", keep
-    return status, await reader.read(), False  # until the server closes
+        return Answer(status, b"", headers), keep
+    return Answer(status, await reader.read(), headers), False  # until the server closes
 
 
 async def _chunked(reader: asyncio.StreamReader) -> bytes:

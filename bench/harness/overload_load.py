@@ -95,3 +95,8 @@ def trace(path: Path, windows: int, requests_per_window: int, classes_ms: tuple[
         part = records[k * requests_per_window:(k + 1) * requests_per_window]
         slices.append(make_trace(dataclasses.replace(r, t_ms=r.t_ms - part[0].t_ms) for r in part))
     return Workload("trace", tuple(classes_ms), tuple(slices), int(imported.meta["clipped_rows"]))
+
+
+def window_seed(index: int, load: float) -> int:
+    """The seed of measured window `index` at `load` (the live run and its replay draw the same windows)."""
+    return 1000 * index + int(10 * load)

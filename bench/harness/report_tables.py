@@ -358,6 +358,42 @@ def overload_replay(results: Results) -> list[str]:
     return lines
 
 
+def overload_keys(results: Results) -> list[str]:
+    """The issue's summary keys of each overload run that has them (bench/harness/overload_keys.py): replay
+    against the bound, live against the ablation, time to refusal, two replicas with retries, replay against live."""
+    lines: list[str] = []
+    for r in sorted((r for r in results.values() if r.bench == "overload" and "replay_vs_live_max_rel_err" in r.data),
+                    key=lambda r: r.name):
+        d = r.data
+
+        def by_load(values: dict[str, float | None] | None) -> str:
+            return " / ".join(f"{load} {times(v)}" for load, v in (values or {}).items()) or "—"
+
+        refused = d["time_to_refusal_ms"]["refused"].get("admission", {})
+        expired = d["time_to_refusal_ms"]["answered_504"]
+        ablation_504 = " / ".join(f"`{p}` {number(v['p99'], 1)}" for p, v in expired.items()
+                                  if p != "admission" and v["count"])
+        errors = d["replay_vs_live_max_rel_err"]
+        rows = [
+            ["admission over the clairvoyant bound (replay, fitted model)", by_load(d["admission_over_bound"])],
+            ["admission's live in-time answers over that bound", by_load(d.get("admission_over_bound_live"))],
+            ["admission over `edf_late_drop` (live, median goodput)", by_load(d["admission_over_edf_late_drop"])],
+            ["time to refusal, admission, p50 / p99 (client send to answer)",
+             f"{number(refused.get('p50'), 2)} / {number(refused.get('p99'), 2)} ms ({refused.get('count', 0)} refusals)"],
+            ["time to the ablations' 504, p99", f"{ablation_504} ms" if ablation_504 else "—"],
+            ["two replicas with retries at 2x: admission over `edf_late_drop`", times(d["pair_retry_over_edf_late_drop"])],
+            ["high priority's in-time answers with the rest over alone (replay, 2x)", number(d["priority_high_share"], 3)],
+            ["worker idle share per window at 2x (live)", " / ".join(share(v) for v in d["worker_idle_share_at_2x"] or [])],
+            ["admission's wasted compute by load (live)",
+             " / ".join(f"{load} {share(v)}" for load, v in d["admission_wasted_compute_share_by_load"].items())],
+            ["replay against live, largest relative error per policy",
+             " / ".join(f"`{p}` {share(v)}" for p, v in errors.items() if p != "max")],
+        ]
+        lines += [f"**{d['workload']}**, capacity {d['capacity_rps']:.1f} requests/s, {d['windows']} windows per "
+                  f"cell; from {r.source()}", "", *table(["figure", "value"], rows), ""]
+    return lines[:-1]
+
+
 # --- serving, recovery, memory -------------------------------------------------------------------------------
 
 def _serving_rows(results: Results) -> Iterable[list[str]]:
@@ -425,6 +461,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "overload-uniform": overload_policies("overload-uniform"),
     "overload-trace": overload_policies("overload-trace"),
     "overload-replay": overload_replay,
+    "overload-keys": overload_keys,
     "serving": serving,
     "index": index,
 }

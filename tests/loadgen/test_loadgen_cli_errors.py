@@ -81,6 +81,18 @@ def test_bad_numbers_are_usage_errors_naming_the_option(argv, message, files, ca
     assert message in refused([a.format(**files) for a in argv], capsys)
 
 
+RETRY = [
+    (["--retry"], "--retry needs --replica URL"),
+    (["--retry-try-share", "0.5"], "--retry-try-share is a setting of --retry"),
+    (["--retry", "--replica", "http://127.0.0.1:1", "--retry-try-share", "1"], "--retry-try-share must be below 1"),
+]
+
+
+@pytest.mark.parametrize("extra, message", RETRY, ids=[" ".join(e) for e, _ in RETRY])
+def test_retry_options_that_cannot_keep_to_a_deadline_are_refused_before_any_send(extra, message, files, capsys):
+    assert message in refused(["replay", "--trace", files["trace"], "--url", "http://127.0.0.1:1", *extra], capsys)
+
+
 GRID = [
     ("max_samples_per_batch=0,1", "--grid max_samples_per_batch=0: bounds.max_samples_per_batch = 0 must be an "
                                   "integer of at least 2"),

@@ -1,0 +1,135 @@
+"""The overload issue's summary keys of one run: live windows, the two replicas, and the replay.
+
+The replay is bench/overload_replay.py's machinery (the simulator driving the gateway's own
+scheduler, in that file's world, and the clairvoyant bound of loadgen/bound.py) on the very windows
+the live run sent, with the latency model the live worker fitted (its last profile event). Keys:
+  admission_over_bound           replay: admission's in-time answers over the bound, per load, and by
+                                 class (over the bound of each class alone); `_live` beside it: the
+                                 live in-time answers over that same bound (a bound of the model's
+                                 world, not of the machine's: a ratio, not a proof)
+  admission_over_edf_late_drop   live: median goodput over median goodput, per load (and by class)
+  time_to_refusal_ms_p99         live: admission's refusals, every load and window together, from the
+                                 client's send to the answer (an upper bound on body arrival to
+                                 answer); the ablations' time to their 504s beside it
+  pair_retry_over_edf_late_drop  live, two replicas with retries (bench/harness/overload_pair.py): the
+                                 pair's median goodput at 2x, admission over edf_late_drop
+  priority_high_share            replay at 2x (overload_replay.priority_row)
+  worker_idle_share_at_2x        live: per window of admission at 2x, 1 - the worker's busy share;
+                                 the replay's beside it
+  wasted_compute_share           live: per policy at 2x (overload_summary's), admission's by load beside
+  replay_vs_live_max_rel_err     per policy, the largest over loads of |replay - live| / live in-time
+                                 answers (summed over the windows); `max` over the policies
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from bench.overload_replay import priority_row, replay, world
+from bench.overload_replay import load_row as replay_load_row
+from loadgen.service import ServiceModel
+from loadgen.simulator import SimSettings
+from loadgen.stats import percentile
+from loadgen.trace import Trace
+
+ADMISSION, EDF_LATE_DROP, BOUNDED = "admission", "edf_late_drop", "edf_bounded"
+
+
+def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: list[str],
+             token_budget: int) -> dict[str, Any]:
+    """Per load: overload_replay's row (bound, ratios, idle, waste) and every policy's in-time answers;
+    at 2x, the priority row."""
+    out: dict[str, Any] = {"loads": {}}
+    for load, windows in traces.items():
+        row = replay_load_row(windows, service)
+        row["in_time_by_policy"] = {p: sum(_in_time(t, p, service, token_budget) for t in windows) for p in policies}
+        out["loads"][load] = row
+    if "2x" in traces:
+        out["priority_at_2x"] = priority_row(traces["2x"], service)
+    return out
+
+
+def replay_world(policy: str, token_budget: int) -> SimSettings:
+    """overload_replay's world for `policy`, the bounded queue with the token budget the live run sized."""
+    settings = world(policy)
+    return settings.with_knobs({"max_queue_tokens": max(1, token_budget)}) if policy == BOUNDED else settings
+
+
+def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int) -> int:
+    return replay(trace, policy, service, replay_world(policy, token_budget))["in_time"]
+
+
+def answer_times(windows: dict[str, dict[str, list[dict]]], key: str) -> dict[str, dict[str, Any]]:
+    """Per policy, p50 / p99 / count of the windows' `key` times (refusal_answer_ms or expired_answer_ms),
+    every load and window together."""
+    out = {}
+    for policy, loads in windows.items():
+        values = [ms for rows in loads.values() for row in rows for ms in row[key]]
+        out[policy] = {"p50": _round(percentile(values, 50.0)), "p99": _round(percentile(values, 99.0)),
+                       "count": len(values)}
+    return out
+
+
+def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[dict]]], replay: dict[str, Any],
+         pair: dict[str, list[dict]] | None, live_keys: dict[str, Any]) -> dict[str, Any]:
+    """The issue's keys (see the module docstring) from the live figures and windows, the replay and the pair."""
+    loads = list(figures[ADMISSION])
+    rows = replay["loads"]
+    live_in_time = {p: {load: sum(r["in_time"] for r in windows[p][load]) for load in loads} for p in windows}
+    refusals = answer_times(windows, "refusal_answer_ms")
+    expiries = answer_times(windows, "expired_answer_ms")
+    rel_err = {p: max(abs(rows[load]["in_time_by_policy"][p] - live_in_time[p][load]) / max(1, live_in_time[p][load])
+                      for load in loads) for p in windows}
+    goodput = {p: {load: figures[p][load]["goodput_rps"] for load in loads} for p in figures}
+    classes = figures[ADMISSION][loads[0]]["goodput_by_class_rps"]
+    return {
+        "admission_over_bound": {load: rows[load]["admission_over_bound"] for load in loads},
+        "admission_over_bound_by_class": {load: rows[load]["admission_over_class_alone_bound"] for load in loads},
+        "admission_over_bound_live": {load: _ratio(live_in_time[ADMISSION][load], rows[load]["bound_served"])
+                                      for load in loads},
+        "admission_over_edf_late_drop": {load: _ratio(goodput[ADMISSION][load], goodput[EDF_LATE_DROP][load])
+                                         for load in loads},
+        "admission_over_edf_late_drop_by_class": {
+            load: {c: _ratio(figures[ADMISSION][load]["goodput_by_class_rps"][c],
+                             figures[EDF_LATE_DROP][load]["goodput_by_class_rps"][c]) for c in classes}
+            for load in loads},
+        "admission_over_edf_late_drop_replay": {load: rows[load]["admission_over_edf_late_drop"] for load in loads},
+        "time_to_refusal_ms_p99": refusals[ADMISSION]["p99"],
+        "time_to_refusal_ms": {"refused": refusals, "answered_504": expiries,
+                               "measured": "client side, send to answer: an upper bound on body arrival to answer"},
+        "pair_retry_over_edf_late_drop": _pair_ratio(pair),
+        "pair_goodput_rps": pair and {p: _median([w["goodput_rps"] for w in ws]) for p, ws in pair.items()},
+        "priority_high_share": replay.get("priority_at_2x", {}).get("priority_high_share"),
+        "worker_idle_share_at_2x": ([round(1.0 - r["worker_busy"], 3) for r in windows[ADMISSION]["2x"]]
+                                    if "2x" in loads else None),
+        "worker_idle_share_at_2x_replay": rows["2x"]["worker_idle_share_by_window"] if "2x" in rows else None,
+        "worker_idle_scheduler_share_at_2x_replay": (rows["2x"]["idle_scheduler_share_by_window"] if "2x" in rows
+                                                     else None),
+        "wasted_compute_share": live_keys["wasted_compute_share"],
+        "admission_wasted_compute_share_by_load": {load: figures[ADMISSION][load]["wasted_share"] for load in loads},
+        "replay_vs_live_max_rel_err": {**{p: round(e, 3) for p, e in rel_err.items()},
+                                       "max": round(max(rel_err.values()), 3)},
+        "replay_vs_live_in_time": {p: {load: {"replay": rows[load]["in_time_by_policy"][p],
+                                              "live": live_in_time[p][load]} for load in loads} for p in windows},
+    }
+
+
+def _pair_ratio(pair: dict[str, list[dict]] | None) -> float | None:
+    if not pair or ADMISSION not in pair or EDF_LATE_DROP not in pair:
+        return None
+    return _ratio(_median([r["goodput_rps"] for r in pair[ADMISSION]]),
+                  _median([r["goodput_rps"] for r in pair[EDF_LATE_DROP]]))
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def _ratio(value: float | None, over: float | None) -> float | None:
+    return round(value / over, 3) if value is not None and over else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

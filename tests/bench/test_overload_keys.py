@@ -1,0 +1,71 @@
+"""bench/overload.py's one JSON line, assembled from real inputs: the committed trace's windows, run by
+the simulator (the gateway's own scheduler) in the replay's world as the "live" windows and summarised
+by the live window code (bench/harness/overload_window.py), the replay of those windows
+(bench/harness/overload_keys.py) and a two-replica summary (bench/harness/overload_pair.py).
+
+A --quick run of the benchmark itself takes minutes (worker profiling, a capacity sweep): too long for
+the suite on a small machine; its assembly is what is tested here. Where "live" ran in the replay's own
+world, the replay must agree with it exactly: a different window drawn, or a policy's settings
+crossed, shows as a relative error above 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.harness import overload_keys, overload_load, overload_summary
+from bench.harness.overload_pair import summarize as pair_summary
+from bench.harness.overload_policies import POLICIES
+from bench.harness.overload_window import COUNTERS, summarize
+from bench.overload import live_windows
+from loadgen.result import RequestResult
+from loadgen.service import ServiceModel
+from loadgen.simulator import Simulator
+from loadgen.trace import Trace
+from shared.latency_model import LatencyModel
+
+SERVICE = ServiceModel({"score": LatencyModel(0.0015, 0.004, 0.0, 12.0)})
+CAPACITY_RPS, BUDGET = 45.0, 6000
+ISSUE_KEYS = ("admission_over_bound", "admission_over_edf_late_drop", "time_to_refusal_ms_p99",
+              "pair_retry_over_edf_late_drop", "priority_high_share", "worker_idle_share_at_2x",
+              "wasted_compute_share", "replay_vs_live_max_rel_err")
+
+
+def _simulated(trace: Trace, policy: str) -> tuple[list[RequestResult], float]:
+    """The window through the simulator in the replay's world; (results, compute seconds)."""
+    simulator = Simulator(overload_keys.replay_world(policy, BUDGET), SERVICE)
+    results = simulator.run(trace)
+    for result in results:  # the simulator has one clock: its send to answer is the try's time
+        result.try_ms = result.done_ms - result.sent_ms
+    return results, sum(simulator.compute_ms.values()) / 1000.0
+
+
+def _window(trace: Trace, policy: str) -> dict:
+    results, compute_s = _simulated(trace, policy)
+    span_s = max(r.t_ms for r in trace.records) / 1000.0
+    start = {key: 0.0 for key in COUNTERS} | {"lateness_ms": 0.0, "loop_lag_ms": 0.0, "queue_jobs": 0.0}
+    end = start | {"compute_s": compute_s, "batches": 1.0, "fill_sum": 1.0}
+    return summarize(trace, results, [(0.0, 0.0, start), (span_s, compute_s, end)])
+
+
+def test_the_json_line_has_the_issues_keys_and_the_replay_agrees_with_a_run_in_its_own_world():
+    workload = overload_load.trace(overload_load.TRACE, 2, 60, (50.0, 100.0, 300.0))
+    args = argparse.Namespace(window_s=10.0, windows=2)
+    traces = {f"{load:g}x": live_windows(workload, args, CAPACITY_RPS, load) for load in (1.0, 2.0)}
+    windows = {p: {load: [_window(t, p) for t in ts] for load, ts in traces.items()} for p in POLICIES}
+    figures = overload_summary.table(windows)
+    replay = overload_keys.replayed(traces, SERVICE, list(POLICIES), BUDGET)
+    pair = {p: [pair_summary(t, _simulated(t, p)[0]) for t in traces["2x"]] for p in ("admission", "edf_late_drop")}
+    keys = overload_keys.keys(figures, windows, replay, pair, overload_summary.ratios(figures, CAPACITY_RPS))
+
+    assert set(ISSUE_KEYS) <= set(keys)
+    assert keys["replay_vs_live_max_rel_err"] == {**{p: 0.0 for p in POLICIES}, "max": 0.0}
+    assert set(keys["admission_over_bound"]) == {"1x", "2x"} == set(keys["admission_over_edf_late_drop"])
+    assert all(0.0 < ratio <= 1.0 for ratio in keys["admission_over_bound"].values())
+    assert keys["admission_over_bound"] == keys["admission_over_bound_live"]   # the same runs, the same bound
+    refused = sum(w["refused"] for rows in windows["admission"].values() for w in rows)
+    assert refused > 0 and keys["time_to_refusal_ms"]["refused"]["admission"]["count"] == refused
+    assert keys["time_to_refusal_ms_p99"] is not None and keys["time_to_refusal_ms_p99"] >= 0.0
+    assert keys["pair_retry_over_edf_late_drop"] == round(
+        keys["pair_goodput_rps"]["admission"] / keys["pair_goodput_rps"]["edf_late_drop"], 3)
+    assert len(keys["worker_idle_share_at_2x"]) == 2 and 0.0 < keys["priority_high_share"]
