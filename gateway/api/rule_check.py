@@ -34,8 +34,7 @@ class RuleCheck:
     """The rules of one request Struct and of the Structs it may hold, checked on its decoded bodies."""
 
     def __init__(self, root: type) -> None:
-        self._plans: dict[type, _Plan] = {}
-        _plan_of(type_info(root), self._plans)
+        self._plans = _plans_of(type_info(root))
 
     def check(self, body: Any, limits: Limits) -> None:
         """ApiError 400 at the first rule `body` breaks at the deployment `limits` (inner Structs first)."""
@@ -58,21 +57,32 @@ class RuleCheck:
                 raise ApiError("invalid_request", problem)
 
 
-def _plan_of(info: mi.StructType, plans: dict[type, _Plan]) -> bool:
-    """Plan the Struct `info` (and those below it) into `plans`; whether any rule is at or below it.
-    A Struct class met again while planning (a type holding itself) counts as one without rules."""
-    if info.cls in plans:
-        return bool(plans[info.cls].rules or plans[info.cls].inner)
-    plans[info.cls] = _Plan((), ())
-    inner = []
-    for field in info.fields:
-        direct, listed = _structs_in(field.type)
-        if any(_plan_of(struct, plans) for struct in direct):
-            inner.append((field.name, False))
-        if any(_plan_of(struct, plans) for struct in listed):
-            inner.append((field.name, True))
-    plans[info.cls] = _Plan(tuple(getattr(info.cls, "RULES", ())), tuple(inner))
-    return bool(plans[info.cls].rules or inner)
+def _plans_of(root: mi.StructType) -> dict[type, _Plan]:
+    """The plan of `root` and of every Struct below it. A field is walked when a Struct it may hold has
+    rules, or holds (however deep, a type holding itself included) a Struct that has."""
+    fields: dict[type, list[tuple[str, bool, list[type]]]] = {}
+    rules: dict[type, tuple[Rule, ...]] = {}
+    pending = [root]
+    while pending:
+        info = pending.pop()
+        if info.cls in fields:
+            continue
+        rules[info.cls] = tuple(getattr(info.cls, "RULES", ()))
+        fields[info.cls] = []
+        for field in info.fields:
+            for listed, structs in enumerate(_structs_in(field.type)):
+                if structs:
+                    fields[info.cls].append((field.name, bool(listed), [s.cls for s in structs]))
+                    pending.extend(structs)
+    ruled = {cls for cls in rules if rules[cls]}
+    while True:  # the classes with rules at or below them, to a fixed point
+        more = {cls for cls, held in fields.items() if any(c in ruled for _, _, classes in held for c in classes)}
+        if more <= ruled:
+            break
+        ruled |= more
+    return {cls: _Plan(rules[cls], tuple((name, listed) for name, listed, classes in held
+                                         if any(c in ruled for c in classes)))
+            for cls, held in fields.items()}
 
 
 def _structs_in(info: Any) -> tuple[list[mi.StructType], list[mi.StructType]]:
