@@ -17,7 +17,7 @@ and writes nothing. Builds are cached under bench/.cache/node_ab/ (A by commit, 
 
     .venv/bin/python bench/node_ab.py --workload score|shared|beam [--ref main] [--model qwen2.5-0.5b]
                                       [--dtype fp32|bf16] [--layers N] [--requests R] [--rounds K] [--build-only]
-                                      [--b-gemm auto|aten|onednn]
+                                      [--b-gemm auto|aten|onednn] [--tag NAME]
 """
 
 from __future__ import annotations
@@ -139,6 +139,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="passes over the requests")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="intra-op threads of both sides")
     parser.add_argument("--build-only", action="store_true", help="build (and cache) both nodes, time nothing")
+    parser.add_argument("--tag", help="appended to the result's name (`_<tag>`): the question this A/B asks, e.g. "
+                        "epilogues, so that it does not replace another A/B of the same workload")
     parser.add_argument("--b-gemm", choices=("auto", "aten", "onednn"),
                         help="model.gemm of B's build (default: the tree's), e.g. aten to leave out prepacked oneDNN weights")
     args = parser.parse_args()
@@ -192,6 +194,7 @@ def main() -> None:
     }
     name = f"node_ab_{args.workload}_{args.model}_{args.dtype}" + ("" if layers == depth else f"_{layers}l")
     name += f"_b_{args.b_gemm}" if args.b_gemm else ""
+    name += f"_{args.tag}" if args.tag else ""
     emit(name + ("" if args.threads == 2 else f"_t{args.threads}"), result, threads=args.threads)
 
 

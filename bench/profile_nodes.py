@@ -169,12 +169,34 @@ def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float |
     return rows, totals
 
 
-def profiled_node(checkpoint, dtype_name: str, name: str, quantize=None):
-    """The scoring node of bench/score_node.py's build, compiled with kernel profiling."""
+def profiled_nodes(checkpoint, dtype_name: str, name: str, quantize=None):
+    """The nodes of bench/score_node.py's build, compiled with kernel profiling (their manifest says which layers
+    an int8 build made int8)."""
     from bench.harness.common import SCORE_BOUNDS, bench_config, build_nodes
 
     config = bench_config(checkpoint, dtype_name, quantize=quantize, **SCORE_BOUNDS)
-    return build_nodes(config, f"{name}-kernel-profile", kernel_profile=True).score
+    return build_nodes(config, f"{name}-kernel-profile", kernel_profile=True)
+
+
+def linear_flops(spec, lengths: list[int]) -> dict[str, float]:
+    """Executed FLOPs of each linear layer of one scoring call, by compile/fp8.candidate_linears' names
+    ("layers.{i}.attn.o", ...): every layer on the call's T tokens, the pruned last one on its B last tokens
+    (its k/v on T: its q/k/v stay float, so they are not named here)."""
+    t, b, h = sum(lengths), len(lengths), spec.hidden_size
+    q, kv, i = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.intermediate_size
+    shapes = {"attn.qkv": (h, q + 2 * kv), "attn.o": (q, h), "mlp.gate": (h, i), "mlp.up": (h, i), "mlp.down": (i, h)}
+    last = spec.num_layers - 1
+    return {f"layers.{n}.{name}": 2 * (b if n == last else t) * k * out
+            for n in range(spec.num_layers) for name, (k, out) in shapes.items() if not (n == last and name == "attn.qkv")}
+
+
+def machine_class(given: str | None) -> tuple[str, str]:
+    """(the run's machine class, where it came from): --machine-class, else as bench/harness/result_files reads a
+    file without one, from the CPU's features (amx, else the vector ISA torch dispatches to)."""
+    if given:
+        return given, "--machine-class"
+    return ("amx" if torch.cpu._is_amx_tile_supported() else torch.backends.cpu.get_cpu_capability().lower(),
+            "CPU features")
 
 
 def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name: str, quantize=None,
@@ -184,7 +206,8 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
 
     ids, lens = torch.randint(0, spec.vocab_size, (sum(lengths),)), torch.tensor(lengths)
     dtype_name = str(dtype).removeprefix("torch.")
-    profiled = profiled_node(checkpoint, dtype_name, name, quantize)
+    nodes = profiled_nodes(checkpoint, dtype_name, name, quantize)
+    profiled = nodes.score
     families, profiled_faults, kernels = compiled_profile(lambda: profiled(ids, lens, LABELS, 2))
     node = build_node(checkpoint, dtype_name, name, quantize)  # the same node without profiling hooks
     node_ms = 1e3 * median(time_calls(lambda: node(ids, lens, LABELS, 2), repeats=3))
@@ -193,17 +216,29 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
         + _head(spec, b)
     attention_flops = (spec.num_layers - 1) * _attention(spec, sum(n * n for n in lengths) / 2)
     rates = {"gemm": gemm_flops, "attention": attention_flops}
+    peaks = {"gemm": peak, "attention": peak}
     total_ms = sum(families.values())
-    if quantize is not None:  # the float and the int8 GEMMs are families of their own: no one peak for them
-        rates.pop("gemm")
+    int8_layers = (nodes.manifest.quantize or {}).get("int8_layers", [])
+    if quantize is not None:  # the int8 layers' FLOPs against the int8 peak, the float layers' against the float one
+        per_layer = linear_flops(spec, lengths)
+        rates["gemm_int8"] = sum(per_layer[name] for name in int8_layers)
+        rates["gemm"] -= rates["gemm_int8"]
+        peaks["gemm_int8"] = int8_peak
     rows, gemm_alone_ms = gemm_table(score_gemm_shapes(spec, lengths), dtype, peak, int8_peak)  # per library
     return {
         "tokens": t, "samples": b, "executed_gflop": score_flops(spec, lengths) / 1e9,
         "node_ms": node_ms, "profiled_ms": total_ms, "profiled_call_minor_faults": profiled_faults,
         "families_ms": {k: round(v, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
         "families_share": {k: round(v / total_ms, 3) for k, v in families.items()},
-        "family_of_peak": {k: flops / (families[k] / 1e3) / peak for k, flops in rates.items() if families.get(k)},
+        "family_of_peak": {k: flops / (families[k] / 1e3) / peaks[k] for k, flops in rates.items() if families.get(k)},
+        "family_gflop": {k: round(flops / 1e9, 1) for k, flops in rates.items()},
+        "family_of_peak_means": "each family's executed GFLOP (family_gflop) over its profiled time, against the "
+                                "run's peak of its precision (gemm_int8: int8_peak_gops); `other` (norms, rotary, "
+                                "SiLU.mul and residuals where not GEMM epilogues, quantization, copies) does no "
+                                "matmul work: its share is what it costs",
         "family_kernels": kernels,
+        **({"int8_layers": len(int8_layers), "linear_layers": len(linear_flops(spec, lengths))}
+           if quantize is not None else {}),
         "gemm_shapes_alone": rows, "gemm_alone_ms": gemm_alone_ms,
         "gemm_alone_of_peak": {lib: gemm_flops / (ms / 1e3) / (int8_peak if "int8" in lib else peak)
                                for lib, ms in gemm_alone_ms.items()},
@@ -278,8 +313,9 @@ def main() -> None:
     int8 = args.dtype == "int8"
     int8_peak = int8_peak_ops(peak_shapes, dtype) if int8 else None
     name = run_name(args, layers)  # as score_node names its builds: the same build folders
+    machine, machine_from = machine_class(args.machine_class)
     result = {"bench": "profile_nodes", "model": args.model, "layers": layers, "dtype": args.dtype,
-              "machine_class": args.machine_class,
+              "machine_class": machine, "machine_class_from": machine_from,
               "quick": layers != depth, "peak_gflops": peak / 1e9,
               **({"int8_base": args.int8_base, "int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget}
                  if int8 else {}),

@@ -271,7 +271,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", sha256: str | None = 
 
 
 def convert_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype: torch.dtype, source: str) -> dict:
-    """HF tensor names -> ours, with q/k/v fused into qkv and gate/up fused into gate_up."""
+    """HF tensor names -> ours, with q/k/v fused into qkv (gate and up stay apart: compile/model.Mlp)."""
     raw = {k.removeprefix("model."): v for k, v in raw.items()}
     used = set()
 
@@ -299,7 +299,8 @@ def convert_weights(raw: dict[str, torch.Tensor], spec: ModelSpec, dtype: torch.
             state[ours + "attn.q_norm.weight"] = take(attn + "q_norm.weight")
             state[ours + "attn.k_norm.weight"] = take(attn + "k_norm.weight")
         mlp = hf + "mlp."
-        state[ours + "mlp.gate_up.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+        state[ours + "mlp.gate.weight"] = take(mlp + "gate_proj.weight")
+        state[ours + "mlp.up.weight"] = take(mlp + "up_proj.weight")
         state[ours + "mlp.down.weight"] = take(mlp + "down_proj.weight")
         state[ours + "input_norm.weight"] = take(hf + "input_layernorm.weight")
         state[ours + "post_attn_norm.weight"] = take(hf + "post_attention_layernorm.weight")

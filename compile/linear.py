@@ -28,6 +28,17 @@ no faster. Inside a package with a dynamic token axis (torch 2.13) no route work
 when the block count is not itself a graph symbol; static slices export only under
 `backed_size_oblivious`, and the node compiled that way read out of bounds. So every MLP runs one GEMM
 over all rows (docs/design/compilation.md).
+
+Epilogues (oneDNN post-ops). Where a layer runs on oneDNN, the pointwise work that follows its GEMM is the
+GEMM's post-op, applied to the float32 accumulator before the one rounding to the model dtype and the one
+write: SiLU on the gate projection (`linear_silu`), the product with the activated gate on the up projection
+(`linear_times`), the residual add on the attention's output projection and the MLP's down projection
+(`linear_plus`). Without them each of these products was written, then read back by a fused pointwise
+kernel: for SwiGLU the [T, 2I] gate/up product (Qwen2.5-0.5B: 2 x 4,864 columns) written and read once
+more, the largest tensor of the layer. Gate and up are therefore two weights (`Mlp`), each packed whole.
+Inductor's own CPU GEMM template with epilogue fusion (max-autotune, cpp backend) needs the weight to be a
+compile-time constant that it prepacks into the package itself, which a package whose weights are loaded
+and shared at run time cannot take (docs/design/compilation.md measures the routes).
 """
 
 from __future__ import annotations
@@ -48,6 +59,44 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, bac
         # Arguments after bias: no fused post-op ("none", its scalars, its algorithm).
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
     return F.linear(x, weight, bias)
+
+
+if torch.backends.mkldnn.is_available():
+    @torch.library.register_fake("mkldnn::_linear_pointwise.binary")
+    def _linear_binary_shape(x, other, weight, bias, attr):
+        """The shape of oneDNN's GEMM with a binary post-op, for export (torch registers one for the unary form
+        only: Inductor creates the binary form itself, after export, when freezing): [..., out] in x's dtype."""
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def on_onednn(module: nn.Module) -> bool:
+    """Whether `module` is one of our Linear layers on oneDNN (an int8 or FP8 layer swapped in is not)."""
+    return isinstance(module, Linear) and module.gemm == "onednn"
+
+
+def linear_silu(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """silu(module(x)) [N, out]. On oneDNN the SiLU is the GEMM's eltwise post-op ("swish"): applied to the
+    float32 accumulator in the epilogue, so the product is written once, activated, and no pointwise kernel
+    reads it back (module docstring: epilogues)."""
+    if on_onednn(module):
+        return torch.ops.mkldnn._linear_pointwise(x, module.weight, module.bias, "swish", [None], "")
+    return F.silu(module(x))
+
+
+def linear_times(module: nn.Module, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """module(x) * other, other [N, out]; on oneDNN a binary post-op of the GEMM (SwiGLU's up projection times
+    the activated gate)."""
+    if on_onednn(module):
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, module.weight, module.bias, "mul")
+    return module(x) * other
+
+
+def linear_plus(module: nn.Module, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """other + module(x), other [N, out]; on oneDNN a binary post-op of the GEMM (the residual add after the
+    attention's output projection and after the MLP's down projection)."""
+    if on_onednn(module):
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, module.weight, module.bias, "add")
+    return other + module(x)
 
 
 class Linear(nn.Linear):

@@ -16,13 +16,12 @@ here too: `prefill` (the packed prompts once, keeping every layer's keys/values)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
 from compile.attention import PoolMask, packed_attention
 from compile.checkpoint import ModelSpec
-from compile.linear import Linear, linear
+from compile.linear import Linear, linear, linear_plus, linear_silu, linear_times
 
 
 def last_token_index(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -171,23 +170,32 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         return rope(k, cos, sin).contiguous(), v.reshape(-1, self.num_kv_heads, self.head_dim).contiguous()
 
-    def output(self, attn: torch.Tensor) -> torch.Tensor:
-        """attn [T, Hq, D] -> [T, H]."""
-        return self.o(attn.reshape(attn.shape[0], -1))
+    def output(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual [T, H] + the projection of attn [T, Hq, D], the add being the GEMM's epilogue on oneDNN."""
+        return linear_plus(self.o, attn.reshape(attn.shape[0], -1), residual)
 
 
 class Mlp(nn.Module):
-    """SwiGLU MLP with gate and up projections fused into one matrix."""
+    """SwiGLU MLP: gate and up are two weights, so that on oneDNN the SiLU is the gate GEMM's epilogue and the
+    product with it the up GEMM's (compile/linear.py: epilogues)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.intermediate = spec.intermediate_size
-        self.gate_up = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.gate = Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up = Linear(spec.hidden_size, spec.intermediate_size, bias=False)
         self.down = Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
-        return self.down(F.silu(gate) * up)
+        """x [N, H] -> [N, H]."""
+        return self.down(self.swiglu(x))
+
+    def residual(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + forward(x), the add being the down GEMM's epilogue on oneDNN."""
+        return linear_plus(self.down, self.swiglu(x), residual)
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(x Wg^T) * (x Wu^T) [N, I]."""
+        return linear_times(self.up, x, linear_silu(self.gate, x))
 
 
 class Layer(nn.Module):
@@ -209,8 +217,8 @@ class Layer(nn.Module):
         cached_kv: keys and values [C, Hkv, D] of C cached rows placed before the batch's own."""
         q, k, v = self.attn.project(self.input_norm(x), cos, sin)
         pool_k, pool_v = _with_cached(k, v, cached_kv)  # [C + T, Hkv, D]
-        x = x + self.attn.output(packed_attention(q, pool_k, pool_v, mask))
-        return x + self.mlp(self.post_attn_norm(x)), k, v
+        x = self.attn.output(packed_attention(q, pool_k, pool_v, mask), x)
+        return self.mlp.residual(self.post_attn_norm(x), x), k, v
 
     def forward_last(self, x, cos, sin, last, visible, cached_kv=None):
         """The layer's output at the rows `last` [B] only: x [T, H] -> [B, H].
@@ -227,8 +235,8 @@ class Layer(nn.Module):
         own_k, own_v = self.attn.project_kv(h, cos, sin)
         k, v = _with_cached(own_k, own_v, cached_kv)
         q = self.attn.project_q(h.index_select(0, last), cos.index_select(0, last), sin.index_select(0, last))
-        y = x.index_select(0, last) + self.attn.output(last_query_attention(q, k, v, visible))
-        return y + self.mlp(self.post_attn_norm(y)), own_k, own_v
+        y = self.attn.output(last_query_attention(q, k, v, visible), x.index_select(0, last))
+        return self.mlp.residual(self.post_attn_norm(y), y), own_k, own_v
 
 
 def _with_cached(k, v, cached_kv):

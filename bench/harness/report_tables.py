@@ -193,10 +193,18 @@ def profile(results: Results) -> list[str]:
         rows.append([r.machine_class[0], model_name(r), precision(r),
                      f"{seconds(node_ms)}{'' if s.get('node_ms') else ' (eager)'}",
                      share(gemm), share(attention), share(rest),
-                     number(of_peak.get("gemm")), number(of_peak.get("attention")), r.source()])
+                     number(of_peak.get("gemm")), number(of_peak.get("gemm_int8")), number(of_peak.get("attention")),
+                     attention_kernel(s), r.source()])
     return table(["machine", "model", "precision", "one request of 15 samples", "GEMMs (int8 and float)", "attention",
                   "the rest",
-                  "GEMMs, of peak", "attention, of peak", FROM], rows)
+                  "float GEMMs, of peak", "int8 GEMMs, of int8 peak", "attention, of peak", "attention ran", FROM], rows)
+
+
+def attention_kernel(score: dict) -> str:
+    """The kernel or operator that took the attention family's most time (bench/profile_nodes.family_kernels), or
+    "not recorded" for a file from before the profile named them."""
+    ran = (score.get("family_kernels") or {}).get("attention")
+    return f"`{ran[0]['kernel']}`" if ran else "not recorded"
 
 
 def attention_op(results: Results) -> list[str]:
@@ -221,6 +229,8 @@ AB_QUESTIONS = {
     "node_ab_beam_qwen2.5-0.5b_fp32_aten": "B: beam node on aten against prepacked oneDNN",
     "node_ab_beam_qwen2.5-0.5b_fp32_per_node": "B: the beam node `auto` builds against the same on prepacked oneDNN",
     "node_ab_score_qwen2.5-0.5b_bf16_block64": "B: 64-row attention blocks against 32",
+    "node_ab_score_qwen2.5-0.5b_bf16_2l_epilogues": ("B: SiLU, the SwiGLU product and the residual adds as oneDNN "
+                                                     "GEMM epilogues, against separate pointwise kernels (2 layers)"),
     "node_ab_score_qwen2.5-0.5b_fp32_2l_t1_token_rows": ("B: the node with per-token log-prob rows (2 unused a call) "
                                                           "against the one without (2 layers, 1 thread)"),
 }
@@ -233,6 +243,18 @@ def node_ab(results: Results) -> list[str]:
             for r in of_bench(results, "node_ab") for d in [r.data]]
     return table(["machine", "question", "workload", "dtype", "A, median call", "B, median call",
                   "B's speed-up", "median pair ratio", FROM], rows)
+
+
+def epilogue_ab(results: Results) -> list[str]:
+    """bench/epilogue_ab.py: one layer's MLP block with its pointwise work as GEMM epilogues against separate
+    kernels, per call (median CPU time, and wall time)."""
+    rows = [[r.machine_class[0], MODELS.get(d["model"], d["model"]), d["dtype"], str(d["tokens"]),
+             str(r.run.get("threads")), f"{d['median_cpu_ms']['separate']:.1f} ms",
+             f"{d['median_cpu_ms']['epilogues']:.1f} ms", times(d["speedup_cpu_time"]), times(d["speedup_wall"]),
+             r.source()]
+            for r in of_bench(results, "epilogue_ab") for d in [r.data]]
+    return table(["machine", "model", "dtype", "tokens", "threads", "separate, CPU a call", "epilogues, CPU a call",
+                  "speed-up (CPU time)", "speed-up (wall)", FROM], rows)
 
 
 # --- overload ------------------------------------------------------------------------------------------------
@@ -385,6 +407,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "profile": profile,
     "attention-op": attention_op,
     "node-ab": node_ab,
+    "epilogue-ab": epilogue_ab,
     "overload-summary": overload_summary,
     "overload-uniform": overload_policies("overload-uniform"),
     "overload-trace": overload_policies("overload-trace"),

@@ -44,8 +44,8 @@ def decode(model: Transformer, tokens, positions, prompt, suffix):
         attn = shared_prompt_attention(
             q.reshape(r, w, *q.shape[1:]), prompt_keys[i], prompt_values[i], valid, sk, sv, scale,
         )  # [R, W, Hq, D]
-        x = x + layer.attn.output(attn.reshape(r * w, *attn.shape[2:]))
-        x = x + layer.mlp(layer.post_attn_norm(x))
+        x = layer.attn.output(attn.reshape(r * w, *attn.shape[2:]), x)
+        x = layer.mlp.residual(layer.post_attn_norm(x), x)
         new_keys.append(sk)
         new_values.append(sv)
     logits = model.logits(x).reshape(r, w, -1)  # [R, W, V]

@@ -87,3 +87,32 @@ def test_the_profiled_call_with_the_fewest_faults_counts(monkeypatch):
     assert "gemm" not in families and families["other"] > 0
     assert "aten::add" in [k["kernel"] for k in kernels["other"]] and "gemm" not in kernels
     assert 0 <= faults < (64 << 20) // 4096 // 2
+
+
+def test_the_linear_layers_flops_are_the_nodes_gemm_flops_less_the_float_only_ones():
+    """An int8 run splits the GEMM FLOPs between the int8 and the float family by layer name: the named layers'
+    FLOPs and the ones that always stay float (the last layer's k/v on T rows and q on B, the head) add up to the
+    node's GEMM FLOPs (bench/harness/flops.py's terms), and every name is one compile/fp8.candidate_linears gives."""
+    from bench.harness.flops import _head, _kv, _q_o_mlp
+    from compile.checkpoint import ModelSpec, RopeSpec
+    from compile.fp8 import candidate_linears
+    from compile.model import Transformer
+
+    spec = ModelSpec(family="qwen2", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4,
+                     num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope=RopeSpec(theta=1e4), qkv_bias=True,
+                     o_bias=False, qk_norm=False, tie_word_embeddings=True, dtype="float32",
+                     max_position_embeddings=128)
+    lengths = [5, 9, 30]
+    t, b = sum(lengths), len(lengths)
+    per_layer = profile_nodes.linear_flops(spec, lengths)
+    q_rows = 2 * b * spec.hidden_size * spec.num_heads * spec.head_dim
+    node = (spec.num_layers - 1) * (_q_o_mlp(spec) + _kv(spec)) * t + _kv(spec) * t + _q_o_mlp(spec) * b + _head(spec, b)
+    assert sum(per_layer.values()) + _kv(spec) * t + q_rows + _head(spec, b) == node
+    assert set(per_layer) == set(candidate_linears(Transformer(spec)))
+
+
+def test_the_machine_class_is_the_given_one_or_the_cpus():
+    assert profile_nodes.machine_class("avx512-halfrate") == ("avx512-halfrate", "--machine-class")
+    found, source = profile_nodes.machine_class(None)
+    assert source == "CPU features"
+    assert found == ("amx" if torch.cpu._is_amx_tile_supported() else torch.backends.cpu.get_cpu_capability().lower())

@@ -16,6 +16,7 @@ from compile.beam.module import BeamModule
 from worker.runtime.beam_node import BeamNode
 from compile.beam.generation_config import beam_rule, read_generation_config
 from compile.checkpoint import load_checkpoint
+from compile.linear import use_gemm
 from compile.model import build_model
 from tests.compile.beam_reference import assert_same_as_hf, beam_bounds, hf_beam
 from tests.compile.reference import load_hf, random_batch
@@ -24,10 +25,12 @@ LENGTHS = [5, 17, 2]
 MAX_STEPS = 4
 
 
-def eager_node(path, max_beams=32):
+def eager_node(path, max_beams=32, gemm="aten"):
+    """gemm: the linears' kernel (on oneDNN the SwiGLU and residual pointwise work are GEMM epilogues)."""
     ckpt = load_checkpoint(path, "float32")
     rule = beam_rule(read_generation_config(path))
-    module = BeamModule(build_model(ckpt.spec, ckpt.state_dict, torch.float32), rule, MAX_STEPS)
+    model = use_gemm(build_model(ckpt.spec, ckpt.state_dict, torch.float32), gemm)
+    module = BeamModule(model, rule, MAX_STEPS)
     bounds = beam_bounds(max_beams, MAX_STEPS)
     return BeamNode(module, bounds, ckpt.spec.vocab_size, rule.early_stopping, rule.pad_id), rule, ckpt.spec.vocab_size
 
@@ -49,8 +52,8 @@ def likely_tokens(hf, prompts, count):
     return [t for t, _ in seen.most_common(count)]
 
 
-def check_matrix(path, widths, steps, eos_ids):
-    node, rule, vocab = eager_node(path)
+def check_matrix(path, widths, steps, eos_ids, gemm="aten"):
+    node, rule, vocab = eager_node(path, gemm=gemm)
     hf = load_hf(path)
     prompts = random_batch(vocab, LENGTHS, seed=3)
     ended_early = 0
@@ -64,11 +67,13 @@ def check_matrix(path, widths, steps, eos_ids):
     return ended_early
 
 
+@pytest.mark.parametrize("gemm", ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"))])
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
-def test_parity_checkpoint_eos(checkpoint_factory, family):
+def test_parity_checkpoint_eos(checkpoint_factory, family, gemm):
     path = checkpoint_factory(family, name=f"beam-{family}")
     eos = tuple(beam_rule(read_generation_config(path)).eos_ids)
-    check_matrix(path, [1, 4, 32], [1, 2, 4], eos)
+    check_matrix(path, [1, 4, 32], [1, 2, 4], eos, gemm)
 
 
 @pytest.mark.parametrize("family,eos_count,gen", [

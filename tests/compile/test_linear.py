@@ -170,7 +170,7 @@ def test_both_nodes_get_the_same_prepacked_weights(beam_artifacts):
     nodes = load_nodes(beam_artifacts)
     prepacked = nodes.manifest.prepacked
     last = nodes.manifest.model.num_layers - 1
-    assert "model.layers.0.mlp.gate_up.weight" in prepacked and "model.layers.0.attn.qkv.weight" in prepacked
+    assert "model.layers.0.mlp.up.weight" in prepacked and "model.layers.0.attn.qkv.weight" in prepacked
     assert f"model.layers.{last}.attn.qkv.weight" not in prepacked and "model.embed.weight" not in prepacked
     assert all(nodes.weights[name].is_mkldnn for name in prepacked)
     assert not nodes.weights["model.embed.weight"].is_mkldnn

@@ -6,6 +6,7 @@ import torch
 from compile.attention import KeyPool, pool_mask
 from worker.runtime.layout import CPU_BLOCK
 from compile.checkpoint import load_checkpoint
+from compile.linear import onednn_bf16, use_gemm
 from compile.model import build_model, last_token_index, rope_rows, rope_table
 from worker.runtime.layout import lay_out
 from tests.compile.reference import hf_last_token, load_hf, random_batch
@@ -41,11 +42,18 @@ def packed_last_logits(model, samples):
     return pruned
 
 
+GEMMS = ["aten", pytest.param("onednn", marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                                                   reason="torch built without oneDNN"))]
+"""The linears' kernel (compile/linear.py): on oneDNN the SiLU, the SwiGLU product and the residual adds are the
+GEMMs' epilogues, on aten pointwise ops after them."""
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("family,overrides", VARIANTS, ids=lambda v: str(v))
-def test_eager_model_matches_transformers_fp32(checkpoint_factory, family, overrides):
+def test_eager_model_matches_transformers_fp32(checkpoint_factory, family, overrides, gemm):
     path = checkpoint_factory(family, **overrides)
     checkpoint = load_checkpoint(path)
-    model = build_model(checkpoint.spec, checkpoint.state_dict, torch.float32)
+    model = use_gemm(build_model(checkpoint.spec, checkpoint.state_dict, torch.float32), gemm)
     hf = load_hf(path)
     for seed, lengths in enumerate(LENGTH_MIXES):
         samples = random_batch(checkpoint.spec.vocab_size, lengths, seed)
@@ -55,7 +63,9 @@ def test_eager_model_matches_transformers_fp32(checkpoint_factory, family, overr
         assert (got - expected).abs().max().item() <= 1e-4, f"lengths {lengths}"
 
 
-def test_eager_model_bf16_error_is_no_worse_than_transformers_bf16(checkpoint_factory):
+@pytest.mark.parametrize("gemm", ["aten", pytest.param("onednn", marks=pytest.mark.skipif(
+    not onednn_bf16(), reason="oneDNN has no bfloat16 matmul on this CPU"))])
+def test_eager_model_bf16_error_is_no_worse_than_transformers_bf16(checkpoint_factory, gemm):
     """bf16 keeps 8 mantissa bits (relative rounding 2^-9 per op), so bf16 logits drift from fp32 by
     far more than 1e-4. The justified bound: our bf16 error against the fp32 reference is at most
     1.5x transformers' own bf16 error against it, plus 0.02 absolute, on the same inputs."""
@@ -64,7 +74,7 @@ def test_eager_model_bf16_error_is_no_worse_than_transformers_bf16(checkpoint_fa
     reference, _ = hf_last_token(load_hf(path), random_batch(vocab, [64, 7, 33, 1], 3))
     hf_bf16, _ = hf_last_token(load_hf(path, torch.bfloat16), random_batch(vocab, [64, 7, 33, 1], 3))
     checkpoint = load_checkpoint(path, "bfloat16")
-    model = build_model(checkpoint.spec, checkpoint.state_dict, torch.bfloat16)
+    model = use_gemm(build_model(checkpoint.spec, checkpoint.state_dict, torch.bfloat16), gemm)
     ours = packed_last_logits(model, random_batch(vocab, [64, 7, 33, 1], 3))
     hf_error = (hf_bf16 - reference).abs().max().item()
     our_error = (ours - reference).abs().max().item()

@@ -28,6 +28,7 @@ ONEDNN_INT8 = "onednn_int8"
 
 # op -> (position of its weight argument, the packing it takes)
 _WEIGHT_ARG = {torch.ops.mkldnn._linear_pointwise.default: (1, ONEDNN),
+               torch.ops.mkldnn._linear_pointwise.binary: (2, ONEDNN),  # a GEMM with a binary post-op (x, other, W)
                torch.ops.onednn.qlinear_pointwise.tensor: (3, ONEDNN_INT8)}
 
 
