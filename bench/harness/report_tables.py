@@ -415,6 +415,10 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
               lambda d: f"{d['on_minus_off_overhead_p50_ms']:.2f} ms, {d['on_minus_off_cpu_ms_per_request']:.2f} ms")
     yield row("gateway_overhead-telemetry-quick", "tracing on: event loop / exporter process CPU per request",
               lambda d: f"{d['loop_us_per_traced_request']:.0f} µs / {d['on_exporter_cpu_ms_per_request']:.2f} ms")
+    for bodies, what in ((("score_15_texts", "score_15x500_ids"), "15 texts / 15 × 500 token ids"),
+                         (("generate_prompt", "embeddings_8x200_ids"), "a generate prompt / 8 × 200 embeddings ids")):
+        yield row("request_decode", f"CPU to decode a request body, {what}; the ref it was run against",
+                  lambda d, bodies=bodies: _decode_us(d, bodies))
     yield row("protocol", "protocol's cost over raw ZeroMQ, p50 (ipc / tcp)",
               lambda d: f"{d['protocol_overhead_ipc_p50_us']:.1f} / {d['protocol_overhead_tcp_p50_us']:.1f} µs")
     yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: session goodput on over off (FLOP bound)",
@@ -430,6 +434,14 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
     yield row("worker_memory-qwen2.5-0.5b-bf16-24l-avx512-halfrate",
               "CPU worker's resident set, largest rise without / with its limit",
               lambda d: " / ".join(f"{d['sides'][s]['max_resident_rise_gib']:.2f} GiB" for s in ("kept", "limited")))
+
+
+def _decode_us(d: dict[str, Any], bodies: tuple[str, ...]) -> str:
+    """This tree's median CPU µs per decode of `bodies`, then the first ref's, from the same run."""
+    ref = next(iter(d["refs"]))
+    def us(side: str) -> str:
+        return " / ".join(f"{d['bodies'][b]['median_cpu_us'][side]:.1f}" for b in bodies)
+    return f"{us('this tree')} µs; {ref}: {us(ref)} µs"
 
 
 def serving(results: Results) -> list[str]:

@@ -13,7 +13,7 @@ gives
     comparison of two values, and spelling it out value by value is more than schema tools take);
   - `name`, `says` and its parameters: the rule in words and as data, listed under the component's
     `x-rules`, so that a client or a fuzzer reads every rule, that one included.
-`check` runs every rule of a body and of the Structs inside it (inner ones first).
+gateway/api/rule_check.py runs every rule of a body and of the Structs inside it (inner ones first).
 tests/gateway/test_gateway_schema.py proves the two faces agree on generated and mutated bodies,
 and that a body breaking each rule gets that rule's own 400.
 """
@@ -24,9 +24,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from msgspec import Struct
-
-from gateway.errors import ApiError
 from gateway.limits import Limits
 
 Schema = dict[str, Any]
@@ -45,23 +42,6 @@ class Rule(Protocol):
 
     def schema(self) -> Schema | None:
         """The rule in JSON Schema, for the object it is declared on; None where it cannot say it."""
-
-
-def check(body: Struct, limits: Limits, where: str = "$") -> None:
-    """Every rule of `body` and of the Structs it holds (inner first), at the deployment `limits`;
-    ApiError 400 at the first broken."""
-    for name in body.__struct_fields__:
-        value = getattr(body, name)
-        if isinstance(value, Struct):
-            check(value, limits, f"{where}.{name}")
-        elif isinstance(value, list):
-            for index, item in enumerate(value):
-                if isinstance(item, Struct):
-                    check(item, limits, f"{where}.{name}[{index}]")
-    for rule in getattr(type(body), "RULES", ()):
-        problem = at(rule, limits).broken(body, where)
-        if problem is not None:
-            raise ApiError("invalid_request", problem)
 
 
 def at(rule: Rule, limits: Limits) -> Rule:
