@@ -47,6 +47,8 @@ log = logging.getLogger("gateway.access")
 GATEWAY = web.AppKey("gateway", Gateway)
 SETTINGS = web.AppKey("settings", Settings)
 REQUEST_ID = web.RequestKey("request_id", str)
+BODY_READ_AT = web.RequestKey("body_read_at", float)
+"""When a work request's body was fully read (time.perf_counter(), s): the start of its time to answer."""
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 WORK_PATHS_OUTSIDE_V1 = frozenset({"/v2/rerank", "/rerank"})
@@ -114,8 +116,23 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
             response.force_close()  # would be taken for the next request, or may never come
     response.headers["X-Request-Id"] = request_id
     if gateway is not None:
+        body_read_at = request.get(BODY_READ_AT)
+        if body_read_at is not None and await _written(request, response):
+            gateway.metrics.observe_body_to_answer(error.code if error else "ok", response.status,
+                                                   time.perf_counter() - body_read_at)
         _account(request, gateway, response.status, error, started)
     return response
+
+
+async def _written(request: web.Request, response: web.StreamResponse) -> bool:
+    """Write the answer here, not after the middleware returns (aiohttp's own prepare and write_eof then do
+    nothing), so that the time to it written can be taken; False when the client has gone."""
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        return False
+    return True
 
 
 def _account(request: web.Request, gateway: Gateway, status: int, error: ApiError | None, started: float) -> None:
@@ -205,7 +222,9 @@ async def serve_work(request: web.Request, route: WorkRoute) -> web.Response:
     with _accepting(gateway) as arrived, telemetry.request(request.method, request.path, request.headers,
                                                            arrived, clock) as trace:
         header_ms = header_budget_ms(request.headers, gateway.limits.max_deadline_ms)
-        spec = route.parse(await _read_body(request, header_ms), gateway.limits)
+        body = await _read_body(request, header_ms)
+        request[BODY_READ_AT] = time.perf_counter()
+        spec = route.parse(body, gateway.limits)
         budget = budget_ms(spec.deadline_ms, header_ms, route.default_deadline_ms(gateway.settings.config.gateway))
         wire_id = gateway.wire_id(request[REQUEST_ID])
         if trace is not None:  # tracing on (gateway/telemetry.py)
