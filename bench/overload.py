@@ -73,8 +73,8 @@ from loadgen.trace import Trace
 from shared.config import load_config
 
 CONFIG = ROOT / "configs" / "overload.toml"
-PER_REQUEST = ("seconds", "refusal_answer_ms", "expired_answer_ms")
-"""A window's per-second and per-request rows: summarised in the result, not kept whole."""
+PER_REQUEST = ("seconds", "refusal_answer_ms", "expired_answer_ms", "body_to_answer")
+"""A window's per-second and per-request rows and its histograms: summarised in the result, not kept whole."""
 SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
 SWEEP_STEP_UP, MAX_SWEEP_STEPS = 1.15, 12
 """While the best goodput is at the highest rate tried, the sweep goes on in steps of 15 % (at most

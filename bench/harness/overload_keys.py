@@ -9,8 +9,11 @@ the live run sent, with the latency model the live worker fitted (its last profi
                                  world, not of the machine's: a ratio, not a proof)
   admission_over_edf_late_drop   live: median goodput over median goodput, per load (and by class)
   time_to_refusal_ms_p99         live: admission's refusals, every load and window together, from the
-                                 client's send to the answer (an upper bound on body arrival to
-                                 answer); the ablations' time to their 504s beside it
+                                 body read to the answer written, as the gateway measured it (its
+                                 histogram, interpolated in the buckets as histogram_quantile does);
+                                 every policy's refusals and 504s beside it (`time_to_refusal_ms`), and
+                                 the same from the client's send to its answer (`_client` keys: an
+                                 upper bound, with the client's write, read and CPU waits in it)
   pair_retry_over_edf_late_drop  live, two replicas with retries (bench/harness/overload_pair.py): the
                                  pair's median goodput at 2x, admission over edf_late_drop
   priority_high_share            replay at 2x (overload_replay.priority_row)
@@ -23,11 +26,15 @@ the live run sent, with the latency model the live worker fitted (its last profi
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections import defaultdict
 from typing import Any
 
+from bench.harness.overload_window import EXPIRED, REFUSED
 from bench.overload_replay import priority_row, replay, world
 from bench.overload_replay import load_row as replay_load_row
+from loadgen.prometheus import bucket_quantile
 from loadgen.service import ServiceModel
 from loadgen.simulator import SimSettings
 from loadgen.stats import percentile
@@ -71,14 +78,33 @@ def answer_times(windows: dict[str, dict[str, list[dict]]], key: str) -> dict[st
     return out
 
 
+def gateway_answer_times(windows: dict[str, dict[str, list[dict]]],
+                         outcomes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Per policy, p50 / p99 (ms) / count of the gateway's body-to-answer histogram for `outcomes`, the
+    windows' increases summed over every load and window."""
+    out = {}
+    for policy, loads in windows.items():
+        merged: dict[float, float] = defaultdict(float)
+        for rows in loads.values():
+            for row in rows:
+                for outcome in outcomes:
+                    for bound, count in row["body_to_answer"][outcome].items():
+                        merged[bound] += count
+        out[policy] = {"p50": _ms(bucket_quantile(0.50, merged)), "p99": _ms(bucket_quantile(0.99, merged)),
+                       "count": int(merged.get(math.inf, 0.0))}
+    return out
+
+
 def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[dict]]], replay: dict[str, Any],
          pair: dict[str, list[dict]] | None, live_keys: dict[str, Any]) -> dict[str, Any]:
     """The issue's keys (see the module docstring) from the live figures and windows, the replay and the pair."""
     loads = list(figures[ADMISSION])
     rows = replay["loads"]
     live_in_time = {p: {load: sum(r["in_time"] for r in windows[p][load]) for load in loads} for p in windows}
-    refusals = answer_times(windows, "refusal_answer_ms")
-    expiries = answer_times(windows, "expired_answer_ms")
+    refusals = gateway_answer_times(windows, REFUSED)
+    expiries = gateway_answer_times(windows, (EXPIRED,))
+    client_refusals = answer_times(windows, "refusal_answer_ms")
+    client_expiries = answer_times(windows, "expired_answer_ms")
     rel_err = {p: max(abs(rows[load]["in_time_by_policy"][p] - live_in_time[p][load]) / max(1, live_in_time[p][load])
                       for load in loads) for p in windows}
     goodput = {p: {load: figures[p][load]["goodput_rps"] for load in loads} for p in figures}
@@ -97,7 +123,12 @@ def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[
         "admission_over_edf_late_drop_replay": {load: rows[load]["admission_over_edf_late_drop"] for load in loads},
         "time_to_refusal_ms_p99": refusals[ADMISSION]["p99"],
         "time_to_refusal_ms": {"refused": refusals, "answered_504": expiries,
-                               "measured": "client side, send to answer: an upper bound on body arrival to answer"},
+                               "measured": "gateway side, body read to answer written "
+                                           "(boundserve_body_to_answer_seconds, interpolated in its buckets)"},
+        "time_to_refusal_client_ms_p99": client_refusals[ADMISSION]["p99"],
+        "time_to_refusal_client_ms": {"refused": client_refusals, "answered_504": client_expiries,
+                                      "measured": "client side, send to answer: an upper bound on body arrival "
+                                                  "to answer"},
         "pair_retry_over_edf_late_drop": _pair_ratio(pair),
         "pair_goodput_rps": pair and {p: _median([w["goodput_rps"] for w in ws]) for p, ws in pair.items()},
         "priority_high_share": replay.get("priority_at_2x", {}).get("priority_high_share"),
@@ -129,6 +160,10 @@ def _median(values: list[float | None]) -> float | None:
 
 def _ratio(value: float | None, over: float | None) -> float | None:
     return round(value / over, 3) if value is not None and over else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
 
 
 def _round(value: float | None) -> float | None:

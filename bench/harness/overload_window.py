@@ -9,10 +9,13 @@ measured batch service time, worker compute and the part of it wasted, the gatew
 queue, the learnt lateness) and /proc/<pid>/stat of the worker processes (their CPU). The worker's
 CPU seconds over its compute seconds (`worker_cpu_while_busy`) say how much of the time it computed
 it really had a CPU: about 1 on a quiet machine, less where other processes took its core.
-How fast a request learns it will not be served is the client's time from its send to the answer
-(the high-resolution clock's: the loop's moves in 1 ms steps under uvloop), for each refusal
-(`refusal_answer_ms`) and each 504 (`expired_answer_ms`): an upper bound on the time from the body's
-arrival at the gateway to its answer (the client's write and read, and its own lag, are in it).
+How fast a request learns it will not be served is measured where the issue defines it, by the gateway:
+its histogram of the time from a request's body read to its answer written, by outcome
+(`boundserve_body_to_answer_seconds`, gateway/metrics.py), its increase over the window for the refusals
+(503 deadline_unmeetable, 429 queue_full) and the 504s (`body_to_answer`). Beside it, the client's time
+from its send to the answer (the high-resolution clock's: the loop's moves in 1 ms steps under uvloop),
+for each refusal (`refusal_answer_ms`) and each 504 (`expired_answer_ms`): an upper bound on the
+gateway's, with the client's write and read, and the wait of both for a CPU, in it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ COUNTERS = {
 """What is read of each scrape: (series, labels it must carry), summed over the others."""
 REFUSED = ("deadline_unmeetable", "queue_full")
 EXPIRED = "deadline_exceeded"
+BODY_TO_ANSWER = "boundserve_body_to_answer_seconds_bucket"
+"""The gateway's histogram of body read to answer written (cumulative buckets, upper bounds in seconds)."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -63,11 +68,15 @@ def cpu_seconds(pids: Sequence[int]) -> float:
 
 
 def read(text: str) -> dict[str, Any]:
-    """The COUNTERS, the queue, the learnt lateness and the loop's present lag (ms) of one /metrics page."""
+    """The COUNTERS, the queue, the learnt lateness and the loop's present lag (ms) of one /metrics page, and
+    the body-to-answer histogram of the refusals and 504s ({outcome: {upper bound s: cumulative count}})."""
     samples = parse(text)
     out: dict[str, Any] = {name: 0.0 for name in COUNTERS}
     out["lateness_ms"], out["loop_lag_ms"], out["queue_jobs"] = 0.0, 0.0, 0.0
+    out["body_to_answer"] = {outcome: {} for outcome in (*REFUSED, EXPIRED)}
     for name, labels, value in samples:
+        if name == BODY_TO_ANSWER and labels.get("outcome") in out["body_to_answer"]:
+            out["body_to_answer"][labels["outcome"]][float(labels["le"])] = value
         for key, (series, wanted) in COUNTERS.items():
             if name == series and all(labels.get(k) == v for k, v in wanted.items()):
                 out[key] += value
@@ -151,9 +160,16 @@ def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[fl
                                             if spent["predicted_s"] > 0 else None),
         "sender": sender_summary(results),
         "seconds": per_second(results, deadlines, samples),
+        "body_to_answer": {outcome: bucket_increase(first[2]["body_to_answer"][outcome], buckets)
+                           for outcome, buckets in last[2]["body_to_answer"].items()},
         "refusal_answer_ms": answer_ms(results, REFUSED),
         "expired_answer_ms": answer_ms(results, (EXPIRED,)),
     }
+
+
+def bucket_increase(before: dict[float, float], after: dict[float, float]) -> dict[float, float]:
+    """The cumulative buckets of the observations between two scrapes of one histogram."""
+    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
 
 
 def answer_ms(results: list[RequestResult], outcomes: Sequence[str]) -> list[float]:

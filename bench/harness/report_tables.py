@@ -371,6 +371,8 @@ def overload_keys(results: Results) -> list[str]:
 
         refused = d["time_to_refusal_ms"]["refused"].get("admission", {})
         expired = d["time_to_refusal_ms"]["answered_504"]
+        client = d.get("time_to_refusal_client_ms", {}).get("refused", {}).get("admission")
+        where = "gateway: body read to answer written" if client is not None else "client send to answer"
         ablation_504 = " / ".join(f"`{p}` {number(v['p99'], 1)}" for p, v in expired.items()
                                   if p != "admission" and v["count"])
         errors = d["replay_vs_live_max_rel_err"]
@@ -378,8 +380,10 @@ def overload_keys(results: Results) -> list[str]:
             ["admission over the clairvoyant bound (replay, fitted model)", by_load(d["admission_over_bound"])],
             ["admission's live in-time answers over that bound", by_load(d.get("admission_over_bound_live"))],
             ["admission over `edf_late_drop` (live, median goodput)", by_load(d["admission_over_edf_late_drop"])],
-            ["time to refusal, admission, p50 / p99 (client send to answer)",
+            [f"time to refusal, admission, p50 / p99 ({where})",
              f"{number(refused.get('p50'), 2)} / {number(refused.get('p99'), 2)} ms ({refused.get('count', 0)} refusals)"],
+            *([["time to refusal, admission, p50 / p99 (client send to answer)",
+                f"{number(client.get('p50'), 2)} / {number(client.get('p99'), 2)} ms"]] if client else []),
             ["time to the ablations' 504, p99", f"{ablation_504} ms" if ablation_504 else "—"],
             ["two replicas with retries at 2x: admission over `edf_late_drop`", times(d["pair_retry_over_edf_late_drop"])],
             ["high priority's in-time answers with the rest over alone (replay, 2x)", number(d["priority_high_share"], 3)],

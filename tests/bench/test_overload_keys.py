@@ -6,18 +6,23 @@ by the live window code (bench/harness/overload_window.py), the replay of those 
 A --quick run of the benchmark itself takes minutes (worker profiling, a capacity sweep): too long for
 the suite on a small machine; its assembly is what is tested here. Where "live" ran in the replay's own
 world, the replay must agree with it exactly: a different window drawn, or a policy's settings
-crossed, shows as a relative error above 0.
+crossed, shows as a relative error above 0. The gateway's body-to-answer histogram of a window is the
+gateway's own (gateway/metrics.py), fed the simulator's send-to-answer times and read back from its
+text page as a live window reads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import math
 
 from bench.harness import overload_keys, overload_load, overload_summary
 from bench.harness.overload_pair import summarize as pair_summary
 from bench.harness.overload_policies import POLICIES
-from bench.harness.overload_window import COUNTERS, summarize
+from bench.harness.overload_window import COUNTERS, EXPIRED, REFUSED, read, summarize
 from bench.overload import live_windows
+from gateway.metrics import BODY_TO_ANSWER_BUCKETS_S, Metrics
 from loadgen.result import RequestResult
 from loadgen.service import ServiceModel
 from loadgen.simulator import Simulator
@@ -40,11 +45,21 @@ def _simulated(trace: Trace, policy: str) -> tuple[list[RequestResult], float]:
     return results, sum(simulator.compute_ms.values()) / 1000.0
 
 
+def _histograms(results: list[RequestResult]) -> dict:
+    """The body-to-answer histograms of a gateway's page after it answered `results` (send = body read)."""
+    metrics = Metrics()
+    for result in results:
+        if result.outcome in (*REFUSED, EXPIRED):
+            metrics.observe_body_to_answer(result.outcome, 503, result.try_ms / 1000.0)
+    return read(metrics.render().decode())["body_to_answer"]
+
+
 def _window(trace: Trace, policy: str) -> dict:
     results, compute_s = _simulated(trace, policy)
     span_s = max(r.t_ms for r in trace.records) / 1000.0
-    start = {key: 0.0 for key in COUNTERS} | {"lateness_ms": 0.0, "loop_lag_ms": 0.0, "queue_jobs": 0.0}
-    end = start | {"compute_s": compute_s, "batches": 1.0, "fill_sum": 1.0}
+    start = {key: 0.0 for key in COUNTERS} | {"lateness_ms": 0.0, "loop_lag_ms": 0.0, "queue_jobs": 0.0,
+                                               "body_to_answer": _histograms([])}
+    end = start | {"compute_s": compute_s, "batches": 1.0, "fill_sum": 1.0, "body_to_answer": _histograms(results)}
     return summarize(trace, results, [(0.0, 0.0, start), (span_s, compute_s, end)])
 
 
@@ -65,7 +80,21 @@ def test_the_json_line_has_the_issues_keys_and_the_replay_agrees_with_a_run_in_i
     assert keys["admission_over_bound"] == keys["admission_over_bound_live"]   # the same runs, the same bound
     refused = sum(w["refused"] for rows in windows["admission"].values() for w in rows)
     assert refused > 0 and keys["time_to_refusal_ms"]["refused"]["admission"]["count"] == refused
-    assert keys["time_to_refusal_ms_p99"] is not None and keys["time_to_refusal_ms_p99"] >= 0.0
+    assert keys["time_to_refusal_client_ms"]["refused"]["admission"]["count"] == refused
+    expired = sum(w["outcomes"].get(EXPIRED, 0) for rows in windows["edf_late_drop"].values() for w in rows)
+    assert expired > 0 and keys["time_to_refusal_ms"]["answered_504"]["edf_late_drop"]["count"] == expired
+    for what, policy in (("refused", "admission"), ("answered_504", "edf_late_drop")):  # the same times, both
+        gateway = keys["time_to_refusal_ms"][what][policy]["p99"]  # sides: the client's in the gateway's bucket
+        assert _bucket_ms(keys["time_to_refusal_client_ms"][what][policy]["p99"]) == _bucket_ms(gateway), what
+    assert keys["time_to_refusal_ms_p99"] == keys["time_to_refusal_ms"]["refused"]["admission"]["p99"]
+    assert keys["time_to_refusal_client_ms_p99"] == keys["time_to_refusal_client_ms"]["refused"]["admission"]["p99"]
     assert keys["pair_retry_over_edf_late_drop"] == round(
         keys["pair_goodput_rps"]["admission"] / keys["pair_goodput_rps"]["edf_late_drop"], 3)
     assert len(keys["worker_idle_share_at_2x"]) == 2 and 0.0 < keys["priority_high_share"]
+
+
+def _bucket_ms(ms: float) -> tuple[float, float]:
+    """The (lower, upper] bucket of the body-to-answer histogram that `ms` falls in, in ms."""
+    bounds = [0.0, *(1000.0 * b for b in BODY_TO_ANSWER_BUCKETS_S), math.inf]
+    k = max(1, bisect.bisect_left(bounds, ms))
+    return bounds[k - 1], bounds[k]
