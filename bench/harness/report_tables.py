@@ -398,6 +398,30 @@ def overload_keys(results: Results) -> list[str]:
     return lines[:-1]
 
 
+def refusal_time(results: Results) -> list[str]:
+    """bench/refusal_time.py: one in-process gateway's time from a refusal's body read to its answer written."""
+    lines: list[str] = []
+    for r in sorted((r for r in results.values() if r.bench == "refusal_time"), key=lambda r: r.name):
+        d = r.data
+        gateway, histogram, client, cpu = (d["time_to_refusal_ms"], d["from_metrics"], d["client_send_to_answer_ms"],
+                                           d["loop_thread_cpu_ms"])
+        full = d["full_collection_ms"]
+        rows = [
+            ["gateway, body read to answer written, p50 / p99 / p99.9 / max (each refusal)",
+             f"{number(gateway['p50'], 3)} / {number(gateway['p99'], 2)} / {number(gateway['p999'], 2)} / "
+             f"{number(gateway['max'], 2)} ms"],
+            ["the same from the /metrics histogram, p50 / p99 (bucket-interpolated)",
+             f"{number(histogram['p50_ms'], 3)} / {number(histogram['p99_ms'], 2)} ms"],
+            ["client, send to answer, p50 / p99", f"{number(client['p50'], 3)} / {number(client['p99'], 2)} ms"],
+            ["CPU of the loop's thread per refusal (gateway and client), p50 / p99",
+             f"{number(cpu['p50'], 3)} / {number(cpu['p99'], 2)} ms"],
+            ["one full garbage collection, startup heap frozen (as served) / not, worst of 3",
+             f"{number(max(full['frozen']), 3)} / {number(max(full['unfrozen']), 1)} ms"],
+        ]
+        lines += [f"{d['requests']} refusals; from {r.source()}", "", *table(["figure", "value"], rows), ""]
+    return lines[:-1]
+
+
 # --- serving, recovery, memory -------------------------------------------------------------------------------
 
 def _serving_rows(results: Results) -> Iterable[list[str]]:
@@ -478,6 +502,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "overload-trace": overload_policies("overload-trace"),
     "overload-replay": overload_replay,
     "overload-keys": overload_keys,
+    "refusal-time": refusal_time,
     "serving": serving,
     "index": index,
 }
