@@ -117,10 +117,12 @@ async def frame(request: web.Request, handler: Handler) -> web.StreamResponse:
     response.headers["X-Request-Id"] = request_id
     if gateway is not None:
         body_read_at = request.get(BODY_READ_AT)
-        if body_read_at is not None and await _written(request, response):
-            gateway.metrics.observe_body_to_answer(error.code if error else "ok", response.status,
-                                                   time.perf_counter() - body_read_at)
-        _account(request, gateway, response.status, error, started)
+        try:
+            if body_read_at is not None and await _written(request, response):
+                gateway.metrics.observe_body_to_answer(error.code if error else "ok", response.status,
+                                                       time.perf_counter() - body_read_at)
+        finally:  # counted even when the client's leaving cancels the write
+            _account(request, gateway, response.status, error, started)
     return response
 
 
