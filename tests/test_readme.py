@@ -1,6 +1,6 @@
 """The README's reference tables say what the code declares: its errors table is gateway/errors.py's table
 (every code a client can receive, at its status), and every key its configuration table names is a field
-of that section in shared/config.py or shared/bounds.py."""
+of that section in shared/config.py or shared/bounds.py; it stays a short user's document."""
 
 from __future__ import annotations
 
@@ -47,3 +47,10 @@ def test_every_configuration_key_the_readme_names_is_declared():
         values = {"auto", "float32", "bfloat16", "float16", "cpu", "cuda", "aten", "onednn", "weights", "layer_sizes",
                   "activation"}  # choices of a key, and [score] mlp_head's own keys
         assert named - values <= declared, f"[{name}] names undeclared keys: {sorted(named - values - declared)}"
+
+
+def test_the_readme_stays_a_users_document_with_the_api_in_its_first_half():
+    lines = README.splitlines()
+    assert len(lines) <= 400, "the README grew past 400 lines: move the detail to docs/"
+    api = next(i for i, line in enumerate(lines) if line.startswith("## The HTTP API"))
+    assert api < len(lines) / 2

@@ -422,6 +422,51 @@ def refusal_time(results: Results) -> list[str]:
     return lines[:-1]
 
 
+def overload_goals(results: Results) -> list[str]:
+    """The scheduler's goals, each beside its figure and whether it holds: the deterministic replay's
+    (overload-replay-trace) and the newest live run's (bench/overload.py with the summary keys). A goal a
+    run does not measure says so; nothing here is typed, every figure is read from its file."""
+    replay = results["overload-replay-trace"]
+    lives = sorted((r for r in results.values() if r.bench == "overload" and "replay_vs_live_max_rel_err" in r.data),
+                   key=lambda r: r.run.get("date", ""))
+    rows = [_goal("replay: admission over the clairvoyant bound, 1x / 2x / 4x", ">= 0.9",
+                  replay.data["admission_over_bound"], lambda v: v >= 0.9, replay),
+            _goal("replay: by deadline class, over the bound's own schedule (lowest class)", ">= 0.85",
+                  {load: min(by.values()) for load, by in replay.data["admission_over_bound_by_class"].items()},
+                  lambda v: v >= 0.85, replay),
+            _goal("replay: high priority with the rest over alone, 2x", ">= 0.95",
+                  {"2x": replay.data["priority_high_share"]}, lambda v: v >= 0.95, replay),
+            _goal("replay: worker idle while a servable request waited, 2x windows", "<= 10 %",
+                  dict(enumerate(replay.data["worker_idle_share_at_2x"], 1)), lambda v: v <= 0.10, replay, share),
+            _goal("replay: admission's wasted compute, 2x / 4x", "<= 1 %",
+                  {k: v for k, v in replay.data["wasted_compute_share"].items() if k in ("2x", "4x")},
+                  lambda v: v <= 0.01, replay, share)]
+    if lives:
+        live = lives[-1]
+        d = live.data
+        refused = (d.get("time_to_refusal_ms") or {}).get("refused", {}).get("admission", {})
+        rows += [_goal("live: admission over `edf_late_drop`, by load", ">= 0.98",
+                       d["admission_over_edf_late_drop"], lambda v: v >= 0.98, live),
+                 _goal("live: admission over the fair FCFS at 2x", ">= 1.3",
+                       {"2x": (d.get("admission_over_fair_fcfs_by_load") or {}).get("2x")}, lambda v: v >= 1.3, live),
+                 _goal("live: time to refusal, p99 (ms)", "<= 2", {"p99": refused.get("p99")}, lambda v: v <= 2, live),
+                 _goal("live: two replicas with retries over `edf_late_drop`'s pair, 2x", ">= 1.2",
+                       {"2x": d["pair_retry_over_edf_late_drop"]}, lambda v: v >= 1.2, live),
+                 _goal("live: replay against live, largest relative error of any policy", "<= 10 %",
+                       {"max": d["replay_vs_live_max_rel_err"]["max"]}, lambda v: v <= 0.10, live, share)]
+    return table(["goal", "bound", "measured", "holds", FROM], rows)
+
+
+def _goal(what: str, bound: str, values: dict, holds: Callable[[float], bool], result: ResultFile,
+          shown: Callable[[float], str] = lambda v: number(v, 3)) -> list[str]:
+    """One goal's row: every value (by load, class or window), and whether all of them hold."""
+    measured = {k: v for k, v in values.items() if v is not None}
+    if not measured:
+        return [what, bound, "not measured", "—", result.source()]
+    cells = " / ".join(shown(v) if len(measured) == 1 else f"{k}: {shown(v)}" for k, v in measured.items())
+    return [what, bound, cells, "yes" if all(holds(v) for v in measured.values()) else "**no**", result.source()]
+
+
 # --- serving, recovery, memory -------------------------------------------------------------------------------
 
 def _serving_rows(results: Results) -> Iterable[list[str]]:
@@ -503,6 +548,7 @@ TABLES: dict[str, Callable[[Results], list[str]]] = {
     "overload-replay": overload_replay,
     "overload-keys": overload_keys,
     "refusal-time": refusal_time,
+    "overload-goals": overload_goals,
     "serving": serving,
     "index": index,
 }
