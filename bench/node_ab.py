@@ -23,8 +23,6 @@ and writes nothing. Builds are cached under bench/.cache/node_ab/ (A by commit, 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,7 @@ import torch
 
 from bench.harness import parity
 from bench.harness.common import CACHE, MODELS, ROOT, emit, shaped_checkpoint, timed_part
+from bench.harness.side_process import SideProcess
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SIDE = Path(__file__).resolve().parent / "ab_side.py"
@@ -72,35 +71,20 @@ def make_requests(workload: str, count: int, vocab: int) -> list:
     return [[torch.randint(0, vocab, (256,), generator=generator)] for _ in range(count)]
 
 
-class Side:
+class Side(SideProcess):
     """One side's process: started on a tree, asked to run request i, answering seconds and outputs."""
 
     def __init__(self, name: str, tree: Path, args, checkpoint: Path, requests_file: Path, out: Path,
                  gemm: str | None = None) -> None:
         dtype = {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]
-        argv = [sys.executable, str(SIDE), "--tree", str(tree), "--workload", args.workload, "--checkpoint",
-                str(checkpoint), "--dtype", dtype, "--out", str(out), "--requests", str(requests_file),
-                "--threads", str(args.threads)] + (["--gemm", gemm] if gemm else [])
-        env = {**os.environ, "PYTHONPATH": str(tree)}  # the side imports compile/ and shared/ from its tree
-        self.name = name
-        self.process = subprocess.Popen(argv, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True)
-        self.ready = self._read()
+        # the side imports compile/ and shared/ from its tree
+        super().__init__(name, tree, [sys.executable, str(SIDE), "--tree", str(tree), "--workload", args.workload,
+                                      "--checkpoint", str(checkpoint), "--dtype", dtype, "--out", str(out),
+                                      "--requests", str(requests_file), "--threads", str(args.threads)]
+                         + (["--gemm", gemm] if gemm else []))
 
     def run(self, index: int) -> dict:
-        self.process.stdin.write(f"{index}\n")
-        self.process.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
-
-    def _read(self) -> dict:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"side {self.name} exited with {self.process.wait()} (its stderr is above)")
-        return json.loads(line)
+        return self.ask(str(index))
 
 
 def reference_checks(args, checkpoint: Path, requests: list, outputs: dict) -> list[dict]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from bench.harness.provenance import ROOT, timed_part, write_result
+from bench.harness.side_process import SideProcess
 from bench.harness.rounds import change
 
 SIDE = Path(__file__).resolve().parent / "request_decode_side.py"
@@ -76,31 +76,16 @@ def tree_of(ref: str) -> tuple[str, Path]:
     return commit, folder
 
 
-class Side:
+class Side(SideProcess):
     """One tree's decoding process: its outputs at start, then a timing of every body per `time()`."""
 
     def __init__(self, name: str, tree: Path, bodies_file: Path, cpu_ms: float) -> None:
-        self.name = name
-        env = {**os.environ, "PYTHONPATH": str(tree)}
         # -P: the side imports the tree's packages only, never this bench/ folder's modules
-        self.process = subprocess.Popen([sys.executable, "-P", str(SIDE), str(bodies_file), str(cpu_ms)], cwd=tree,
-                                        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.outputs: dict[str, str] = self._read()["outputs"]
+        super().__init__(name, tree, [sys.executable, "-P", str(SIDE), str(bodies_file), str(cpu_ms)])
+        self.outputs: dict[str, str] = self.ready["outputs"]
 
     def time(self) -> dict[str, float]:
-        self.process.stdin.write("time\n")
-        self.process.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
-
-    def _read(self) -> dict:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"side {self.name} exited with {self.process.wait()} (its stderr is above)")
-        return json.loads(line)
+        return self.ask("time")
 
 
 def parity(sides: list[Side], names: list[str]) -> list[dict]:
