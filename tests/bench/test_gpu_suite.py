@@ -103,3 +103,32 @@ def test_rescoring_a_sequence_gives_the_score_generate_ranked_it_by(demo_checkpo
     tokens, scores = hf_baselines.beams(hf, [prompt], 0, 4, 3, 2)
     for j in range(2):
         assert hf_baselines.rescore(hf, prompt, tokens[0, j]) == pytest.approx(float(scores[0, j]), abs=1e-4)
+
+
+def test_only_runs_the_named_stages_and_skip_skips_them():
+    from bench.gpu_suite import skipped_stages
+
+    assert skipped_stages("", "parity") == set(STAGES) - {"parity"}
+    assert skipped_stages("fp8,e2e", "") == {"fp8", "e2e"}
+    assert skipped_stages("", "") == set()
+
+
+@pytest.mark.parametrize("skip,only,message", [
+    ("", "parity,beam_parity", "unknown stage(s) beam_parity: the stages are parity, no_host_sync"),
+    ("fp9", "", "unknown stage(s) fp9"),
+    ("e2e", "parity", "--skip and --only together"),
+])
+def test_a_stage_name_that_is_no_stage_or_both_options_are_refused(skip, only, message):
+    from bench.gpu_suite import skipped_stages
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        skipped_stages(skip, only)
+
+
+def test_the_command_line_refuses_an_unknown_stage_naming_the_stages():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "bench/gpu_suite.py", "--cpu-smoke", "--only", "parityy"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown stage(s) parityy: the stages are parity" in done.stderr
