@@ -16,9 +16,10 @@ scoring node compiled with `[model] fp8` against the bf16 node: speed and label-
     .venv/bin/python bench/gpu_suite.py --cpu-smoke     # the same steps on the CPU, 1 layer, small loads
     .venv/bin/python bench/gpu_suite.py --cpu-smoke --only parity   # one stage (after the build; a -partial file)
 
-Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json; a run that skips a stage writes the name with
--partial, so the whole run's file never mixes runs), updated after every stage so a run cut short keeps what it measured; the last printed line is the JSON; exits non-zero when any stage
-crashes, a parity check (label logits or the top beam) fails or a call syncs the host. Goodput = answers within the SLO
+Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json; a run that skips a stage writes the name
+with -partial, so the whole run's file never mixes runs), updated after every stage so a run cut short keeps
+what it measured; the last printed line is the JSON; exits non-zero when any stage crashes, a parity check
+(label logits or the top beam) fails or a call syncs the host. Goodput = answers within the SLO
 (70 ms, also each request's deadline) per second of the offered window, so it can never exceed the
 offered rate. Targets (the seed system on one H200, each one a perfect system meets): at 100
 scoring requests/s offered, >= 95 % of them answered within the SLO and their mean < 20 ms; the

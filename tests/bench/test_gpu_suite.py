@@ -47,7 +47,8 @@ def test_a_top_beam_off_float32_fails_parity_naming_the_beam():
 def test_the_best_beam_is_held_to_float32s_score_of_its_sequence_and_its_best_within_the_bf16_bound():
     ref_best = torch.tensor([-1.00, -2.00])
     hf_same, fp32_same = torch.tensor([-1.04, -2.01]), torch.tensor([-1.00, -2.00])  # bf16's own error 0.04
-    found = bf16_beams_check("b", torch.tensor([-1.05, -1.90]), torch.tensor([-1.02, -1.92]), ref_best, hf_same, fp32_same)
+    ours, rescored = torch.tensor([-1.05, -1.90]), torch.tensor([-1.02, -1.92])
+    found = bf16_beams_check("b", ours, rescored, ref_best, hf_same, fp32_same)
     assert found["bound"] == pytest.approx(0.08) and found["ok"]  # prompt 1: another beam, better than float32's
     assert found["score_error_vs_fp32_rescored"] == pytest.approx(0.03)
     assert found["shortfall_vs_fp32_best"] == pytest.approx(0.02)
@@ -55,8 +56,8 @@ def test_the_best_beam_is_held_to_float32s_score_of_its_sequence_and_its_best_wi
 
 
 def test_a_best_beam_scored_wrong_or_worse_than_float32s_by_more_than_the_bound_fails():
-    ref_best, hf_same, fp32_same = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01]), torch.tensor([-1.0, -2.0])
-    misscored = bf16_beams_check("b", torch.tensor([-1.0, -1.5]), torch.tensor([-1.0, -2.0]), ref_best, hf_same, fp32_same)
+    ref_best, hf_same, fp32_same = torch.tensor([-1.0, -2.0]), torch.tensor([-1.04, -2.01]), torch.tensor([-1.0, -2.0])
+    misscored = bf16_beams_check("b", torch.tensor([-1.0, -1.5]), ref_best, ref_best, hf_same, fp32_same)
     assert not misscored["ok"] and misscored["score_error_vs_fp32_rescored"] == pytest.approx(0.5)
     worse = bf16_beams_check("b", torch.tensor([-1.3, -2.0]), torch.tensor([-1.3, -2.0]), ref_best, hf_same, fp32_same)
     assert not worse["ok"] and worse["shortfall_vs_fp32_best"] == pytest.approx(0.3)
