@@ -14,10 +14,12 @@ scoring node compiled with `[model] fp8` against the bf16 node: speed and label-
 
     .venv/bin/python bench/gpu_suite.py                 # on one CUDA GPU, bf16 (meant for <= 8 min)
     .venv/bin/python bench/gpu_suite.py --cpu-smoke     # the same steps on the CPU, 1 layer, small loads
+    .venv/bin/python bench/gpu_suite.py --cpu-smoke --only parity   # one stage (after the build; a -partial file)
 
-Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json), updated after every stage so a run
-cut short keeps what it measured; the last printed line is the JSON; exits non-zero when any stage
-crashes, a parity check (label logits or the top beam) fails or a call syncs the host. Goodput = answers within the SLO
+Writes bench/results/gpu_suite.json (gpu_suite_cpu_smoke.json; a run that skips a stage writes the name
+with -partial, so the whole run's file never mixes runs), updated after every stage so a run cut short keeps
+what it measured; the last printed line is the JSON; exits non-zero when any stage crashes, a parity check
+(label logits or the top beam) fails or a call syncs the host. Goodput = answers within the SLO
 (70 ms, also each request's deadline) per second of the offered window, so it can never exceed the
 offered rate. Targets (the seed system on one H200, each one a perfect system meets): at 100
 scoring requests/s offered, >= 95 % of them answered within the SLO and their mean < 20 ms; the
@@ -43,7 +45,7 @@ from bench.harness.gpu_checks import lane_overlap, no_host_sync
 from bench.harness.gpu_measure import Settings, beam_bench, fp8_node_bench, fp8_report, parity, score_bench
 
 STAGES = ("parity", "no_host_sync", "lane_overlap", "score", "beam", "fp8", "fp8_node", "e2e")
-"""Every stage of a model's run, in order (--skip names them)."""
+"""Every stage of a model's run, in order (--skip and --only name them)."""
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
 MAX_OFFERED_PER_S = 3000.0  # one asyncio client process; its send lag is reported beside each point
 
@@ -233,17 +235,35 @@ def failures(result: dict) -> list[str]:
     return found
 
 
+def skipped_stages(skip: str, only: str) -> set[str]:
+    """The stages a run skips, from --skip and --only (comma-separated names of STAGES; not both). A name that is
+    no stage is refused: a typo must not run, or skip, what its author did not mean."""
+    skip_names, only_names = [n for n in skip.split(",") if n], [n for n in only.split(",") if n]
+    unknown = [n for n in skip_names + only_names if n not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}: the stages are {', '.join(STAGES)}")
+    if skip_names and only_names:
+        raise ValueError("--skip and --only together: name the stages to run with --only alone")
+    return set(STAGES) - set(only_names) if only_names else set(skip_names)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="run every step on the CPU with 1 layer and small loads")
     parser.add_argument("--layers", type=int, help="override the layer count (default: the real model's; 1 with --cpu-smoke)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--skip", default="", help=f"comma-separated stages to skip: {','.join(STAGES)}")
+    parser.add_argument("--only", default="", help="comma-separated stages to run, the others skipped (a run that "
+                                                   "skips any writes <name>-partial.json, never the whole run's file)")
     args = parser.parse_args()
     if not args.cpu_smoke and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu-smoke on a machine without a GPU")
+    try:
+        skip = skipped_stages(args.skip, args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
     s = settings_for(args)
-    out_name = "gpu_suite_cpu_smoke" if args.cpu_smoke else "gpu_suite"
+    out_name = ("gpu_suite_cpu_smoke" if args.cpu_smoke else "gpu_suite") + ("-partial" if skip else "")
     torch.manual_seed(0)
     start = time.perf_counter()
     peak = peak_flops(s)
@@ -251,7 +271,7 @@ def main() -> None:
               "device": peak["device_name"], "slo_ms": s.slo_ms,
               "dtype": str(s.dtype).removeprefix("torch."), "torch": torch.__version__, "peak": peak, "models": {}}
     for key in args.models.split(","):
-        run_model(key, s, peak, result, out_name, set(filter(None, args.skip.split(","))))
+        run_model(key, s, peak, result, out_name, skip)
     result["total_seconds"] = round(time.perf_counter() - start, 1)
     result["failures"] = failures(result)
     emit(out_name, result)

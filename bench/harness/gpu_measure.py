@@ -24,6 +24,7 @@ from bench.harness.flops import beam_flops, executed_mfu, score_flops
 SAMPLES_PER_REQUEST = 15
 BEAM_W, BEAM_S, BEAM_K = 100, 4, 10
 PARITY_W, PARITY_K = 8, 4
+PARITY_PROMPTS = 8  # beam parity's prompts: the bf16 bound is a max over them, on both sides (2 made it a coin toss)
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,19 @@ def hf_beam(hf, prompts: list[torch.Tensor], device: str, width: int, k: int):
     return tokens.cpu(), scores.cpu()
 
 
+def until_eos(tokens: torch.Tensor, eos) -> torch.Tensor:
+    """A beam's new tokens [S] up to and including its first EOS (generate() pads past it): what it scored."""
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    stops = [i for i, t in enumerate(tokens.tolist()) if t in eos_ids]
+    return tokens[:stops[0] + 1] if stops else tokens
+
+
 def parity(nodes, hf, hf32, spec, s: Settings) -> dict:
-    """Label logits of one 15-sample request, and the W=8 best beam of two prompts (its score against transformers'
-    float32 score of the same sequence, and that sequence no worse than float32 beam search's best), each against
-    transformers in float32 on the same weights and bounded by transformers' own error in the suite's dtype
-    (bench/harness/parity.py); "ok" false, on either, fails the suite."""
+    """Label logits of one 15-sample request, and the W=8 best beam of PARITY_PROMPTS prompts (its score against
+    transformers' float32 score of the same sequence, and that sequence no worse than float32 beam search's best), each
+    against transformers in float32 on the same weights and bounded by transformers' own error in the suite's dtype
+    (bench/harness/parity.py; for beams, its error on the same sequences: its generate()'s best and our best, each
+    rescored in float32); "ok" false, on either, fails the suite."""
     request = score_requests(s, spec.vocab_size, 1, seed=7)[0]
     lab = torch.tensor(labels(spec.vocab_size))
     ours = nodes.score(torch.cat(request), torch.tensor([len(x) for x in request]), lab, 0).label_logits
@@ -106,20 +115,26 @@ def parity(nodes, hf, hf32, spec, s: Settings) -> dict:
     if nodes.beam is None:
         return {**result, "beam": "no beam node"}
     g = torch.Generator().manual_seed(8)
-    prompts = random_samples(2, *s.beam_prompts, spec.vocab_size, g)
-    out = nodes.beam(torch.cat(prompts), torch.tensor([len(p) for p in prompts]), PARITY_W, BEAM_S, PARITY_K)
+    prompts = random_samples(PARITY_PROMPTS, *s.beam_prompts, spec.vocab_size, g)
+    per_call = nodes.manifest.bounds.max_beam_requests_per_batch
+    outs = [nodes.beam(torch.cat(chunk), torch.tensor([len(p) for p in chunk]), PARITY_W, BEAM_S, PARITY_K)
+            for chunk in (prompts[i:i + per_call] for i in range(0, len(prompts), per_call))]
+    scores = torch.cat([o.scores[:, 0] for o in outs])  # [R] each prompt's best
+    best = [o.sequences[i, 0, :int(o.lengths[i, 0])] for o in outs for i in range(o.scores.shape[0])]
     hf_side_beams = [hf_beam(hf, [p], s.device, PARITY_W, PARITY_K) for p in prompts]  # one prompt per call: no padding
     ref_beams = [hf_beam(hf32, [p], s.device, PARITY_W, PARITY_K) for p in prompts]
-    rescored = torch.tensor([hf_side.rescore(hf32, p, out.sequences[i, 0, :int(out.lengths[i, 0])])
-                             for i, p in enumerate(prompts)])
-    beam = checks.bf16_beams_check("beam_best_vs_fp32", out.scores[:, 0], rescored,
-                                   torch.stack([scores[0, 0] for _, scores in hf_side_beams]),
-                                   torch.stack([scores[0, 0] for _, scores in ref_beams]))
-    top1 = [out.sequences[i, 0, :int(out.lengths[i, 0])].tolist() == seqs[0, 0, :int(out.lengths[i, 0])].tolist()
-            for i, (seqs, _) in enumerate(hf_side_beams)]
-    score_diffs = [abs(float(out.scores[i, 0]) - float(scores[0, 0])) for i, (_, scores) in enumerate(hf_side_beams)]
+    rescored = torch.tensor([hf_side.rescore(hf32, p, seq) for p, seq in zip(prompts, best)])
+    hf_best = [until_eos(seqs[0, 0], hf.generation_config.eos_token_id) for seqs, _ in hf_side_beams]
+    hf_same = ([float(hf_scores[0, 0]) for _, hf_scores in hf_side_beams]
+               + [hf_side.rescore(hf, p, seq) for p, seq in zip(prompts, best)])  # transformers' bf16 scores of ...
+    fp32_same = [hf_side.rescore(hf32, p, seq) for p, seq in zip(prompts, hf_best)] + rescored.tolist()  # ... these
+    beam = checks.bf16_beams_check("beam_best_vs_fp32", scores, rescored,
+                                   torch.stack([ref_scores[0, 0] for _, ref_scores in ref_beams]),
+                                   torch.tensor(hf_same), torch.tensor(fp32_same))
+    top1 = [seq.tolist() == seqs[0, 0, :len(seq)].tolist() for seq, (seqs, _) in zip(best, hf_side_beams)]
+    score_diffs = [abs(float(scores[i]) - float(hf_scores[0, 0])) for i, (_, hf_scores) in enumerate(hf_side_beams)]
     return {**result, "ok": check["ok"] and beam["ok"], "beam": beam, "beam_top1_same_as_hf": sum(top1) / len(top1),
-            "beam_top1_score_max_diff": max(score_diffs), "beam_width": PARITY_W,
+            "beam_top1_score_max_diff": max(score_diffs), "beam_width": PARITY_W, "beam_prompts": len(prompts),
             "note": f"{str(s.dtype)} on both sides; beam search prunes, so another best beam than float32's is no "
                     "error while float32 scores it no worse (bench/parity.py: top_beam_check)"}
 

@@ -45,19 +45,53 @@ def test_a_top_beam_off_float32_fails_parity_naming_the_beam():
 
 
 def test_the_best_beam_is_held_to_float32s_score_of_its_sequence_and_its_best_within_the_bf16_bound():
-    ref_best, hf_bf16_best = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01])  # bf16's own error 0.04
-    found = bf16_beams_check("b", torch.tensor([-1.05, -1.90]), torch.tensor([-1.02, -1.92]), hf_bf16_best, ref_best)
+    ref_best = torch.tensor([-1.00, -2.00])
+    hf_same, fp32_same = torch.tensor([-1.04, -2.01]), torch.tensor([-1.00, -2.00])  # bf16's own error 0.04
+    ours, rescored = torch.tensor([-1.05, -1.90]), torch.tensor([-1.02, -1.92])
+    found = bf16_beams_check("b", ours, rescored, ref_best, hf_same, fp32_same)
     assert found["bound"] == pytest.approx(0.08) and found["ok"]  # prompt 1: another beam, better than float32's
     assert found["score_error_vs_fp32_rescored"] == pytest.approx(0.03)
     assert found["shortfall_vs_fp32_best"] == pytest.approx(0.02)
+    assert found["hf_bf16_same_sequence_error_vs_fp32"] == pytest.approx(0.04) and found["hf_bf16_sequences"] == 2
 
 
 def test_a_best_beam_scored_wrong_or_worse_than_float32s_by_more_than_the_bound_fails():
-    ref_best, hf_bf16_best = torch.tensor([-1.00, -2.00]), torch.tensor([-1.04, -2.01])
-    misscored = bf16_beams_check("b", torch.tensor([-1.0, -1.5]), torch.tensor([-1.0, -2.0]), hf_bf16_best, ref_best)
+    ref_best, hf_same, fp32_same = torch.tensor([-1.0, -2.0]), torch.tensor([-1.04, -2.01]), torch.tensor([-1.0, -2.0])
+    misscored = bf16_beams_check("b", torch.tensor([-1.0, -1.5]), ref_best, ref_best, hf_same, fp32_same)
     assert not misscored["ok"] and misscored["score_error_vs_fp32_rescored"] == pytest.approx(0.5)
-    worse = bf16_beams_check("b", torch.tensor([-1.3, -2.0]), torch.tensor([-1.3, -2.0]), hf_bf16_best, ref_best)
+    worse = bf16_beams_check("b", torch.tensor([-1.3, -2.0]), torch.tensor([-1.3, -2.0]), ref_best, hf_same, fp32_same)
     assert not worse["ok"] and worse["shortfall_vs_fp32_best"] == pytest.approx(0.3)
+
+
+def test_the_bf16_bound_is_transformers_error_on_the_same_sequences_not_its_best_against_float32s_best():
+    """transformers' bf16 search kept another beam than float32's, whose score happens to equal float32's best
+    (difference 0), but bf16 misscores that sequence by 0.05 against float32's score of it: bf16's error is 0.05,
+    so a node 0.08 off passes (<= 1.5 x 0.05 + 0.02) and one 0.10 off fails."""
+    ref_best = torch.tensor([-3.00])
+    hf_same = torch.tensor([-3.00])  # transformers bf16's score of its own best ...
+    fp32_same = torch.tensor([-2.95])  # ... which float32 scores 0.05 higher
+    close = bf16_beams_check("b", torch.tensor([-3.03]), torch.tensor([-2.95]), ref_best, hf_same, fp32_same)
+    assert close["bound"] == pytest.approx(0.095) and close["ok"]
+    off = bf16_beams_check("b", torch.tensor([-3.05]), torch.tensor([-2.95]), ref_best, hf_same, fp32_same)
+    assert off["score_error_vs_fp32_rescored"] == pytest.approx(0.10) and not off["ok"]
+
+
+def test_a_node_worse_than_bf16s_own_error_on_any_of_the_sequences_fails():
+    """The bound is a max over every sequence transformers' bf16 scored; the node's error a max over its prompts."""
+    ref_best = torch.tensor([-3.0, -3.0, -3.0])
+    hf_same, fp32_same = torch.tensor([-3.01, -3.02, -3.03]), torch.tensor([-3.0, -3.0, -3.0])  # bf16's error: 0.03
+    rescored = torch.tensor([-3.0, -3.0, -3.0])
+    within = bf16_beams_check("b", torch.tensor([-3.01, -3.06, -2.99]), rescored, ref_best, hf_same, fp32_same)
+    assert within["bound"] == pytest.approx(0.065) and within["ok"]
+    beyond = bf16_beams_check("b", torch.tensor([-3.01, -3.07, -2.99]), rescored, ref_best, hf_same, fp32_same)
+    assert not beyond["ok"]
+
+
+@pytest.mark.parametrize("eos,expected", [(2, [5, 2]), ([7, 2], [5, 2]), (None, [5, 2, 0, 0]), (9, [5, 2, 0, 0])])
+def test_a_beam_that_stopped_early_is_rescored_up_to_its_eos(eos, expected):
+    from bench.harness.gpu_measure import until_eos
+
+    assert until_eos(torch.tensor([5, 2, 0, 0]), eos).tolist() == expected
 
 
 def test_rescoring_a_sequence_gives_the_score_generate_ranked_it_by(demo_checkpoint):
@@ -70,3 +104,32 @@ def test_rescoring_a_sequence_gives_the_score_generate_ranked_it_by(demo_checkpo
     tokens, scores = hf_baselines.beams(hf, [prompt], 0, 4, 3, 2)
     for j in range(2):
         assert hf_baselines.rescore(hf, prompt, tokens[0, j]) == pytest.approx(float(scores[0, j]), abs=1e-4)
+
+
+def test_only_runs_the_named_stages_and_skip_skips_them():
+    from bench.gpu_suite import skipped_stages
+
+    assert skipped_stages("", "parity") == set(STAGES) - {"parity"}
+    assert skipped_stages("fp8,e2e", "") == {"fp8", "e2e"}
+    assert skipped_stages("", "") == set()
+
+
+@pytest.mark.parametrize("skip,only,message", [
+    ("", "parity,beam_parity", "unknown stage(s) beam_parity: the stages are parity, no_host_sync"),
+    ("fp9", "", "unknown stage(s) fp9"),
+    ("e2e", "parity", "--skip and --only together"),
+])
+def test_a_stage_name_that_is_no_stage_or_both_options_are_refused(skip, only, message):
+    from bench.gpu_suite import skipped_stages
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        skipped_stages(skip, only)
+
+
+def test_the_command_line_refuses_an_unknown_stage_naming_the_stages():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "bench/gpu_suite.py", "--cpu-smoke", "--only", "parityy"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown stage(s) parityy: the stages are parity" in done.stderr
