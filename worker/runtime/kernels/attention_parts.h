@@ -22,19 +22,22 @@ namespace boundserve {
 constexpr int64_t kFields = 6;  // lo, hi of the own, parent and grandparent intervals
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 2^y for y <= 0 (float32, relative error ~1e-7): 2^round(y) times a degree-6 polynomial of the rest.
-inline __m512 exp2_ps(__m512 y) {
-  y = _mm512_max_ps(y, _mm512_set1_ps(-126.0f));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);  // [-0.5, 0.5]
-  __m512 p = _mm512_set1_ps(1.5403530393381610e-4f);  // ln(2)^k / k!, k = 6 .. 0
+// 2^f for f in [-0.5, 0.5] (float32, relative error ~1e-7): a degree-6 polynomial (ln(2)^k / k!, k = 6 .. 0).
+inline __m512 exp2_fraction(__m512 f) {
+  __m512 p = _mm512_set1_ps(1.5403530393381610e-4f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+}
+
+// 2^y for y <= 0 (float32, relative error ~1e-7): 2^round(y) times 2^ of the rest.
+inline __m512 exp2_ps(__m512 y) {
+  y = _mm512_max_ps(y, _mm512_set1_ps(-126.0f));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_scalef_ps(exp2_fraction(_mm512_sub_ps(y, n)), n);
 }
 
 // The two precisions, as units (32 bits: a pair of bfloat16, which vdpbf16ps multiplies and adds into one

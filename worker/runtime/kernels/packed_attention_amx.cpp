@@ -163,15 +163,7 @@ inline int64_t vector_offset(const Shape& s, int64_t h, int64_t m) {
 // lanes (any y) and large negative y (2^round(y) underflows to 0 in the scaling) do not need.
 inline __m512 exp2_visible(__mmask16 visible, __m512 y) {
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);  // [-0.5, 0.5]
-  __m512 p = _mm512_set1_ps(1.5403530393381610e-4f);  // ln(2)^k / k!, k = 6 .. 0
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(visible, p, n);
+  return _mm512_maskz_scalef_ps(visible, exp2_fraction(_mm512_sub_ps(y, n)), n);
 }
 
 // The online softmax of one step, keys [c0, c0 + n), for the task's vectors (local index 0 .. count - 1,
