@@ -42,7 +42,7 @@ import torch
 from worker.runtime.files import file_hash
 
 __all__ = ["LIBRARY", "OPERATORS", "KernelMismatch", "attention_applies", "attention_kernel", "build_library",
-           "load_library"]
+           "build_name", "load_library"]
 
 LIBRARY = "boundserve_kernels.so"
 """The library's file name in an artifacts folder."""
@@ -117,15 +117,25 @@ def _compile() -> Path:
     script = ("import sys, json; from torch.utils.cpp_extension import load; a = json.loads(sys.argv[1]); "
               "print(load(name=a['name'], sources=a['sources'], extra_cflags=a['flags'], "
               "extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False))")
-    sources = sorted(SOURCES) + sorted(Path(__file__).parent.glob("*.h"))
-    key = hashlib.sha256(json.dumps([[s.name, s.read_text()] for s in sources] + [list(FLAGS)]).encode())
-    args = json.dumps({"name": f"boundserve_kernels_{key.hexdigest()[:16]}", "sources": [str(s) for s in SOURCES],
+    args = json.dumps({"name": build_name(Path(__file__).parent), "sources": [str(s) for s in SOURCES],
                        "flags": list(FLAGS)})
     done = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"compiling the boundserve kernels ({', '.join(s.name for s in SOURCES)}) failed; "
                            f"they need a C++ compiler and ninja:\n{done.stderr[-3000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def build_name(folder: Path) -> str:
+    """The cpp_extension build folder's name for the kernel sources in `folder`: their content, the flags
+    and the folder itself. The folder counts because the build file names each source by its path: two
+    checkouts of the same sources sharing one build folder rewrote each other's build file, so ninja
+    rebuilt the library under a process that had just loaded it (seen as KernelMismatch while two
+    checkouts built at once)."""
+    sources = sorted(folder / s.name for s in SOURCES) + sorted(folder.glob("*.h"))
+    key = hashlib.sha256(json.dumps([str(folder.resolve())] + [[s.name, s.read_text()] for s in sources]
+                                    + [list(FLAGS)]).encode())
+    return f"boundserve_kernels_{key.hexdigest()[:16]}"
 
 
 def load_library(path: Path, digest: str | None = None) -> None:
