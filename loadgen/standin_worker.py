@@ -64,6 +64,10 @@ def expected_beam(prompt: list[int], k: int, steps: int, vocab: int) -> list[lis
     return [[(sum(prompt) + 3 * i + j) % vocab for j in range(steps)] for i in range(k)]
 
 
+DRAINED_LINGER_MS = 2000
+"""How long a drained stand-in's socket keeps sending what it queued last (as worker/server.py's router)."""
+
+
 @dataclass
 class StandInWorker:
     """Binds a ROUTER, answers Hello with Ready, batches with results after `delay_ms`, heartbeats."""
@@ -167,7 +171,9 @@ class StandInWorker:
                         sock.send_multipart([peer, *protocol.encode(beat)])
                     next_beat = time.monotonic() + self.heartbeat_ms / 1000
         finally:
-            sock.close(0)
+            # a drained stand-in's last answers may still be queued in the socket: flushed as the worker
+            # flushes its own (worker/server.py), or the gateway would see the link close before them
+            sock.close(DRAINED_LINGER_MS if drain_began is not None and not self._stop.is_set() else 0)
             ctx.term()
 
     def _handle(self, sock: zmq.Socket, peer: bytes, frames: list[bytes], peers: set[bytes]) -> None:
