@@ -85,7 +85,10 @@ def test_releasing_hands_back_the_free_pages_between_blocks_in_use():
     done = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True, check=True)
     out = json.loads(done.stdout.splitlines()[-1])
     left = out["before"] - out["start"]  # what the calls left resident: they hold only the small blocks
-    assert left >= 2 * out["largest"], out  # more than the largest call needs: the holes did not merge
+    # more than the largest call needs: holes below blocks in use. How many survive depends on where glibc
+    # puts each small pin (a pin may land in an earlier hole; torch's own threads allocate too): seen from
+    # 1.7x to 4.9x the largest block, so the premise is that some do, not how many
+    assert left > out["largest"], out
     assert out["released"] is True, out
     assert out["before"] - out["after"] >= 0.9 * left, out
 
