@@ -93,6 +93,8 @@ def contenders(node, hf, openvino, ct2, settings: dict, prefix: torch.Tensor, su
 def peers(args, checkpoint, threads: int) -> tuple[object, object, list[str]]:
     """The installed peers (OpenVINO, CTranslate2) and what was left out, and why."""
     missing, openvino, ct2 = [], None, None
+    missing += ["openvino: left out by --no-openvino"] if args.no_openvino else []
+    missing += ["ct2: left out by --no-ct2"] if args.no_ct2 else []
     if not args.no_openvino:
         try:
             from bench.harness.openvino_baseline import OpenVinoModel

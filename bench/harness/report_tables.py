@@ -192,6 +192,8 @@ def rerank(results: Results) -> list[str]:
             (d.get("settings") or {}).get("openvino_precision") if peer == "openvino" else None
         peer_cell = "—" if peer is None else f"{PEERS.get(peer, peer)}{f' ({setting})' if setting else ''}: " \
                                              f"{best[peer]:.2f} s"
+        not_run = [PEERS.get(left.split(":")[0], left) for left in d.get("peers_left_out") or []]
+        peer_cell += f" ({', '.join(not_run)} not run)" if not_run else ""
         rows.append([r.machine_class[0], "quick (smoke run, not a figure)" if r.quick else "full", model_name(r),
                      str(d["dtype"]), f"{best['ours']:.2f} s",
                      f"{best['hf']:.2f} s", peer_cell, times(d["speedup_vs_hf"]), times(d["speedup_vs_best_peer"]),
