@@ -67,7 +67,9 @@ class RoundRobin:
                         self.retried += 1
                         continue
                     return web.Response(status=answer.status, body=payload, content_type="application/json")
-            except aiohttp.ClientConnectorError:  # never reached the gateway: nothing was computed
+            # never reached the gateway, nothing computed: no connection, or one the gateway closed before the
+            # request was written (a load balancer retries both: Envoy's connect-failure, reset-before-request)
+            except (aiohttp.ClientConnectorError, aiohttp.ClientConnectionResetError):
                 self.retried += 1
         return web.json_response({"error": {"code": "no_gateway", "message": "no gateway took it",
                                             "request_id": "-"}}, status=502)
