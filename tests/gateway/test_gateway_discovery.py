@@ -26,6 +26,7 @@ from gateway.discovery import endpoint_of
 from gateway.wiring import Settings
 from loadgen.standin_worker import StandInWorker, standin_manifest
 from shared.config import DeploymentConfig, GatewayConfig, WorkerConfig
+from tests.gateway.waiting import until
 from tests.gateway.conftest import GENEROUS_DEADLINES
 
 SERVICE = "workers.boundserve.test"
@@ -121,14 +122,6 @@ async def start_gateway(request_tokenizer, fleet: Fleet, dns_port: int, interval
     return client
 
 
-async def until(condition, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_S
-    while not condition():
-        assert loop.time() < end, f"{what} never happened"
-        await asyncio.sleep(0.005)
-
-
 def ready(pool) -> set[str]:
     return {endpoint for endpoint in pool.serving("score")}
 
@@ -167,27 +160,27 @@ async def test_workers_join_and_leave_by_dns_under_load_and_nothing_is_unanswere
     pool = client.app[GATEWAY].pool
     stream = None
     try:
-        await until(lambda: ready(pool) == {first.endpoint}, "the first worker found")
+        await until(lambda: ready(pool) == {first.endpoint}, WAIT_S, "the first worker found")
         stream = Stream(client)
-        await until(lambda: first.seen_request_ids, "requests held on the first worker")
+        await until(lambda: first.seen_request_ids, WAIT_S, "requests held on the first worker")
         # The joining workers hold their answers too until both have been routed work: an idle stand-in
         # answers at once, so with free ones the least-busy rule could keep choosing the same worker.
         joined = threading.Event()
         joining = [fleet.worker(1, gate=joined), fleet.worker(2, gate=joined)]
         records.set(*fleet.addresses)
-        await until(lambda: ready(pool) == {w.endpoint for w in [first, *joining]}, "two workers joining")
-        await until(lambda: all(w.seen_request_ids for w in joining), "the new workers serving")
+        await until(lambda: ready(pool) == {w.endpoint for w in [first, *joining]}, WAIT_S, "two workers joining")
+        await until(lambda: all(w.seen_request_ids for w in joining), WAIT_S, "the new workers serving")
         joined.set()
         records.set(*fleet.addresses[1:])  # the first one leaves while it holds batches
-        await until(lambda: first.endpoint not in ready(pool), "the first worker retired")
+        await until(lambda: first.endpoint not in ready(pool), WAIT_S, "the first worker retired")
         held = len(first.seen_request_ids)
         link = next(link for link in pool.links if link.endpoint == first.endpoint)
         assert link.in_flight, "the retired worker should still hold the batches it was sent"
         answered = len(stream.answers)
-        await until(lambda: len(stream.answers) >= answered + 20, "requests served by the remaining workers")
+        await until(lambda: len(stream.answers) >= answered + 20, WAIT_S, "requests served by the remaining workers")
         assert len(first.seen_request_ids) == held  # routed nothing more
         gate.set()
-        await until(lambda: all(l.endpoint != first.endpoint for l in pool.links), "the retired link closed")
+        await until(lambda: all(l.endpoint != first.endpoint for l in pool.links), WAIT_S, "the retired link closed")
         answers = await stream.stop()
         stream = None
         assert answers and all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:3]
@@ -207,15 +200,15 @@ async def test_a_failed_lookup_keeps_the_workers_known(request_tokenizer, dns_se
     client = await start_gateway(request_tokenizer, fleet, dns_port, interval_ms=100)
     pool = client.app[GATEWAY].pool
     try:
-        await until(lambda: ready(pool) == {worker.endpoint}, "the worker found")
+        await until(lambda: ready(pool) == {worker.endpoint}, WAIT_S, "the worker found")
         records.failing = True
         asked = records.queries
-        await until(lambda: records.queries >= asked + 4, "lookups answered SERVFAIL")
+        await until(lambda: records.queries >= asked + 4, WAIT_S, "lookups answered SERVFAIL")
         assert ready(pool) == {worker.endpoint}
         status, _ = await post(client)
         assert status == 200
         records.failing, records.addresses = False, []  # an answer without it: it leaves
-        await until(lambda: not pool.links, "the worker retired once the name has no address")
+        await until(lambda: not pool.links, WAIT_S, "the worker retired once the name has no address")
     finally:
         await client.close()
         fleet.stop()
@@ -229,12 +222,12 @@ async def test_a_lost_worker_makes_the_gateway_look_again_at_once(request_tokeni
     client = await start_gateway(request_tokenizer, fleet, dns_port, interval_ms=HOURLY_MS)
     pool = client.app[GATEWAY].pool
     try:
-        await until(lambda: ready(pool) == {old.endpoint}, "the worker found")
+        await until(lambda: ready(pool) == {old.endpoint}, WAIT_S, "the worker found")
         moved = fleet.worker(1)  # the pod rescheduled on another address
         records.set(fleet.addresses[1])
         old.stop()
         # The next interval is an hour away: only the lost worker can have made the gateway look again.
-        await until(lambda: ready(pool) == {moved.endpoint}, "the moved worker found")
+        await until(lambda: ready(pool) == {moved.endpoint}, WAIT_S, "the moved worker found")
         status, _ = await post(client)
         assert status == 200
     finally:

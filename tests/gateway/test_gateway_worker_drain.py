@@ -9,19 +9,12 @@ import threading
 
 from gateway.worker_link import DRAINING, READY
 from loadgen.standin_worker import StandInWorker
+from tests.gateway.waiting import until
 from tests.gateway.conftest import endpoint, start_stack, wait_ready
 
 BODY = {"samples": ["red running shoe", "blue phone case"], "labels": ["yes", "no"]}
 WAIT_S = 10.0
 NEVER_MS = 600_000.0  # a drain ack timeout no test outlives: a stand-in that returns was answered Goodbye
-
-
-async def until(condition, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_S
-    while not condition():
-        assert loop.time() < end, f"{what} never happened"
-        await asyncio.sleep(0.005)
 
 
 def link_state(stack, worker: StandInWorker) -> str:
@@ -40,11 +33,11 @@ async def test_a_draining_worker_is_routed_around_at_once_finishes_what_it_holds
     try:
         await wait_ready(stack, 1)
         held = asyncio.create_task(stack.post("/v1/score", BODY))  # the only ready worker: the gate holds it
-        await until(lambda: leaving.seen_request_ids, "the held request reaching the leaving worker")
+        await until(lambda: leaving.seen_request_ids, WAIT_S, "the held request reaching the leaving worker")
         staying.start()
         await wait_ready(stack, 2)
         leaving.drain()
-        await until(lambda: link_state(stack, leaving) == DRAINING, "the gateway seeing the drain")
+        await until(lambda: link_state(stack, leaving) == DRAINING, WAIT_S, "the gateway seeing the drain")
         assert link_state(stack, staying) == READY
         status, body, _ = await stack.post("/v1/score", BODY)  # served elsewhere while the held one waits
         assert status == 200, body
@@ -67,7 +60,7 @@ async def test_a_batch_refused_draining_is_queued_again_and_answered_by_another_
     try:
         await wait_ready(stack, 1)
         first = asyncio.create_task(stack.post("/v1/score", BODY))  # only the refusing worker is ready
-        await until(lambda: link_state(stack, refusing) == DRAINING, "the refusal reaching the gateway")
+        await until(lambda: link_state(stack, refusing) == DRAINING, WAIT_S, "the refusal reaching the gateway")
         assert not first.done()  # queued again, not failed
         serving.start()
         status, body, _ = await first
