@@ -20,13 +20,12 @@ Application heartbeats still carry queue depth and counters; their silence no lo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 CONNECTION_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
 _monitor_names = itertools.count()
@@ -100,7 +99,9 @@ def connect_monitored(context: zmq.asyncio.Context, endpoint: str,
     monitor = None
     try:
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue a batch for a worker that is not connected
+        # ZMQ_IMMEDIATE stays off: with it, answers that reach the socket just before the connection
+        # closes are dropped with its pipe (a worker that answers and exits); the link sends only while
+        # connected instead (gateway/worker_link.py)
         policy.apply(sock)
         # A name of its own: pyzmq's default names the monitor after the file descriptor, which a
         # replacement socket may reuse while the old monitor's endpoint is still bound.
@@ -112,20 +113,3 @@ def connect_monitored(context: zmq.asyncio.Context, endpoint: str,
                 opened.close(linger=0)
         raise
     return sock, monitor
-
-
-async def watch_connection(monitor: zmq.Socket, on_connected: Callable[[], None],
-                           on_disconnected: Callable[[], None]) -> str:
-    """Forward a link's connection events until its monitor stops; returns why it stopped."""
-    while True:
-        try:
-            frames = await monitor.recv_multipart()
-        except zmq.ZMQError as exc:
-            return f"its connection monitor failed: {exc}"
-        event = parse_monitor_message(frames)["event"]
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            on_connected()
-        elif event == zmq.EVENT_DISCONNECTED:
-            on_disconnected()
-        elif event == zmq.EVENT_MONITOR_STOPPED:
-            return "its connection monitor stopped"

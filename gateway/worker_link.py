@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from gateway.errors import ApiError
 from gateway.job import DONE, SENT, Job, fail, finish, wire_ids
 from shared.latency_correction import CorrectedModel
-from gateway.liveness import LivenessPolicy, connect_monitored, watch_connection
+from gateway.liveness import LivenessPolicy, connect_monitored
 from shared import protocol
 from shared.bounds import batch_capacity
 from shared.policy import DropReason, busy_ms
@@ -100,8 +101,12 @@ class WorkerLink:
         """Jobs of a batch the worker refused uncomputed because it is draining: to be queued again."""
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        self._connected = False
+        """Between the socket's handshake and its connection's close, as its monitor reported them and
+        `serve` read them: nothing is sent outside (ZeroMQ would queue it for the next connection)."""
 
     def open(self, context: zmq.asyncio.Context, policy: LivenessPolicy) -> None:
+        self._connected = False
         self._socket, self._monitor = connect_monitored(context, self.endpoint, policy)
 
     def close(self) -> None:
@@ -125,34 +130,50 @@ class WorkerLink:
         return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now, self.answered_at)
 
     async def serve(self) -> str:
-        """Read messages and connection events until either stops; returns why it stopped."""
-        assert self._socket is not None and self._monitor is not None
-        reader = asyncio.ensure_future(self._receive_forever(self._socket))
-        events = asyncio.ensure_future(watch_connection(self._monitor, self._on_connected, self._on_disconnected))
-        try:
-            done, _ = await asyncio.wait((reader, events), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (reader, events):
-                task.cancel()
-            await asyncio.gather(reader, events, return_exceptions=True)
-        ended = done.pop()
-        if ended.cancelled():  # pyzmq cancels a pending receive when its socket is closed under it
-            return "its socket was closed under its reader"
-        return ended.result()  # a reader that raised raises here, for the pool to log
+        """Read messages and connection events until either stops; returns why it stopped.
 
-    async def _receive_forever(self, sock: zmq.asyncio.Socket) -> str:
-        """Read and dispatch messages; bad frames are logged, never fatal. Returns why it stopped."""
+        One loop reads both, and a connection event is acted on only after every message that reached
+        the socket before it: a worker that answers and then exits (the end of a drain) has its answers
+        read before its connection's close fails what is still in flight."""
+        assert self._socket is not None and self._monitor is not None
+        sockets = (self._socket, self._monitor)
+        # Plain views of the same sockets: what is ready is read at once, in order, with no future between
+        messages, events = (zmq.Socket.shadow(sock.underlying) for sock in sockets)
         while True:
+            # pyzmq cancels a pending poll when its socket is closed under it
+            ready = [sock.poll(flags=zmq.POLLIN) for sock in sockets]
             try:
-                frames = await sock.recv_multipart(copy=True)
+                await asyncio.wait(ready, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in ready:
+                    waiting.cancel()
+                    waiting.add_done_callback(_consume)
+            if any(sock.closed for sock in sockets):
+                return "its socket was closed under its reader"
+            try:
+                # the events first: every message sent before them is readable by the time they are
+                happened = _ready_frames(events)
+                for frames in _ready_frames(messages):
+                    self._receive(frames)
             except zmq.ZMQError as exc:
                 return f"its socket failed: {exc}"
-            try:
-                self._dispatch(protocol.decode(frames))
-            except protocol.ProtocolError as exc:
-                log.warning("worker %s sent a bad message: %s", self.endpoint, exc)
-            except Exception:  # a bug in a handler must not stop this worker's receive loop
-                log.exception("handling a message from worker %s failed", self.endpoint)
+            for frames in happened:
+                event = parse_monitor_message(frames)["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._on_connected()
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self._on_disconnected()
+                elif event == zmq.EVENT_MONITOR_STOPPED:
+                    return "its connection monitor stopped"
+
+    def _receive(self, frames: list[bytes]) -> None:
+        """Dispatch one message; bad frames are logged, never fatal."""
+        try:
+            self._dispatch(protocol.decode(frames))
+        except protocol.ProtocolError as exc:
+            log.warning("worker %s sent a bad message: %s", self.endpoint, exc)
+        except Exception:  # a bug in a handler must not stop this worker's receive loop
+            log.exception("handling a message from worker %s failed", self.endpoint)
 
     # ---- sending -------------------------------------------------------------------------------
 
@@ -196,7 +217,7 @@ class WorkerLink:
                 trace.batch_unsent(job.request_id, now)
 
     def _send(self, message: protocol.Message) -> bool:
-        if self._socket is None:
+        if self._socket is None or not self._connected:
             return False
         try:
             sent = self._socket.send_multipart(protocol.encode(message), flags=zmq.NOBLOCK)
@@ -319,10 +340,12 @@ class WorkerLink:
 
     def _on_connected(self) -> None:
         """A new connection completed its handshake: introduce ourselves (the worker may be new)."""
+        self._connected = True
         self.state = CONNECTING if self.state == LOST else self.state
         self.hello()
 
     def _on_disconnected(self) -> None:
+        self._connected = False
         self.declare_lost("its connection closed: the process is gone, or ZMTP heartbeats went unanswered")
 
     def declare_lost(self, why: str, state: str = LOST) -> None:
@@ -354,6 +377,16 @@ def _share_compute(batch: InFlight, message: protocol.ScoreResults | protocol.Be
         job.compute_ms += share_ms
         dropped_ms += share_ms if job.state == DONE else 0.0
     return dropped_ms
+
+
+def _ready_frames(sock: zmq.Socket) -> list[list[bytes]]:
+    """Every message `sock` holds now, oldest first, without waiting."""
+    ready = []
+    while True:
+        try:
+            ready.append(sock.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            return ready
 
 
 def _consume(future) -> None:

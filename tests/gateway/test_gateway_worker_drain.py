@@ -43,10 +43,13 @@ async def test_a_draining_worker_is_routed_around_at_once_finishes_what_it_holds
         assert status == 200, body
         assert len(leaving.seen_request_ids) == 1 and staying.seen_request_ids
         gate.set()
+        # The loop is held (a blocking join) until the stand-in has sent its answer and closed its
+        # socket, so the answer and the connection's close reach the gateway together: the answer must
+        # be read first. The stand-in returns only once the gateway said Goodbye (its ack timeout is
+        # far beyond this test).
+        assert leaving.join(WAIT_S)
         status, body, _ = await held
         assert status == 200, body
-        # It returns only once the gateway said Goodbye (its ack timeout is far beyond this test).
-        assert await asyncio.to_thread(leaving.join, WAIT_S)
     finally:
         await stack.client.close()
         for worker in (leaving, staying):
