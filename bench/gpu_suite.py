@@ -55,7 +55,9 @@ def settings_for(args) -> Settings:
         return Settings(device="cpu", dtype=torch.bfloat16, layers=args.layers or 1, sample_tokens=(16, 64),
                         score_requests=2, batch_requests=(1, 2), beam_prompts=(8, 24), beam_batches=(1, 2),
                         e2e_seconds=3.0, score_rate=2.0, beam_rate=1.0, load_multipliers=(0.5, 3.0), slo_ms=20_000.0,
-                        calibration_batches=2, repeats=1, fp8_budget=0.2,
+                        # fp8_budget 1.0 admits every layer (probabilities change by at most 1): the smoke checks
+                        # that an FP8 node compiles, runs and is timed, which a budget choosing none would not
+                        calibration_batches=2, repeats=1, fp8_budget=1.0,
                         bounds=dict(max_samples_per_batch=32, max_tokens_per_batch=2048, max_beam_width=100,
                                     max_beam_requests_per_batch=4, max_prompt_tokens=64))  # >= 3: see compile/beam/module.py export
     return Settings(device="cuda", dtype=torch.bfloat16, layers=args.layers, sample_tokens=(32, 480),
@@ -215,8 +217,9 @@ def save(result: dict, name: str) -> None:
 
 
 def failures(result: dict) -> list[str]:
-    """Every stage that crashed, a parity check that failed (label logits or the top beam), a host sync
-    inside a call, and any goodput above its offered rate (a counting error)."""
+    """Every stage that crashed, a parity check that failed (label logits or the top beam), an FP8 node with no
+    FP8 layer (nothing measured), a host sync inside a call, and any goodput above its offered rate (a counting
+    error)."""
     found = []
     for key, model in result["models"].items():
         for stage in STAGES:
@@ -226,6 +229,8 @@ def failures(result: dict) -> list[str]:
         if parity.get("ok") is False:
             failed = [name for name in ("score", "beam") if isinstance(parity.get(name), dict) and not parity[name]["ok"]]
             found.append(f"{key}: parity ({', '.join(failed) or 'ok false'})")
+        if isinstance(model.get("fp8_node"), dict) and "measured_nothing" in model["fp8_node"]:
+            found.append(f"{key}: stage fp8_node measured nothing ({model['fp8_node']['measured_nothing']})")
         if model.get("no_host_sync", {}).get("ok") is False:
             found.append(f"{key}: a host sync inside a node call")
         for route, load in model.get("e2e", {}).items():

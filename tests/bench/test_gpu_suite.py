@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from bench.gpu_suite import STAGES, failures, run_stages
+from bench.harness.gpu_measure import Settings, timed_alternately
 from bench.harness.parity import bf16_beams_check
 
 
@@ -37,6 +38,26 @@ def test_stages_that_ran_clean_are_no_failure():
     entry = {"parity": {"ok": True, "score": {"ok": True}, "beam": {"ok": True}}, "no_host_sync": {"ok": True},
              "fp8_node": {"speedup": 1.2}, "e2e": {"/v1/score": {"points": [{"goodput_per_s": 9.0, "offered_per_s": 10.0}]}}}
     assert failures({"models": {"m": entry}}) == []
+
+
+def test_an_fp8_node_with_no_fp8_layer_fails_the_suite_instead_of_reporting_a_speedup():
+    # the shape fp8_node_bench returns when the build chose none (the plain node timed against itself: the
+    # CPU smoke once recorded a "speedup" of 1.57 that way)
+    entry = {"parity": {"ok": True}, "fp8_node": {"layers": 0, "candidates": 4, "speedup": None,
+                                                  "measured_nothing": "the build chose no FP8 layer of 4 within the budget 0.2"}}
+    assert failures({"models": {"m": entry}}) == ["m: stage fp8_node measured nothing (the build chose no FP8 layer "
+                                                  "of 4 within the budget 0.2)"]
+
+
+def test_two_nodes_are_timed_in_turn_after_a_warm_up_each():
+    calls = []
+    settings = Settings(device="cpu", dtype=torch.bfloat16, layers=1, sample_tokens=(1, 2), score_requests=1,
+                        batch_requests=(1,), beam_prompts=(1, 2), beam_batches=(1,), e2e_seconds=1.0, score_rate=1.0,
+                        beam_rate=1.0, load_multipliers=(1.0,), slo_ms=1.0, calibration_batches=1, repeats=1,
+                        fp8_budget=1.0, bounds={})
+    medians = timed_alternately([lambda: calls.append("ref"), lambda: calls.append("fp8")], settings, 1)
+    assert calls == ["ref", "fp8"] * 4  # a warm-up each, then at least three rounds, alternating
+    assert len(medians) == 2 and all(m >= 0 for m in medians)
 
 
 def test_a_top_beam_off_float32_fails_parity_naming_the_beam():
