@@ -144,7 +144,7 @@ def test_every_result_file_a_document_cites_is_committed():
 
 
 def test_the_overload_goals_say_no_where_a_figure_misses_its_goal(checkout):
-    path = checkout / "bench" / "results" / "overload-replay-trace.json"
+    path = checkout / "bench" / "results" / "overload-trace.json"
     result = json.loads(path.read_text())
     result["admission_over_bound"]["2x"] = 0.5
     path.write_text(json.dumps(result))
@@ -152,4 +152,4 @@ def test_the_overload_goals_say_no_where_a_figure_misses_its_goal(checkout):
     rows, _ = render_text("<!-- report:begin overload-goals -->\n<!-- report:end overload-goals -->\n",
                        read_results(checkout / "bench" / "results"))
     bound_row = next(line for line in rows.splitlines() if "over the clairvoyant bound" in line)
-    assert "2x: 0.500" in bound_row and "| **no** |" in bound_row
+    assert "trace 2x: 0.500" in bound_row and "| **no** |" in bound_row
