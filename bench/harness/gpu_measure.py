@@ -18,7 +18,7 @@ import torch
 
 from bench.harness import hf_baselines as hf_side
 from bench.harness import parity as checks
-from bench.harness.common import load_built
+from bench.harness.common import interleaved_times, load_built, median
 from bench.harness.flops import beam_flops, executed_mfu, score_flops
 
 SAMPLES_PER_REQUEST = 15
@@ -79,18 +79,12 @@ def timed(fn, s: Settings, repeats: int) -> float:
 
 
 def timed_alternately(fns: list, s: Settings, repeats: int) -> list[float]:
-    """Median wall seconds of each of fns, called in turn (at least 3 rounds, after one warm-up call each), so
-    that a change in the machine's load falls on every side alike."""
+    """Median wall seconds of each of fns, called in turn (common.interleaved_times: at least 3 rounds, after one
+    warm-up call each, the device synchronised after each call), so that a change in the machine's load falls
+    on every side alike."""
     sync = torch.cuda.synchronize if s.device == "cuda" else (lambda: None)
-    for fn in fns:
-        fn(), sync()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(max(3, repeats)):
-        for fn, spent in zip(fns, times):
-            start = time.perf_counter()
-            fn(), sync()
-            spent.append(time.perf_counter() - start)
-    return [sorted(spent)[len(spent) // 2] for spent in times]
+    times = interleaved_times({i: (lambda fn=fn: (fn(), sync())) for i, fn in enumerate(fns)}, max(3, repeats))
+    return [median(times[i]) for i in range(len(fns))]
 
 
 def hf_last_logits(hf, samples: list[torch.Tensor], device: str, micro_batch: int | None = None) -> torch.Tensor:
