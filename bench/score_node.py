@@ -60,6 +60,7 @@ from bench.harness.common import (CACHE, FLOAT_DTYPES, MODELS, SCORE_BOUNDS, Clo
                           run_quantize, settle_int8_base, shaped_checkpoint, timed_part)
 from bench.harness.ct2_baseline import sweep_types
 from bench.harness.flops import executed_mfu, score_flops
+from bench.harness.openvino_baseline import is_int8
 from shared.manifest import read_manifest
 
 SAMPLES = 15
@@ -159,14 +160,22 @@ def pick_openvino_setting(openvino, dtype: torch.dtype, request, int8: bool = Fa
                           reference: torch.Tensor | None = None) -> tuple[tuple[str, int], dict]:
     """OpenVINO's precision (the run's; an int8 run: the faster of its own two int8 forms, NNCF weight compression and
     full quantization, that passes the quantized bound against `reference`, at the base's hint; both recorded under
-    "int8_forms") and its fastest micro-batch on the sweep's request (after a warm-up call)."""
+    "int8_forms"; where neither passes, the base precision, its best setting within the bound) and its fastest
+    micro-batch on the sweep's request (after a warm-up call)."""
     from bench.harness.openvino_baseline import fastest_int8, peer_precision
 
-    precision, forms = fastest_int8(openvino, dtype, request, reference) if int8 else (peer_precision(dtype, False), None)
+    precision, forms = fastest_int8(openvino, dtype, request, reference) if int8 else (None, None)
+    precision = precision or peer_precision(dtype, False)
     openvino.logits(precision, request[:2], 1)  # compiles the model for this precision
     fns = {m: (lambda m=m: openvino.logits(precision, request, m)) for m in OPENVINO_MICRO_BATCHES}
     micro_batch, table, _ = sweep(fns, give_up_factor=2.0)
     return (precision, micro_batch), table | ({"int8_forms": forms} if forms else {})
+
+
+def openvino_refused(sweeps: dict) -> dict:
+    """{form: its failed check} of OpenVINO's int8 forms (pick_openvino_setting's "int8_forms")."""
+    forms = sweeps.get("openvino_micro_batch_ms", {}).get("int8_forms") or {}
+    return {form: r["check"] for form, r in forms.items() if not r["check"]["ok"]}
 
 
 def openvino_label(setting: tuple[str, int] | None) -> str | None:
@@ -416,7 +425,8 @@ def measure(run: Run, requests) -> dict:
         checks = fp32_checks(outputs)
     else:
         checks = reference_checks(outputs[0], reference, ct2_setting and ct2_setting[0], ct2_sweep)
-        asserted, openvino_reported = openvino_accuracy(outputs[0], reference, dtype, run.args.dtype == "int8")
+        asserted, openvino_reported = openvino_accuracy(outputs[0], reference, dtype,
+                                                        openvino_setting is not None and is_int8(openvino_setting[0]))
         checks += asserted
     if run.args.dtype == "int8":
         drift = int8_drift(run, outputs[0]["ours"], requests[0], reference)
@@ -478,6 +488,8 @@ def report(run: Run, requests, m: dict) -> dict:
         # they are a parity check)
         "openvino_accuracy": m["openvino_accuracy"],
         "ct2_compute_types_refused": m["sweeps"].pop("ct2_compute_types_refused", {}),
+        # an int8 run's OpenVINO int8 forms outside the quantized bound (then OpenVINO runs at the base precision)
+        "openvino_int8_forms_refused": openvino_refused(m["sweeps"]),
         "max_abs_diff_vs_hf": max(c.get("max_abs_diff", c.get("error_vs_fp32", 0.0)) for c in ours_checks),
         "max_abs_diff_vs_hf_means": ("label logits against transformers in the same dtype" if run.args.dtype == "fp32"
                                      else "label logits against transformers in float32 on the same weights"

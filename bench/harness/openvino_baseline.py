@@ -17,7 +17,8 @@ as its own IR, run at the base's hint:
                               CALIBRATION_SAMPLES random-id prompts (the benchmarks' models have random weights, and
                               our int8 node calibrates on random ids too).
 An int8 run times both on its sweep request and keeps the faster of those that pass the one quantized bound
-(fastest_int8; both recorded).
+(fastest_int8; both recorded); where neither passes, OpenVINO runs at the base precision instead (its best setting
+within the bound; bench/score_node.py).
 
 Settings: `INFERENCE_PRECISION_HINT` follows the run's dtype (on a CPU with AVX512_BF16 OpenVINO's default is bf16,
 so a float32 run must ask for f32), `INFERENCE_NUM_THREADS` = the run's threads, `PERFORMANCE_HINT` = LATENCY (one
@@ -55,6 +56,11 @@ def peer_precision(dtype: torch.dtype, int8: bool) -> str:
 def int8_precisions(dtype: torch.dtype) -> tuple[str, str]:
     """OpenVINO's two int8 forms at the hint of a run's base `dtype`: (weights only, weights and activations)."""
     return INT8 + PRECISIONS[dtype], INT8_FULL + PRECISIONS[dtype]
+
+
+def is_int8(precision: str) -> bool:
+    """Whether a precision is one of OpenVINO's int8 forms ("int8-bf16", "int8q-f32"), not a float one."""
+    return base_hint(precision) != precision
 
 
 def base_hint(precision: str) -> str:
@@ -197,11 +203,11 @@ class OpenVinoModel:
 
 
 def fastest_int8(openvino: OpenVinoModel, dtype: torch.dtype, samples: list[torch.Tensor],
-                 reference: torch.Tensor) -> tuple[str, dict]:
+                 reference: torch.Tensor) -> tuple[str | None, dict]:
     """OpenVINO's int8 peer for a run on base `dtype`: both forms (int8_precisions) on `samples`, one per call, each
     compiled by an untimed call, then timed once and its top-1 held to the one quantized bound against `reference`
-    (transformers' float32 logits [B, V]). (The faster form that passes, else the faster form: its failed check then
-    fails the run's own; {form: {"ms", "check"}} for both.)"""
+    (transformers' float32 logits [B, V]). (The faster form that passes, None when neither does: an int8 form outside
+    the bound computes something else and is not compared with; {form: {"ms", "check"}} for both.)"""
     report = {}
     for precision in int8_precisions(dtype):
         openvino.logits(precision, samples[:2], 1)
@@ -211,5 +217,5 @@ def fastest_int8(openvino: OpenVinoModel, dtype: torch.dtype, samples: list[torc
         check = parity.quantized_check(f"openvino_{precision}_top1_vs_fp32", ids,
                                        logprobs.gather(1, ids[:, None])[:, 0], reference)
         report[precision] = {"ms": round(1e3 * seconds, 1), "check": check}
-    passing = [p for p, r in report.items() if r["check"]["ok"]] or list(report)
-    return min(passing, key=lambda p: report[p]["ms"]), report
+    passing = [p for p, r in report.items() if r["check"]["ok"]]
+    return min(passing, key=lambda p: report[p]["ms"]) if passing else None, report

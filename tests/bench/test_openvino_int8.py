@@ -59,6 +59,24 @@ def test_the_int8_peer_is_the_faster_form_that_passes_the_bound_and_both_are_rec
     assert set(report) == {"int8-f32", "int8q-f32"} and all(r["check"]["ok"] for r in report.values())
     assert chosen == min(report, key=lambda p: report[p]["ms"])
     far = reference.clone()
-    far[:, 0] += 50.0  # a reference no int8 form is within the bound of: the faster is named, its check failed
+    far[:, 0] += 50.0  # a reference no int8 form is within the bound of: none is chosen, both checks recorded
     chosen, report = openvino_baseline.fastest_int8(model, torch.float32, samples, far)
-    assert chosen == min(report, key=lambda p: report[p]["ms"]) and not report[chosen]["check"]["ok"]
+    assert chosen is None and set(report) == {"int8-f32", "int8q-f32"}
+    assert not any(r["check"]["ok"] for r in report.values())
+
+
+def test_an_int8_run_whose_openvino_int8_forms_miss_the_bound_compares_with_openvino_at_the_base_precision(
+        demo_checkpoint, tmp_path, monkeypatch):
+    from bench import score_node
+
+    monkeypatch.setattr(openvino_baseline, "CACHE", tmp_path)
+    model = openvino_baseline.OpenVinoModel(demo_checkpoint, threads=1)
+    samples = random_batch(1024, [7, 30, 64, 1], 11)
+    reference, _ = hf_last_token(load_hf(demo_checkpoint), samples)
+    far = reference.clone()
+    far[:, 0] += 50.0
+    (precision, _), sweeps = score_node.pick_openvino_setting(model, torch.float32, samples, True, far)
+    assert precision == "f32" and not openvino_baseline.is_int8(precision)
+    assert set(score_node.openvino_refused({"openvino_micro_batch_ms": sweeps})) == {"int8-f32", "int8q-f32"}
+    (precision, _), sweeps = score_node.pick_openvino_setting(model, torch.float32, samples, True, reference)
+    assert openvino_baseline.is_int8(precision) and score_node.openvino_refused({"openvino_micro_batch_ms": sweeps}) == {}
