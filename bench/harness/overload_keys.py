@@ -21,11 +21,18 @@ the live run sent, with the latency model the live worker fitted (its last profi
                                  the replay's beside it
   wasted_compute_share           live: per policy at 2x (overload_summary's), admission's by load beside
   replay_vs_live_max_rel_err     per policy, the largest over loads of |replay - live| / live in-time
-                                 answers (summed over the windows); `max` over the policies
+                                 answers (summed over the windows); `max` over the policies. The replay
+                                 it compares is run in the rig's world: on the bench's pinning the
+                                 gateway and the client share one core, and each arrival keeps the
+                                 gateway's loop busy for what a request cost that core in the live
+                                 windows at that load (`replay_vs_live_loop_ms_per_request`); `_free_loop`
+                                 beside it: against the replay whose loop costs nothing (the world of
+                                 the bound and the ratios)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import defaultdict
@@ -43,28 +50,50 @@ from loadgen.trace import Trace
 ADMISSION, EDF_LATE_DROP, BOUNDED = "admission", "edf_late_drop", "edf_bounded"
 
 
-def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: list[str],
-             token_budget: int) -> dict[str, Any]:
+def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: list[str], token_budget: int,
+             loop_ms: dict[str, float] | None = None) -> dict[str, Any]:
     """Per load: overload_replay's row (bound, ratios, idle, waste) and every policy's in-time answers;
-    at 2x, the priority row."""
+    at 2x, the priority row. `loop_ms` (load -> ms): what each request cost the core the live gateway and
+    client shared, measured in the live windows; every policy's in-time answers are replayed with the
+    gateway's loop that busy per arrival (`in_time_by_policy`, what live is compared with) and with a free
+    loop (`in_time_by_policy_free_loop`, the world the bound and the ratios above are computed in)."""
     out: dict[str, Any] = {"loads": {}}
     for load, windows in traces.items():
         row = replay_load_row(windows, service)
-        row["in_time_by_policy"] = {p: sum(_in_time(t, p, service, token_budget) for t in windows) for p in policies}
+        ms = (loop_ms or {}).get(load) or 0.0
+        row["loop_ms_per_request"] = ms
+        row["in_time_by_policy"] = {p: sum(_in_time(t, p, service, token_budget, ms) for t in windows)
+                                    for p in policies}
+        row["in_time_by_policy_free_loop"] = (row["in_time_by_policy"] if not ms else
+                                              {p: sum(_in_time(t, p, service, token_budget) for t in windows)
+                                               for p in policies})
         out["loads"][load] = row
     if "2x" in traces:
         out["priority_at_2x"] = priority_row(traces["2x"], service)
     return out
 
 
-def replay_world(policy: str, token_budget: int) -> SimSettings:
-    """overload_replay's world for `policy`, the bounded queue with the token budget the live run sized."""
-    settings = world(policy)
+def replay_world(policy: str, token_budget: int, loop_ms: float = 0.0) -> SimSettings:
+    """overload_replay's world for `policy`, the bounded queue with the token budget the live run sized;
+    with `loop_ms`, each arrival keeps the gateway's loop busy that long (the simulator's
+    gateway_ms_per_request)."""
+    settings = dataclasses.replace(world(policy), gateway_ms_per_request=loop_ms)
     return settings.with_knobs({"max_queue_tokens": max(1, token_budget)}) if policy == BOUNDED else settings
 
 
-def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int) -> int:
-    return replay(trace, policy, service, replay_world(policy, token_budget))["in_time"]
+def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int, loop_ms: float = 0.0) -> int:
+    return replay(trace, policy, service, replay_world(policy, token_budget, loop_ms))["in_time"]
+
+
+def loop_ms_by_load(windows: dict[str, dict[str, list[dict]]]) -> dict[str, float] | None:
+    """Per load, the median over every policy's windows of what a request cost the core the gateway and
+    the client shared (overload_window's gateway_client_cpu_ms_per_request); None where a window lacks it."""
+    loads = {load for rows in windows.values() for load in rows}
+    values = {load: [w.get("gateway_client_cpu_ms_per_request") for rows in windows.values() for w in rows.get(load, [])]
+              for load in loads}
+    if any(v is None for vs in values.values() for v in vs):
+        return None
+    return {load: round(statistics.median(vs), 3) for load, vs in values.items() if vs}
 
 
 def answer_times(windows: dict[str, dict[str, list[dict]]], key: str) -> dict[str, dict[str, Any]]:
@@ -105,8 +134,8 @@ def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[
     expiries = gateway_answer_times(windows, (EXPIRED,))
     client_refusals = answer_times(windows, "refusal_answer_ms")
     client_expiries = answer_times(windows, "expired_answer_ms")
-    rel_err = {p: max(abs(rows[load]["in_time_by_policy"][p] - live_in_time[p][load]) / max(1, live_in_time[p][load])
-                      for load in loads) for p in windows}
+    rel_err = _rel_err(rows, live_in_time, loads, "in_time_by_policy")
+    rel_err_free = _rel_err(rows, live_in_time, loads, "in_time_by_policy_free_loop")
     goodput = {p: {load: figures[p][load]["goodput_rps"] for load in loads} for p in figures}
     classes = figures[ADMISSION][loads[0]]["goodput_by_class_rps"]
     return {
@@ -142,8 +171,19 @@ def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[
         "replay_vs_live_max_rel_err": {**{p: round(e, 3) for p, e in rel_err.items()},
                                        "max": round(max(rel_err.values()), 3)},
         "replay_vs_live_in_time": {p: {load: {"replay": rows[load]["in_time_by_policy"][p],
+                                              "replay_free_loop": rows[load]["in_time_by_policy_free_loop"][p],
                                               "live": live_in_time[p][load]} for load in loads} for p in windows},
+        "replay_vs_live_loop_ms_per_request": {load: rows[load]["loop_ms_per_request"] for load in loads},
+        "replay_vs_live_max_rel_err_free_loop": {**{p: round(e, 3) for p, e in rel_err_free.items()},
+                                                 "max": round(max(rel_err_free.values()), 3)},
     }
+
+
+def _rel_err(rows: dict[str, dict], live_in_time: dict[str, dict[str, int]], loads: list[str],
+             key: str) -> dict[str, float]:
+    """Per policy, the largest over loads of |replay - live| / live in-time answers (the replay's `key`)."""
+    return {p: max(abs(rows[load][key][p] - live[load]) / max(1, live[load]) for load in loads)
+            for p, live in live_in_time.items()}
 
 
 def _pair_ratio(pair: dict[str, list[dict]] | None) -> float | None:

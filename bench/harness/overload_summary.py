@@ -43,6 +43,8 @@ def _figures(rows: list[dict]) -> dict[str, Any]:
         "worker_cpu": _median([r["worker_cpu"] for r in rows]),
         "worker_cpu_while_busy": _median([r.get("worker_cpu_while_busy") for r in rows]),
         "gateway_cpu": _median([r["gateway_cpu"] for r in rows]),
+        "client_cpu": _median([r.get("client_cpu") for r in rows]),
+        "gateway_client_cpu_ms_per_request": _median([r.get("gateway_client_cpu_ms_per_request") for r in rows]),
         "batch_fill": _median([r["batch_fill"] for r in rows]),
         "measured_over_predicted_service": _median([r["measured_over_predicted_service"] for r in rows]),
         "sender_lag_p99_ms": _median([r["sender"]["lag_ms"]["p99"] for r in rows]),

@@ -8,7 +8,10 @@ only: the gateway's Prometheus series (drops by reason, batches and their fill, 
 measured batch service time, worker compute and the part of it wasted, the gateway's own CPU, the
 queue, the learnt lateness) and /proc/<pid>/stat of the worker processes (their CPU). The worker's
 CPU seconds over its compute seconds (`worker_cpu_while_busy`) say how much of the time it computed
-it really had a CPU: about 1 on a quiet machine, less where other processes took its core.
+it really had a CPU: about 1 on a quiet machine, less where other processes took its core. The client's
+own CPU (this process's, over the replay) beside the gateway's: where both share one core (the bench's
+pinning), `gateway_client_cpu_ms_per_request` is what each request costs that core, the figure the
+replay's validation world takes (bench/harness/overload_keys.py).
 How fast a request learns it will not be served is measured where the issue defines it, by the gateway:
 its histogram of the time from a request's body read to its answer written, by outcome
 (`boundserve_body_to_answer_seconds`, gateway/metrics.py), its increase over the window for the refusals
@@ -107,17 +110,21 @@ async def run_window(url: str, trace: Trace, bodies: BodyFactory, worker_pids: S
 
         await scrape()
         sampler = asyncio.create_task(sample_every())
+        client_cpu_start = time.process_time()
         try:
             run = await replay(trace, bodies, ReplayOptions(url=url, progress=False, scrape_metrics=False))
         finally:
             sampler.cancel()
+        client_cpu_s = time.process_time() - client_cpu_start
         await scrape()
-    return summarize(trace, run.results, samples)
+    return summarize(trace, run.results, samples, client_cpu_s)
 
 
-def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[float, float, dict]]) -> dict[str, Any]:
+def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[float, float, dict]],
+              client_cpu_s: float = 0.0) -> dict[str, Any]:
     """Goodput in all and by deadline class, the tail, what was refused, late or dropped, what the
-    server spent (and wasted), and the same second by second (`seconds`)."""
+    server spent (and wasted), and the same second by second (`seconds`). `client_cpu_s`: the CPU seconds
+    this process (the client) spent sending the window and reading its answers."""
     deadlines = [r.deadline_ms for r in trace.records]
     window_s = window_of(results)
     by_class: dict[str, dict[str, Any]] = {}
@@ -154,6 +161,9 @@ def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[fl
         "worker_cpu_while_busy": (round((last[1] - first[1]) / spent["compute_s"], 3) if spent["compute_s"] > 0
                                   else None),
         "gateway_cpu": round(spent["gateway_cpu_s"] / span_s, 3),
+        "client_cpu": round(client_cpu_s / span_s, 3),
+        "gateway_client_cpu_ms_per_request": (round(1000.0 * (spent["gateway_cpu_s"] + client_cpu_s) / len(results), 3)
+                                              if results else None),
         "batches": int(spent["batches"]),
         "batch_fill": round(spent["fill_sum"] / spent["batches"], 3) if spent["batches"] else None,
         "measured_over_predicted_service": (round(spent["service_s"] / spent["predicted_s"], 3)
