@@ -9,7 +9,7 @@ are; duplicates removed by the trie.
         product's build chain with a node builder of this file's) over the product's node, tables as
         inputs sized by the bounds (max_catalog_nodes = the catalogue's nodes + 25 %, max_catalog_fanout = its
         fan-out), on the same catalogue and prompts: --rounds interleaved rounds (order alternating), medians.
-        Parity: both return the same beams (bench/parity.py, 1e-5), each a catalogue item, before any figure.
+        Parity: both return the same beams (bench/harness/parity.py, 1e-5), each a catalogue item, before any figure.
   trie_update_s  a worker's CatalogStore.update from the catalogue's trie file (written offline by
         `python -m shared.catalog convert`) until the new version is current, median of --swaps;
         trie_update_from_sequences_s the same from the .npy of sequences (the trie built at the swap);

@@ -26,19 +26,17 @@ import json
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.harness.provenance import ROOT, write_result
+from bench.harness.provenance import write_result
 from loadgen.live import wait_ready
 from loadgen.processes import free_port
-from loadgen.standin_worker import standin_manifest
+from loadgen.stack import start_standin_stack
 from loadgen.stats import percentile as pct
-from shared.manifest import manifest_json
 
 WORDS = ("red blue running shoe phone case cheap premium free shipping review rating coffee tea book laptop "
          "camera watch bag hotel flight city beach summer winter best top near me how why search click").split()
@@ -137,19 +135,9 @@ async def load(port: int, requests: list[bytes], concurrency: int, seconds: floa
 
 def start_stack(folder: Path, port: int, offload_chars: int, traces_to: str | None = None) -> list[subprocess.Popen]:
     """The stand-in worker and the gateway; `traces_to`: an OTLP/HTTP endpoint to trace to (else tracing off)."""
-    endpoint = f"ipc://{folder}/worker"
-    (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(1 << 20)))
     telemetry = f'[telemetry]\nenabled = true\nendpoint = "{traces_to}"\n' if traces_to else ""
-    (folder / "gw.toml").write_text(
-        f'name = "bench"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
-        f"[gateway]\nport = {port}\naccess_log = false\nscore_deadline_ms = 5000\nmax_queue_tokens = 10000000\n"
-        f"tokenize_offload_chars = {offload_chars}\n{telemetry}")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint,
-                               "--vocab-size", str(1 << 20)], cwd=ROOT, env=env)
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"),
-                                "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    return [gateway, worker]
+    return start_standin_stack(folder, port, 1 << 20, "bench", "score_deadline_ms = 5000\nmax_queue_tokens = 10000000\n"
+                               f"tokenize_offload_chars = {offload_chars}\n{telemetry}")
 
 
 def cpu_seconds(pid: int) -> float:

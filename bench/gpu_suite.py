@@ -3,7 +3,7 @@
 For each model: a random-weight checkpoint of the real shape (written by transformers), both nodes
 (score, beam) compiled for the device with configs/compose-gpu.toml, parity with transformers
 (label logits and the top beam against float32 on the same weights, within transformers' own bf16
-error; bench/parity.py), no host sync inside either node's call (each enqueue run
+error; bench/harness/parity.py), no host sync inside either node's call (each enqueue run
 under torch.cuda.set_sync_debug_mode("error")) and two lanes' streams overlapping (the time of two
 concurrent batches against one; bench/harness/gpu_checks.py), the scoring node against transformers
 careful and at its best (15 samples per request, executed MFU), the beam node (W = 100, S = 4,

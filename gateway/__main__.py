@@ -25,6 +25,7 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import GATEWAY, make_app
+from gateway.limits import compiled_bounds
 from gateway.logs import gateway_logging
 from gateway.wiring import Settings
 from gateway.supervisor import Supervisor, WorkerSpec
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) -> Settings:
     """What the app serves with; refuses to spawn CPU workers that would refuse the artifacts (and be
-    restarted over and over), and a config whose [bounds] differ from the compiled ones."""
+    restarted over and over), artifacts whose manifest records no bounds, and a config whose [bounds]
+    differ from the compiled ones."""
     if spawn_workers and config.worker.discovery != "static":
         raise ConfigError(f'--spawn-workers starts the [worker] endpoints list; with discovery = '
                           f'"{config.worker.discovery}" the workers are found, not started: start them yourself, '
@@ -77,6 +79,7 @@ def _settings(config: DeploymentConfig, artifacts: Path, spawn_workers: bool) ->
     manifest = read_manifest(artifacts)
     if spawn_workers and "cpu" in config.worker.devices and (problem := threads_difference(manifest, config)):
         raise ConfigError(f"{artifacts}: {problem}")
+    compiled_bounds(manifest)  # ValueError: a manifest that records none
     if differences := bounds_differences(manifest, config):
         raise ConfigError(f"the config's [bounds] differ from what the artifacts in {artifacts} were compiled for: "
                           f"{'; '.join(differences)}; rebuild them (python -m compile), or leave [bounds] out of the "

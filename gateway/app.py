@@ -2,7 +2,7 @@
 
 Routes: POST /v1/score, POST /v1/generate, GET /healthz, /readyz, /metrics, /openapi.json; the
 de-facto standard ones: POST /v1/rerank, /v2/rerank (Cohere, Jina), /rerank (text-embeddings-inference),
-POST /v1/embeddings, POST /v1/completions and GET /v1/models (OpenAI).
+POST /v1/embeddings, POST /v1/completions and GET /v1/models (OpenAI); POST /admin/constraints.
 One middleware gives every request its id, checks the bearer token, turns every error into the
 JSON of gateway/errors.py and writes one JSON log line per request.
 """
@@ -39,7 +39,7 @@ from gateway.api import rerank as rerank_api
 from gateway.api.reranking import TRUNCATED_HEADER, rerank, served_model
 from gateway.api.embeddings import embed, model_list, parse_embeddings
 from gateway.limits import Limits
-from gateway.catalog_admin import parse_update
+from gateway.api.constraints import parse_update
 from gateway.wiring import Gateway, Settings
 from shared.config import GatewayConfig
 

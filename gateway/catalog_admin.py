@@ -5,7 +5,8 @@ unload; each ready worker gets one CatalogSwap (shared/protocol) and builds the 
 the batches it runs, then answers CatalogState. The route answers once every worker has answered or
 the timeout has passed: 200 with each worker's version when all of them switched, else 502
 `catalog_update_failed` naming each worker that did not (its current version stays in service).
-The route needs the bearer token (gateway.auth_token_env): a gateway without one refuses it.
+The route needs the bearer token (gateway.auth_token_env): a gateway without one refuses it. Its body
+and answer types and their parsing are gateway/api/constraints.py's.
 """
 
 from __future__ import annotations
@@ -13,51 +14,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from typing import Annotated
 
-import msgspec
-from msgspec import Meta, Struct
-
+from gateway.api.constraints import ConstraintsAnswer, ConstraintsUpdate, WorkerCatalog
 from gateway.errors import ApiError
 from gateway.worker_link import READY, WorkerLink
 from shared import protocol
 
 CATALOG_UPDATE_TIMEOUT_S = 30.0
 """How long a worker may take to build a catalogue version (a 1M-item sequences file: seconds)."""
-CatalogName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
-CatalogPath = Annotated[str, Meta(min_length=1, max_length=4096)]
-
-
-class ConstraintsUpdate(Struct, forbid_unknown_fields=True):
-    """Catalogues to load as one new version, and names to unload."""
-
-    load: Annotated[dict[CatalogName, CatalogPath], Meta(max_length=1024)] = {}
-    unload: Annotated[list[CatalogName], Meta(max_length=1024)] = []
-
-
-class WorkerCatalog(Struct):
-    endpoint: str
-    version: int | None
-    """The worker's current catalogue version (None: it did not answer)."""
-    items: dict[str, int] = {}
-    error: str = ""
-
-
-class ConstraintsAnswer(Struct):
-    workers: list[WorkerCatalog]
-
-
-def parse_update(raw: bytes) -> ConstraintsUpdate:
-    try:
-        update = msgspec.json.decode(raw, type=ConstraintsUpdate)
-    except msgspec.DecodeError as exc:
-        raise ApiError("invalid_request", f"/admin/constraints: {exc}") from None
-    if not update.load and not update.unload:
-        raise ApiError("invalid_request", "/admin/constraints: name catalogues to `load` ({name: path}) or `unload`")
-    both = sorted(set(update.load) & set(update.unload))
-    if both:
-        raise ApiError("invalid_request", f"/admin/constraints: {both} are both loaded and unloaded")
-    return update
 
 
 class CatalogAdmin:

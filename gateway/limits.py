@@ -35,9 +35,10 @@ class Limits:
 
     @classmethod
     def of(cls, config: DeploymentConfig, manifest: Manifest, vocab_size: int) -> Limits:
-        """Bounds come from the manifest (what the packages accept; a manifest without them: the
-        config's), the rest from config."""
-        score, bounds = manifest.node_table().score, manifest.bounds or config.build_bounds
+        """Bounds come from the manifest (what the packages accept: the only bounds at run time; a
+        manifest that records none is refused), the rest from config."""
+        bounds = compiled_bounds(manifest)
+        score = manifest.node_table().score
         return cls(
             vocab_size=vocab_size,
             bounds=bounds,
@@ -55,5 +56,15 @@ class Limits:
         )
 
     def limit(self, name: str) -> int:
-        """A compiled bound (a Bounds field) or a gateway limit, by name (http_types' fields name them)."""
+        """A compiled bound (a Bounds field) or a gateway limit, by name (the Limits on gateway/api's
+        request fields name them)."""
         return self.bounds.limit(name) if hasattr(self.bounds, name) else getattr(self, name)
+
+
+def compiled_bounds(manifest: Manifest) -> Bounds:
+    """The bounds the packages were compiled for; ValueError when the manifest records none (a
+    hand-written one): the config's [bounds] never stand in for them."""
+    if manifest.bounds is None:
+        raise ValueError("the artifacts' manifest records no bounds, and at run time the compiled bounds are "
+                         "the only ones: rebuild the artifacts (python -m compile)")
+    return manifest.bounds

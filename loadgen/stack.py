@@ -1,6 +1,8 @@
 """Local boundserve stacks for live checks, benchmarks and tests, started and owned here.
 
-`LocalStack`: `python -m gateway --spawn-workers`, the deployment as a user runs it. `SharedWorkers` and
+`LocalStack`: `python -m gateway --spawn-workers`, the deployment as a user runs it. `start_standin_stack`:
+a gateway on one stand-in worker (loadgen/standin_worker.py), for what is measured or fuzzed without a
+model. `SharedWorkers` and
 `GatewayProcess`: the config's workers started once as processes of their own and several gateways on
 them, each with its own [gateway] settings, for comparing gateway policies on one machine; with a
 `Pinning` the workers are confined to CPUs of their own (os.sched_setaffinity) and the gateways and the
@@ -32,10 +34,14 @@ import msgspec
 from loadgen.live import wait_ready
 from loadgen.processes import free_port, spawn, stop, tail
 from loadgen.service import ServiceModel, load_service_model
+from loadgen.standin_worker import standin_manifest
 from loadgen.tuner import apply_knobs, config_toml
 from shared.config import DeploymentConfig
 from shared.events import SETTLED, BatchDone, read_events
+from shared.manifest import manifest_json
 from shared.request_ids import client_id
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,22 @@ class LocalStack:
         """Every batch the workers have answered so far, in log order."""
         return [BatchLine(e.queue_ms, e.compute_ms, tuple(map(client_id, e.request_ids)),
                           tuple(map(client_id, e.expired)), e.ts) for e in read_events(self.log_path, BatchDone)]
+
+
+def start_standin_stack(folder: Path, port: int, vocab_size: int, name: str, toml: str = "") -> list[subprocess.Popen]:
+    """A gateway on 127.0.0.1:`port` and one stand-in worker of `vocab_size` on an ipc endpoint in `folder`,
+    which holds the tokenizer.json the gateway reads; the stand-in's manifest and the config (gw.toml) are
+    written beside it, `toml` adding [gateway] keys and any tables after them. The processes' output goes to
+    gateway.log and worker.log there. [gateway, worker]: the caller stops them."""
+    endpoint = f"ipc://{folder}/worker"
+    (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(vocab_size)))
+    (folder / "gw.toml").write_text(f'name = "{name}"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
+                                    f"[gateway]\nport = {port}\naccess_log = false\n{toml}")
+    worker = spawn([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint, "--vocab-size",
+                    str(vocab_size)], folder / "worker.log", cwd=ROOT, group=False)
+    gateway = spawn([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"), "--artifacts", str(folder)],
+                    folder / "gateway.log", cwd=ROOT, group=False)
+    return [gateway, worker]
 
 
 def deployment_toml(config: DeploymentConfig) -> str:

@@ -118,7 +118,7 @@ class QuantizeConfig:
 
 GATE_MAX_NATS = {"selection_max_drift": 2.0, "max_label_logprob_drift": 2.0, "mean_label_logprob_drift": 1.0}
 """Ceilings of the int8 budget and gate's drifts (nats): beyond them the gate no longer tells a quantized model
-from a broken one (bench/parity.py: a wrong model misses a top-1 log-probability by several nats)."""
+from a broken one (bench/harness/parity.py: a wrong model misses a top-1 log-probability by several nats)."""
 GATE_MIN_SHARES = {"min_top1_agreement": 0.5, "min_rank_agreement": 0.5}
 """Floors of the gate's agreements: below half, a model that changes most answers (or orders most pairs of a
 request's items otherwise than the float model does) would pass."""

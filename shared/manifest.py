@@ -137,9 +137,9 @@ class Manifest(Fact):
 
     model: ModelFacts = ModelFacts()
     bounds: Bounds | None = None
-    """The bounds the packages were compiled for (None: a hand-written manifest without them; the
-    gateway then takes the config's). A max_prefix_tokens over a sample is read as a sample's
-    length (Bounds.limit), as readers always did."""
+    """The bounds the packages were compiled for (None: a hand-written manifest without them, which the
+    gateway refuses to serve: the compiled bounds are the only ones at run time). A max_prefix_tokens
+    over a sample is read as a sample's length (Bounds.limit), as readers always did."""
     nodes: NodeTable | None = None
     """None or empty: a hand-written manifest that names no nodes (every configured workload is served)."""
     format_version: int = 0

@@ -27,13 +27,15 @@ class SharingRule:
     bounds.max_prefix_tokens): the gateway decides with it on token ids, the simulator on a trace's
     lengths, so both send the same work."""
 
-    min_tokens: int
-    max_tokens: int
+    min_shared_prefix_tokens: int
+    max_prefix_tokens: int
 
     def prefix_len(self, common_len: int, samples: int) -> int:
         """Tokens the samples will share (0: sent unshared): their common prefix `common_len` when there
-        are two or more samples and it is within [min_tokens, max_tokens]. A longer one is never cut."""
-        return common_len if samples >= 2 and self.min_tokens <= common_len <= self.max_tokens else 0
+        are two or more samples and it is within [min_shared_prefix_tokens, max_prefix_tokens]. A longer
+        one is never cut."""
+        return (common_len if samples >= 2 and self.min_shared_prefix_tokens <= common_len <= self.max_prefix_tokens
+                else 0)
 
 
 NEVER_SHARE = SharingRule(1, 0)

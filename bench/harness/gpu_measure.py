@@ -145,7 +145,7 @@ def parity(nodes, hf, hf32, spec, s: Settings) -> dict:
     return {**result, "ok": check["ok"] and beam["ok"], "beam": beam, "beam_top1_same_as_hf": sum(top1) / len(top1),
             "beam_top1_score_max_diff": max(score_diffs), "beam_width": PARITY_W, "beam_prompts": len(prompts),
             "note": f"{str(s.dtype)} on both sides; beam search prunes, so another best beam than float32's is no "
-                    "error while float32 scores it no worse (bench/parity.py: top_beam_check)"}
+                    "error while float32 scores it no worse (bench/harness/parity.py: top_beam_check)"}
 
 
 def mfu_fields(flops: float, seconds: float, peak: dict) -> dict:

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
@@ -21,11 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 
 from loadgen.live import wait_ready
-from loadgen.standin_worker import standin_manifest
-from shared.manifest import manifest_json
 from loadgen.processes import free_port
+from loadgen.stack import start_standin_stack
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_CODES = {"deadline_unmeetable", "deadline_exceeded"}
 
 
@@ -33,17 +27,8 @@ DEADLINE_CODES = {"deadline_unmeetable", "deadline_exceeded"}
 def gateway_url(tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "manifest.json").write_bytes(manifest_json(standin_manifest(1024)))
-    endpoint = f"ipc://{folder}/worker"
     port = free_port()
-    (folder / "gw.toml").write_text(
-        f'name = "fuzz"\n[worker]\nendpoints = ["{endpoint}"]\ndevices = ["cpu"]\n'
-        f"[gateway]\nport = {port}\naccess_log = false\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint,
-                               "--vocab-size", "1024"], cwd=ROOT, env=env)
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "--config", str(folder / "gw.toml"),
-                                "--artifacts", str(folder)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    gateway, worker = start_standin_stack(folder, port, 1024, "fuzz")
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(url, 30.0, (worker, gateway)))

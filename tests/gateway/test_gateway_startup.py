@@ -1,7 +1,8 @@
 """`python -m gateway` and `python -m worker` refuse to start, exit 2 with one line saying why, on CPU
 workers to spawn for another thread count than the artifacts', a port already taken, a tokenizer file
 they cannot read and a worker entry the config does not have; never a traceback. Configured bounds
-other than the compiled ones are named at start (the compiled ones are served)."""
+other than the compiled ones are refused with both values named, and so are artifacts whose manifest
+records no bounds: the compiled bounds are the only ones at run time."""
 
 from __future__ import annotations
 
@@ -99,6 +100,15 @@ def test_a_config_without_bounds_serves_the_compiled_ones(tmp_path, tokenizer_di
     assert settings.config.bounds is None
     served = Limits.of(settings.config, settings.manifest, request_tokenizer.vocab_size)
     assert served.bounds == settings.manifest.bounds
+
+
+def test_a_manifest_without_bounds_is_refused_not_served_with_the_configs(tmp_path, tokenizer_dir,
+                                                                          request_tokenizer, capfd):
+    """The config's [bounds] never stand in for the compiled ones, even where the manifest records none."""
+    folder = artifacts(tmp_path / "art", tokenizer_dir, request_tokenizer, bounds=None)
+    assert gateway_main(["--config", config(tmp_path, STANDIN_BOUNDS.max_labels), "--artifacts", str(folder)]) == 2
+    said = refusal(capfd)
+    assert "cannot start" in said and "manifest records no bounds" in said, said
 
 
 def test_a_port_already_taken_is_refused_in_one_line(tmp_path, tokenizer_dir, request_tokenizer, capfd):
