@@ -19,15 +19,15 @@ import asyncio
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from bench.harness.provenance import ROOT, timed_part, write_result
 from gateway.worker_link import READY
 from gateway.worker_pool import WorkerPool
-from loadgen.processes import free_port
+from loadgen.processes import free_port, spawn
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP}
 TRANSPORTS = ("ipc", "tcp")
@@ -42,9 +42,10 @@ async def _until(pool: WorkerPool, ready: bool) -> None:
         await asyncio.wait_for(changed.wait(), STATE_TIMEOUT_S)
 
 
-async def detect_once(endpoint: str, signum: int, worker_timeout_ms: int) -> float:
-    """Milliseconds from `signum` sent to the worker to the pool declaring it lost."""
-    worker = subprocess.Popen([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint], cwd=ROOT)
+async def detect_once(endpoint: str, signum: int, worker_timeout_ms: int, log: Path) -> float:
+    """Milliseconds from `signum` sent to the worker to the pool declaring it lost (the stand-in's output in
+    `log`)."""
+    worker = spawn([sys.executable, "-m", "loadgen.standin_worker", "--endpoint", endpoint], log, cwd=ROOT)
     pool = WorkerPool((endpoint,), worker_timeout_ms, 2)
     await pool.start()
     try:
@@ -69,7 +70,8 @@ async def measure(timeouts_ms: list[int], runs: int, folder: str) -> dict:
                 for run in range(runs):
                     endpoint = (f"ipc://{folder}/w{timeout_ms}-{name}-{run}" if transport == "ipc"
                                 else f"tcp://127.0.0.1:{free_port()}")
-                    ms.append(round(await detect_once(endpoint, signum, timeout_ms), 1))
+                    ms.append(round(await detect_once(endpoint, signum, timeout_ms,
+                                                      Path(folder) / "standin.log"), 1))
                 cases[f"{name} {transport} T={timeout_ms}"] = {
                     "signal": name, "transport": transport, "worker_timeout_ms": timeout_ms, "lost_after_ms": ms,
                     "min_ms": min(ms), "median_ms": statistics.median(ms), "max_ms": max(ms),

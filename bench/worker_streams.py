@@ -26,6 +26,7 @@ import numpy as np
 import zmq
 
 from bench.harness.provenance import ROOT, write_result
+from loadgen.processes import spawn
 from shared import protocol
 from shared.config import WorkerConfig
 
@@ -94,9 +95,8 @@ def drive(sock: zmq.Socket, ready: protocol.Ready, total: int, window: int) -> d
 def run_worker(artifacts: Path, device: str, streams: int, total: int, folder: Path) -> dict:
     endpoint = f"ipc://{folder}/w{streams}.sock"
     config = write_config(folder, endpoint, device, streams)
-    log = open(folder / f"worker-{streams}.log", "w")
-    worker = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(config), "--artifacts", str(artifacts)],
-                              cwd=ROOT, stderr=log)
+    worker = spawn([sys.executable, "-m", "worker", "--config", str(config), "--artifacts", str(artifacts)],
+                   folder / f"worker-{streams}.log", cwd=ROOT)
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -116,7 +116,6 @@ def run_worker(artifacts: Path, device: str, streams: int, total: int, folder: P
             worker.kill()
         sock.close()
         context.term()
-        log.close()
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.harness.provenance import ROOT
 from loadgen.live import wait_ready
 from loadgen.stack import deployment_toml
-from loadgen.processes import free_port, tail
+from loadgen.processes import free_port, spawn, stop_all, tail
 from shared.events import BatchDone, Profiled, read_events
 from shared.request_ids import client_id
 
@@ -40,8 +40,8 @@ def post(url: str, body: dict, request_id: str) -> tuple[float, dict]:
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=out)
+    """`python <argv>` from the repository, its output in `log` (loadgen/processes.spawn)."""
+    return spawn([sys.executable, *argv], log, cwd=ROOT)
 
 
 def measure_e2e(config, artifacts: Path, requests) -> dict:
@@ -75,13 +75,7 @@ def measure_e2e(config, artifacts: Path, requests) -> dict:
                 raise RuntimeError(f"{exc}:\n" + "\n".join(tail(p, 1500) for p in logs)) from None
         return _run(urls, requests, worker_log, LatencyModel)
     finally:
-        for p in reversed(processes):
-            p.terminate()
-        for p in processes:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(reversed(processes), timeout_s=60.0)
 
 
 def _write(path: Path, config) -> Path:
