@@ -160,23 +160,23 @@ def dispatch_routed(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
     None: nothing to send (every slot taken, or nothing placed on a free worker: an answer or a new
     job wakes the caller)."""
     placement = Placement(workers, now_s, max_inflight_batches, recent)
-    timing = {name: FinishEstimate(model_of(w), now_s, w.busy_ms(now_s), slack_ms) for name, w in placement.workers.items()}
+    estimates = {name: FinishEstimate(model_of(w), now_s, w.busy_ms(now_s), slack_ms) for name, w in placement.workers.items()}
     chosen: dict[int, str] = {}
 
     def home(job: RoutedWork) -> str:
         if job.prefix_key is None:
             return ""
         if id(job) not in chosen:
-            in_time = lambda w: timing[placement.name_of(w)].in_time(job.batch_items, job.latency_tokens,  # noqa: E731
+            in_time = lambda w: estimates[placement.name_of(w)].in_time(job.batch_items, job.latency_tokens,  # noqa: E731
                                                                      job.deadline)
             worker = placement.choose(job.prefix_key, in_time)
             chosen[id(job)] = placement.name_of(worker) if worker is not None else ""
         return chosen[id(job)]
 
     hold: Hold | None = None
-    for name in sorted(placement.free, key=lambda n: (timing[n].busy_ms, len(placement.free[n].in_flight))):
+    for name in sorted(placement.free, key=lambda n: (estimates[n].busy_ms, len(placement.free[n].in_flight))):
         worker = placement.free[name]
-        plan = dispatch(queue, workload, bounds, model_of(worker), timing[name].busy_ms, lead_ms, now_s,
+        plan = dispatch(queue, workload, bounds, model_of(worker), estimates[name].busy_ms, lead_ms, now_s,
                         drop_late, slack_ms, shed_by_cost, len(workers),
                         accept=lambda job, name=name: home(job) in ("", name))
         if isinstance(plan, Hold):
