@@ -87,7 +87,11 @@ def score_cells(r: ResultFile) -> list[str]:
 
     ct2_type = f", {d['ct2_compute_type']}" if d.get("ct2_compute_type") else ""
     mfu = "—" if d.get("executed_mfu") is None else f"{d['executed_mfu']:.3f} of {d['peak_gflops']:.0f} GFLOP/s"
-    return [ours, peer("openvino", "speedup_vs_openvino"), peer("hf_best", "speedup_vs_hf_best"),
+    openvino = ""
+    if d.get("dtype") == "int8" and d.get("openvino_setting"):  # its int8 form, or its base where both missed
+        refused = " (its int8 forms outside the bound)" if d.get("openvino_int8_forms_refused") else ""
+        openvino = f", {d['openvino_setting'].split(',')[0]}{refused}"
+    return [ours, peer("openvino", "speedup_vs_openvino", openvino), peer("hf_best", "speedup_vs_hf_best"),
             peer("ct2", "speedup_vs_ct2", ct2_type), mfu]
 
 
