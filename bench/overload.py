@@ -207,7 +207,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pair: dict[str, l
     keys = overload_summary.ratios(figures, measured["capacity_rps"])
     traces = {f"{load:g}x": live_windows(workload, args, measured["capacity_rps"], load) for load in args.loads}
     replay = overload_keys.replayed(traces, service, list(windows), measured["token_budget"],
-                                    overload_keys.loop_ms_by_load(windows))
+                                    overload_keys.measured_world(windows))
     issue = overload_keys.keys(figures, windows, replay, pair, keys)
     median_window = {name: {load: rows[len(rows) // 2]["seconds"] for load, rows in loads.items()}
                      for name, loads in windows.items()}
@@ -218,8 +218,8 @@ def assemble(workload: overload_load.Workload, measured: dict, pair: dict[str, l
         "goals": overload_summary.goals(figures, keys, workload.name),
         "replay": {"latency_model_fitted_on_the_live_worker": service.to_dict(),
                    "world": "bench/overload_replay.py's: 10 % compute jitter, 2 ms per request, 1 ms per batch; "
-                            "against live, each arrival also keeps the gateway's loop busy for the CPU a request "
-                            "cost the core the gateway and the client shared (loop_ms_per_request per load)",
+                            "against live, with what the live windows measured in place of the per-batch overhead "
+                            "and a busy gateway loop (measured_world per load)",
                    **replay},
         "parity": replay_checks(replay),
         "pair": pair and {"load": f"{args.pair_load:g}x of twice the capacity", "windows": pair,

@@ -313,7 +313,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    workers = [WorkerState(link.endpoint, link.state, link.pid, sorted(link.latency_models), len(link.in_flight))
+    workers = [WorkerState(link.endpoint, link.state, link.pid, sorted(link.latency_models), len(link.in_flight),
+                           link.refused_because or None)
                for link in gateway.pool.links]
     if gateway.draining:
         raise ApiError("draining", "the gateway is draining")

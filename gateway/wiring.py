@@ -84,7 +84,8 @@ class Gateway:
         metrics = Metrics()
         discovery = DnsDiscovery.of(config.worker)  # None: the static endpoints list
         pool = WorkerPool(config.worker.endpoints if discovery is None else (), gw.worker_timeout_ms,
-                          gw.max_inflight_batches_per_worker, metrics.observe_answer, limits.static_prefix, discovery)
+                          gw.max_inflight_batches_per_worker, metrics.observe_answer, limits.static_prefix, discovery,
+                          limits.bounds)
         bounds = {workload: batch_bounds(limits.bounds, workload) for workload in ("score", "beam")}
         admission = Admission(pool)
         batchers = {w: Batcher(scheduler(w, b, gw), pool, gw.worker_timeout_ms, metrics) for w, b in bounds.items()}

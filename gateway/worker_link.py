@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 
 import zmq
@@ -28,7 +29,7 @@ from gateway.job import DONE, SENT, Job, fail, finish, wire_ids
 from shared.latency_correction import CorrectedModel
 from gateway.liveness import LivenessPolicy, connect_monitored
 from shared import protocol
-from shared.bounds import batch_capacity
+from shared.bounds import Bounds, batch_capacity
 from shared.policy import DropReason, busy_ms
 from shared.work import NO_REUSE, HeldPrefixes, StaticPrefix
 from gateway.telemetry import OFF, Telemetry, _Off
@@ -75,7 +76,8 @@ class WorkerLink:
 
     def __init__(self, endpoint: str, gateway_id: str, clock: Callable[[], float],
                  on_change: Callable[[], None], on_answer: Callable[[Answered], None] = lambda answer: None,
-                 static: StaticPrefix = NO_REUSE, on_returned: Callable[[list[Job]], None] = lambda jobs: None) -> None:
+                 static: StaticPrefix = NO_REUSE, on_returned: Callable[[list[Job]], None] = lambda jobs: None,
+                 bounds: Bounds | None = None) -> None:
         self.endpoint = endpoint
         self.pid = 0
         self.gateway_id = gateway_id
@@ -92,6 +94,11 @@ class WorkerLink:
         self.reuse: HeldPrefixes = HeldPrefixes(static=static)
         """Which leading tokens a request sent here need not compute: the static prefix and the
         prefixes its latest heartbeat said its cache holds (the cost model's view of this worker)."""
+        self.bounds = bounds
+        """The bounds the gateway's artifacts were compiled for: a worker whose Ready names others is not
+        served (None: any; a test's link alone)."""
+        self.refused_because = ""
+        """Why the worker's last Ready was refused (its bounds differ from the gateway's); empty: it was not."""
         self.on_catalog_state: Callable[[protocol.CatalogState], None] = lambda state: None
         """Where the worker's answers to catalogue updates go (gateway/catalog_admin.py)."""
         self._clock = clock
@@ -244,6 +251,13 @@ class WorkerLink:
             log.error("worker %s speaks protocol %s, gateway %s", self.endpoint, ready.protocol_version,
                       protocol.PROTOCOL_VERSION)
             return
+        if differences := bounds_differences(ready.bounds, self.bounds):
+            self.refused_because = (f"its artifacts were compiled for other bounds than this gateway's: "
+                                    f"{'; '.join(differences)}")
+            log.error("worker %s (pid %s) not served: %s; deploy one build to gateway and workers",
+                      self.endpoint, ready.pid, self.refused_because)
+            return
+        self.refused_because = ""
         if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone
             self.declare_lost(f"it restarted as pid {ready.pid}")
         if self.state == READY and ready.pid == self.pid:
@@ -414,3 +428,12 @@ _HANDLERS: dict[type, Callable[[WorkerLink, object], None]] = {
     protocol.Goodbye: WorkerLink._on_goodbye,
     protocol.CatalogState: lambda link, state: link.on_catalog_state(state),
 }
+
+
+def bounds_differences(worker: Bounds, gateway: Bounds | None) -> list[str]:
+    """Each bound a worker's Ready names that differs from the gateway's compiled one, in words (empty: they
+    agree, or the gateway has none to hold it to)."""
+    if gateway is None:
+        return []
+    return [f"{f.name} = {getattr(worker, f.name)} on the worker, {getattr(gateway, f.name)} here"
+            for f in dataclasses.fields(Bounds) if worker.limit(f.name) != gateway.limit(f.name)]

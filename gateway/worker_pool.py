@@ -28,6 +28,7 @@ from gateway.discovery import DnsDiscovery
 from gateway.job import DONE, Job
 from gateway.liveness import LivenessPolicy
 from gateway.worker_link import CONNECTING, LOST, READY, STALLED, Answered, WorkerLink
+from shared.bounds import Bounds
 from shared.policy import least_busy
 from shared.policy.routing import Placement, RecentHolders
 from shared.work import NO_REUSE, Reuse, StaticPrefix
@@ -42,7 +43,7 @@ class WorkerPool:
 
     def __init__(self, endpoints: tuple[str, ...], worker_timeout_ms: int, max_inflight_batches: int,
                  on_answer: Callable[[Answered], None] = lambda answer: None, static: StaticPrefix = NO_REUSE,
-                 discovery: DnsDiscovery | None = None) -> None:
+                 discovery: DnsDiscovery | None = None, bounds: Bounds | None = None) -> None:
         self.gateway_id = f"gw-{uuid.uuid4().hex[:8]}"
         self.liveness = LivenessPolicy.from_timeout(worker_timeout_ms)
         self.max_inflight_batches = max_inflight_batches
@@ -51,6 +52,8 @@ class WorkerPool:
         """Which worker each prefix was last sent to (routing's memory: shared/policy/routing.py)."""
         self._loop = asyncio.get_running_loop()
         self._on_answer = on_answer
+        self.bounds = bounds
+        """The gateway's compiled bounds: a worker whose Ready names others is not served (WorkerLink)."""
         self.links = [self._link(e) for e in endpoints]
         self.discovery = discovery
         self.retiring: set[WorkerLink] = set()
@@ -84,7 +87,7 @@ class WorkerPool:
 
     def _link(self, endpoint: str) -> WorkerLink:
         return WorkerLink(endpoint, self.gateway_id, self._loop.time, self._changed, self._on_answer, self.static,
-                          self._returned)
+                          self._returned, self.bounds)
 
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()

@@ -105,6 +105,8 @@ class StandInWorker:
     _releases: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     spin: bool = False
     """Compute by spinning with the GIL held, as a CPU worker's compiled call does (own process only)."""
+    bounds: Bounds = BOUNDS
+    """The bounds its Ready announces (a worker of another build: tests/gateway/test_gateway_worker_bounds.py)."""
     drain_ack_timeout_ms: float = 2000.0
     """As [worker] drain_ack_timeout_ms: how long a drain waits for the gateways' Goodbyes."""
     _drain: threading.Event = field(default_factory=threading.Event)
@@ -218,7 +220,7 @@ class StandInWorker:
 
     def _ready(self) -> protocol.Ready:
         return protocol.Ready(protocol.PROTOCOL_VERSION, "standin", "cpu", os.getpid(), ("score", "beam"),
-                       BOUNDS, {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
+                       self.bounds, {"vocab_size": self.vocab_size, "hidden_size": HIDDEN},
                        {"score": self.latency, "beam": self.latency})
 
     def _compute(self, count: int) -> float:

@@ -22,12 +22,13 @@ the live run sent, with the latency model the live worker fitted (its last profi
   wasted_compute_share           live: per policy at 2x (overload_summary's), admission's by load beside
   replay_vs_live_max_rel_err     per policy, the largest over loads of |replay - live| / live in-time
                                  answers (summed over the windows); `max` over the policies. The replay
-                                 it compares is run in the rig's world: on the bench's pinning the
-                                 gateway and the client share one core, and each arrival keeps the
-                                 gateway's loop busy for what a request cost that core in the live
-                                 windows at that load (`replay_vs_live_loop_ms_per_request`); `_free_loop`
-                                 beside it: against the replay whose loop costs nothing (the world of
-                                 the bound and the ratios)
+                                 it compares is run in the world the live windows measured
+                                 (`replay_vs_live_world`, per load): on the bench's pinning the gateway
+                                 and the client share one core, so each arrival keeps the gateway's loop
+                                 busy for what a request cost that core, and each batch is delayed by
+                                 its service time outside its compute (the message path); `_free_loop`
+                                 beside it: against overload_replay's own world (the world of the bound
+                                 and the ratios)
 """
 
 from __future__ import annotations
@@ -51,20 +52,20 @@ ADMISSION, EDF_LATE_DROP, BOUNDED = "admission", "edf_late_drop", "edf_bounded"
 
 
 def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: list[str], token_budget: int,
-             loop_ms: dict[str, float] | None = None) -> dict[str, Any]:
+             measured: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """Per load: overload_replay's row (bound, ratios, idle, waste) and every policy's in-time answers;
-    at 2x, the priority row. `loop_ms` (load -> ms): what each request cost the core the live gateway and
-    client shared, measured in the live windows; every policy's in-time answers are replayed with the
-    gateway's loop that busy per arrival (`in_time_by_policy`, what live is compared with) and with a free
-    loop (`in_time_by_policy_free_loop`, the world the bound and the ratios above are computed in)."""
+    at 2x, the priority row. `measured` (load -> world settings, `measured_world`): the costs outside the
+    model that the live windows measured; every policy's in-time answers are replayed in overload_replay's
+    world with those settings (`in_time_by_policy`, what live is compared with) and without them
+    (`in_time_by_policy_free_loop`, the world the bound and the ratios above are computed in)."""
     out: dict[str, Any] = {"loads": {}}
     for load, windows in traces.items():
         row = replay_load_row(windows, service)
-        ms = (loop_ms or {}).get(load) or 0.0
-        row["loop_ms_per_request"] = ms
-        row["in_time_by_policy"] = {p: sum(_in_time(t, p, service, token_budget, ms) for t in windows)
+        settings = (measured or {}).get(load) or {}
+        row["measured_world"] = settings
+        row["in_time_by_policy"] = {p: sum(_in_time(t, p, service, token_budget, settings) for t in windows)
                                     for p in policies}
-        row["in_time_by_policy_free_loop"] = (row["in_time_by_policy"] if not ms else
+        row["in_time_by_policy_free_loop"] = (row["in_time_by_policy"] if not settings else
                                               {p: sum(_in_time(t, p, service, token_budget) for t in windows)
                                                for p in policies})
         out["loads"][load] = row
@@ -73,27 +74,35 @@ def replayed(traces: dict[str, list[Trace]], service: ServiceModel, policies: li
     return out
 
 
-def replay_world(policy: str, token_budget: int, loop_ms: float = 0.0) -> SimSettings:
+def replay_world(policy: str, token_budget: int, measured: dict[str, float] | None = None) -> SimSettings:
     """overload_replay's world for `policy`, the bounded queue with the token budget the live run sized;
-    with `loop_ms`, each arrival keeps the gateway's loop busy that long (the simulator's
-    gateway_ms_per_request)."""
-    settings = dataclasses.replace(world(policy), gateway_ms_per_request=loop_ms)
+    `measured`: simulator settings that replace the world's (gateway_ms_per_request, batch_overhead_ms)."""
+    settings = dataclasses.replace(world(policy), **(measured or {}))
     return settings.with_knobs({"max_queue_tokens": max(1, token_budget)}) if policy == BOUNDED else settings
 
 
-def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int, loop_ms: float = 0.0) -> int:
-    return replay(trace, policy, service, replay_world(policy, token_budget, loop_ms))["in_time"]
+def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int,
+             measured: dict[str, float] | None = None) -> int:
+    return replay(trace, policy, service, replay_world(policy, token_budget, measured))["in_time"]
 
 
-def loop_ms_by_load(windows: dict[str, dict[str, list[dict]]]) -> dict[str, float] | None:
-    """Per load, the median over every policy's windows of what a request cost the core the gateway and
-    the client shared (overload_window's gateway_client_cpu_ms_per_request); None where a window lacks it."""
+MEASURED_WORLD = {"gateway_ms_per_request": "gateway_client_cpu_ms_per_request",
+                  "batch_overhead_ms": "batch_overhead_ms"}
+"""Simulator setting -> the live window's figure it is measured by (bench/harness/overload_window.py): what a
+request cost the core the gateway and the client shared, and a batch's service time outside its compute."""
+
+
+def measured_world(windows: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, float]]:
+    """Per load, each MEASURED_WORLD setting at the median over every policy's windows of its figure (a
+    setting whose figure some window lacks is left out: the replay's own world value stands)."""
     loads = {load for rows in windows.values() for load in rows}
-    values = {load: [w.get("gateway_client_cpu_ms_per_request") for rows in windows.values() for w in rows.get(load, [])]
-              for load in loads}
-    if any(v is None for vs in values.values() for v in vs):
-        return None
-    return {load: round(statistics.median(vs), 3) for load, vs in values.items() if vs}
+    out: dict[str, dict[str, float]] = {}
+    for load in loads:
+        summaries = [w for rows in windows.values() for w in rows.get(load, [])]
+        out[load] = {setting: round(statistics.median([w[figure] for w in summaries]), 3)
+                     for setting, figure in MEASURED_WORLD.items()
+                     if summaries and all(w.get(figure) is not None for w in summaries)}
+    return out
 
 
 def answer_times(windows: dict[str, dict[str, list[dict]]], key: str) -> dict[str, dict[str, Any]]:
@@ -173,7 +182,7 @@ def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[
         "replay_vs_live_in_time": {p: {load: {"replay": rows[load]["in_time_by_policy"][p],
                                               "replay_free_loop": rows[load]["in_time_by_policy_free_loop"][p],
                                               "live": live_in_time[p][load]} for load in loads} for p in windows},
-        "replay_vs_live_loop_ms_per_request": {load: rows[load]["loop_ms_per_request"] for load in loads},
+        "replay_vs_live_world": {load: rows[load]["measured_world"] for load in loads},
         "replay_vs_live_max_rel_err_free_loop": {**{p: round(e, 3) for p, e in rel_err_free.items()},
                                                  "max": round(max(rel_err_free.values()), 3)},
     }

@@ -45,6 +45,7 @@ def _figures(rows: list[dict]) -> dict[str, Any]:
         "gateway_cpu": _median([r["gateway_cpu"] for r in rows]),
         "client_cpu": _median([r.get("client_cpu") for r in rows]),
         "gateway_client_cpu_ms_per_request": _median([r.get("gateway_client_cpu_ms_per_request") for r in rows]),
+        "batch_overhead_ms": _median([r.get("batch_overhead_ms") for r in rows]),
         "batch_fill": _median([r["batch_fill"] for r in rows]),
         "measured_over_predicted_service": _median([r["measured_over_predicted_service"] for r in rows]),
         "sender_lag_p99_ms": _median([r["sender"]["lag_ms"]["p99"] for r in rows]),

@@ -10,8 +10,9 @@ queue, the learnt lateness) and /proc/<pid>/stat of the worker processes (their 
 CPU seconds over its compute seconds (`worker_cpu_while_busy`) say how much of the time it computed
 it really had a CPU: about 1 on a quiet machine, less where other processes took its core. The client's
 own CPU (this process's, over the replay) beside the gateway's: where both share one core (the bench's
-pinning), `gateway_client_cpu_ms_per_request` is what each request costs that core, the figure the
-replay's validation world takes (bench/harness/overload_keys.py).
+pinning), `gateway_client_cpu_ms_per_request` is what each request costs that core; `batch_overhead_ms`
+is a batch's service time (the gateway's send to its answer, less the worker's queue) outside its compute:
+the two figures the replay's validation world takes (bench/harness/overload_keys.py).
 How fast a request learns it will not be served is measured where the issue defines it, by the gateway:
 its histogram of the time from a request's body read to its answer written, by outcome
 (`boundserve_body_to_answer_seconds`, gateway/metrics.py), its increase over the window for the refusals
@@ -165,6 +166,8 @@ def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[fl
         "gateway_client_cpu_ms_per_request": (round(1000.0 * (spent["gateway_cpu_s"] + client_cpu_s) / len(results), 3)
                                               if results else None),
         "batches": int(spent["batches"]),
+        "batch_overhead_ms": (round(1000.0 * (spent["service_s"] - spent["compute_s"]) / spent["batches"], 3)
+                              if spent["batches"] else None),
         "batch_fill": round(spent["fill_sum"] / spent["batches"], 3) if spent["batches"] else None,
         "measured_over_predicted_service": (round(spent["service_s"] / spent["predicted_s"], 3)
                                             if spent["predicted_s"] > 0 else None),

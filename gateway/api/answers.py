@@ -104,12 +104,14 @@ class Health(Struct):
     status: Literal["ok"] = "ok"
 
 
-class WorkerState(Struct):
+class WorkerState(Struct, omit_defaults=True):
     endpoint: str
     state: str
     pid: int | None
     workloads: list[str]
     in_flight_batches: int
+    refused: str | None = None
+    """Why this gateway does not serve the worker though it answered (its bounds differ from the gateway's)."""
 
 
 class Ready(Struct, kw_only=True):

@@ -36,10 +36,10 @@ ISSUE_KEYS = ("admission_over_bound", "admission_over_edf_late_drop", "time_to_r
               "wasted_compute_share", "replay_vs_live_max_rel_err")
 
 
-def _simulated(trace: Trace, policy: str, loop_ms: float = 0.0) -> tuple[list[RequestResult], float]:
-    """The window through the simulator in the replay's world (each arrival keeping the gateway's loop busy
-    `loop_ms`); (results, compute seconds)."""
-    simulator = Simulator(overload_keys.replay_world(policy, BUDGET, loop_ms), SERVICE)
+def _simulated(trace: Trace, policy: str, measured: dict | None = None) -> tuple[list[RequestResult], float]:
+    """The window through the simulator in the replay's world (`measured`: settings in place of the world's);
+    (results, compute seconds)."""
+    simulator = Simulator(overload_keys.replay_world(policy, BUDGET, measured), SERVICE)
     results = simulator.run(trace)
     for result in results:  # the simulator has one clock: its send to answer is the try's time
         result.try_ms = result.done_ms - result.sent_ms
@@ -55,16 +55,17 @@ def _histograms(results: list[RequestResult]) -> dict:
     return read(metrics.render().decode())["body_to_answer"]
 
 
-def _window(trace: Trace, policy: str, loop_ms: float = 0.0) -> dict:
-    """A "live" window: simulated, its loop's cost per request split between the gateway's CPU counter and
-    the client's CPU as a window measures them."""
-    results, compute_s = _simulated(trace, policy, loop_ms)
+def _window(trace: Trace, policy: str, measured: dict | None = None) -> dict:
+    """A "live" window: simulated, and its costs outside the model as a window measures them: the loop's cost per
+    request split between the gateway's CPU counter and the client's CPU, a batch's service time outside compute."""
+    world = overload_keys.replay_world(policy, BUDGET, measured)
+    results, compute_s = _simulated(trace, policy, measured)
     span_s = max(r.t_ms for r in trace.records) / 1000.0
     start = {key: 0.0 for key in COUNTERS} | {"lateness_ms": 0.0, "loop_lag_ms": 0.0, "queue_jobs": 0.0,
                                                "body_to_answer": _histograms([])}
-    core_s = loop_ms * len(results) / 1000.0
+    core_s = world.gateway_ms_per_request * len(results) / 1000.0
     end = start | {"compute_s": compute_s, "batches": 1.0, "fill_sum": 1.0, "body_to_answer": _histograms(results),
-                   "gateway_cpu_s": 0.6 * core_s}
+                   "gateway_cpu_s": 0.6 * core_s, "service_s": compute_s + world.batch_overhead_ms / 1000.0}
     return summarize(trace, results, [(0.0, 0.0, start), (span_s, compute_s, end)], client_cpu_s=0.4 * core_s)
 
 
@@ -105,21 +106,23 @@ def _bucket_ms(ms: float) -> tuple[float, float]:
     return bounds[k - 1], bounds[k]
 
 
-def test_live_windows_whose_gateway_and_client_share_a_core_are_replayed_with_that_cost_per_request():
-    """"Live" windows in which each arrival kept the gateway's loop busy 3 ms (the CPU a request cost the core
-    the gateway and the client share, measured as a window measures it): the replay given that measured cost
-    agrees with them exactly; the replay with a free loop does not."""
+def test_live_windows_are_replayed_in_the_world_they_measured():
+    """"Live" windows in which each arrival kept the gateway's loop busy 3 ms (the CPU a request cost the core the
+    gateway and the client share) and each batch spent 4 ms outside its compute, measured as a window measures
+    them: the replay in the world they measured agrees with them exactly; the replay's own world does not."""
+    rig = {"gateway_ms_per_request": 3.0, "batch_overhead_ms": 4.0}
     workload = overload_load.trace(overload_load.TRACE, 2, 60, (50.0, 100.0, 300.0))
     args = argparse.Namespace(window_s=10.0, windows=2)
     traces = {f"{load:g}x": live_windows(workload, args, CAPACITY_RPS, load) for load in (1.0, 2.0)}
-    windows = {p: {load: [_window(t, p, loop_ms=3.0) for t in ts] for load, ts in traces.items()}
+    windows = {p: {load: [_window(t, p, rig) for t in ts] for load, ts in traces.items()}
                for p in ("admission", "edf_late_drop")}
-    loop_ms = overload_keys.loop_ms_by_load(windows)
-    assert loop_ms == {"1x": 3.0, "2x": 3.0}
+    measured = overload_keys.measured_world(windows)
+    assert measured == {"1x": rig, "2x": rig}
     figures = overload_summary.table(windows)
-    replay = overload_keys.replayed(traces, SERVICE, list(windows), BUDGET, loop_ms)
+    replay = overload_keys.replayed(traces, SERVICE, list(windows), BUDGET, measured)
     keys = overload_keys.keys(figures, windows, replay, None, overload_summary.ratios(figures, CAPACITY_RPS))
     assert keys["replay_vs_live_max_rel_err"]["max"] == 0.0
     assert keys["replay_vs_live_max_rel_err_free_loop"]["max"] > 0.0
-    assert keys["replay_vs_live_loop_ms_per_request"] == loop_ms
-    assert overload_keys.loop_ms_by_load({"admission": {"1x": [{"in_time": 1}]}}) is None  # an older window: none
+    assert keys["replay_vs_live_world"] == measured
+    older = {"admission": {"1x": [{"in_time": 1, "batch_overhead_ms": 2.0}]}}  # a window without the client's CPU
+    assert overload_keys.measured_world(older) == {"1x": {"batch_overhead_ms": 2.0}}
