@@ -252,10 +252,11 @@ class WorkerLink:
                       protocol.PROTOCOL_VERSION)
             return
         if differences := bounds_differences(ready.bounds, self.bounds):
-            self.refused_because = (f"its artifacts were compiled for other bounds than this gateway's: "
-                                    f"{'; '.join(differences)}")
-            log.error("worker %s (pid %s) not served: %s; deploy one build to gateway and workers",
-                      self.endpoint, ready.pid, self.refused_because)
+            because = f"its artifacts were compiled for other bounds than this gateway's: {'; '.join(differences)}"
+            if because != self.refused_because:  # once, not at each Hello it answers
+                log.error("worker %s (pid %s) not served: %s; deploy one build to gateway and workers",
+                          self.endpoint, ready.pid, because)
+            self.refused_because = because
             return
         self.refused_because = ""
         if self.pid and ready.pid != self.pid and self.in_flight:  # a new process: the old one's batches are gone

@@ -37,10 +37,11 @@ STATIC = (7, 8, 9)
 @contextlib.asynccontextmanager
 async def serving(request_tokenizer, bounds=None, static=(), gate=None, **stack_options):
     """A gateway and one stand-in worker; `bounds` replace some of BOUNDS, `static` is the static prefix."""
+    bounds = dataclasses.replace(BOUNDS, **(bounds or {}))  # one build: the worker's bounds are the gateway's
     worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, static_prefix_ids=static,
-                           gate=gate).start()
+                           gate=gate, bounds=bounds).start()
     manifest = msgspec.structs.replace(standin_manifest(request_tokenizer.vocab_size, score=ScoreNodeFacts(
-        static_prefix_ids=tuple(static)), beam=BeamNodeFacts()), bounds=dataclasses.replace(BOUNDS, **(bounds or {})))
+        static_prefix_ids=tuple(static)), beam=BeamNodeFacts()), bounds=bounds)
     stack = await start_stack(request_tokenizer, [worker], manifest=manifest, **stack_options)
     try:
         yield stack, worker
