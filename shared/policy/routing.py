@@ -168,7 +168,7 @@ def dispatch_routed(queue: DeadlineQueue[W], workload: str, bounds: BatchBounds,
             return ""
         if id(job) not in chosen:
             in_time = lambda w: estimates[placement.name_of(w)].in_time(job.batch_items, job.latency_tokens,  # noqa: E731
-                                                                     job.deadline)
+                                                                        job.deadline)
             worker = placement.choose(job.prefix_key, in_time)
             chosen[id(job)] = placement.name_of(worker) if worker is not None else ""
         return chosen[id(job)]
