@@ -2,9 +2,13 @@
 SIGTERM, drains, exits 0 and is started again, one at a time, while requests keep coming.
 
 Two `python -m gateway` processes sit behind a round-robin proxy written here (the Service a cluster
-puts in front of them: it takes a gateway out of rotation before its SIGTERM and back in once it is
-ready, and sends a request the gateway refused `draining`, or whose connection was refused, to the
-next one: neither was computed). Three workers, each a stand-in process speaking the real protocol
+puts in front of them, with the gateway pod's preStop pause of deploy/k8s/base/gateway.yaml: it takes a
+gateway out of rotation, lets the requests already sent to it come back, and only then is the gateway
+given SIGTERM; it puts it back in once it is ready, and sends a request the gateway refused `draining`,
+or whose connection was refused, to the next one: neither was computed). Without that pause a
+connection opened just before the SIGTERM can still sit in the listener's backlog when an idle
+gateway closes it, and is reset with its request unread: the load balancer cannot tell that from a
+request lost mid-computation, so a cluster waits for the endpoint's removal to spread first. Three workers, each a stand-in process speaking the real protocol
 (loadgen/standin_worker.py: compiled workers would take minutes to start on a 2-core machine; the
 stand-in drains as worker/server.py does, protocol 10's handshake). All on loopback.
 
@@ -50,6 +54,14 @@ class RoundRobin:
         self.retried = 0
         self._next = 0
         self._session: aiohttp.ClientSession | None = None
+        self._open: dict[str, int] = {}  # gateway url -> requests sent to it and not yet answered
+        self._changed = asyncio.Condition()
+
+    async def take_out(self, url: str) -> None:
+        """Send nothing more to `url`; return once every request already sent to it has come back."""
+        self.rotation = [u for u in self.rotation if u != url]
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._open.get(url))
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -59,6 +71,7 @@ class RoundRobin:
                 break
             url = self.rotation[self._next % len(self.rotation)]
             self._next += 1
+            self._open[url] = self._open.get(url, 0) + 1
             try:
                 async with self._session.post(url + request.path, data=body,
                                               headers={"Content-Type": "application/json"}) as answer:
@@ -71,6 +84,10 @@ class RoundRobin:
             # request was written (a load balancer retries both: Envoy's connect-failure, reset-before-request)
             except (aiohttp.ClientConnectorError, aiohttp.ClientConnectionResetError):
                 self.retried += 1
+            finally:
+                self._open[url] -= 1
+                async with self._changed:
+                    self._changed.notify_all()
         return web.json_response({"error": {"code": "no_gateway", "message": "no gateway took it",
                                             "request_id": "-"}}, status=502)
 
@@ -206,7 +223,7 @@ async def test_rolling_every_worker_then_every_gateway_under_load_loses_nothing(
                 fleet.start_worker(i)
                 await until(fleet, lambda: all_ready(fleet, probe), f"every gateway serving with worker {i} again")
             for i in range(GATEWAYS):
-                proxy.rotation = [fleet.url(j) for j in range(GATEWAYS) if j != i]  # the Service drops it first
+                await proxy.take_out(fleet.url(i))  # the Service drops it first, the preStop pause lets it settle
                 await roll(fleet, fleet.gateways, i, f"gateway-{i}")
                 fleet.start_gateway(i)
                 await until(fleet, lambda: all_ready(fleet, probe, [i]), f"gateway {i} serving again")

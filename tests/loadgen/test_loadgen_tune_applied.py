@@ -28,6 +28,9 @@ from shared.config import load_config
 from shared.policy import DROP_CODES
 
 SLO_MS = 300.0
+"""The SLO's room for the gateway's queue and its workers, beyond the overhead the calibration measured
+outside them (HTTP, JSON, the client's own loop): a loaded machine measured close to a second of that,
+and an absolute SLO would then leave no deadline to choose from."""
 QUEUE_S = 2.0
 DEADLINES_MS = [80, 150, 400, 800]
 pytestmark = pytest.mark.slow  # the compiled demo artifacts, and real worker processes
@@ -56,12 +59,15 @@ def test_an_offline_recommendation_is_written_and_served_as_tuned(heavy_deployme
     queue = {"max_queue_tokens": int(QUEUE_S * capacity * _tokens_per_request(_traffic(1, 10, 300)))}
     world = world.with_knobs(queue)
     tuning = _traffic(1, 1.2 * capacity, 6.0)
+    # within the offline headroom, SLO_MS for what the tuned deadline governs, past the measured overhead
+    slo_ms = SLO_MS + calibration.request_overhead_ms / OFFLINE_HEADROOM
     result = tune(grid({"score_deadline_ms": DEADLINES_MS}),
-                  lambda knobs: simulate(tuning, world.with_knobs(knobs), calibration.model, profile), slo_ms=SLO_MS,
+                  lambda knobs: simulate(tuning, world.with_knobs(knobs), calibration.model, profile), slo_ms=slo_ms,
                   headroom=OFFLINE_HEADROOM)
     best = result.best_candidate()
-    assert best is not None, result.candidates
-    assert not result.candidates[-1].meets_slo, result.candidates  # answers up to 800 ms late
+    measured = calibration.to_json()
+    assert best is not None, (measured, result.candidates)
+    assert not result.candidates[-1].meets_slo, (measured, result.candidates)  # answers up to 800 ms late
     assert best.outcomes.get("ok", 0) > 0.5 * sum(best.outcomes.values()), best  # most succeed, simulated
 
     config = tmp_path / "tuned.toml"
