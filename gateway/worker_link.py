@@ -283,18 +283,19 @@ class WorkerLink:
                        if w in ready.workloads}
         for workload, model in self.latency_models.items():  # keep what was learnt across a reconnect
             if workload in old:
-                model.ratio, model.overhead_ms = old[workload].ratio, old[workload].overhead_ms
+                model.adopt(old[workload])
 
     def _on_results(self, message: protocol.ScoreResults | protocol.BeamResults) -> None:
         batch = self.in_flight.pop(message.batch_id, None)
         if batch is None:
             return  # answered after the batch was given up (worker declared lost)
-        self.answered_at = self._clock()
+        previous_answer_at, self.answered_at = self.answered_at, self._clock()
         round_trip_ms = (self.answered_at - batch.sent_at) * 1000.0
         service_ms = round_trip_ms - message.queue_ms
         model = self.latency_models.get(batch.workload)
         if model is not None and message.compute_ms > 0:
-            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms)
+            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms,
+                          pipelined=previous_answer_at > batch.sent_at)
         dropped_ms = _share_compute(batch, message)
         if self.telemetry.enabled:
             for result in message.results:

@@ -165,13 +165,14 @@ class SimWorker:
     def finish(self, batch: SimBatch) -> None:
         """The answer is back: teach the model what the gateway would learn from it."""
         del self.in_flight[batch.batch_id]
-        self.answered_at = batch.finish_at
+        previous_answer_at, self.answered_at = self.answered_at, batch.finish_at
         model = self.models[batch.workload]
         items = sum(j.batch_items for j in batch.jobs)
         if batch.compute_ms > 0:  # the gateway's service time: the round trip less the wait in the worker
             waited_ms = (batch.started_at - batch.sent_at) * 1000.0 - self.overhead_ms / 2.0
             model.observe(items, sum(j.latency_tokens for j in batch.jobs) / items, batch.compute_ms,
-                          (batch.finish_at - batch.sent_at) * 1000.0 - waited_ms)
+                          (batch.finish_at - batch.sent_at) * 1000.0 - waited_ms,
+                          pipelined=previous_answer_at > batch.sent_at)
 
 
 class Jitter:

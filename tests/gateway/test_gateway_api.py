@@ -134,3 +134,47 @@ async def test_large_requests_are_tokenized_off_the_event_loop(request_tokenizer
     finally:
         await stack.client.close()
         worker.stop()
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+async def test_small_requests_go_to_the_tokenizer_thread_while_others_run_only_where_it_has_a_cpu(request_tokenizer,
+                                                                                                  cpus):
+    """While a request is in progress, the next small one is tokenized on the tokenizer's thread where the
+    gateway's process may run on two CPUs, and inline on the loop where it has one (the thread would only
+    run when the loop does not). Both are answered alike."""
+    import asyncio
+    import os
+    import threading
+
+    from tests.gateway.conftest import endpoint, start_stack
+    from loadgen.standin_worker import StandInWorker
+
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < cpus:
+        pytest.skip(f"this process may run on {len(allowed)} CPU(s), the case needs {cpus}")
+    held = threading.Event()
+    worker = StandInWorker(endpoint(), vocab_size=request_tokenizer.vocab_size, gate=held).start()
+    os.sched_setaffinity(0, sorted(allowed)[:cpus])  # what the gateway's wiring reads, restored at once
+    try:
+        stack = await start_stack(request_tokenizer, [worker])
+    finally:
+        os.sched_setaffinity(0, allowed)
+    executor = stack.gateway.executor
+    handed, submit = [], executor.submit
+    executor.submit = lambda *args, **kwargs: handed.append(args[0]) or submit(*args, **kwargs)
+    try:
+        first = asyncio.create_task(stack.post("/v1/score", {"samples": SAMPLES[:1], "labels": ["yes"]}))
+        while stack.gateway.pool.in_flight_batches() == 0:  # the first is at the (held) worker
+            await asyncio.sleep(0.005)
+        second = asyncio.create_task(stack.post("/v1/score", {"samples": SAMPLES[1:], "labels": ["yes"]}))
+        while stack.gateway.batchers["score"].queued_jobs + stack.gateway.pool.in_flight_batches() < 2:
+            await asyncio.sleep(0.005)  # the second is tokenized and queued (or sent)
+        assert len(handed) == (1 if cpus > 1 else 0), handed
+        held.set()
+        for task in (first, second):
+            status, body, _ = await task
+            assert status == 200, body
+    finally:
+        held.set()
+        await stack.client.close()
+        worker.stop()

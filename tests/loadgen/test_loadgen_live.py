@@ -20,6 +20,7 @@ from loadgen.synth import SynthSpec, synthesize
 from loadgen.trace import write_trace
 from loadgen.tuner import grid, recommended_config, tune
 from shared.config import parse_config
+from shared.latency_correction import VERIFIED_AFTER
 from tests.loadgen.conftest import deployment_toml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +72,9 @@ def test_live_tuning_restarts_the_real_gateway_per_candidate(tmp_path, standin, 
     tight, relaxed = result.candidates
     assert relaxed.outcomes == {"ok": 20}
     # refused at admission (unmeetable) or, where parsing and tokenizing alone outlast 1 ms (a slower CPU: 11 of 20
-    # on an AVX2 machine), found past the deadline first (exceeded); either way not served
-    assert tight.outcomes.get("deadline_unmeetable", 0) + tight.outcomes.get("deadline_exceeded", 0) >= 18
+    # on an AVX2 machine), found past the deadline first (exceeded); either way not served, but for the probes that
+    # confirm the start-up profile (at most VERIFIED_AFTER, each on an idle worker: answered when it is quick enough)
+    assert tight.outcomes.get("deadline_unmeetable", 0) + tight.outcomes.get("deadline_exceeded", 0) >= 20 - VERIFIED_AFTER
     assert set(tight.outcomes) <= {"ok", "deadline_unmeetable", "deadline_exceeded"}
     assert result.best_candidate().knobs == {"score_deadline_ms": 500}
 
