@@ -38,7 +38,7 @@ class ScoreService:
 
     def __init__(self, tokenizer: RequestTokenizer, limits: Limits, batcher: Batcher, admission: Admission,
                  metrics: Metrics, executor: Executor | None, offload_chars: int,
-                 reuse_for: Callable[[int | None], Reuse] | None = None, offload_when_busy: bool = True) -> None:
+                 reuse_for: Callable[[int | None], Reuse] | None = None) -> None:
         self._tokenizer = tokenizer
         self._limits = limits
         self._metrics = metrics
@@ -49,11 +49,6 @@ class ScoreService:
         """What a job whose prefix has this key is expected to reuse where it will run (the pool's
         routing and its workers' held prefixes): admission and the queue count what is computed."""
         self._active = 0  # requests of this service in progress: more than one means the loop is busy
-        self._offload_when_busy = offload_when_busy
-        """Whether a busy loop hands even small requests to the tokenizer's thread: only where the process has
-        another CPU for that thread to run on. On one CPU the thread runs only when the loop does not, so the
-        hop buys nothing and costs each request a wait for the loop to take its tokens back (and with it a
-        refusal decided after tokenizing)."""
 
     async def score(self, spec: ScoreSpec, request_id: str, deadline: float,
                     answer: Callable[[list[list[int]], list[ScoreResult]], Any] | None = None,
@@ -71,7 +66,7 @@ class ScoreService:
         label_ids = tuple(self._tokenizer.label_ids(spec.labels) if spec.labels else spec.label_token_ids)
         started = self._path.now()
         token_ids = await self._tokenizer.encode_async(spec.samples, self._executor, self._offload_chars,
-                                                       busy=self._offload_when_busy and self._active > 1)
+                                                       busy=self._active > 1)
         self._path.tokenized(request, started)
         self._check_lengths(token_ids)
         jobs = self._jobs(request_id, token_ids, label_ids, spec, deadline, priority)

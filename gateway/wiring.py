@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +91,7 @@ class Gateway:
         batchers = {w: Batcher(scheduler(w, b, gw), pool, gw.worker_timeout_ms, metrics) for w, b in bounds.items()}
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
         score = ScoreService(settings.tokenizer, limits, batchers["score"], admission, metrics, executor,
-                             gw.tokenize_offload_chars, pool.expected_reuse, offload_when_busy=usable_cpus() > 1)
+                             gw.tokenize_offload_chars, pool.expected_reuse)
         generate = GenerateService(settings.tokenizer, limits, batchers["beam"], admission, metrics)
         telemetry = Telemetry.of(config.telemetry, settings.span_exporter)
         for link in pool.links:
@@ -144,11 +143,3 @@ class Gateway:
         """No request in progress, nothing queued and nothing in flight (drain is complete)."""
         return (self.requests_in_progress == 0 and all(b.queued_jobs == 0 for b in self.batchers.values())
                 and self.pool.in_flight_batches() == 0)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a pinned gateway's one CPU, not the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this platform
-        return os.cpu_count() or 1

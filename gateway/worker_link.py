@@ -133,13 +133,8 @@ class WorkerLink:
         self._send(protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, gateway_id=self.gateway_id))
 
     def busy_ms(self, now: float) -> float:
-        """Predicted milliseconds a batch sent now would wait here behind what is in flight (the policy's rule)."""
-        return busy_ms(((b.sent_at, b.predicted_ms, self._overhead_ms(b.workload)) for b in self.in_flight.values()),
-                       now, self.answered_at)
-
-    def _overhead_ms(self, workload: str) -> float:
-        model = self.latency_models.get(workload)
-        return 0.0 if model is None else model.overhead_ms
+        """Predicted milliseconds until everything in flight here is done (the policy's rule)."""
+        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now, self.answered_at)
 
     async def serve(self) -> str:
         """Read messages and connection events until either stops; returns why it stopped.
@@ -283,19 +278,18 @@ class WorkerLink:
                        if w in ready.workloads}
         for workload, model in self.latency_models.items():  # keep what was learnt across a reconnect
             if workload in old:
-                model.adopt(old[workload])
+                model.ratio, model.overhead_ms = old[workload].ratio, old[workload].overhead_ms
 
     def _on_results(self, message: protocol.ScoreResults | protocol.BeamResults) -> None:
         batch = self.in_flight.pop(message.batch_id, None)
         if batch is None:
             return  # answered after the batch was given up (worker declared lost)
-        previous_answer_at, self.answered_at = self.answered_at, self._clock()
+        self.answered_at = self._clock()
         round_trip_ms = (self.answered_at - batch.sent_at) * 1000.0
         service_ms = round_trip_ms - message.queue_ms
         model = self.latency_models.get(batch.workload)
         if model is not None and message.compute_ms > 0:
-            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms,
-                          pipelined=previous_answer_at > batch.sent_at)
+            model.observe(batch.items, batch.tokens_per_item, message.compute_ms, service_ms)
         dropped_ms = _share_compute(batch, message)
         if self.telemetry.enabled:
             for result in message.results:

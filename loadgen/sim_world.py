@@ -140,8 +140,7 @@ class SimWorker:
 
     def busy_ms(self, now_s: float) -> float:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
-        return busy_ms(((b.sent_at, b.predicted_ms, self.models[b.workload].overhead_ms) for b in self.in_flight.values()),
-                       now_s, self.answered_at)
+        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s, self.answered_at)
 
     def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None) -> None:
         """Accept `batch` at its send time. The overhead is time on the way there and back (messages,
@@ -165,14 +164,13 @@ class SimWorker:
     def finish(self, batch: SimBatch) -> None:
         """The answer is back: teach the model what the gateway would learn from it."""
         del self.in_flight[batch.batch_id]
-        previous_answer_at, self.answered_at = self.answered_at, batch.finish_at
+        self.answered_at = batch.finish_at
         model = self.models[batch.workload]
         items = sum(j.batch_items for j in batch.jobs)
         if batch.compute_ms > 0:  # the gateway's service time: the round trip less the wait in the worker
             waited_ms = (batch.started_at - batch.sent_at) * 1000.0 - self.overhead_ms / 2.0
             model.observe(items, sum(j.latency_tokens for j in batch.jobs) / items, batch.compute_ms,
-                          (batch.finish_at - batch.sent_at) * 1000.0 - waited_ms,
-                          pipelined=previous_answer_at > batch.sent_at)
+                          (batch.finish_at - batch.sent_at) * 1000.0 - waited_ms)
 
 
 class Jitter:

@@ -347,8 +347,7 @@ class GatewayConfig:
     """Batches the gateway keeps in flight on one worker; the rest wait in the deadline-ordered queue."""
     tokenize_offload_chars: NonNegative = 16_384
     """Requests with more characters than this are tokenized on a thread, off the event loop (so are
-    all requests while several are in progress, where the gateway's process may run on more than one
-    CPU: the tokenizer then runs beside the loop)."""
+    all requests while several are in progress: the tokenizer then runs beside the loop)."""
     drain_timeout_ms: NonNegative = 10_000
     """On SIGTERM, how long to wait for queued and in-flight requests before stopping."""
     access_log: bool = True

@@ -39,12 +39,7 @@ class CorrectedModel:
         self.max_tokens_per_batch = None if max_tokens_per_batch is None else max(1, max_tokens_per_batch)
         """None: batches have no token bound (beam search)."""
         self.observations = 0
-        self._overheads = 0  # observations the overhead was learnt from (not pipelined)
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
-
-    def adopt(self, before: CorrectedModel) -> None:
-        """Keep what the same worker's model learnt `before` (a reconnect): its ratio and overhead."""
-        self.ratio, self.overhead_ms, self._overheads = before.ratio, before.overhead_ms, before._overheads
 
     @property
     def verified(self) -> bool:
@@ -55,26 +50,17 @@ class CorrectedModel:
         """Compute time x ratio, plus the per-batch cost around it (messages, copies, wake-ups)."""
         return max(0.0, self.model.predict_ms(batch_items, tokens_per_item)) * self.ratio + self.overhead_ms
 
-    def observe(self, batch_items: float, tokens_per_item: float, compute_ms: float, service_ms: float,
-                pipelined: bool = False) -> None:
+    def observe(self, batch_items: float, tokens_per_item: float, compute_ms: float, service_ms: float) -> None:
         """Fold one answered batch in: `compute_ms` as the worker measured it, `service_ms` as the
-        gateway saw it (send to answer, less the time the batch waited behind another in the worker).
-
-        `pipelined`: the batch was sent while another was in flight to the worker. Its compute counts;
-        its overhead does not: it could not start before the batch ahead of it ended, and it may have
-        waited for that in the worker's socket rather than its queue (a worker on one CPU reads it only
-        once its compute ends), which no queue time shows. Learnt as overhead, that wait would grow with
-        every batch sent ahead, and with it how far ahead the next one is sent (policy.busy_ms)."""
+        gateway saw it (send to answer, less the time the batch waited behind another in the worker)."""
         if not (math.isfinite(compute_ms) and math.isfinite(service_ms)):
             return
         predicted = self.model.predict_ms(batch_items, tokens_per_item)
         if predicted > 0.01 and compute_ms > 0:
             ratio = min(MAX_RATIO, max(MIN_RATIO, compute_ms / predicted))
             self.ratio += SMOOTHING * (ratio - self.ratio)
-        if not pipelined:  # the first one is taken whole: under steady load it may stay one of few
-            overhead = min(MAX_OVERHEAD_MS, max(0.0, service_ms - compute_ms))
-            self.overhead_ms += (SMOOTHING if self._overheads else 1.0) * (overhead - self.overhead_ms)
-            self._overheads += 1
+        overhead = min(MAX_OVERHEAD_MS, max(0.0, service_ms - compute_ms))
+        self.overhead_ms += SMOOTHING * (overhead - self.overhead_ms)
         self.observations += 1
         self._recent.append((batch_items, tokens_per_item, compute_ms))
         if self.observations % REFIT_EVERY == 0 or self.observations == VERIFIED_AFTER:

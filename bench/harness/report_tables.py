@@ -433,8 +433,10 @@ def overload_goals(results: Results) -> list[str]:
     bench/overload.py (with the summary keys) of each workload, trace and uniform: its deterministic replay
     through the same scheduler object (on the latency model fitted on its live worker, against the
     clairvoyant bound) and its live windows. A goal a run does not measure says so; nothing here is typed,
-    every figure is read from its file."""
-    lives = sorted((r for r in results.values() if r.bench == "overload" and "replay_vs_live_max_rel_err" in r.data),
+    every figure is read from its file. Only the product's own runs count (`overload-<workload>`, on any machine
+    class): a run written with --result-suffix measured a variant (a change tried and not kept, a switch off)."""
+    lives = sorted((r for r in results.values() if r.bench == "overload" and "replay_vs_live_max_rel_err" in r.data
+                    and r.key == f"overload-{r.data['workload']}"),
                    key=lambda r: r.run.get("date", ""))
     newest = {r.data["workload"]: r for r in lives}  # by date: the last of each workload stays
     runs = [newest[w] for w in ("trace", "uniform") if w in newest]

@@ -52,9 +52,7 @@ def test_under_overload_shedding_by_cost_answers_more_in_time_than_deadline_orde
     records = mixed(rate_rps=400.0, count=800, poisson=True)  # about twice what the worker sustains
     on, off = (in_time(records, replay(records, flag)) for flag in (True, False))
     assert sum(on[c] for c in CLASSES_MS) > 1.05 * sum(off[c] for c in CLASSES_MS)
-    # the cheap ones are kept first: more of them, and a smaller share of large ones among the answers
-    assert on["small"] > off["small"] and on["large"] / sum(on[c] for c in CLASSES_MS) < off["large"] / sum(
-        off[c] for c in CLASSES_MS)
+    assert on["small"] > off["small"] and on["large"] < off["large"]  # the cheap ones are kept first
 
 
 def test_under_light_load_shedding_by_cost_changes_nothing():

@@ -14,16 +14,6 @@ def test_predictions_follow_observed_compute_and_overhead():
     assert model.predict_ms(4, 100) == pytest.approx(4.8 + 0.5, rel=0.01)
 
 
-def test_a_pipelined_batch_teaches_its_compute_but_not_its_wait_behind_the_batch_ahead():
-    model = CorrectedModel(LatencyModel(0.0, 0.01, 0.1, 1.0), max_items_per_batch=16, max_tokens_per_batch=4096)
-    for _ in range(50):  # sent to an idle worker: 0.5 ms around the compute
-        model.observe(4, 100, compute_ms=2.4, service_ms=2.9)
-    for _ in range(50):  # sent ahead, they waited ~8 ms in the worker's socket behind the batch before
-        model.observe(4, 100, compute_ms=4.8, service_ms=13.3, pipelined=True)
-    assert model.overhead_ms == pytest.approx(0.5, rel=0.01)
-    assert model.predict_ms(4, 100) == pytest.approx(4.8 + 0.5, rel=0.01)
-
-
 def test_backlog_is_served_in_full_batches():
     model = CorrectedModel(LatencyModel(0.0, 0.0, 0.0, 2.0), max_items_per_batch=16, max_tokens_per_batch=4096)
     assert model.backlog_ms(0, 0) == 0.0
