@@ -5,12 +5,13 @@ Two `python -m gateway` processes sit behind a round-robin proxy written here (t
 puts in front of them, with the gateway pod's preStop pause of deploy/k8s/base/gateway.yaml: it takes a
 gateway out of rotation, lets the requests already sent to it come back, and only then is the gateway
 given SIGTERM; it puts it back in once it is ready, and sends a request the gateway refused `draining`,
-or whose connection was refused, to the next one: neither was computed). Without that pause a
-connection opened just before the SIGTERM can still sit in the listener's backlog when an idle
-gateway closes it, and is reset with its request unread: the load balancer cannot tell that from a
-request lost mid-computation, so a cluster waits for the endpoint's removal to spread first. Three workers, each a stand-in process speaking the real protocol
-(loadgen/standin_worker.py: compiled workers would take minutes to start on a 2-core machine; the
-stand-in drains as worker/server.py does, protocol 10's handshake). All on loopback.
+or whose connection was refused, to the next one: neither was computed). Without that pause a connection
+opened just before the SIGTERM can still sit in the listener's backlog when an idle gateway closes it,
+and is reset with its request unread: the load balancer cannot tell that from a request lost
+mid-computation, so a cluster waits for the endpoint's removal to spread first. Three workers, each a
+stand-in process speaking the real protocol (loadgen/standin_worker.py: compiled workers would take
+minutes to start on a 2-core machine; the stand-in drains as worker/server.py does, protocol 10's
+handshake). All on loopback.
 
 Asserted: every request got an HTTP answer (no reset, no refused connection, no hang); every answer
 is 200 or a deadline refusal the admission model made (429 queue_full, 503 deadline_unmeetable,

@@ -74,7 +74,8 @@ def test_live_tuning_restarts_the_real_gateway_per_candidate(tmp_path, standin, 
     # refused at admission (unmeetable) or, where parsing and tokenizing alone outlast 1 ms (a slower CPU: 11 of 20
     # on an AVX2 machine), found past the deadline first (exceeded); either way not served, but for the probes that
     # confirm the start-up profile (at most VERIFIED_AFTER, each on an idle worker: answered when it is quick enough)
-    assert tight.outcomes.get("deadline_unmeetable", 0) + tight.outcomes.get("deadline_exceeded", 0) >= 20 - VERIFIED_AFTER
+    refused = tight.outcomes.get("deadline_unmeetable", 0) + tight.outcomes.get("deadline_exceeded", 0)
+    assert refused >= 20 - VERIFIED_AFTER, tight.outcomes
     assert set(tight.outcomes) <= {"ok", "deadline_unmeetable", "deadline_exceeded"}
     assert result.best_candidate().knobs == {"score_deadline_ms": 500}
 
