@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-from bench.harness.common import (FLOAT_DTYPES, MODELS, emit, interleaved_times, matmul_peaks, median, peak_by_library,
-                          timed_part)
+from bench.harness.common import (FLOAT_DTYPES, MODELS, emit, interleaved_times, matmul_peaks, median,
+                                  model_gemm_shapes, peak_by_library, timed_part)
 from bench.harness.parity import BF16_ABS, BF16_FACTOR, FP32_ABS
 from bench.score_node import SAMPLES, make_requests
 
@@ -182,7 +183,9 @@ def main() -> None:
     checks, errors = parity({name: out[:tokens] for name, out in outputs.items()},
                             float64_attention(q, k, v, lengths)[:tokens], dtype)
 
-    peak_shapes = ((2048, 2048, 2048), (4096, 896, 4096))
+    layer = SimpleNamespace(hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
+                            num_heads=hq, num_kv_heads=hkv, head_dim=d)
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(layer, tokens))  # as bench/score_node.py's peak
     peaks = [matmul_peaks(dtype, peak_shapes)]
     repeats = 3 if args.quick else args.calls
     with timed_part():

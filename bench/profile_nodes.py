@@ -147,26 +147,34 @@ def int8_peak_ops(shapes, dtype: torch.dtype) -> float:
 
 
 def gemm_table(shapes: dict, dtype: torch.dtype, peak: float, int8_peak: float | None = None
-               ) -> tuple[list[dict], dict[str, float]]:
+               ) -> tuple[list[dict], dict[str, float], dict[str, float]]:
     """Each shape timed alone on every library this machine has for `dtype` (bench/harness/common.gemm_libraries:
     torch.mm, i.e. MKL for float32; oneDNN; oneDNN on a weight prepacked as the worker packs it, what our node's
-    linears call), with `int8_peak` also on the int8 kernel (random_int8_kernel, its fraction of int8_peak): ms
-    per call and the fraction of the peak each reaches; the request's total GEMM ms per library."""
+    linears call), with `int8_peak` also on the int8 kernel (random_int8_kernel): ms per call and the fraction of
+    the peak each reaches; the request's total GEMM ms per library; the peaks those fractions are of. A peak is
+    the best rate measured on this machine: where a shape alone runs faster than the `peak` (or `int8_peak`)
+    measured beforehand, that rate is the peak, so no fraction passes 1."""
     rows, totals = [], dict.fromkeys(gemm_libraries(dtype), 0.0)
     if int8_peak is not None:
         totals["onednn_int8_prepacked"] = 0.0
+    rates = []  # (row, library, FLOP/s)
     for (m, k, n), count in shapes.items():
-        calls = {lib: (fn, peak) for lib, fn in gemm_calls(torch.randn(m, k, dtype=dtype),
-                                                           torch.randn(n, k, dtype=dtype)).items()}
+        calls = gemm_calls(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype))
         if int8_peak is not None:
-            calls["onednn_int8_prepacked"] = (random_int8_kernel(m, k, n, dtype), int8_peak)
+            calls["onednn_int8_prepacked"] = random_int8_kernel(m, k, n, dtype)
         row = {"m": m, "k": k, "n": n, "calls": count}
-        for lib, (fn, lib_peak) in calls.items():
+        for lib, fn in calls.items():
             seconds = min(time_calls(fn, repeats=5))
-            row[f"{lib}_ms"], row[f"{lib}_of_peak"] = 1e3 * seconds, 2 * m * k * n / seconds / lib_peak
+            row[f"{lib}_ms"] = 1e3 * seconds
             totals[lib] += 1e3 * seconds * count
+            rates.append((row, lib, 2 * m * k * n / seconds))
         rows.append(row)
-    return rows, totals
+    peaks = {"float": max([peak] + [rate for _, lib, rate in rates if "int8" not in lib])}
+    if int8_peak is not None:
+        peaks["int8"] = max([int8_peak] + [rate for _, lib, rate in rates if "int8" in lib])
+    for row, lib, rate in rates:
+        row[f"{lib}_of_peak"] = rate / peaks["int8" if "int8" in lib else "float"]
+    return rows, totals, peaks
 
 
 def profiled_nodes(checkpoint, dtype_name: str, name: str, quantize=None):
@@ -199,11 +207,14 @@ def machine_class(given: str | None) -> tuple[str, str]:
             "CPU features")
 
 
-def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name: str, quantize=None,
-                  int8_peak: float | None = None) -> dict:
-    """With `quantize` (an int8 run): the node built with it, and the GEMM table with the int8 kernel too."""
+def score_profile(checkpoint, spec, dtype, lengths: list[int], peak_shapes, name: str, quantize=None) -> dict:
+    """The peak measured on `peak_shapes` before the profile and after it, and raised to the best rate of the GEMM
+    table's shapes, so every fraction of it is of the best rate this run saw; with `quantize` (an int8 run): the
+    node built with it, and the GEMM table and the peak with the int8 kernel too."""
     from bench.score_node import LABELS, build_node
 
+    peak = matmul_peak_flops(dtype, peak_shapes)
+    int8_peak = int8_peak_ops(peak_shapes, dtype) if quantize is not None else None
     ids, lens = torch.randint(0, spec.vocab_size, (sum(lengths),)), torch.tensor(lengths)
     dtype_name = str(dtype).removeprefix("torch.")
     nodes = profiled_nodes(checkpoint, dtype_name, name, quantize)
@@ -215,6 +226,11 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
     gemm_flops = (spec.num_layers - 1) * (_q_o_mlp(spec) + _kv(spec)) * t + _kv(spec) * t + _q_o_mlp(spec) * b \
         + _head(spec, b)
     attention_flops = (spec.num_layers - 1) * _attention(spec, sum(n * n for n in lengths) / 2)
+    peak = max(peak, matmul_peak_flops(dtype, peak_shapes))
+    if int8_peak is not None:
+        int8_peak = max(int8_peak, int8_peak_ops(peak_shapes, dtype))
+    rows, gemm_alone_ms, table_peaks = gemm_table(score_gemm_shapes(spec, lengths), dtype, peak, int8_peak)
+    peak, int8_peak = table_peaks["float"], table_peaks.get("int8")
     rates = {"gemm": gemm_flops, "attention": attention_flops}
     peaks = {"gemm": peak, "attention": peak}
     total_ms = sum(families.values())
@@ -224,9 +240,9 @@ def score_profile(checkpoint, spec, dtype, lengths: list[int], peak: float, name
         rates["gemm_int8"] = sum(per_layer[name] for name in int8_layers)
         rates["gemm"] -= rates["gemm_int8"]
         peaks["gemm_int8"] = int8_peak
-    rows, gemm_alone_ms = gemm_table(score_gemm_shapes(spec, lengths), dtype, peak, int8_peak)  # per library
     return {
         "tokens": t, "samples": b, "executed_gflop": score_flops(spec, lengths) / 1e9,
+        "peak_gflops": peak / 1e9, **({"int8_peak_gops": int8_peak / 1e9} if int8_peak is not None else {}),
         "node_ms": node_ms, "profiled_ms": total_ms, "profiled_call_minor_faults": profiled_faults,
         "families_ms": {k: round(v, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1])},
         "families_share": {k: round(v / total_ms, 3) for k, v in families.items()},
@@ -308,22 +324,19 @@ def main() -> None:
     spec = read_spec(checkpoint)
     lengths = [len(s) for s in make_requests(1, SAMPLES, 32, 480, spec.vocab_size)[0]]
     start = time.perf_counter()
-    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec))
-    peak = matmul_peak_flops(dtype, peak_shapes)
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(spec, sum(lengths)))  # the request's own shapes
     int8 = args.dtype == "int8"
-    int8_peak = int8_peak_ops(peak_shapes, dtype) if int8 else None
     name = run_name(args, layers)  # as score_node names its builds: the same build folders
     machine, machine_from = machine_class(args.machine_class)
+    score = score_profile(checkpoint, spec, dtype, lengths, peak_shapes, f"score-{name}", run_quantize(args))
     result = {"bench": "profile_nodes", "model": args.model, "layers": layers, "dtype": args.dtype,
               "machine_class": machine, "machine_class_from": machine_from,
-              "quick": layers != depth, "peak_gflops": peak / 1e9,
-              **({"int8_base": args.int8_base, "int8_peak_gops": int8_peak / 1e9, "int8_budget": args.int8_budget}
-                 if int8 else {}),
-              "score": score_profile(checkpoint, spec, dtype, lengths, peak, f"score-{name}",
-                                     run_quantize(args), int8_peak)}
+              "quick": layers != depth, "peak_gflops": score["peak_gflops"],
+              **({"int8_base": args.int8_base, "int8_peak_gops": score["int8_peak_gops"],
+                  "int8_budget": args.int8_budget} if int8 else {}),
+              "score": score}
     if not args.no_beam and args.dtype == "fp32":
-        result["beam"] = beam_profile(checkpoint, spec, 256, 100, peak)
-    result["peak_gflops"] = max(peak, matmul_peak_flops(dtype, peak_shapes)) / 1e9
+        result["beam"] = beam_profile(checkpoint, spec, 256, 100, score["peak_gflops"] * 1e9)
     result["seconds"] = time.perf_counter() - start
     emit(f"profile_nodes-{name}" + (f"-{args.machine_class}" if args.machine_class else ""), result)
 

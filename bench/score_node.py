@@ -390,7 +390,8 @@ def prepare(args) -> Run:
 def measure(run: Run, requests) -> dict:
     """Sweep the baselines' batching, time every contender interleaved, measure the peak around it."""
     dtype, clock = run_dtype(run.args), Clock()
-    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(run.spec))
+    tokens = sum(len(sample) for sample in requests[0])
+    peak_shapes = ((2048, 2048, 2048), *model_gemm_shapes(run.spec, tokens))  # a request's own shapes
     peak_before = matmul_peaks(dtype, peak_shapes)
     clock.lap("peak_before")
     reference = None

@@ -44,13 +44,26 @@ def test_the_int8_kernel_alone_is_the_int8_layers_kernel():
 
 
 def test_the_gemm_table_times_the_int8_kernel_against_its_own_peak():
-    rows, totals = gemm_table({(16, 64, 32): 2}, torch.float32, peak=1e12, int8_peak=2e12)
+    rows, totals, peaks = gemm_table({(16, 64, 32): 2}, torch.float32, peak=1e15, int8_peak=2e15)
     assert set(totals) == {"torch.mm", "onednn", "onednn_prepacked", "onednn_int8_prepacked"}
+    assert peaks == {"float": 1e15, "int8": 2e15}  # no tiny shape runs at a PFLOP/s on a CPU
     row = rows[0]
     assert row["calls"] == 2 and row["onednn_int8_prepacked_ms"] > 0
-    assert row["onednn_int8_prepacked_of_peak"] == 2 * 16 * 64 * 32 / (row["onednn_int8_prepacked_ms"] / 1e3) / 2e12
+    assert row["onednn_int8_prepacked_of_peak"] == 2 * 16 * 64 * 32 / (row["onednn_int8_prepacked_ms"] / 1e3) / 2e15
+    assert row["onednn_of_peak"] == 2 * 16 * 64 * 32 / (row["onednn_ms"] / 1e3) / 1e15
     assert totals["onednn_int8_prepacked"] == row["onednn_int8_prepacked_ms"] * 2
-    assert "onednn_int8_prepacked" not in gemm_table({(16, 64, 32): 1}, torch.float32, peak=1e12)[1]
+    assert "onednn_int8_prepacked" not in gemm_table({(16, 64, 32): 1}, torch.float32, peak=1e15)[1]
+
+
+def test_a_shape_faster_than_the_measured_peak_becomes_the_peak():
+    """A peak measured on large shapes is passed by small ones whose weights stay in cache; the table's fractions
+    are of the best rate the run saw, per precision, so none passes 1 and the fastest is exactly 1."""
+    rows, _, peaks = gemm_table({(16, 64, 32): 1, (32, 64, 64): 1}, torch.float32, peak=1.0, int8_peak=1.0)
+    float_fractions = [row[f"{lib}_of_peak"] for row in rows for lib in gemm_libraries(torch.float32)]
+    int8_fractions = [row["onednn_int8_prepacked_of_peak"] for row in rows]
+    assert peaks["float"] > 1.0 and peaks["int8"] > 1.0
+    assert max(float_fractions) == 1.0 and max(int8_fractions) == 1.0
+    assert min(float_fractions + int8_fractions) > 0
 
 
 def test_bfloat16_tables_time_only_the_libraries_this_cpu_has():
@@ -58,7 +71,7 @@ def test_bfloat16_tables_time_only_the_libraries_this_cpu_has():
     instead of failing; where it runs, they time it, prepacked as the node's linears are."""
     expected = {"torch.mm", "onednn", "onednn_prepacked"} if onednn_bf16() else {"torch.mm"}
     assert set(gemm_libraries(torch.bfloat16)) == expected
-    rows, totals = gemm_table({(16, 64, 32): 1}, torch.bfloat16, peak=1e12)
+    rows, totals, _ = gemm_table({(16, 64, 32): 1}, torch.bfloat16, peak=1e12)
     assert set(totals) == expected and all(rows[0][f"{lib}_ms"] > 0 for lib in expected)
     assert set(matmul_peaks(torch.bfloat16, ((16, 64, 32),), bursts=1, seconds=0.01)) == expected
 
@@ -116,3 +129,14 @@ def test_the_machine_class_is_the_given_one_or_the_cpus():
     found, source = profile_nodes.machine_class(None)
     assert source == "CPU features"
     assert found == ("amx" if torch.cpu._is_amx_tile_supported() else torch.backends.cpu.get_cpu_capability().lower())
+
+
+def test_the_peak_is_measured_on_every_linear_of_a_layer():
+    """Qwen2.5-0.5B's layer: q/k/v (14 + 2 x 2 heads of 64), output, MLP gate-up and down, at the given rows."""
+    from types import SimpleNamespace
+
+    from bench.harness.common import model_gemm_shapes
+
+    layer = SimpleNamespace(hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2, head_dim=64)
+    assert model_gemm_shapes(layer, 4285) == ((4285, 896, 1152), (4285, 896, 896), (4285, 896, 9728),
+                                             (4285, 4864, 896))
