@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from worker.runtime import kernels
+from worker.runtime import kernels, package_runner
 from worker.runtime.artifacts import FORMAT_VERSION, MANIFEST, WEIGHTS, file_hash
 from compile.beam import module as beam_module
 from compile.beam.inputs import BeamInputs, read_inputs
@@ -214,6 +214,10 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
         if operators:  # the packages call worker/runtime/kernels' operators: the runtime loads their library first
             path = kernels.build_library(staging)
             library = {"file": path.name, "sha256": file_hash(path), "operators": sorted(operators)}
+        runner = None
+        if torch.device(device).type == "cpu":  # the worker runs CPU packages through it (GIL released)
+            path = package_runner.build(staging)
+            runner = {"file": path.name, "sha256": file_hash(path)}
         manifest = {
             "format_version": FORMAT_VERSION,
             "name": config.name,
@@ -230,13 +234,15 @@ def build(config: DeploymentConfig, out_dir: str | Path, force: bool = False, ke
             "quantize": int8,  # [quantize] int8: layers, calibration, drift measured (compile/quantize/build_step.py)
             "weights": {"file": WEIGHTS, "sha256": file_hash(staging / WEIGHTS)},
             "kernels": library,
+            "runner": runner,
             "tokenizer_files": copied,
             "config": asdict(config),
         }
         text = json.dumps(manifest, indent=2)
         parsed = parse_manifest(text, str(out / MANIFEST))  # what every reader decodes (shared/manifest.py)
         (staging / MANIFEST).write_text(text)
-        install(staging, out, stale=() if library else (kernels.LIBRARY,))
+        stale = (() if library else (kernels.LIBRARY,)) + (() if runner else (package_runner.LIBRARY,))
+        install(staging, out, stale=stale)
     progress.stage(f"done: {', '.join(nodes)} in {out}")
     return parsed
 
@@ -326,8 +332,7 @@ def is_up_to_date(out: Path, key: str) -> bool:
         return False
     files = [(n.package, n.sha256) for _, n in manifest.node_table().items()]
     files.append((manifest.weights.file, manifest.weights.sha256))
-    if manifest.kernels is not None:
-        files.append((manifest.kernels.file, manifest.kernels.sha256))
+    files += [(library.file, library.sha256) for library in (manifest.kernels, manifest.runner) if library is not None]
     return manifest.build_key == key and all(
         (out / name).is_file() and file_hash(out / name) == sha for name, sha in files
     )

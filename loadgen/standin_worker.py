@@ -104,7 +104,7 @@ class StandInWorker:
     _manual_peers: list[bytes] = field(default_factory=list)
     _releases: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     spin: bool = False
-    """Compute by spinning with the GIL held, as a CPU worker's compiled call does (own process only)."""
+    """Compute by spinning with the GIL held, as a CPU package loaded by torch's loader does (own process only)."""
     bounds: Bounds = BOUNDS
     """The bounds its Ready announces (a worker of another build: tests/gateway/test_gateway_worker_bounds.py)."""
     drain_ack_timeout_ms: float = 2000.0

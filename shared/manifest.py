@@ -163,6 +163,9 @@ class Manifest(Fact):
     weights: WeightsFile | None = None
     kernels: KernelLibrary | None = None
     """None: the packages call no kernel of ours (a GPU or AMX build, float32, or an older manifest)."""
+    runner: KernelLibrary | None = None
+    """The library the CPU packages are run through (worker/runtime/package_runner.py), loaded before them;
+    None: torch's own loader runs them (a GPU build, or one from before the runner)."""
     tokenizer_files: tuple[str, ...] = ()
     config: dict[str, Any] = {}
     """The deployment config the build ran with, as built-ins."""

@@ -1,8 +1,10 @@
 """Compute lanes: where one in-flight batch runs (device, CUDA stream, staging buffers, turn).
 
 CPU: one lane; batches run one at a time on config.cpu_threads intra-op threads (the thread count
-the packages are compiled for). A second CPU lane would not help: with torch 2.13 a package call
-holds the GIL for its whole run on a CPU (measured: bench/cpu_lanes.py), so two lanes take turns.
+the packages are compiled for). Two lanes of fewer threads took turns when a package call held the
+GIL for its whole run (torch's own loader, bench/cpu_lanes.py); a build's packages now run through
+worker/runtime/package_runner.py, whose calls release it, so two lanes could overlap: whether they serve
+more than one lane on all the threads is bench/cpu_lanes.py's to measure again.
 CUDA: one lane per configured stream, each driven by its own thread. All CUDA lanes share one turn,
 held only while a call is enqueued on the lane's stream (layout, pinned input copies, the package
 call, the output copies into pinned buffers with an event), never while waiting for the device:

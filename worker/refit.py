@@ -4,10 +4,10 @@ A restarted worker serves with its last cached profile (worker/profile_cache.py)
 measures the grid afresh on a lane of its own, starting `START_DELAY_S` after serving began (the
 gateways reconnect and traffic resumes first), only while no batch is queued or computing, and keeps
 a measurement only if no served batch came or went during it (a disturbed one is taken again). A
-compiled call cannot be interrupted and holds the GIL, so a batch that arrives during a measurement
-waits for it: only grid points whose last measurement took at most `MAX_CALL_MS` are measured again;
-larger ones keep their cached time until a cold start times the whole grid. When done, the Ready that
-answers every later Hello carries the refit and the cache is rewritten.
+compiled call cannot be interrupted, so a batch that arrives during a measurement waits for it: only
+grid points whose last measurement took at most `MAX_CALL_MS` are measured again; larger ones keep
+their cached time until a cold start times the whole grid. When done, the Ready that answers every
+later Hello carries the refit and the cache is rewritten.
 """
 
 from __future__ import annotations

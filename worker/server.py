@@ -3,8 +3,11 @@
 Main loop: poll → receive (decode, check, queue or refuse at once) → forward replies from the
 compute threads → heartbeat every known gateway → when asked to stop, drain and return 0.
 Only this thread touches the ROUTER socket. Liveness does not depend on this loop: libzmq's I/O
-thread answers the gateways' ZMTP heartbeats even while a compiled call holds the GIL, and pings
-them in turn, dropping a connection whose gateway stopped answering.
+thread answers the gateways' ZMTP heartbeats even while Python cannot run (a package loaded by torch's
+own loader holds the GIL for a whole CPU run), and pings them in turn, dropping a connection whose
+gateway stopped answering. A build's CPU packages run through worker/runtime/package_runner.py, whose calls
+release the GIL: this loop then reads, decodes and queues the next batch while one computes, so a
+batch's queue time starts when it arrives.
 """
 
 from __future__ import annotations

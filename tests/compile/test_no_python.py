@@ -83,8 +83,8 @@ def test_beam_package_runs_without_the_project(beam_artifacts, tmp_path):
 @pytest.mark.parametrize("artifacts", ["demo_artifacts", "bf16_kernel_artifacts"])
 def test_two_threads_share_one_package(artifacts, request):
     """With the attention as a Python operator this hung the process: a call waiting for the
-    package's only runner held the GIL the running call needed. (Here the calls take turns: torch
-    2.13's binding holds the GIL for a whole CPU run.)"""
+    package's only runner held the GIL the running call needed. (Here the calls take turns for the
+    package's one runner, waiting for it with the GIL released: worker/runtime/package_runner.py.)"""
     node = load_nodes(request.getfixturevalue(artifacts)).score  # one runner: the case that deadlocked
     batches = [random_batch(node.vocab_size, lengths, seed) for seed, lengths in enumerate([[40, 64, 9], [3, 50]])]
     call = lambda samples: node(torch.cat(samples), torch.tensor([len(s) for s in samples]), LABELS, 3)  # noqa: E731

@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from worker.runtime import kernels
+from worker.runtime import kernels, package_runner
 from worker.runtime.files import file_hash
 from worker.runtime.machine import ArtifactMismatch
 from worker.runtime.packing import pack
 from shared.manifest import FORMAT_VERSION, MANIFEST, KernelLibrary, Manifest, ManifestError
 from shared.manifest import read_manifest as read_shared
 
-__all__ = ["FORMAT_VERSION", "MANIFEST", "WEIGHTS", "file_hash", "load_kernels", "load_package", "load_weights",
-           "read_manifest"]
+__all__ = ["FORMAT_VERSION", "MANIFEST", "WEIGHTS", "file_hash", "load_kernels", "load_package", "load_runner",
+           "load_weights", "read_manifest"]
 
 WEIGHTS = "weights.safetensors"
 
@@ -58,15 +58,34 @@ def load_kernels(folder: Path, library: KernelLibrary) -> None:
         raise ArtifactMismatch(str(exc)) from None
 
 
-def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str, runners: int = 1):
+def load_runner(folder: Path, library: KernelLibrary) -> None:
+    """The folder's package runner library (worker/runtime/package_runner.py), checked against its hash,
+    loaded into this process."""
+    path = folder / library.file
+    try:
+        if file_hash(path) != library.sha256:
+            raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
+        package_runner.load(path, library.sha256)
+    except (kernels.KernelMismatch, OSError) as exc:
+        raise ArtifactMismatch(str(exc)) from None
+
+
+def load_package(path: Path, sha256: str, weights: dict[str, torch.Tensor], device: str, runners: int = 1,
+                 through_runner: bool = False):
     """An AOTInductor package whose constants are `weights`' tensors themselves (no copy), able to run
-    `runners` calls at once (one per thread calling it; a further call waits for a free runner)."""
+    `runners` calls at once (one per thread calling it; a further call waits for a free runner).
+    `through_runner`: run it through package_runner's library (loaded before: load_runner), whose calls
+    release the GIL; else through torch's loader."""
     from torch._inductor.package import load_package as load_aoti
 
     if file_hash(path) != sha256:
         raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
     index = torch.device(device).index
-    package = load_aoti(str(path), num_runners=runners, device_index=-1 if index is None else index)
+    index = -1 if index is None else index
+    if through_runner:
+        package = package_runner.RunnerPackage(path, runners, index)
+    else:
+        package = load_aoti(str(path), num_runners=runners, device_index=index)
     names = package.get_constant_fqns()
     missing = sorted(set(names) - set(weights))
     if missing:

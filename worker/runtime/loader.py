@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from worker.runtime.artifacts import load_kernels, load_package, load_weights, read_manifest
+from worker.runtime.artifacts import load_kernels, load_package, load_runner, load_weights, read_manifest
 from worker.runtime.beam_node import BeamNode
 from worker.runtime.machine import check_compatible, check_threads
 from worker.runtime.score_node import ScoreNode
@@ -44,8 +44,11 @@ def load_nodes(artifacts_dir: str | Path, device: str = "cpu", runners: int = 1)
     weights = load_weights(folder, manifest, device)
     if manifest.kernels is not None:  # before the packages: they call its operators
         load_kernels(folder, manifest.kernels)
+    through_runner = manifest.runner is not None and device == "cpu"
+    if through_runner:
+        load_runner(folder, manifest.runner)
     packages = {
-        workload: load_package(folder / node.package, node.sha256, weights, device, runners)
+        workload: load_package(folder / node.package, node.sha256, weights, device, runners, through_runner)
         for workload, node in manifest.node_table().items()
     }
     score = ScoreNode(packages["score"], manifest, device) if "score" in packages else None

@@ -42,7 +42,7 @@ import torch
 from worker.runtime.files import file_hash
 
 __all__ = ["LIBRARY", "OPERATORS", "KernelMismatch", "attention_applies", "attention_kernel", "build_library",
-           "build_name", "load_library"]
+           "build_name", "compile_library", "library_name", "load_library"]
 
 LIBRARY = "boundserve_kernels.so"
 """The library's file name in an artifacts folder."""
@@ -97,7 +97,7 @@ def build_library(out: Path | None = None) -> Path:
     global _built
     with _lock:
         if _built is None:
-            _built = _compile()
+            _built = compile_library(build_name(Path(__file__).parent), SOURCES, FLAGS)
     load_library(_built)
     if out is None:
         return _built
@@ -106,23 +106,24 @@ def build_library(out: Path | None = None) -> Path:
     return target
 
 
-def _compile() -> Path:
-    """The compiled library's path. cpp_extension's `load` also loads what it built, from its own path:
-    it runs in a child process, so that this one loads a library only through `load_library` (the same
-    library loaded from a second path would register its operators twice).
+def compile_library(name: str, sources: tuple[Path, ...], flags: tuple[str, ...]) -> Path:
+    """Compile `sources` into a library of torch operators or classes (not a Python module) in the
+    cpp_extension build folder `name`; returns its path. cpp_extension's `load` also loads what it built,
+    from its own path: it runs in a child process, so that this one loads a library only through its
+    loader (`load_library`, worker/runtime/package_runner.load): the same library loaded from a second
+    path would register its operators twice.
 
-    The build folder is named by the sources' and flags' hash: cpp_extension versions a name only within
-    one process, so two checkouts with different sources built the same name into one folder, and a
+    Name the build folder by the sources' and flags' hash (build_name): cpp_extension versions a name only
+    within one process, so two checkouts with different sources built the same name into one folder, and a
     process could load the other checkout's library (seen: an operator missing from it)."""
     script = ("import sys, json; from torch.utils.cpp_extension import load; a = json.loads(sys.argv[1]); "
               "print(load(name=a['name'], sources=a['sources'], extra_cflags=a['flags'], "
               "extra_ldflags=['-fopenmp'], is_python_module=False, verbose=False))")
-    args = json.dumps({"name": build_name(Path(__file__).parent), "sources": [str(s) for s in SOURCES],
-                       "flags": list(FLAGS)})
+    args = json.dumps({"name": name, "sources": [str(s) for s in sources], "flags": list(flags)})
     done = subprocess.run([sys.executable, "-c", script, args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"compiling the boundserve kernels ({', '.join(s.name for s in SOURCES)}) failed; "
-                           f"they need a C++ compiler and ninja:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"compiling {', '.join(s.name for s in sources)} failed; "
+                           f"it needs a C++ compiler and ninja:\n{done.stderr[-3000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
 
 
@@ -133,9 +134,14 @@ def build_name(folder: Path) -> str:
     rebuilt the library under a process that had just loaded it (seen as KernelMismatch while two
     checkouts built at once)."""
     sources = sorted(folder / s.name for s in SOURCES) + sorted(folder.glob("*.h"))
+    return library_name("boundserve_kernels", folder, sources, FLAGS)
+
+
+def library_name(prefix: str, folder: Path, sources: list[Path], flags: tuple[str, ...]) -> str:
+    """`prefix` and a hash of `folder`, the sources' names and content, and the flags."""
     key = hashlib.sha256(json.dumps([str(folder.resolve())] + [[s.name, s.read_text()] for s in sources]
-                                    + [list(FLAGS)]).encode())
-    return f"boundserve_kernels_{key.hexdigest()[:16]}"
+                                    + [list(flags)]).encode())
+    return f"{prefix}_{key.hexdigest()[:16]}"
 
 
 def load_library(path: Path, digest: str | None = None) -> None:
