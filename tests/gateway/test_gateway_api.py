@@ -85,8 +85,8 @@ async def test_a_request_larger_than_one_batch_is_split_and_joined_in_order(stac
     status, answer, _ = await stack.post("/v1/score", {"samples": samples, "label_token_ids": [2], "output": "logits"})
     assert status == 200, answer
     assert len(answer["scores"]) == 40
-    for sample, row in zip(samples, answer["scores"]):
-        assert math.isclose(row[0], float(expected_label_logits(sample["input_ids"], [2])[0]), rel_tol=1e-6)
+    for sent, row in zip(samples, answer["scores"]):
+        assert math.isclose(row[0], float(expected_label_logits(sent["input_ids"], [2])[0]), rel_tol=1e-6)
     assert max(stack.workers[0].batch_sizes) <= 16
 
 
