@@ -133,8 +133,13 @@ class WorkerLink:
         self._send(protocol.Hello(protocol_version=protocol.PROTOCOL_VERSION, gateway_id=self.gateway_id))
 
     def busy_ms(self, now: float) -> float:
-        """Predicted milliseconds until everything in flight here is done (the policy's rule)."""
-        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now, self.answered_at)
+        """Predicted milliseconds a batch sent now would wait here behind what is in flight (the policy's rule)."""
+        return busy_ms(((b.sent_at, b.predicted_ms, self._overhead_ms(b.workload)) for b in self.in_flight.values()),
+                       now, self.answered_at)
+
+    def _overhead_ms(self, workload: str) -> float:
+        model = self.latency_models.get(workload)
+        return 0.0 if model is None else model.overhead_ms
 
     async def serve(self) -> str:
         """Read messages and connection events until either stops; returns why it stopped.

@@ -140,7 +140,8 @@ class SimWorker:
 
     def busy_ms(self, now_s: float) -> float:
         """As the gateway predicts it (policy.busy_ms over what is in flight)."""
-        return busy_ms(((b.sent_at, b.predicted_ms) for b in self.in_flight.values()), now_s, self.answered_at)
+        batches = ((b.sent_at, b.predicted_ms, self.models[b.workload].overhead_ms) for b in self.in_flight.values())
+        return busy_ms(batches, now_s, self.answered_at)
 
     def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None) -> None:
         """Accept `batch` at its send time. The overhead is time on the way there and back (messages,

@@ -38,15 +38,26 @@ class Send(Generic[W]):
     """Predicted finish of the batch behind the worker's work in flight (caller's clock, s)."""
 
 
-def busy_ms(in_flight: Iterable[tuple[float, float]], now_s: float, free_since: float = -math.inf) -> float:
-    """Predicted ms until a worker has done its (sent_at_s, predicted_ms) batches, run one after another
-    from the first send, or from `free_since` (when its last answer came) if that is later: a batch
-    sent while the worker still computed the one before it started only once that one ended."""
-    batches = list(in_flight)
+def busy_ms(in_flight: Iterable[tuple[float, float, float]], now_s: float, free_since: float = -math.inf) -> float:
+    """Predicted ms, from now, that a batch sent now would wait at a worker before it starts, given its
+    (sent_at_s, predicted_ms, overhead_ms) batches in flight (`free_since`: when its last answer came).
+
+    A prediction is the batch's round trip: its compute plus `overhead_ms`, the time outside the
+    compute (messages, decoding, wake-ups), half on the way there and half on the way back. The
+    worker computes one batch after another, so that time overlaps the batch before when several are
+    in flight: each starts half its overhead after its send or when the one before it ends, whichever
+    is later (the answered one ended half an overhead before its answer came), and takes its compute;
+    a batch sent now arrives half an overhead from now. Summing whole round trips instead would count
+    every overhead once per batch in flight and hold the next batch until the worker had gone idle."""
+    batches = sorted(in_flight)
     if not batches:
         return 0.0
-    first = max(min(sent for sent, _ in batches), free_since)
-    return max(0.0, sum(ms for _, ms in batches) - (now_s - first) * 1000.0)
+    half_s = batches[0][2] / 2000.0
+    free = free_since - half_s
+    for sent, predicted, overhead in batches:
+        half_s = overhead / 2000.0
+        free = max(sent + half_s, free) + max(0.0, predicted - overhead) / 1000.0
+    return max(0.0, (free - now_s - half_s) * 1000.0)
 
 
 class Worker(Protocol):

@@ -11,6 +11,9 @@ class CostModel(Protocol):
     @property
     def verified(self) -> bool: ...
 
+    overhead_ms: float
+    """What a batch's round trip takes beyond its compute (part of every prediction)."""
+
     def predict_ms(self, batch_items: float, tokens_per_item: float) -> float: ...
 
     def backlog_ms(self, items: int, tokens: int) -> float: ...

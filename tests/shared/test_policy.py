@@ -331,10 +331,22 @@ def test_expiry_takes_exactly_the_jobs_whose_deadline_passed():
 
 def test_busy_ms_counts_work_in_flight_from_the_first_send_or_the_last_answer():
     assert busy_ms([], 5.0) == 0.0
-    assert busy_ms([(1.0, 10.0), (1.002, 5.0)], now_s=1.004) == pytest.approx(11.0)
-    assert busy_ms([(1.0, 10.0)], now_s=2.0) == 0.0
+    assert busy_ms([(1.0, 10.0, 0.0), (1.002, 5.0, 0.0)], now_s=1.004) == pytest.approx(11.0)
+    assert busy_ms([(1.0, 10.0, 0.0)], now_s=2.0) == 0.0
     # sent at 1.000 while the worker still computed the batch answered at 1.006: it started then
-    assert busy_ms([(1.0, 10.0)], now_s=1.008, free_since=1.006) == pytest.approx(8.0)
+    assert busy_ms([(1.0, 10.0, 0.0)], now_s=1.008, free_since=1.006) == pytest.approx(8.0)
+
+
+def test_busy_ms_counts_a_batch_overhead_once_when_batches_are_pipelined():
+    # two batches of 20 ms compute whose round trips take 4 ms more (2 ms each way), sent at 0 and 1 ms:
+    # the first starts at 2 ms and ends at 22, the second starts then and ends at 42; a batch sent at
+    # 10 ms arrives at 12 and waits 30 ms (summing round trips, 24 + 24 - 10 = 38, would hold it 8 ms
+    # past the moment the worker goes idle)
+    assert busy_ms([(0.0, 24.0, 4.0), (0.001, 24.0, 4.0)], now_s=0.010) == pytest.approx(30.0)
+    # the first answer came at 24 ms: its batch ended at 22, and the second, there since 3 ms, started
+    assert busy_ms([(0.001, 24.0, 4.0)], now_s=0.024, free_since=0.024) == pytest.approx(16.0)
+    # alone on an idle worker: it waits for nothing once the batch before it ended
+    assert busy_ms([(0.0, 24.0, 4.0)], now_s=0.021) == pytest.approx(0.0)
 
 
 def test_chunks_fit_one_batch_each_and_keep_every_sample():
