@@ -2,8 +2,8 @@
 
 The packages call no Python, so two threads may call one package (each with a runner) without the
 deadlock the Python attention operator caused; whether a CPU worker gains from running two batches at
-once on 1 intra-op thread each, instead of one at a time on 2, is what this measures (with torch 2.13
-the Python binding holds the GIL for a whole CPU run, so the two lanes may only take turns). A
+once on 1 intra-op thread each, instead of one at a time on 2, is what this measures (the packages run
+through the worker's package runner, whose calls release the GIL, so the two lanes compute at once). A
 package's thread count is fixed at compile time (compile/build.py), so each setting has its own
 build: cpu_threads = 2 (one lane) and cpu_threads = 1 (two lanes, runners = 2).
 Rounds alternate the two settings (the process's thread count switched between them); each round

@@ -531,8 +531,10 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
               lambda d: number(d["routing_hit_rate_ratio"], 3))
     yield row("prefix_cache-qwen2.5-0.5b-fp32-24l", "prefix cache: change at zero reuse (closed loop, one run)",
               lambda d: share(d["zero_reuse_slowdown"]))
-    yield row("cpu_lanes-qwen2.5-0.5b-fp32-4l", "two CPU lanes of 1 thread over one of 2 (requests/s)",
-              lambda d: times(d["throughput_two_lanes_over_one"]))
+    yield row("cpu_lanes-qwen2.5-0.5b-bf16-24l", "two CPU lanes of 1 thread over one of 2: requests/s; median latency",
+              lambda d: f"{times(d['throughput_two_lanes_over_one'])}; "
+                        f"{d['median_latency_s']['two_lanes_1_thread']:.2f} s against "
+                        f"{d['median_latency_s']['one_lane_2_threads']:.2f} s")
     yield row("gemm_ab_score_fp32_4l", "scoring node on oneDNN over aten, float32",
               lambda d: times(d["median_speedup_onednn_vs_aten"]))
     yield row("worker_memory-qwen2.5-0.5b-bf16-24l-avx512-halfrate",
