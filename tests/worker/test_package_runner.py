@@ -22,6 +22,7 @@ import torch
 from tests.compile.reference import random_batch
 from worker.runtime import package_runner
 from worker.runtime.artifacts import load_package
+from worker.runtime.kernels import KernelMismatch
 from worker.runtime.loader import load_nodes
 from worker.runtime.machine import ArtifactMismatch
 
@@ -114,6 +115,19 @@ def test_a_changed_runner_file_is_refused(demo_artifacts, tmp_path):
         library.write(b"\0")
     with pytest.raises(ArtifactMismatch, match="boundserve_runner.so: content does not match the manifest's hash"):
         load_nodes(folder)
+
+
+def test_a_process_loads_one_build_of_the_runner(demo_artifacts, tmp_path):
+    """The same content from another path is not loaded twice (its class would be registered again); a
+    different build is refused before it is loaded."""
+    load_nodes(demo_artifacts)  # the folder's runner is this process's build
+    built = demo_artifacts / package_runner.LIBRARY
+    same = shutil.copyfile(built, tmp_path / "same.so")
+    package_runner.load(same)
+    other = tmp_path / "other.so"
+    other.write_bytes(built.read_bytes() + b"\0")
+    with pytest.raises(KernelMismatch, match="other.so: this process already runs another build of the package"):
+        package_runner.load(other)
 
 
 def test_a_call_with_the_wrong_number_of_inputs_says_so(demo_artifacts):

@@ -7,6 +7,7 @@ a worker reads artifacts without importing the build chain.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file
@@ -49,23 +50,20 @@ def load_weights(folder: Path, manifest: Manifest, device: str) -> dict[str, tor
 
 def load_kernels(folder: Path, library: KernelLibrary) -> None:
     """The folder's kernel library (worker/runtime/kernels), checked against its hash, loaded into this process."""
-    path = folder / library.file
-    try:
-        if file_hash(path) != library.sha256:
-            raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
-        kernels.load_library(path, library.sha256)
-    except (kernels.KernelMismatch, OSError) as exc:
-        raise ArtifactMismatch(str(exc)) from None
+    _load_checked(folder / library.file, library.sha256, kernels.load_library)
 
 
 def load_runner(folder: Path, library: KernelLibrary) -> None:
     """The folder's package runner library (worker/runtime/package_runner.py), checked against its hash,
     loaded into this process."""
-    path = folder / library.file
+    _load_checked(folder / library.file, library.sha256, package_runner.load)
+
+
+def _load_checked(path: Path, sha256: str, load: Callable[[Path, str], None]) -> None:
     try:
-        if file_hash(path) != library.sha256:
+        if file_hash(path) != sha256:
             raise ArtifactMismatch(f"{path}: content does not match the manifest's hash")
-        package_runner.load(path, library.sha256)
+        load(path, sha256)
     except (kernels.KernelMismatch, OSError) as exc:
         raise ArtifactMismatch(str(exc)) from None
 

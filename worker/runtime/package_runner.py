@@ -20,15 +20,12 @@ same name).
 
 from __future__ import annotations
 
-import shutil
-import threading
 from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
 
-from worker.runtime.files import file_hash
-from worker.runtime.kernels import KernelMismatch, compile_library, library_name
+from worker.runtime.kernels import OwnLibrary, library_name
 
 __all__ = ["LIBRARY", "RunnerPackage", "build", "load"]
 
@@ -38,41 +35,12 @@ LIBRARY = "boundserve_runner.so"
 SOURCES = (Path(__file__).with_name("package_runner.cpp"),)
 FLAGS = ("-O2",)
 
-_lock = threading.Lock()
-_loaded: str | None = None  # sha256 of the library this process loaded
-_built: Path | None = None  # the library this process compiled
-
-
-def build(out: Path | None = None) -> Path:
-    """Compile the library (cached while its source is unchanged), load it into this process and, given
-    `out`, copy it there as LIBRARY. Returns the library's path."""
-    global _built
-    with _lock:
-        if _built is None:
-            name = library_name("boundserve_runner", SOURCES[0].parent, list(SOURCES), FLAGS)
-            _built = compile_library(name, SOURCES, FLAGS)
-    load(_built)
-    if out is None:
-        return _built
-    target = Path(out) / LIBRARY
-    shutil.copyfile(_built, target)
-    return target
-
-
-def load(path: Path, digest: str | None = None) -> None:
-    """Load the library at `path` into this process once; loading the same library again (the same
-    content: `digest`, its sha256 where the caller has checked it, else hashed here) does nothing, a
-    different one raises KernelMismatch."""
-    global _loaded
-    digest = digest or file_hash(Path(path))
-    with _lock:
-        if _loaded == digest:
-            return
-        if _loaded is not None:
-            raise KernelMismatch(f"{path}: this process already runs another build of the package runner "
-                                 f"(sha256 {_loaded[:12]}); one process serves artifacts of one runner build")
-        torch.ops.load_library(str(path))
-        _loaded = digest
+_LIBRARY = OwnLibrary("the package runner", LIBRARY, lambda: library_name("boundserve_runner", SOURCES[0].parent,
+                                                                          list(SOURCES), FLAGS), SOURCES, FLAGS)
+build = _LIBRARY.build
+"""Compile the runner library, load it and, given a folder, copy it there as LIBRARY (OwnLibrary.build)."""
+load = _LIBRARY.load
+"""Load the runner library at a path into this process once (OwnLibrary.load)."""
 
 
 class RunnerPackage:

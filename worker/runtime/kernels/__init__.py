@@ -36,13 +36,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from worker.runtime.files import file_hash
 
-__all__ = ["LIBRARY", "OPERATORS", "KernelMismatch", "attention_applies", "attention_kernel", "build_library",
-           "build_name", "compile_library", "library_name", "load_library"]
+__all__ = ["LIBRARY", "OPERATORS", "KernelMismatch", "OwnLibrary", "attention_applies", "attention_kernel",
+           "build_library", "build_name", "compile_library", "library_name", "load_library"]
 
 LIBRARY = "boundserve_kernels.so"
 """The library's file name in an artifacts folder."""
@@ -57,13 +58,51 @@ FLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq
 let packed_attention_amx.cpp use the tile intrinsics; compilers emit AMX instructions only where code asks for
 them, so the library loads and the other operator runs on a CPU without AMX."""
 
-_lock = threading.Lock()
-_loaded: str | None = None  # sha256 of the library this process loaded
-_built: Path | None = None  # the library this process compiled
-
 
 class KernelMismatch(RuntimeError):
-    """A kernel library that cannot be loaded into this process."""
+    """One of our libraries (OwnLibrary) that cannot be loaded into this process."""
+
+
+class OwnLibrary:
+    """One of our C++ libraries (the kernels, the package runner) in this process: compiled at most once,
+    loaded at most once. Loading the same content again does nothing; another build raises KernelMismatch,
+    since its operators or classes would be registered under the same names."""
+
+    def __init__(self, what: str, file: str, name: Callable[[], str], sources: tuple[Path, ...],
+                 flags: tuple[str, ...], after_load: Callable[[], None] = lambda: None) -> None:
+        self.what, self.file, self.name, self.sources, self.flags = what, file, name, sources, flags
+        self.after_load = after_load
+        self._lock = threading.Lock()
+        self._loaded: str | None = None  # sha256 of the build this process loaded
+        self._built: Path | None = None  # the library this process compiled
+
+    def build(self, out: Path | None = None) -> Path:
+        """Compile the library (cached while its sources and flags are unchanged), load it into this process
+        and, given `out`, copy it there as `file`. Returns the library's path."""
+        with self._lock:
+            if self._built is None:
+                self._built = compile_library(self.name(), self.sources, self.flags)
+        self.load(self._built)
+        if out is None:
+            return self._built
+        target = Path(out) / self.file
+        shutil.copyfile(self._built, target)
+        return target
+
+    def load(self, path: Path, digest: str | None = None) -> None:
+        """Load the library at `path` into this process once; loading the same library again (the same
+        content: `digest`, its sha256 where the caller has checked it, else hashed here) does nothing, a
+        different one raises KernelMismatch."""
+        digest = digest or file_hash(Path(path))
+        with self._lock:
+            if self._loaded == digest:
+                return
+            if self._loaded is not None:
+                raise KernelMismatch(f"{path}: this process already runs another build of {self.what} "
+                                     f"(sha256 {self._loaded[:12]}); one process serves artifacts of one build")
+            torch.ops.load_library(str(path))
+            self.after_load()
+            self._loaded = digest
 
 
 def attention_kernel(dtype: torch.dtype, device: torch.device, head_dim: int) -> str | None:
@@ -89,21 +128,6 @@ def attention_kernel(dtype: torch.dtype, device: torch.device, head_dim: int) ->
 def attention_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether a package's attention runs one of the library's operators (attention_kernel)."""
     return attention_kernel(dtype, device, head_dim) is not None
-
-
-def build_library(out: Path | None = None) -> Path:
-    """Compile the library (cached by torch.utils.cpp_extension while the sources and flags are unchanged),
-    load it into this process and, given `out`, copy it there as LIBRARY. Returns the library's path."""
-    global _built
-    with _lock:
-        if _built is None:
-            _built = compile_library(build_name(Path(__file__).parent), SOURCES, FLAGS)
-    load_library(_built)
-    if out is None:
-        return _built
-    target = Path(out) / LIBRARY
-    shutil.copyfile(_built, target)
-    return target
 
 
 def compile_library(name: str, sources: tuple[Path, ...], flags: tuple[str, ...]) -> Path:
@@ -144,24 +168,19 @@ def library_name(prefix: str, folder: Path, sources: list[Path], flags: tuple[st
     return f"{prefix}_{key.hexdigest()[:16]}"
 
 
-def load_library(path: Path, digest: str | None = None) -> None:
-    """Load the library at `path` into this process once; loading the same library again (the same
-    content: `digest`, its sha256 where the caller has checked it, else hashed here) does nothing, a
-    different one raises KernelMismatch."""
-    global _loaded
-    digest = digest or file_hash(Path(path))
-    with _lock:
-        if _loaded == digest:
-            return
-        if _loaded is not None:
-            raise KernelMismatch(f"{path}: this process already runs another build of the boundserve kernels "
-                                 f"(sha256 {_loaded[:12]}); one process serves artifacts of one kernel build")
-        torch.ops.load_library(str(path))
-        for operator in OPERATORS:
-            torch.library.register_fake(f"boundserve::{operator}")(_packed_attention_shape)
-        _loaded = digest
+def _register_fakes() -> None:
+    for operator in OPERATORS:
+        torch.library.register_fake(f"boundserve::{operator}")(_packed_attention_shape)
 
 
 def _packed_attention_shape(q, k, v, intervals):
     """The operator's output for tracing: q's shape and dtype."""
     return torch.empty_like(q)
+
+
+_LIBRARY = OwnLibrary("the boundserve kernels", LIBRARY, lambda: build_name(Path(__file__).parent), SOURCES, FLAGS,
+                      after_load=_register_fakes)
+build_library = _LIBRARY.build
+"""Compile the kernel library, load it and, given a folder, copy it there as LIBRARY (OwnLibrary.build)."""
+load_library = _LIBRARY.load
+"""Load the kernel library at a path into this process once (OwnLibrary.load)."""
