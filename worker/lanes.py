@@ -1,10 +1,10 @@
 """Compute lanes: where one in-flight batch runs (device, CUDA stream, staging buffers, turn).
 
 CPU: one lane; batches run one at a time on config.cpu_threads intra-op threads (the thread count
-the packages are compiled for). Two lanes of fewer threads took turns when a package call held the
-GIL for its whole run (torch's own loader, bench/cpu_lanes.py); a build's packages now run through
-worker/runtime/package_runner.py, whose calls release it, so two lanes could overlap: whether they serve
-more than one lane on all the threads is bench/cpu_lanes.py's to measure again.
+the packages are compiled for). A build's packages run through worker/runtime/package_runner.py, whose
+calls release the GIL, so two lanes of one thread each do compute at once; measured against one lane on
+both threads (bench/cpu_lanes.py), they served about as many requests per second at about twice the
+latency each, so a CPU worker keeps one lane.
 CUDA: one lane per configured stream, each driven by its own thread. All CUDA lanes share one turn,
 held only while a call is enqueued on the lane's stream (layout, pinned input copies, the package
 call, the output copies into pinned buffers with an event), never while waiting for the device:

@@ -12,7 +12,7 @@ lane_overlap: the worker's own lanes (worker/lanes.py: a CUDA stream each, one t
 enqueue only), two threads each running the same number of one-request batches on its lane, against
 one thread running them alone: overlap = 2 x one lane's time / two lanes' time (1.0: the lanes took
 turns; 2.0: the second lane cost nothing). On the CPU smoke run two CPU lanes run the same code to
-prove it runs; the figure says nothing there (CPU lanes took turns while a package call held the GIL, and on a
+prove it runs; the figure says nothing there (two CPU lanes split the same few cores, and on a
 busy 2-core machine OpenMP contention dominates: 2.3-6.3 measured at load ~10, one lane timed on the
 main thread; bench/cpu_lanes.py is the CPU measurement).
 """

@@ -120,8 +120,8 @@ def test_a_changed_runner_file_is_refused(demo_artifacts, tmp_path):
 def test_a_process_loads_one_build_of_the_runner(demo_artifacts, tmp_path):
     """The same content from another path is not loaded twice (its class would be registered again); a
     different build is refused before it is loaded."""
-    load_nodes(demo_artifacts)  # the folder's runner is this process's build
     built = demo_artifacts / package_runner.LIBRARY
+    package_runner.load(built)  # the folder's runner is this process's build
     same = shutil.copyfile(built, tmp_path / "same.so")
     package_runner.load(same)
     other = tmp_path / "other.so"
