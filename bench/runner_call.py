@@ -22,8 +22,8 @@ import time
 import torch
 
 from bench.harness import parity
-from bench.harness.common import MODELS, SCORE_BOUNDS, bench_config, build_artifacts, emit, load_built, shaped_checkpoint
-from bench.harness.common import timed_part
+from bench.harness.common import MODELS, SCORE_BOUNDS, bench_config, build_artifacts, emit, load_built
+from bench.harness.common import shaped_checkpoint, timed_part
 from bench.harness.common import FLOAT_DTYPES as DTYPES
 from bench.score_node import LABELS, SAMPLES, make_requests
 from worker.runtime.artifacts import load_package, read_manifest

@@ -535,6 +535,9 @@ def _serving_rows(results: Results) -> Iterable[list[str]]:
               lambda d: f"{times(d['throughput_two_lanes_over_one'])}; "
                         f"{d['median_latency_s']['two_lanes_1_thread']:.2f} s against "
                         f"{d['median_latency_s']['one_lane_2_threads']:.2f} s")
+    yield row("runner_call-qwen2.5-0.5b-bf16-24l", "a request through the package runner over torch's loader (time)",
+              lambda d: f"{times(d['runner_over_torch_time'])} ({d['median_request_s']['runner']:.2f} s against "
+                        f"{d['median_request_s']['torch']:.2f} s)")
     yield row("gemm_ab_score_fp32_4l", "scoring node on oneDNN over aten, float32",
               lambda d: times(d["median_speedup_onednn_vs_aten"]))
     yield row("worker_memory-qwen2.5-0.5b-bf16-24l-avx512-halfrate",
