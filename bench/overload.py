@@ -62,17 +62,21 @@ from bench.harness import overload_keys, overload_load, overload_summary
 from bench.harness.overload_load import window_seed
 from bench.harness.overload_pair import Pair, pair_cpus, pair_windows
 from bench.harness.overload_policies import POLICIES, knobs
-from bench.harness.overload_window import idle, run_window
+from bench.harness.overload_window import computed_batches, idle, run_window
 from bench.harness.provenance import ROOT, write_result
 from bench.overload_replay import checks as replay_checks
 from loadgen.bodies import BodyFactory, BodyOptions
 from loadgen.retry import RetryOptions
 from loadgen.service import load_service_model
-from loadgen.stack import GatewayProcess, Pinning, SharedWorkers
+from loadgen.calibrate import request_shape
+from loadgen.simulator import SimSettings
+from loadgen.stack import GatewayProcess, Pinning, SharedWorkers, batch_lines
 from loadgen.trace import Trace
 from shared.config import load_config
 
 CONFIG = ROOT / "configs" / "overload.toml"
+SHAPES = SimSettings.from_config(load_config(CONFIG))
+"""What a request is to the latency model (B, B*L), as the replay cuts it (bench/overload_sim.py's settings)."""
 PER_REQUEST = ("seconds", "refusal_answer_ms", "expired_answer_ms", "body_to_answer")
 """A window's per-second and per-request rows and its histograms: summarised in the result, not kept whole."""
 SWEEP_FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
@@ -100,6 +104,7 @@ class Bench:
     def __init__(self, workload: overload_load.Workload, workers: SharedWorkers, bodies: BodyFactory, args) -> None:
         self.workload, self.workers, self.bodies, self.args = workload, workers, bodies, args
         self.gateways: dict[str, GatewayProcess] = {}
+        self.windows_run = 0
 
     async def start(self, name: str, **extra: Any) -> None:
         gateway = GatewayProcess(self.workers, name, knobs(name, self.workload.classes_ms, self.args.shed_by_cost, **extra)).start()
@@ -114,8 +119,13 @@ class Bench:
         trace = (self.workload.poisson(rate_rps, self.args.sweep_s, seed) if poisson
                  else self.workload.window(index, rate_rps, self.args.window_s, seed))
         gateway = self.gateways[name]
-        result = await run_window(gateway.url, trace, self.bodies, self.workers.pids)
+        prefix, log = f"w{self.windows_run}-", self.workers.folder / "worker-0.log"
+        self.windows_run += 1
+        offset = log.stat().st_size  # the worker is idle between windows: no line is half written
+        result = await run_window(gateway.url, trace, self.bodies, self.workers.pids, id_prefix=prefix)
         await idle(gateway.url)
+        shapes = {f"{prefix}{i}": request_shape(record, SHAPES) for i, record in enumerate(trace.records)}
+        result["computed"] = computed_batches(batch_lines(log, offset), shapes)
         return result
 
     async def capacity(self) -> dict[str, Any]:
@@ -207,7 +217,7 @@ def assemble(workload: overload_load.Workload, measured: dict, pair: dict[str, l
     keys = overload_summary.ratios(figures, measured["capacity_rps"])
     traces = {f"{load:g}x": live_windows(workload, args, measured["capacity_rps"], load) for load in args.loads}
     replay = overload_keys.replayed(traces, service, list(windows), measured["token_budget"],
-                                    overload_keys.measured_world(windows))
+                                    overload_keys.measured_world(windows, service))
     issue = overload_keys.keys(figures, windows, replay, pair, keys)
     median_window = {name: {load: rows[len(rows) // 2]["seconds"] for load, rows in loads.items()}
                      for name, loads in windows.items()}
@@ -218,8 +228,9 @@ def assemble(workload: overload_load.Workload, measured: dict, pair: dict[str, l
         "goals": overload_summary.goals(figures, keys, workload.name),
         "replay": {"latency_model_fitted_on_the_live_worker": service.to_dict(),
                    "world": "bench/overload_replay.py's: 10 % compute jitter, 2 ms per request, 1 ms per batch; "
-                            "against live, with what the live windows measured in place of the per-batch overhead "
-                            "and a busy gateway loop (measured_world per load)",
+                            "against live, with what the live windows measured in place of the per-batch overhead, "
+                            "a busy gateway loop, the worker's own time per batch and its speed against the "
+                            "fitted model (measured_world per load)",
                    **replay},
         "parity": replay_checks(replay),
         "pair": pair and {"load": f"{args.pair_load:g}x of twice the capacity", "windows": pair,

@@ -65,7 +65,7 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
     stages = stage_breakdown(run.metrics_before, run.metrics_after).get("all", {})
     round_trip, queue_stage = stages.get("worker"), stages.get("queue", {})
     ok = [r for r in run.results if r.outcome == "ok"]
-    shapes = {f"{id_prefix}{i}": _shape(r, settings) for i, r in enumerate(trace.records)}
+    shapes = {f"{id_prefix}{i}": request_shape(r, settings) for i, r in enumerate(trace.records)}
     mine = [b for b in batches if b.request_ids and all(i in shapes for i in b.request_ids)]
     if not ok or not round_trip or not mine:
         raise RuntimeError("the calibration replay got no answers, or the gateway exposed no stage metrics, or the "
@@ -95,7 +95,7 @@ def calibrate(run: ReplayRun, trace: Trace, batches: list, profile: ServiceModel
                        len(mine))
 
 
-def _shape(record, settings: SimSettings) -> tuple[str, int, int]:
+def request_shape(record, settings: SimSettings) -> tuple[str, int, int]:
     """(route, B, B*L) of a request sent alone: what the latency model sees of it."""
     workload = ROUTE_WORKLOAD[record.route]
     jobs = jobs_of(0, record, 0.0, settings.batch_bounds(workload), settings.default_beam_width, settings.sharing(),

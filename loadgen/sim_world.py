@@ -8,7 +8,8 @@ jobs' routing key; on a worker whose modelled prefix cache (loadgen/prefix_model
 context, a job reuses the whole shared prefix.
 A worker computes its batches one after another; it drops the members whose deadline passed before
 their batch starts (as worker/compute.py does) and takes service(route, B, L) for the rest; a fixed
-overhead per batch delays each batch on its way there and back without keeping the worker busy.
+overhead per batch delays each batch on its way there and back without keeping the worker busy; the
+worker's own work per batch beyond the compute, where measured, keeps it busy after each batch.
 """
 
 from __future__ import annotations
@@ -133,6 +134,10 @@ class SimWorker:
     """When it will have computed everything it was sent (simulated seconds)."""
     overhead_ms: float = 0.0
     """Per batch, on the way there and back (half each way)."""
+    after_ms: float = 0.0
+    """Per batch, the worker's own work beyond the compute that keeps it busy (SimSettings.worker_ms_per_batch)."""
+    compute_factor: float = 1.0
+    """Every batch's compute is service x this (SimSettings.compute_factor)."""
     answered_at: float = -math.inf
     """When the gateway got its last answer (simulated seconds)."""
     cache: PrefixCacheModel | None = None
@@ -145,8 +150,9 @@ class SimWorker:
 
     def run(self, batch: SimBatch, route: str, service: ServiceFn, jitter: Jitter | None = None) -> None:
         """Accept `batch` at its send time. The overhead is time on the way there and back (messages,
-        packing, waking up), half each way; the worker is busy only while it computes, one batch
-        after another, and drops the members whose deadline passed before theirs starts."""
+        packing, waking up), half each way; the worker is busy while it computes, one batch after
+        another, and for its own work after each (after_ms), and drops the members whose deadline
+        passed before theirs starts."""
         start = batch.started_at = max(batch.sent_at + self.overhead_ms / 2000.0, self.free_at)
         live = [j for j in batch.jobs if j.deadline > start]
         batch.expired = [j for j in batch.jobs if j.deadline <= start]
@@ -155,11 +161,12 @@ class SimWorker:
                 if job.prefix_key is not None and all(job.work.suffix_lens):
                     self.cache.serve(job.prefix_key, job.work.prefix_len, tag(job).split)
         items = sum(j.batch_items for j in live)
-        batch.compute_ms = service(route, items, sum(j.latency_tokens for j in live) / items) if live else 0.0
+        batch.compute_ms = (self.compute_factor * service(route, items, sum(j.latency_tokens for j in live) / items)
+                            if live else 0.0)
         if jitter is not None:
             batch.compute_ms = jitter.compute_ms(start * 1000.0, batch.compute_ms)
-        self.free_at = start + batch.compute_ms / 1000.0
-        batch.finish_at = self.free_at + self.overhead_ms / 2000.0
+        batch.finish_at = start + (batch.compute_ms + self.overhead_ms / 2.0) / 1000.0
+        self.free_at = start + (batch.compute_ms + self.after_ms) / 1000.0
         self.in_flight[batch.batch_id] = batch
 
     def finish(self, batch: SimBatch) -> None:

@@ -13,11 +13,12 @@ gateway is simulated (loadgen/sim_world.py):
             in a burst the loop runs late and every answer waits for it on its way back;
   workers   each computes its batches one after another (up to max_inflight_batches sent to it) for
             service(route, B, L) each, times a measured jitter if given (`speeds` may change both
-            by period); batch_overhead_ms delays a batch on its way there and back without keeping
-            the worker busy (the gateway's predictions start from `profile`, what the workers
-            reported at start-up, and learn the rest); members whose deadline passed before it
-            starts are dropped there (expired_in_worker); no answer within worker_timeout_ms after
-            a deadline is answered 504 (worker_overdue), as the gateway's timer does.
+            by period) and compute_factor; batch_overhead_ms delays a batch on its way there and back
+            without keeping the worker busy, worker_ms_per_batch keeps it busy after each (the
+            gateway's predictions start from `profile`, what the workers reported at start-up, and
+            learn the rest); members whose deadline passed before it starts are dropped there
+            (expired_in_worker); no answer within worker_timeout_ms after a deadline is answered
+            504 (worker_overdue), as the gateway's timer does.
 Batches are routed as the gateway routes them (shared/policy/routing.py: a record's `context` id is
 its prefix's key), and each worker's prefix cache is modelled (loadgen/prefix_model.py, sized by
 [score] prefix_cache_mb): a context it holds is not computed, and the predictions know it.
@@ -100,6 +101,12 @@ class SimSettings:
     into the learnt lateness's present lag at each arrival and answer, as the gateway's timer does."""
     batch_overhead_ms: float = 0.0
     """Time per batch around the compute (messages, packing, waking the worker), half each way."""
+    worker_ms_per_batch: float = 0.0
+    """The worker's own time per batch beyond its compute (receiving, decoding, answering) where that
+    work shares the worker's cores with the compute: it keeps the worker busy after each batch."""
+    compute_factor: float = 1.0
+    """Every batch's compute is the service's time x this (x the jitter): how far the machine computes
+    from a model fitted before the run (measured live: compute over the fitted model's prediction)."""
     compute_jitter: tuple[float, ...] = ()
     """Measured compute / the model's prediction, one value per measured batch: each simulated batch
     takes the model's time x one of these, drawn at random (seeded); empty = exactly the model's."""
@@ -196,6 +203,9 @@ class Simulator:
         """Per batch sent: its samples (score) or requests (beam) over what one batch may hold."""
         self.computing: list[tuple[int, float, float]] = []
         """Per batch sent: (worker index, start, end of its compute), simulated seconds."""
+        self.computed: list[tuple[float, float, float]] = []
+        """Per batch computed, when it ends: (items, tokens per item, compute ms) of the members it computed,
+        what a worker's batch_done line gives of it."""
 
     def run(self, trace: Trace) -> list[RequestResult]:
         s = self.settings
@@ -212,6 +222,7 @@ class Simulator:
         self.lateness: dict[str, Lateness] = {w: sch.lateness for w, sch in self.schedulers.items()}
         """The learnt lateness per workload: the slack of its drops and of admission."""
         self.workers = [SimWorker(i, {w: self._model(w) for w in WORKLOAD_ROUTE}, overhead_ms=s.batch_overhead_ms,
+                                  after_ms=s.worker_ms_per_batch, compute_factor=s.compute_factor,
                                   cache=PrefixCacheModel(s.prefix_cache_tokens) if s.prefix_cache_tokens else None)
                         for i in range(s.workers)]
         self.recent = RecentHolders()
@@ -329,6 +340,8 @@ class Simulator:
         items = sum(j.batch_items for j in computed)
         for job in computed:
             self.compute_ms[tag(job).request] += batch.compute_ms * job.batch_items / items
+        if computed:
+            self.computed.append((items, sum(j.latency_tokens for j in computed) / items, batch.compute_ms))
         for job in batch.jobs:
             if job.state == DONE:
                 continue

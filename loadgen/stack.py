@@ -37,7 +37,7 @@ from loadgen.service import ServiceModel, load_service_model
 from loadgen.standin_worker import standin_manifest
 from loadgen.tuner import apply_knobs, config_toml
 from shared.config import DeploymentConfig
-from shared.events import SETTLED, BatchDone, read_events
+from shared.events import SETTLED, BatchDone, parse_events, read_events
 from shared.manifest import manifest_json
 from shared.request_ids import client_id
 
@@ -120,8 +120,17 @@ class LocalStack:
 
     def batch_lines(self) -> list[BatchLine]:
         """Every batch the workers have answered so far, in log order."""
-        return [BatchLine(e.queue_ms, e.compute_ms, tuple(map(client_id, e.request_ids)),
-                          tuple(map(client_id, e.expired)), e.ts) for e in read_events(self.log_path, BatchDone)]
+        return batch_lines(self.log_path)
+
+
+def batch_lines(log_path: str | Path, offset: int = 0) -> list[BatchLine]:
+    """The batches a log of JSON lines names (a worker's, or a gateway's that carries its workers'), from
+    byte `offset` on (a size the log had between two lines), in log order."""
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        events = parse_events(log.read())
+    return [BatchLine(e.queue_ms, e.compute_ms, tuple(map(client_id, e.request_ids)), tuple(map(client_id, e.expired)),
+                      e.ts) for e in events if isinstance(e, BatchDone)]
 
 
 def start_standin_stack(folder: Path, port: int, vocab_size: int, name: str, toml: str = "") -> list[subprocess.Popen]:

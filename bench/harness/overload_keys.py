@@ -25,10 +25,15 @@ the live run sent, with the latency model the live worker fitted (its last profi
                                  it compares is run in the world the live windows measured
                                  (`replay_vs_live_world`, per load): on the bench's pinning the gateway
                                  and the client share one core, so each arrival keeps the gateway's loop
-                                 busy for what a request cost that core, and each batch is delayed by
-                                 its service time outside its compute (the message path); `_free_loop`
-                                 beside it: against overload_replay's own world (the world of the bound
-                                 and the ratios)
+                                 busy for what a request cost that core, each batch is delayed by its
+                                 service time outside its compute (the message path), keeps the worker
+                                 busy for the worker's own CPU beyond its compute, and computes at the
+                                 speed the worker measured against the fitted model (`compute_factor`);
+                                 `_free_loop` beside it: against overload_replay's own world (the world
+                                 of the bound and the ratios)
+  live_same_schedule_rel_diff    live: for two policies that make every decision alike (one deadline
+                                 class, differing only in queue order), how far apart their in-time
+                                 answers are per load: the rig's noise, the least error a replay can show
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from bench.harness.overload_window import EXPIRED, REFUSED
+from bench.harness.overload_policies import POLICIES
+from bench.harness.overload_window import EXPIRED, REFUSED, predicted_ms
 from bench.overload_replay import priority_row, replay, world
 from bench.overload_replay import load_row as replay_load_row
 from loadgen.prometheus import bucket_quantile
@@ -87,14 +93,19 @@ def _in_time(trace: Trace, policy: str, service: ServiceModel, token_budget: int
 
 
 MEASURED_WORLD = {"gateway_ms_per_request": "gateway_client_cpu_ms_per_request",
-                  "batch_overhead_ms": "batch_overhead_ms"}
+                  "batch_overhead_ms": "batch_overhead_ms",
+                  "worker_ms_per_batch": "worker_outside_compute_ms_per_batch"}
 """Simulator setting -> the live window's figure it is measured by (bench/harness/overload_window.py): what a
-request cost the core the gateway and the client shared, and a batch's service time outside its compute."""
+request cost the core the gateway and the client shared, a batch's service time outside its compute, and the
+worker's own CPU per batch beyond its compute (on its one core: time the core did not compute)."""
 
 
-def measured_world(windows: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, float]]:
-    """Per load, each MEASURED_WORLD setting at the median over every policy's windows of its figure (a
-    setting whose figure some window lacks is left out: the replay's own world value stands)."""
+def measured_world(windows: dict[str, dict[str, list[dict]]],
+                   service: ServiceModel | None = None) -> dict[str, dict[str, float]]:
+    """Per load, each MEASURED_WORLD setting at the median over every policy's windows of its figure, and with
+    `service` (the latency model the replay runs), `compute_factor`: the compute the worker took for the batches
+    of every window over `service`'s prediction of them (overload_window.computed_batches). A setting whose
+    figure some window lacks is left out: the replay's own world value stands."""
     loads = {load for rows in windows.values() for load in rows}
     out: dict[str, dict[str, float]] = {}
     for load in loads:
@@ -102,6 +113,11 @@ def measured_world(windows: dict[str, dict[str, list[dict]]]) -> dict[str, dict[
         out[load] = {setting: round(statistics.median([w[figure] for w in summaries]), 3)
                      for setting, figure in MEASURED_WORLD.items()
                      if summaries and all(w.get(figure) is not None for w in summaries)}
+        computed = [w.get("computed") for w in summaries]
+        if service is not None and summaries and all(c and c["batches"] for c in computed):
+            model = service.models["score"]
+            predicted = sum(predicted_ms(c, model) for c in computed)
+            out[load]["compute_factor"] = round(sum(c["compute_ms"] for c in computed) / predicted, 3)
     return out
 
 
@@ -185,7 +201,28 @@ def keys(figures: dict[str, dict[str, dict]], windows: dict[str, dict[str, list[
         "replay_vs_live_world": {load: rows[load]["measured_world"] for load in loads},
         "replay_vs_live_max_rel_err_free_loop": {**{p: round(e, 3) for p, e in rel_err_free.items()},
                                                  "max": round(max(rel_err_free.values()), 3)},
+        "live_same_schedule_rel_diff": {
+            f"{a} / {b}": {load: round(abs(live_in_time[a][load] - live_in_time[b][load])
+                                       / max(1, min(live_in_time[a][load], live_in_time[b][load])), 3)
+                           for load in loads}
+            for a, b in same_schedule(list(windows), len(classes))},
     }
+
+
+def same_schedule(policies: list[str], classes: int) -> list[tuple[str, str]]:
+    """Pairs of `policies` that make every decision alike on a workload with `classes` deadline classes: with
+    one class every request's deadline is its arrival plus the same budget, so deadline order is arrival order
+    and policies that differ only in queue_order schedule alike. Their live in-time answers differ only by the
+    rig's noise: the least error a replay of one of them can be judged at."""
+    if classes != 1:
+        return []
+    known = [p for p in policies if p in POLICIES]
+    return [(a, b) for i, a in enumerate(known) for b in known[i + 1:]
+            if POLICIES[a] != POLICIES[b] and _but_order(a) == _but_order(b)]
+
+
+def _but_order(policy: str) -> dict[str, Any]:
+    return {k: v for k, v in POLICIES[policy].items() if k != "queue_order"}
 
 
 def _rel_err(rows: dict[str, dict], live_in_time: dict[str, dict[str, int]], loads: list[str],

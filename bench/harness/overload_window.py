@@ -38,8 +38,10 @@ from loadgen.bodies import BodyFactory
 from loadgen.prometheus import fetch_metrics, parse
 from loadgen.replayer import ReplayOptions, replay
 from loadgen.result import RequestResult
+from loadgen.stack import BatchLine
 from loadgen.stats import percentile, route_summary, sender_summary, window_of
 from loadgen.trace import Trace
+from shared.latency_model import LatencyModel
 
 COUNTERS = {
     "compute_s": ("boundserve_worker_compute_seconds_total", {}),
@@ -94,8 +96,9 @@ def read(text: str) -> dict[str, Any]:
 
 
 async def run_window(url: str, trace: Trace, bodies: BodyFactory, worker_pids: Sequence[int],
-                     sample_s: float = 1.0) -> dict[str, Any]:
-    """Replay `trace` against `url`; returns the window's summary (see summarize)."""
+                     sample_s: float = 1.0, id_prefix: str | None = None) -> dict[str, Any]:
+    """Replay `trace` against `url` (request i with X-Request-Id `<id_prefix><i>` where given); returns the
+    window's summary (see summarize)."""
     samples: list[tuple[float, float, dict[str, Any]]] = []  # (s from the start, worker CPU s, page)
     start = time.monotonic()
     async with aiohttp.ClientSession() as session:
@@ -113,7 +116,8 @@ async def run_window(url: str, trace: Trace, bodies: BodyFactory, worker_pids: S
         sampler = asyncio.create_task(sample_every())
         client_cpu_start = time.process_time()
         try:
-            run = await replay(trace, bodies, ReplayOptions(url=url, progress=False, scrape_metrics=False))
+            run = await replay(trace, bodies, ReplayOptions(url=url, progress=False, scrape_metrics=False,
+                                                            id_prefix=id_prefix))
         finally:
             sampler.cancel()
         client_cpu_s = time.process_time() - client_cpu_start
@@ -161,6 +165,9 @@ def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[fl
         "worker_cpu": round((last[1] - first[1]) / span_s, 3),
         "worker_cpu_while_busy": (round((last[1] - first[1]) / spent["compute_s"], 3) if spent["compute_s"] > 0
                                   else None),
+        "worker_outside_compute_ms_per_batch": (
+            round(1000.0 * (last[1] - first[1] - spent["compute_s"]) / spent["batches"], 3) if spent["batches"]
+            else None),
         "gateway_cpu": round(spent["gateway_cpu_s"] / span_s, 3),
         "client_cpu": round(client_cpu_s / span_s, 3),
         "gateway_client_cpu_ms_per_request": (round(1000.0 * (spent["gateway_cpu_s"] + client_cpu_s) / len(results), 3)
@@ -178,6 +185,40 @@ def summarize(trace: Trace, results: list[RequestResult], samples: list[tuple[fl
         "refusal_answer_ms": answer_ms(results, REFUSED),
         "expired_answer_ms": answer_ms(results, (EXPIRED,)),
     }
+
+
+COMPUTED = ("batches", "items", "tokens", "tokens_per_item", "compute_ms")
+
+
+def computed_batches(lines: Sequence[BatchLine], shapes: dict[str, tuple[str, int, int]]) -> dict[str, float]:
+    """What the worker computed of a window, from its batch_done lines (`shapes`: the window's request ids ->
+    (route, B, B*L) as loadgen/calibrate.request_shape gives them): per batch of the window's requests alone,
+    with one or more computed, its members' B, B*L and L summed, and its compute. A latency model's prediction
+    of those batches follows from the sums, T being linear in its coefficients (`predicted_ms`). A batch that
+    holds a chunk of a split request (whose share of the request the line does not give) is left out and
+    counted (`left_out`)."""
+    sums = dict.fromkeys(COMPUTED, 0.0) | {"left_out": 0}
+    seen = Counter(i for line in lines for i in line.request_ids)
+    for line in lines:
+        if not line.request_ids or not all(i in shapes for i in line.request_ids):
+            continue
+        live = [shapes[i] for i in line.request_ids if i not in line.expired]
+        if not live or line.compute_ms <= 0:
+            continue
+        if any(seen[i] > 1 for i in line.request_ids):
+            sums["left_out"] += 1
+            continue
+        items, tokens = sum(s[1] for s in live), sum(s[2] for s in live)
+        for key, value in zip(COMPUTED, (1, items, tokens, tokens / items, line.compute_ms)):
+            sums[key] += value
+    return {key: round(value, 3) for key, value in sums.items()}
+
+
+def predicted_ms(computed: dict[str, float], model: LatencyModel) -> float:
+    """The model's prediction of the batches `computed` sums (computed_batches): sum of (alpha*B + beta)*L +
+    gamma*B + delta = alpha*sum(B*L) + beta*sum(L) + gamma*sum(B) + delta*batches."""
+    return (model.alpha * computed["tokens"] + model.beta * computed["tokens_per_item"]
+            + model.gamma * computed["items"] + model.delta * computed["batches"])
 
 
 def bucket_increase(before: dict[float, float], after: dict[float, float]) -> dict[float, float]:

@@ -41,3 +41,22 @@ def computing_share(overhead_ms: float) -> float:
 def test_with_two_batches_in_flight_the_worker_computes_back_to_back_whatever_the_overhead():
     assert computing_share(0.0) > 0.99
     assert computing_share(OVERHEAD_MS) > 0.99
+
+
+def test_the_workers_own_time_per_batch_keeps_it_busy_and_the_compute_factor_scales_every_compute():
+    """Each request fills a batch alone (16 samples of 64 tokens), all queued at once: the worker computes each
+    for the model's time x compute_factor, and after each stays busy worker_ms_per_batch before the next starts
+    (its own receiving and answering, on the core it computes on); the answer does not wait for that time."""
+    records = [TraceRecord(t_ms=0.0, route="score", sample_tokens=(64,) * 16, deadline_ms=10_000.0) for _ in range(20)]
+    settings = dataclasses.replace(SimSettings.from_config(load_config(CONFIG)), batch_overhead_ms=OVERHEAD_MS,
+                                   max_inflight_batches=2, worker_ms_per_batch=1.5, compute_factor=1.25)
+    simulator = Simulator(settings, SERVICE)
+    results = simulator.run(make_trace(records))
+    spans = sorted((start, end) for _, start, end in simulator.computing)
+    model_ms = SERVICE("score", 16, 64)
+    assert len(spans) == 20 and all(abs((end - start) * 1000.0 - 1.25 * model_ms) < 1e-6 for start, end in spans)
+    gaps_ms = [(b[0] - a[1]) * 1000.0 for a, b in zip(spans, spans[1:])]
+    assert min(gaps_ms) >= 1.5 - 1e-6 and abs(min(gaps_ms) - 1.5) < 1e-6  # back to back, 1.5 ms apart at least
+    first = min(results, key=lambda r: r.done_ms)
+    assert abs(first.done_ms - 1000.0 * spans[0][1] - OVERHEAD_MS / 2.0) < 1e-6  # answered when its compute ends
+    assert [b for b, _, _ in simulator.computed] == [16] * 20
