@@ -398,6 +398,9 @@ def overload_keys(results: Results) -> list[str]:
              " / ".join(f"{load} {share(v)}" for load, v in d["admission_wasted_compute_share_by_load"].items())],
             ["replay against live, largest relative error per policy",
              " / ".join(f"`{p}` {share(v)}" for p, v in errors.items() if p != "max")],
+            *([f"live noise: `{pair.split(' / ')[0]}` and `{pair.split(' / ')[1]}` schedule alike; in-time "
+               "answers apart", " / ".join(f"{load} {share(v)}" for load, v in apart.items())]
+              for pair, apart in (d.get("live_same_schedule_rel_diff") or {}).items()),
         ]
         lines += [f"**{d['workload']}**, capacity {d['capacity_rps']:.1f} requests/s, {d['windows']} windows per "
                   f"cell; from {r.source()}", "", *table(["figure", "value"], rows), ""]
