@@ -33,7 +33,9 @@ and a client that spreads each window over the pair and retries a refused (429, 
 timed-out request once on the other within what is left of its deadline, honouring Retry-After
 (loadgen/retry.py), at `--pair-load` x twice the capacity. Last, the deterministic replay of the very
 windows sent live (bench/overload_replay.py's machinery, with the latency model the live worker fitted)
-against the clairvoyant bound and against the live windows. The issue's keys lead the result
+against the clairvoyant bound and against the live windows, replayed for that in the world each load's
+windows measured: each window's requests carry X-Request-Id `w<n>-<i>`, so the worker's batch_done lines
+give the compute it took for the window's batches (`computed`) beside the gateway's and the worker's CPU. The issue's keys lead the result
 (bench/harness/overload_keys.py): admission_over_bound, admission_over_edf_late_drop,
 time_to_refusal_ms_p99, pair_retry_over_edf_late_drop, priority_high_share, worker_idle_share_at_2x,
 wasted_compute_share, replay_vs_live_max_rel_err.
