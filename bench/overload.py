@@ -35,7 +35,8 @@ timed-out request once on the other within what is left of its deadline, honouri
 windows sent live (bench/overload_replay.py's machinery, with the latency model the live worker fitted)
 against the clairvoyant bound and against the live windows, replayed for that in the world each load's
 windows measured: each window's requests carry X-Request-Id `w<n>-<i>`, so the worker's batch_done lines
-give the compute it took for the window's batches (`computed`) beside the gateway's and the worker's CPU. The issue's keys lead the result
+give the compute it took for the window's batches (`computed`) beside the gateway's and the worker's CPU.
+The issue's keys lead the result
 (bench/harness/overload_keys.py): admission_over_bound, admission_over_edf_late_drop,
 time_to_refusal_ms_p99, pair_retry_over_edf_late_drop, priority_high_share, worker_idle_share_at_2x,
 wasted_compute_share, replay_vs_live_max_rel_err.
@@ -121,7 +122,7 @@ class Bench:
         trace = (self.workload.poisson(rate_rps, self.args.sweep_s, seed) if poisson
                  else self.workload.window(index, rate_rps, self.args.window_s, seed))
         gateway = self.gateways[name]
-        prefix, log = f"w{self.windows_run}-", self.workers.folder / "worker-0.log"
+        prefix, log = f"w{self.windows_run}-", self.workers.log_path(0)
         self.windows_run += 1
         offset = log.stat().st_size  # the worker is idle between windows: no line is half written
         result = await run_window(gateway.url, trace, self.bodies, self.workers.pids, id_prefix=prefix)
@@ -200,7 +201,7 @@ async def run(workload: overload_load.Workload, args, pinning: Pinning | None,
                 measured = await bench.measure()
             finally:
                 bench.stop()
-            measured["fitted_service"] = load_service_model(str(workers.folder / "worker-0.log"))
+            measured["fitted_service"] = load_service_model(str(workers.log_path(0)))
         if args.pair_policies:
             retry = RetryOptions(first_try_timeout_share=args.retry_try_share)
             with Pair(CONFIG, artifacts, Path(scratch) / "pair", pair_pinning, bodies, retry) as replicas:

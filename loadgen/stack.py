@@ -224,12 +224,16 @@ class SharedWorkers:
         self.config_path.write_text(config_toml(self.raw_config))
         cpus = self.pinning.worker_cpus if self.pinning else None
         for index in range(self.count):
-            log_path = self.folder / f"worker-{index}.log"
+            log_path = self.log_path(index)
             log_path.write_bytes(b"")
             self.processes.append(spawn([sys.executable, "-m", "worker", "--config", str(self.config_path),
                                          "--artifacts", str(self.artifacts), "--index", str(index),
                                          "--profile-cache", "none"], log_path, cpus))
         return self
+
+    def log_path(self, index: int) -> Path:
+        """Where worker `index` writes its log (its JSON event lines)."""
+        return self.folder / f"worker-{index}.log"
 
     def stop(self) -> None:
         for process in self.processes:

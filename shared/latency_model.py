@@ -54,6 +54,11 @@ class LatencyModel:
         tokens (see computed_tokens; shared prefixes once)."""
         return self.predict_ms(samples, computed / max(1, samples))
 
+    def predict_sum_ms(self, batches: float, items: float, item_tokens: float, tokens: float) -> float:
+        """Predicted milliseconds of `batches` batches, summed, from their sums alone: B (`items`), B*L
+        (`item_tokens`) and L (`tokens`); predict_ms is linear in its coefficients."""
+        return self.alpha * item_tokens + self.beta * tokens + self.gamma * items + self.delta * batches
+
     def max_batch_size(self, tokens: float, budget_ms: float, limit: int) -> int:
         """Largest B in [0, limit] whose predicted time at `tokens` per item fits `budget_ms`."""
         per_item = self.alpha * tokens + self.gamma

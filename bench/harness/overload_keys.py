@@ -114,10 +114,10 @@ def measured_world(windows: dict[str, dict[str, list[dict]]],
                      for setting, figure in MEASURED_WORLD.items()
                      if summaries and all(w.get(figure) is not None for w in summaries)}
         computed = [w.get("computed") for w in summaries]
-        if service is not None and summaries and all(c and c["batches"] for c in computed):
-            model = service.models["score"]
-            predicted = sum(predicted_ms(c, model) for c in computed)
-            out[load]["compute_factor"] = round(sum(c["compute_ms"] for c in computed) / predicted, 3)
+        if service is not None and summaries and all(c is not None for c in computed):
+            predicted = sum(predicted_ms(c, service.models["score"]) for c in computed)
+            if predicted > 0:
+                out[load]["compute_factor"] = round(sum(c["compute_ms"] for c in computed) / predicted, 3)
     return out
 
 

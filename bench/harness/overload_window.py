@@ -194,7 +194,7 @@ def computed_batches(lines: Sequence[BatchLine], shapes: dict[str, tuple[str, in
     """What the worker computed of a window, from its batch_done lines (`shapes`: the window's request ids ->
     (route, B, B*L) as loadgen/calibrate.request_shape gives them): per batch of the window's requests alone,
     with one or more computed, its members' B, B*L and L summed, and its compute. A latency model's prediction
-    of those batches follows from the sums, T being linear in its coefficients (`predicted_ms`). A batch that
+    of those batches follows from the sums (`predicted_ms`). A batch that
     holds a chunk of a split request (whose share of the request the line does not give) is left out and
     counted (`left_out`)."""
     sums = dict.fromkeys(COMPUTED, 0.0) | {"left_out": 0}
@@ -215,10 +215,8 @@ def computed_batches(lines: Sequence[BatchLine], shapes: dict[str, tuple[str, in
 
 
 def predicted_ms(computed: dict[str, float], model: LatencyModel) -> float:
-    """The model's prediction of the batches `computed` sums (computed_batches): sum of (alpha*B + beta)*L +
-    gamma*B + delta = alpha*sum(B*L) + beta*sum(L) + gamma*sum(B) + delta*batches."""
-    return (model.alpha * computed["tokens"] + model.beta * computed["tokens_per_item"]
-            + model.gamma * computed["items"] + model.delta * computed["batches"])
+    """The model's prediction of the batches `computed` sums (computed_batches), summed."""
+    return model.predict_sum_ms(computed["batches"], computed["items"], computed["tokens"], computed["tokens_per_item"])
 
 
 def bucket_increase(before: dict[float, float], after: dict[float, float]) -> dict[float, float]:
